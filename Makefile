@@ -1,0 +1,14 @@
+# Conveniences; the scripts are the source of truth.
+.PHONY: test demo fuzz bench
+
+test: ## vet, gofmt check, go test -race ./...
+	bash scripts/test
+
+demo: ## the rides demo against a throwaway Postgres
+	go run ./examples/rides demo
+
+fuzz: ## run every fuzzer for FUZZTIME (default 60s)
+	bash scripts/fuzz
+
+bench: ## the benchmark suite; writes docs/performance.md figures
+	go run ./cmd/idembench

@@ -1,0 +1,189 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Config configures a [Runner]. The zero value is usable: every field
+// documents its default, and [NewRunner] fills defaults in on a copy.
+type Config struct {
+	// Lease is how long an acquisition owns a key without renewing it. A
+	// worker that dies holds the key at most this long; a retry inside the
+	// lease gets ErrInProgress, after it takes over. Default 90s (as in
+	// rocket-rides-atomic).
+	Lease time.Duration
+
+	// HeartbeatInterval is how often a running request renews its lease, so
+	// a slow but live phase is never taken over. Must be shorter than Lease.
+	// Default Lease/3.
+	HeartbeatInterval time.Duration
+
+	// MaxRetryAfter caps the Outcome.RetryAfter suggested for a key in
+	// progress. The holder's remaining lease bounds the wait only for a dead
+	// holder; a live one usually finishes long before, and a client told to
+	// wait out a 90 s lease would wait for nothing. Default 2s.
+	MaxRetryAfter time.Duration
+
+	// Retention is how long a finished key is kept and replayed before the
+	// reaper may delete it, unless its flow sets FlowConfig.Retention.
+	// Default 24h.
+	Retention time.Duration
+
+	// Isolation is the default isolation level of phase transactions.
+	// Default read committed; the fencing guard is correct at any level.
+	Isolation pgx.TxIsoLevel
+
+	// MaxPhaseRetries bounds how many times a phase is retried after a
+	// serialization failure or deadlock before the request fails with
+	// ErrRetriesExhausted. Default 3; negative disables retries.
+	MaxPhaseRetries int
+
+	// PhaseRetryBackoff is the wait before the first phase retry; it
+	// doubles per retry, with jitter. Default 10ms.
+	PhaseRetryBackoff time.Duration
+
+	// Flows registers flows by name, so keys can be completed and
+	// reconciled by the maintenance services and the CLI, which have only
+	// the stored key to go on. Run works with unregistered flows too.
+	Flows []AnyFlow
+
+	// Logger receives the runner's structured logs. Default slog.Default().
+	Logger *slog.Logger
+
+	// Observer receives counts and durations (see [Event]). Default none.
+	Observer Observer
+
+	// Test holds knobs for tests; leave it zero in production.
+	Test TestConfig
+}
+
+// TestConfig holds test-only knobs. They are per runner, so tests using them
+// stay safe under t.Parallel.
+type TestConfig struct {
+	// Now replaces the database clock for leases and expiry, so a test can
+	// expire a lease without waiting. Nil uses the database's now().
+	Now func() time.Time
+
+	// Hook is called at every [HookPoint]. Returning ErrSimulatedCrash makes
+	// the runner stop as a dead process would: its open transaction rolls
+	// back and nothing is released. Returning another error fails the phase
+	// as if the phase had returned it (a serialization failure is retried),
+	// except at HookAfterCommit, where it plays a lost commit
+	// acknowledgement: the phase did commit, but the runner sees the commit
+	// fail with ErrStoreUnavailable, releases the key and reports failure.
+	Hook func(ctx context.Context, at HookPoint) error
+}
+
+// HookPoint says where a Config.Test.Hook is being called.
+type HookPoint struct {
+	Where   HookWhere
+	Flow    string
+	Phase   string
+	Attempt int
+	// Key is the key as the runner knows it at that point.
+	Key *KeyRecord
+	// ForeignKind is the phase's declared Phase.Foreign, so a test can tell
+	// a not-idempotent call (which must never run twice) from one the
+	// provider deduplicates.
+	ForeignKind ForeignKind
+	// Foreign and DownstreamKey describe the foreign call at
+	// HookAfterForeign: the name given to Run.Foreign and the idempotency
+	// key the call received.
+	Foreign       string
+	DownstreamKey string
+}
+
+// HookWhere names a point in a phase's life.
+type HookWhere string
+
+const (
+	// HookPhaseStart: the phase's transaction has begun; its body has not run.
+	HookPhaseStart HookWhere = "phase_start"
+	// HookAfterForeign: the phase's foreign call has returned; the phase has
+	// not committed.
+	HookAfterForeign HookWhere = "after_foreign"
+	// HookBeforeCommit: the phase's body returned; the guarded commit has
+	// not been sent.
+	HookBeforeCommit HookWhere = "before_commit"
+	// HookAfterCommit: the phase committed; the caller has not been told.
+	HookAfterCommit HookWhere = "after_commit"
+)
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c *Config) WithDefaults() *Config {
+	out := &Config{}
+	if c != nil {
+		*out = *c
+	}
+	if out.Lease == 0 {
+		out.Lease = 90 * time.Second
+	}
+	if out.HeartbeatInterval == 0 {
+		out.HeartbeatInterval = out.Lease / 3
+	}
+	if out.MaxRetryAfter == 0 {
+		out.MaxRetryAfter = 2 * time.Second
+	}
+	if out.Retention == 0 {
+		out.Retention = 24 * time.Hour
+	}
+	if out.Isolation == "" {
+		out.Isolation = pgx.ReadCommitted
+	}
+	if out.MaxPhaseRetries == 0 {
+		out.MaxPhaseRetries = 3
+	}
+	if out.PhaseRetryBackoff == 0 {
+		out.PhaseRetryBackoff = 10 * time.Millisecond
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	out.Flows = append([]AnyFlow(nil), out.Flows...)
+	return out
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	if c.Lease < time.Second {
+		errs = append(errs, fmt.Errorf("Lease %s is under 1s", c.Lease))
+	}
+	if c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= c.Lease {
+		errs = append(errs, fmt.Errorf("HeartbeatInterval %s must be positive and shorter than Lease %s", c.HeartbeatInterval, c.Lease))
+	}
+	if c.MaxRetryAfter < time.Second {
+		errs = append(errs, fmt.Errorf("MaxRetryAfter %s is under 1s", c.MaxRetryAfter))
+	}
+	if c.Retention < 0 {
+		errs = append(errs, fmt.Errorf("Retention %s is negative", c.Retention))
+	}
+	switch c.Isolation {
+	case pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable:
+	default:
+		errs = append(errs, fmt.Errorf("Isolation %q is not read committed, repeatable read or serializable", c.Isolation))
+	}
+	if c.PhaseRetryBackoff < 0 {
+		errs = append(errs, fmt.Errorf("PhaseRetryBackoff %s is negative", c.PhaseRetryBackoff))
+	}
+	seen := map[string]bool{}
+	for _, f := range c.Flows {
+		if f == nil {
+			errs = append(errs, errors.New("Flows holds a nil flow"))
+			continue
+		}
+		if seen[f.Name()] {
+			errs = append(errs, fmt.Errorf("Flows holds two flows named %q", f.Name()))
+		}
+		seen[f.Name()] = true
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("idem: invalid config: %w", errors.Join(errs...))
+	}
+	return nil
+}

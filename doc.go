@@ -1,0 +1,73 @@
+// Package idem makes multi-step POST endpoints safe to retry.
+//
+// A client that retries after a dropped connection, a timeout or a crashed
+// pod must never be charged twice, and must never lose its order either. An
+// idempotency key alone does not give that when one request does several
+// things: creating a row, calling a payment provider, enqueuing an email.
+// Caching "the response" is not enough when the process died between the
+// charge and the response. idem gives each request a durable recovery point,
+// in the style of Stripe's Idempotency-Key and Brandur Leach's atomic phases.
+//
+// # The model
+//
+// A [Flow] is an endpoint: a name and an ordered list of [Phase] values. Each
+// phase runs in its own Postgres transaction and may make at most one foreign
+// call ([Run.Foreign]) to a system outside that transaction. When a phase
+// commits, the key's recovery point (the phase's name) commits in the same
+// transaction as the phase's own writes, so the two can never disagree. The
+// last phase, or any phase that has a final answer such as a declined card,
+// responds; the response is stored and every retry replays it byte for byte.
+//
+//	started --ride_created--> ride_created --charge_created--> charge_created --respond--> finished
+//
+// A retry after a crash resumes at the phase after the recovery point. Phases
+// before it never run again; the phase that was interrupted runs again from
+// the start, which is safe because its writes rolled back and its foreign
+// call carries a downstream idempotency key ([Run.IdempotencyKey]) that the
+// provider deduplicates. A provider that cannot deduplicate is declared with
+// [ForeignNotIdempotent]: the attempt is recorded before the call and an
+// interrupted phase goes to reconciliation ([Runner.Reconcile]) instead of
+// running twice.
+//
+// # The runner
+//
+// [Runner.Run] does, for one attempt of a request:
+//
+//  1. Acquire the key in one statement: insert it locked, or take over an
+//     unfinished key whose lease has expired, or report what is there.
+//  2. Decide: a different payload under the same key is a mismatch
+//     ([ErrMismatch]); a finished key is replayed; a key held by a live lease
+//     is in progress ([ErrInProgress], with a Retry-After); a key waiting for
+//     reconciliation says so ([ErrNeedsReconcile]).
+//  3. Resume: run each remaining phase in its transaction, recording the new
+//     recovery point guarded by the fencing token taken at acquisition, so a
+//     worker that was taken over can never commit ([ErrLockLost]).
+//  4. Finish: the responding phase stores the response, finishes the key and
+//     releases it, in its own transaction.
+//
+// A phase that returns an error (or panics) rolls back, releases the key and
+// stores nothing: the client gets a retryable failure and its retry resumes.
+// A worker that dies releases nothing; its lease (Config.Lease, 90 s by
+// default) expires and the next retry takes over. A live worker renews its
+// lease with a heartbeat, however slow its phase.
+//
+// # Using it
+//
+// Declare the flow once, make one runner per process on a [Store] (package
+// pgstore), and call Run per request, or mount the flow as an http.Handler
+// with package idemhttp, which adds the Idempotency-Key header contract:
+//
+//	flow := idem.MustNewFlow("rides.create", []idem.Phase[RideParams]{
+//		{Name: "ride_created", Run: createRide},
+//		{Name: "charge_created", Run: chargeCard},
+//		{Name: "receipt_enqueued", Run: enqueueReceiptAndRespond},
+//	}, nil)
+//	store, err := pgstore.New(pool, nil)
+//	runner, err := idem.NewRunner(store, &idem.Config{Flows: []idem.AnyFlow{flow}})
+//	out, err := runner.Run(ctx, flow, idem.Request{Scope: userID, Key: key, Params: params})
+//
+// The tables come from package migrations. Package idemtest crashes a flow at
+// every phase boundary and checks that nothing ran twice; the maintenance
+// services reap expired keys, complete abandoned requests and run
+// reconciliation. docs/design.md describes the state machine in full.
+package idem

@@ -1,0 +1,91 @@
+package idem
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors. Every error the runner returns wraps at most one of these,
+// so callers branch with errors.Is.
+var (
+	// ErrInvalidRequest: the request itself is unusable (empty scope, a key
+	// that is not 1-255 printable ASCII characters, params that do not decode
+	// into the flow's input). Nothing was written.
+	ErrInvalidRequest = errors.New("idem: invalid request")
+
+	// ErrInvalidParams: the params do not decode into the flow's input, or
+	// hold what the key store cannot keep (the NUL character, which JSON
+	// allows and Postgres refuses). It wraps ErrInvalidRequest. Nothing was
+	// written; an HTTP adapter answers it as invalid input.
+	ErrInvalidParams = fmt.Errorf("%w: params", ErrInvalidRequest)
+
+	// ErrInProgress: another worker holds a live lease on the key. Nothing
+	// was executed or stored; retry after Outcome.RetryAfter.
+	ErrInProgress = errors.New("idem: request in progress")
+
+	// ErrMismatch: the key was first used with a different flow or different
+	// params. Checked before any lock is taken.
+	ErrMismatch = errors.New("idem: key reused with a different request")
+
+	// ErrNeedsReconcile: a not-idempotent foreign call may have happened
+	// without its phase committing. The key will not execute again until a
+	// reconcile run decides what the provider did.
+	ErrNeedsReconcile = errors.New("idem: key needs reconciliation")
+
+	// ErrLockLost: the lease was taken over (or the key force-unlocked) while
+	// this worker ran; its uncommitted phase was rolled back. Another worker
+	// owns the request now.
+	ErrLockLost = errors.New("idem: lock lost")
+
+	// ErrStoreUnavailable: the database could not be reached. When it happens
+	// before acquisition no phase ran (fail closed).
+	ErrStoreUnavailable = errors.New("idem: store unavailable")
+
+	// ErrPhaseFailed: a phase returned an error or panicked. Its transaction
+	// rolled back, the lock was released and nothing was stored, so a retry
+	// resumes at the same phase.
+	ErrPhaseFailed = errors.New("idem: phase failed")
+
+	// ErrRetriesExhausted: a phase kept failing with serialization failures
+	// or deadlocks past Config.MaxPhaseRetries. The lock was released; the
+	// request is safe to retry later.
+	ErrRetriesExhausted = errors.New("idem: phase retries exhausted")
+
+	// ErrSerialization is what a store maps serialization failures and
+	// deadlocks to; the runner retries phases that fail with it.
+	ErrSerialization = errors.New("idem: serialization failure")
+
+	// ErrSecondForeignCall: a phase called Run.Foreign twice. A phase may
+	// make at most one foreign call, so that a crash between two calls can
+	// never leave one done and one not.
+	ErrSecondForeignCall = errors.New("idem: second foreign call in one phase")
+
+	// ErrUnknownFlow: a key names a flow the runner has not been given
+	// (Config.Flows), so it cannot be completed or reconciled here.
+	ErrUnknownFlow = errors.New("idem: unknown flow")
+
+	// ErrUnknownRecoveryPoint: a key's recovery point is not a phase of its
+	// flow, typically because a deploy renamed or removed a phase while
+	// requests were in flight. The key is left for an operator.
+	ErrUnknownRecoveryPoint = errors.New("idem: unknown recovery point")
+
+	// ErrNotFound: no key with that scope and key exists.
+	ErrNotFound = errors.New("idem: key not found")
+
+	// ErrSimulatedCrash is returned by a Config.Test.Hook to make the runner
+	// behave as if its process died at that point: the open transaction is
+	// rolled back (as the server would on a dropped connection) and nothing is
+	// released. Only tests produce it.
+	ErrSimulatedCrash = errors.New("idem: simulated crash")
+)
+
+// PanicError is the error a phase's panic becomes. It wraps ErrPhaseFailed.
+type PanicError struct {
+	Value any
+	Stack []byte
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("idem: phase panicked: %v", e.Value) }
+
+// Unwrap makes errors.Is(err, ErrPhaseFailed) true.
+func (e *PanicError) Unwrap() error { return ErrPhaseFailed }

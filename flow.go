@@ -1,0 +1,212 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Flow is an endpoint's declaration: a name and the ordered phases a request
+// goes through. In is the decoded input every phase sees through
+// [Run.Input]; it must survive a JSON round trip, because the runner stores
+// it as JSON to fingerprint it and to re-drive abandoned requests.
+type Flow[In any] struct {
+	name      string
+	phases    []Phase[In]
+	names     []string
+	index     map[string]int
+	retention time.Duration
+}
+
+// FlowConfig holds a flow's optional settings.
+type FlowConfig struct {
+	// Retention is how long a finished key of this flow is replayed before
+	// the reaper may delete it. Zero uses Config.Retention (default 24h).
+	Retention time.Duration
+}
+
+var (
+	flowNamePattern  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$`)
+	phaseNamePattern = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
+)
+
+// NewFlow declares a flow. It checks the declaration: a valid unique name per
+// phase, a Run function on each, a Reconcile hook on every not-idempotent
+// phase. Flow names are stored with each key, so a name must keep meaning
+// the same endpoint across deploys.
+func NewFlow[In any](name string, phases []Phase[In], config *FlowConfig) (*Flow[In], error) {
+	if !flowNamePattern.MatchString(name) {
+		return nil, fmt.Errorf("idem: flow name %q: use 1-128 letters, digits and _.:/- starting with a letter or digit", name)
+	}
+	if len(phases) == 0 {
+		return nil, fmt.Errorf("idem: flow %q has no phases", name)
+	}
+	if config == nil {
+		config = &FlowConfig{}
+	}
+	if config.Retention < 0 {
+		return nil, fmt.Errorf("idem: flow %q: negative retention", name)
+	}
+	f := &Flow[In]{name: name, phases: append([]Phase[In](nil), phases...), index: map[string]int{}, retention: config.Retention}
+	for i, p := range f.phases {
+		switch {
+		case !phaseNamePattern.MatchString(p.Name):
+			return nil, fmt.Errorf("idem: flow %q phase %d: name %q: use lowercase letters, digits and _ starting with a letter, at most 64", name, i, p.Name)
+		case p.Name == RecoveryPointStarted || p.Name == RecoveryPointFinished:
+			return nil, fmt.Errorf("idem: flow %q: %q is a reserved recovery point, not a phase name", name, p.Name)
+		case p.Run == nil:
+			return nil, fmt.Errorf("idem: flow %q phase %q has no Run function", name, p.Name)
+		case p.Foreign == ForeignNotIdempotent && p.Reconcile == nil:
+			return nil, fmt.Errorf("idem: flow %q phase %q makes a not-idempotent foreign call and needs a Reconcile hook", name, p.Name)
+		case p.Foreign != ForeignIdempotent && p.Foreign != ForeignNotIdempotent:
+			return nil, fmt.Errorf("idem: flow %q phase %q: unknown foreign kind %d", name, p.Name, p.Foreign)
+		}
+		if _, dup := f.index[p.Name]; dup {
+			return nil, fmt.Errorf("idem: flow %q has two phases named %q", name, p.Name)
+		}
+		f.index[p.Name] = i
+		f.names = append(f.names, p.Name)
+	}
+	return f, nil
+}
+
+// MustNewFlow is NewFlow for package-level declarations; it panics on an
+// invalid declaration, which is a programming error.
+func MustNewFlow[In any](name string, phases []Phase[In], config *FlowConfig) *Flow[In] {
+	f, err := NewFlow(name, phases, config)
+	if err != nil {
+		panic(err)
+	}
+	return f
+}
+
+// Name returns the flow's name.
+func (f *Flow[In]) Name() string { return f.name }
+
+// PhaseNames returns the phase names in order.
+func (f *Flow[In]) PhaseNames() []string { return append([]string(nil), f.names...) }
+
+// AnyFlow is a [Flow] of any input type. The runner, the HTTP adapter and the
+// maintenance services take flows through it; only *Flow values implement it.
+type AnyFlow interface {
+	Name() string
+	PhaseNames() []string
+
+	retentionOr(d time.Duration) time.Duration
+	phaseIndex(name string) (int, bool)
+	phaseMeta(i int) (name string, kind ForeignKind, iso pgx.TxIsoLevel)
+	prepare(params any) (*prepared, error)
+	decode(stored []byte) (any, error)
+	runPhase(ctx context.Context, tx pgx.Tx, st *runState) (Result, error)
+	reconcilePhase(ctx context.Context, tx pgx.Tx, st *runState) (Reconciliation, error)
+}
+
+// prepared is a request's input in the three forms the runner needs.
+type prepared struct {
+	input       any
+	params      []byte // JSON, stored with the key
+	fingerprint []byte
+}
+
+func (f *Flow[In]) retentionOr(d time.Duration) time.Duration {
+	if f.retention > 0 {
+		return f.retention
+	}
+	return d
+}
+
+func (f *Flow[In]) phaseIndex(name string) (int, bool) {
+	i, ok := f.index[name]
+	return i, ok
+}
+
+func (f *Flow[In]) phaseMeta(i int) (string, ForeignKind, pgx.TxIsoLevel) {
+	p := f.phases[i]
+	return p.Name, p.Foreign, p.Isolation
+}
+
+// prepare accepts the input as In, *In, or JSON (json.RawMessage or []byte),
+// and returns it decoded, as JSON, and fingerprinted. The fingerprint is
+// always taken over json.Marshal of the decoded In, so the same input
+// fingerprints the same whichever form it arrived in.
+func (f *Flow[In]) prepare(params any) (*prepared, error) {
+	var in In
+	switch p := params.(type) {
+	case In:
+		in = p
+	case *In:
+		if p == nil {
+			return nil, fmt.Errorf("%w: nil", ErrInvalidParams)
+		}
+		in = *p
+	case json.RawMessage:
+		v, err := f.decode(p)
+		if err != nil {
+			return nil, err
+		}
+		in = v.(In)
+	case []byte:
+		v, err := f.decode(p)
+		if err != nil {
+			return nil, err
+		}
+		in = v.(In)
+	default:
+		return nil, fmt.Errorf("%w: flow %q takes %T or JSON, got %T", ErrInvalidParams, f.name, in, params)
+	}
+	js, err := json.Marshal(in)
+	if err != nil {
+		return nil, fmt.Errorf("%w: encode: %w", ErrInvalidParams, err)
+	}
+	if containsEscapedNUL(js) {
+		// Postgres stores neither jsonb nor text with a NUL in it, so this
+		// input would fail at the store on every retry.
+		return nil, fmt.Errorf(`%w: strings must not contain the NUL character (\u0000)`, ErrInvalidParams)
+	}
+	fp, err := Fingerprint(f.name, js)
+	if err != nil {
+		return nil, fmt.Errorf("%w: fingerprint: %w", ErrInvalidParams, err)
+	}
+	return &prepared{input: in, params: js, fingerprint: fp}, nil
+}
+
+func (f *Flow[In]) decode(stored []byte) (any, error) {
+	var in In
+	dec := json.NewDecoder(bytes.NewReader(stored))
+	if err := dec.Decode(&in); err != nil {
+		return nil, fmt.Errorf("%w: decode for flow %q: %w", ErrInvalidParams, f.name, err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("%w: flow %q: trailing data after the JSON value", ErrInvalidParams, f.name)
+	}
+	return in, nil
+}
+
+// containsEscapedNUL reports whether a JSON document, as encoding/json
+// writes it, holds a NUL character in a string. Backslashes appear only in
+// string escapes there, so a scan of escapes is exact: "\\u0000" is text.
+func containsEscapedNUL(doc []byte) bool {
+	for i := 0; i+1 < len(doc); i++ {
+		if doc[i] != '\\' {
+			continue
+		}
+		if doc[i+1] == 'u' && i+5 < len(doc) && string(doc[i+2:i+6]) == "0000" {
+			return true
+		}
+		i++ // skip the escaped character
+	}
+	return false
+}
+
+func (f *Flow[In]) runPhase(ctx context.Context, tx pgx.Tx, st *runState) (Result, error) {
+	return f.phases[st.phase].Run(ctx, tx, &Run[In]{st: st, input: st.input.(In)})
+}
+
+func (f *Flow[In]) reconcilePhase(ctx context.Context, tx pgx.Tx, st *runState) (Reconciliation, error) {
+	return f.phases[st.phase].Reconcile(ctx, tx, &Run[In]{st: st, input: st.input.(In)})
+}

@@ -1,0 +1,294 @@
+package pgtest
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+// orphanParentEnv, set to a temp dir, turns the test binary into runOrphanParent.
+const orphanParentEnv = "IDEM_PGTEST_ORPHAN_PARENT"
+
+// localTempDir returns an empty directory for clusters and templates, so a test sees a cold start
+// whatever the machine's cache holds. It skips the test on a machine without the binaries.
+func localTempDir(t *testing.T) string {
+	t.Helper()
+	requireLocalBinaries(t)
+	// Not t.TempDir: when we are root, postgres runs as the postgres user and must be able to enter
+	// the directory, and t.TempDir's parent is private.
+	dir, err := os.MkdirTemp("", "idem-pgbase-")
+	require.NoError(t, err)
+	require.NoError(t, os.Chmod(dir, 0o755))
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
+
+func requireLocalBinaries(t *testing.T) {
+	t.Helper()
+	if _, err := findBinDir(); err != nil {
+		t.Skipf("no local PostgreSQL binaries, so no local cluster to test: %v", err)
+	}
+}
+
+func TestLocalCluster(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	opts := &Options{Mode: ModeLocal, TempDir: localTempDir(t), Logf: t.Logf}
+
+	cold, err := Start(ctx, opts)
+	require.NoError(t, err)
+	defer cold.Close()
+	require.Equal(t, KindLocal, cold.Kind())
+	require.True(t, cold.local.templateCreated, "the first start in an empty temp dir runs initdb")
+	requireTestSettings(t, cold.AdminURL())
+
+	dbURL, err := cold.CreateDatabase(ctx, "cold")
+	require.NoError(t, err)
+	conn, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	require.NoError(t, conn.Close(ctx))
+
+	workDir, pid := cold.local.workDir, cold.local.cmd.Process.Pid
+	require.NoError(t, cold.Close())
+	require.NoDirExists(t, workDir)
+	require.False(t, processAlive(pid), "postmaster %d outlived Close", pid)
+	require.NoError(t, cold.Close(), "Close is idempotent")
+	_, err = cold.CreateDatabase(ctx, "late")
+	require.ErrorIs(t, err, ErrClosed)
+
+	warm, err := Start(ctx, opts)
+	require.NoError(t, err)
+	defer warm.Close()
+	require.False(t, warm.local.templateCreated, "the second start copies the cached template")
+	require.Equal(t, cold.local.templateDir, warm.local.templateDir)
+	require.NotEqual(t, workDir, warm.local.workDir)
+	requireTestSettings(t, warm.AdminURL())
+	require.NoError(t, warm.Close())
+	require.NoDirExists(t, warm.local.workDir)
+	require.DirExists(t, warm.local.templateDir, "the template outlives the clusters made from it")
+}
+
+// requireTestSettings checks the server runs with the speed-over-durability settings.
+func requireTestSettings(t *testing.T, adminURL string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, adminURL)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	for setting, want := range map[string]string{
+		"fsync":              "off",
+		"synchronous_commit": "off",
+		"full_page_writes":   "off",
+		"max_connections":    "300",
+		"shared_buffers":     "128MB",
+		"listen_addresses":   "127.0.0.1",
+	} {
+		var got string
+		require.NoError(t, conn.QueryRow(ctx, "SELECT current_setting($1)", setting).Scan(&got))
+		require.Equal(t, want, got, setting)
+	}
+}
+
+func TestLocalClustersStartConcurrentlyFromOneTemplate(t *testing.T) {
+	t.Parallel()
+	opts := &Options{Mode: ModeLocal, TempDir: localTempDir(t)}
+
+	// Two starts racing on an empty cache both build a template; one rename wins and both
+	// clusters come from the same cached directory.
+	servers := make([]*Server, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i := range servers {
+		wg.Go(func() { servers[i], errs[i] = Start(context.Background(), opts) })
+	}
+	wg.Wait()
+	for _, server := range servers {
+		if server != nil {
+			defer server.Close()
+		}
+	}
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[1])
+	require.Equal(t, servers[0].local.templateDir, servers[1].local.templateDir)
+	require.NotEqual(t, servers[0].local.port, servers[1].local.port)
+	for _, server := range servers {
+		conn, err := pgx.Connect(context.Background(), server.AdminURL())
+		require.NoError(t, err)
+		require.NoError(t, conn.Close(context.Background()))
+	}
+
+	entries, err := os.ReadDir(opts.TempDir)
+	require.NoError(t, err)
+	var templates []string
+	for _, entry := range entries {
+		if strings.HasPrefix(entry.Name(), templateDirPrefix) {
+			templates = append(templates, entry.Name())
+		}
+	}
+	require.Len(t, templates, 1, "template build directories are removed, the loser's included")
+}
+
+// TestLocalClusterDiesWithItsParent kills, with SIGKILL, a process that started a local cluster,
+// and expects the postmaster to follow it.
+func TestLocalClusterDiesWithItsParent(t *testing.T) {
+	t.Parallel()
+	requireLocalBinaries(t)
+	tempDir := os.TempDir() // warm: this test is about the server, not the template
+
+	parent := exec.Command(os.Args[0], "-test.run=^$")
+	parent.Env = append(os.Environ(), orphanParentEnv+"="+tempDir)
+	stdin, err := parent.StdinPipe()
+	require.NoError(t, err)
+	defer stdin.Close()
+	stdout, err := parent.StdoutPipe()
+	require.NoError(t, err)
+	var stderr strings.Builder
+	parent.Stderr = &stderr
+	require.NoError(t, parent.Start())
+	waited := false
+	defer func() {
+		if !waited {
+			_ = parent.Process.Kill()
+			_ = parent.Wait()
+		}
+	}()
+
+	type report struct {
+		workDir string
+		pid     int
+		err     error
+	}
+	reports := make(chan report, 1)
+	go func() {
+		line, err := bufio.NewReader(stdout).ReadString('\n')
+		if err != nil {
+			reports <- report{err: fmt.Errorf("read parent's report: %w", err)}
+			return
+		}
+		workDir, pid, _ := strings.Cut(strings.TrimSpace(line), " ")
+		n, err := strconv.Atoi(pid)
+		reports <- report{workDir: workDir, pid: n, err: err}
+	}()
+	var started report
+	select {
+	case started = <-reports:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the parent process did not report a started cluster in time")
+	}
+	require.NoError(t, started.err, "parent's stderr: %s", &stderr)
+	require.True(t, processAlive(started.pid))
+	require.DirExists(t, filepath.Join(started.workDir, "data"))
+
+	require.NoError(t, parent.Process.Kill())
+	_ = parent.Wait()
+	waited = true
+
+	requireEventually(t, 30*time.Second, func() bool { return !processAlive(started.pid) },
+		"postmaster %d outlived its killed parent", started.pid)
+
+	// What the killed parent left on disk is the next start's to clean up.
+	removeAbandonedDirs(tempDir, t.Logf)
+	require.NoDirExists(t, started.workDir)
+}
+
+// runOrphanParent starts a local cluster, reports "<workDir> <postmaster pid>", and waits to be
+// killed.
+func runOrphanParent(tempDir string) {
+	server, err := Start(context.Background(), &Options{Mode: ModeLocal, TempDir: tempDir})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	fmt.Printf("%s %d\n", server.local.workDir, server.local.cmd.Process.Pid)
+	_, _ = io.Copy(io.Discard, os.Stdin) // returns only if the test gives up on us without killing
+	_ = server.Close()
+	os.Exit(0)
+}
+
+// requireEventually polls an external process's state until cond holds or the deadline passes.
+func requireEventually(t *testing.T, timeout time.Duration, cond func() bool, format string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf(format, args...)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestRemoveAbandonedDirs(t *testing.T) {
+	t.Parallel()
+	base := t.TempDir()
+	dead := strconv.Itoa(deadPID(t))
+	self := strconv.Itoa(os.Getpid())
+
+	makeDir := func(name, owner, postmaster string, age time.Duration) string {
+		dir := filepath.Join(base, name)
+		require.NoError(t, os.MkdirAll(filepath.Join(dir, "data"), 0o700))
+		if owner != "" {
+			require.NoError(t, os.WriteFile(filepath.Join(dir, ownerFileName), []byte(owner+"\n"), 0o644))
+		}
+		if postmaster != "" {
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "data", "postmaster.pid"), []byte(postmaster+"\n/data\n"), 0o600))
+		}
+		if age > 0 {
+			then := time.Now().Add(-age)
+			require.NoError(t, os.Chtimes(dir, then, then))
+		}
+		return dir
+	}
+	deadOwner := makeDir("idem-pgtest-dead", dead, "", 0)
+	deadBoth := makeDir("idem-pgtest-deadboth", dead, dead, 0)
+	liveOwner := makeDir("idem-pgtest-live", self, "", 0)
+	livePostmaster := makeDir("idem-pgtest-livepm", dead, self, 0)
+	newborn := makeDir("idem-pgtest-newborn", "", "", 0)
+	ownerless := makeDir("idem-pgtest-ownerless", "", "", time.Hour)
+	unrelated := makeDir("someone-else", dead, "", time.Hour)
+
+	removeAbandonedDirs(base, t.Logf)
+
+	require.NoDirExists(t, deadOwner)
+	require.NoDirExists(t, deadBoth)
+	require.NoDirExists(t, ownerless)
+	require.DirExists(t, liveOwner)
+	require.DirExists(t, livePostmaster, "a live postmaster is never pulled out from under")
+	require.DirExists(t, newborn, "a directory may be about to get its owner file")
+	require.DirExists(t, unrelated)
+}
+
+func TestHighestVersionDir(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "/usr/lib/postgresql/16/bin", highestVersionDir([]string{
+		"/usr/lib/postgresql/9.6/bin",
+		"/usr/lib/postgresql/16/bin",
+		"/usr/lib/postgresql/10/bin",
+		"/usr/lib/postgresql/beta/bin",
+	}))
+	require.Empty(t, highestVersionDir(nil))
+}
+
+func TestLastLines(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "c\nd", lastLines("a\nb\nc\nd\n", 2))
+	require.Equal(t, "a", lastLines("a", 5))
+}
+
+func TestProcessAlive(t *testing.T) {
+	t.Parallel()
+	require.True(t, processAlive(os.Getpid()))
+	require.False(t, processAlive(deadPID(t)))
+	require.False(t, processAlive(0))
+}

@@ -1,0 +1,12 @@
+//go:build unix && !linux
+
+package pgtest
+
+import "syscall"
+
+// setParentDeathSignal does nothing: only Linux has a parent-death signal. Elsewhere a server whose
+// test binary is killed runs until stopped by hand, though its directory is still cleaned up once
+// it has stopped.
+func setParentDeathSignal(*syscall.SysProcAttr) {}
+
+func isZombie(int) bool { return false }

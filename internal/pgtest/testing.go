@@ -1,0 +1,200 @@
+package pgtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// sharedStartTimeout bounds the lazy start, long enough for docker to pull an image.
+const sharedStartTimeout = 5 * time.Minute
+
+// shared is the test binary's server and database, started by the first test that asks.
+var shared struct {
+	mu      sync.Mutex
+	started bool
+	server  *Server
+	dbURL   string
+	pool    *pgxpool.Pool // to dbURL, for creating and dropping schemas
+	err     error
+}
+
+// Main runs the tests, then stops the server and drops the database they used, and exits with the
+// tests' status. Call it from TestMain:
+//
+//	func TestMain(m *testing.M) { pgtest.Main(m) }
+//
+// Without it, a local server still dies with the test binary, and what it leaves on disk or on an
+// external server is removed by a later run.
+func Main(m *testing.M) {
+	code := m.Run()
+	if err := stopShared(); err != nil {
+		fmt.Fprintf(os.Stderr, "pgtest: cleaning up after the tests: %v\n", err)
+	}
+	os.Exit(code)
+}
+
+// DatabaseURL returns the URL of this test binary's database, starting a server on first use. It
+// fails the test, saying how to provide a server, when none can be had.
+func DatabaseURL(t testing.TB) string {
+	t.Helper()
+	dbURL, _, err := sharedDatabase()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dbURL
+}
+
+// Schema is an empty schema of a test's own in the test binary's database.
+type Schema struct {
+	// Name is an unquoted identifier, t_ followed by random hex.
+	Name string
+	// URL connects to the database with search_path set to the schema.
+	URL string
+	// Pool uses URL. It is closed when the test ends.
+	Pool *pgxpool.Pool
+}
+
+// NewSchema creates a fresh schema and a pool whose connections use it, so a test can create
+// tables under their usual names without seeing any other test's. When the test ends the pool is
+// closed and the schema dropped with everything in it.
+func NewSchema(t testing.TB) *Schema {
+	t.Helper()
+	schema, drop, err := OpenSchema(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := drop(); err != nil {
+			t.Errorf("%v", err)
+		}
+	})
+	return schema
+}
+
+// OpenSchema is NewSchema for code that has no testing.TB, such as a runnable example: the caller
+// must call drop, which closes the pool and drops the schema.
+func OpenSchema(ctx context.Context) (schema *Schema, drop func() error, err error) {
+	dbURL, admin, err := sharedDatabase()
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+
+	name := "t_" + randomHex(8)
+	quoted := pgx.Identifier{name}.Sanitize()
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+quoted); err != nil {
+		return nil, nil, fmt.Errorf("pgtest: create schema %s: %w", name, err)
+	}
+	dropSchema := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+quoted+" CASCADE"); err != nil {
+			return fmt.Errorf("pgtest: drop schema %s: %w", name, err)
+		}
+		return nil
+	}
+
+	// pgx sends URL parameters it does not know as run-time parameters, so every connection made
+	// from this URL, by this pool or by the code under test, starts with search_path set.
+	schemaURL, err := withQueryParam(dbURL, "search_path", name)
+	if err != nil {
+		return nil, nil, errors.Join(err, dropSchema())
+	}
+	pool, err := pgxpool.New(ctx, schemaURL)
+	if err != nil {
+		return nil, nil, errors.Join(fmt.Errorf("pgtest: pool for schema %s: %w", name, err), dropSchema())
+	}
+	drop = func() error {
+		pool.Close()
+		return dropSchema()
+	}
+	return &Schema{Name: name, URL: schemaURL, Pool: pool}, drop, nil
+}
+
+// sharedDatabase starts the shared server and database once. A failure is remembered, so every
+// test reports the same clear error rather than each retrying a slow start.
+func sharedDatabase() (string, *pgxpool.Pool, error) {
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if shared.started {
+		return shared.dbURL, shared.pool, shared.err
+	}
+	shared.started = true
+
+	ctx, cancel := context.WithTimeout(context.Background(), sharedStartTimeout)
+	defer cancel()
+	server, err := Start(ctx, nil)
+	if err != nil {
+		shared.err = err
+		return "", nil, err
+	}
+	dbURL, err := server.CreateDatabase(ctx, databasePrefix(os.Args[0]))
+	if err != nil {
+		shared.err = fmt.Errorf("%w (server: %s)", err, server.Kind())
+		_ = server.Close()
+		return "", nil, shared.err
+	}
+	poolConfig, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		shared.err = fmt.Errorf("pgtest: parse database URL: %w", err)
+		_ = server.Close()
+		return "", nil, shared.err
+	}
+	poolConfig.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, poolConfig)
+	if err != nil {
+		shared.err = fmt.Errorf("pgtest: pool for the test database: %w", err)
+		_ = server.Close()
+		return "", nil, shared.err
+	}
+	shared.server, shared.dbURL, shared.pool = server, dbURL, pool
+	return dbURL, pool, nil
+}
+
+func stopShared() error {
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if shared.server == nil {
+		return nil
+	}
+	shared.pool.Close()
+	// Close drops the database on an external server; a local or docker one goes away whole.
+	err := shared.server.Close()
+	shared.server, shared.pool = nil, nil
+	shared.err = ErrClosed
+	return err
+}
+
+// databasePrefix turns a test binary's path, such as /tmp/go-build123/b001/pgstore.test, into a
+// database name prefix, such as idem_pgstore, so a database left on a shared server says whose it
+// is.
+func databasePrefix(binary string) string {
+	name := strings.ToLower(filepath.Base(binary))
+	name = strings.TrimSuffix(name, ".exe")
+	name = strings.TrimSuffix(name, ".test")
+	var b strings.Builder
+	b.WriteString("idem_")
+	for _, r := range name {
+		if b.Len() >= 30 {
+			break
+		}
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('_')
+		}
+	}
+	return strings.TrimRight(b.String(), "_")
+}

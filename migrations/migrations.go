@@ -1,0 +1,360 @@
+// Package migrations holds idem's versioned database schema and applies it.
+//
+// The SQL lives in sql/ as numbered up/down pairs embedded into the binary, so
+// an application migrates with the code it runs:
+//
+//	m, err := migrations.New(pool, &migrations.Config{Schema: "idem"})
+//	res, err := m.Up(ctx) // applies what is pending; a no-op when up to date
+//
+// Up and Down take a transaction-scoped advisory lock derived from the schema,
+// so several processes starting at once apply each migration exactly once,
+// and calling them again is harmless. Teams that run goose, tern or atlas can
+// print the same SQL with [Migrator.Script] (or `idem migrate sql`) instead.
+// The printed SQL records itself in idem_migrations too, so Version and Up
+// keep working whichever tool applied it.
+package migrations
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+//go:embed sql/*.sql
+var files embed.FS
+
+// Direction says which way a migration runs.
+type Direction string
+
+const (
+	// DirectionUp applies a migration.
+	DirectionUp Direction = "up"
+	// DirectionDown reverts a migration.
+	DirectionDown Direction = "down"
+)
+
+// Migration is one numbered schema change. Its SQL holds the {{schema}}
+// placeholder; [Migrator] substitutes the configured schema.
+type Migration struct {
+	Version int
+	Name    string
+	Up      string
+	Down    string
+}
+
+// ErrUnknownVersion is returned when a version is asked for that no embedded
+// migration has, including a database that is ahead of this binary.
+var ErrUnknownVersion = errors.New("migrations: unknown version")
+
+// ErrInvalidSchema is returned by [New] for a schema name that is not a plain
+// identifier.
+var ErrInvalidSchema = errors.New("migrations: invalid schema name")
+
+var all = mustLoad()
+
+// All returns every embedded migration in version order.
+func All() []Migration {
+	return append([]Migration(nil), all...)
+}
+
+// Latest is the highest embedded version.
+func Latest() int { return all[len(all)-1].Version }
+
+var fileName = regexp.MustCompile(`^(\d{4})_([a-z0-9_]+)\.(up|down)\.sql$`)
+
+func mustLoad() []Migration {
+	entries, err := fs.ReadDir(files, "sql")
+	if err != nil {
+		panic(err)
+	}
+	byVersion := map[int]*Migration{}
+	for _, e := range entries {
+		m := fileName.FindStringSubmatch(e.Name())
+		if m == nil {
+			panic("migrations: unexpected file " + e.Name())
+		}
+		v, _ := strconv.Atoi(m[1])
+		body, err := files.ReadFile("sql/" + e.Name())
+		if err != nil {
+			panic(err)
+		}
+		mig := byVersion[v]
+		if mig == nil {
+			mig = &Migration{Version: v, Name: m[2]}
+			byVersion[v] = mig
+		}
+		if m[3] == "up" {
+			mig.Up = string(body)
+		} else {
+			mig.Down = string(body)
+		}
+	}
+	out := make([]Migration, 0, len(byVersion))
+	for _, m := range byVersion {
+		if m.Up == "" || m.Down == "" {
+			panic(fmt.Sprintf("migrations: version %d lacks an up or a down file", m.Version))
+		}
+		out = append(out, *m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	for i, m := range out {
+		if m.Version != i+1 {
+			panic(fmt.Sprintf("migrations: versions must be 1..n without gaps, found %d at position %d", m.Version, i+1))
+		}
+	}
+	return out
+}
+
+// DB is what the migrator needs from a database handle; *pgxpool.Pool and
+// *pgx.Conn satisfy it.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Config configures a [Migrator].
+type Config struct {
+	// Schema is the Postgres schema that holds idem's tables. It must already
+	// exist. Empty (the default) leaves table names unqualified, so they
+	// resolve through the connection's search_path.
+	Schema string
+}
+
+// Migrator applies and reverts the embedded migrations in one schema.
+type Migrator struct {
+	db     DB
+	schema string
+	prefix string // quoted schema and a dot, or empty
+}
+
+var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]{0,62}$`)
+
+// QualifiedPrefix validates a schema name and returns the prefix that
+// qualifies a table name with it ("" for the empty schema). pgstore uses it
+// too, so both agree on what a valid schema is.
+func QualifiedPrefix(schema string) (string, error) {
+	if schema == "" {
+		return "", nil
+	}
+	if !identifier.MatchString(schema) {
+		return "", fmt.Errorf("%w: %q (letters, digits, _ and $, at most 63, not starting with a digit)", ErrInvalidSchema, schema)
+	}
+	return pgx.Identifier{schema}.Sanitize() + ".", nil
+}
+
+// New returns a Migrator. db may be nil when only [Migrator.Script] is used.
+func New(db DB, cfg *Config) (*Migrator, error) {
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	prefix, err := QualifiedPrefix(cfg.Schema)
+	if err != nil {
+		return nil, err
+	}
+	return &Migrator{db: db, schema: cfg.Schema, prefix: prefix}, nil
+}
+
+func (m *Migrator) render(sql string) string {
+	return strings.ReplaceAll(sql, "{{schema}}", m.prefix)
+}
+
+func (m *Migrator) bookkeepingSQL() string {
+	return m.render(`CREATE TABLE IF NOT EXISTS {{schema}}idem_migrations (
+    version    int         PRIMARY KEY,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);`)
+}
+
+// Result reports what Up or Down did.
+type Result struct {
+	// From and To are the schema versions before and after.
+	From, To int
+	// Applied lists the versions run, in the order they ran.
+	Applied []int
+}
+
+// Up applies every pending migration in one transaction.
+func (m *Migrator) Up(ctx context.Context) (*Result, error) {
+	return m.inTx(ctx, func(tx pgx.Tx) (*Result, error) { return m.UpTx(ctx, tx) })
+}
+
+// UpTx is Up inside the caller's transaction; nothing is committed until the
+// caller commits, and the advisory lock is held until then.
+func (m *Migrator) UpTx(ctx context.Context, tx pgx.Tx) (*Result, error) {
+	return m.migrateTx(ctx, tx, Latest())
+}
+
+// Down reverts migrations down to version target (0 reverts everything).
+func (m *Migrator) Down(ctx context.Context, target int) (*Result, error) {
+	return m.inTx(ctx, func(tx pgx.Tx) (*Result, error) { return m.DownTx(ctx, tx, target) })
+}
+
+// DownTx is Down inside the caller's transaction.
+func (m *Migrator) DownTx(ctx context.Context, tx pgx.Tx, target int) (*Result, error) {
+	if target < 0 || target > Latest() {
+		return nil, fmt.Errorf("%w: %d", ErrUnknownVersion, target)
+	}
+	return m.migrateTx(ctx, tx, target)
+}
+
+// Version reports the schema's current version (0 when nothing is applied).
+func (m *Migrator) Version(ctx context.Context) (int, error) {
+	tx, err := m.db.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("migrations: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	return m.VersionTx(ctx, tx)
+}
+
+// VersionTx is Version inside the caller's transaction.
+func (m *Migrator) VersionTx(ctx context.Context, tx pgx.Tx) (int, error) {
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, m.prefix+"idem_migrations").Scan(&exists); err != nil {
+		return 0, fmt.Errorf("migrations: look for idem_migrations: %w", err)
+	}
+	if !exists {
+		return 0, nil
+	}
+	var v int
+	if err := tx.QueryRow(ctx, m.render(`SELECT coalesce(max(version), 0) FROM {{schema}}idem_migrations`)).Scan(&v); err != nil {
+		return 0, fmt.Errorf("migrations: read version: %w", err)
+	}
+	return v, nil
+}
+
+func (m *Migrator) inTx(ctx context.Context, fn func(pgx.Tx) (*Result, error)) (*Result, error) {
+	tx, err := m.db.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("migrations: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	res, err := fn(tx)
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("migrations: commit: %w", err)
+	}
+	return res, nil
+}
+
+func (m *Migrator) migrateTx(ctx context.Context, tx pgx.Tx, target int) (*Result, error) {
+	// Serialise concurrent migrators of the same schema. The lock is
+	// transaction-scoped, so a crashed migrator cannot leave it held.
+	if _, err := tx.Exec(ctx,
+		`SELECT pg_advisory_xact_lock(hashtextextended('idem.migrations.' || coalesce(nullif($1, ''), current_schema()), 0))`,
+		m.schema); err != nil {
+		return nil, fmt.Errorf("migrations: advisory lock: %w", err)
+	}
+	if _, err := tx.Exec(ctx, m.bookkeepingSQL()); err != nil {
+		return nil, fmt.Errorf("migrations: create idem_migrations: %w", err)
+	}
+	from, err := m.VersionTx(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	if from > Latest() {
+		return nil, fmt.Errorf("%w: the database is at version %d, this binary knows up to %d", ErrUnknownVersion, from, Latest())
+	}
+	res := &Result{From: from, To: from}
+	for _, mig := range all {
+		if mig.Version <= from || mig.Version > target {
+			continue
+		}
+		if _, err := tx.Exec(ctx, m.render(mig.Up)); err != nil {
+			return nil, fmt.Errorf("migrations: apply %04d_%s: %w", mig.Version, mig.Name, err)
+		}
+		if _, err := tx.Exec(ctx, m.render(`INSERT INTO {{schema}}idem_migrations (version, name) VALUES ($1, $2)`), mig.Version, mig.Name); err != nil {
+			return nil, fmt.Errorf("migrations: record %04d: %w", mig.Version, err)
+		}
+		res.Applied = append(res.Applied, mig.Version)
+		res.To = mig.Version
+	}
+	for i := len(all) - 1; i >= 0; i-- {
+		mig := all[i]
+		if mig.Version > from || mig.Version <= target {
+			continue
+		}
+		if _, err := tx.Exec(ctx, m.render(mig.Down)); err != nil {
+			return nil, fmt.Errorf("migrations: revert %04d_%s: %w", mig.Version, mig.Name, err)
+		}
+		if _, err := tx.Exec(ctx, m.render(`DELETE FROM {{schema}}idem_migrations WHERE version = $1`), mig.Version); err != nil {
+			return nil, fmt.Errorf("migrations: unrecord %04d: %w", mig.Version, err)
+		}
+		res.Applied = append(res.Applied, mig.Version)
+		res.To = mig.Version - 1
+	}
+	return res, nil
+}
+
+// Format selects the layout of [Migrator.Script].
+type Format string
+
+const (
+	// FormatSQL is plain SQL, one section per version (atlas, psql, Flyway).
+	FormatSQL Format = "sql"
+	// FormatGoose wraps each version in goose's -- +goose Up/Down annotations.
+	FormatGoose Format = "goose"
+	// FormatTern separates up and down with tern's marker line.
+	FormatTern Format = "tern"
+)
+
+// Script returns the SQL of one migration (version > 0) or of all of them
+// (version 0), rendered for the configured schema, for teams that apply
+// migrations with their own tool. Each version's SQL also records itself in
+// idem_migrations, so [Migrator.Version] stays truthful.
+func (m *Migrator) Script(format Format, dir Direction, version int) (string, error) {
+	var picked []Migration
+	for _, mig := range all {
+		if version == 0 || mig.Version == version {
+			picked = append(picked, mig)
+		}
+	}
+	if len(picked) == 0 {
+		return "", fmt.Errorf("%w: %d", ErrUnknownVersion, version)
+	}
+	up := func(mig Migration) string {
+		return fmt.Sprintf("%s\n\n%s\n%s\n", m.bookkeepingSQL(), strings.TrimSpace(m.render(mig.Up)),
+			m.render(fmt.Sprintf("INSERT INTO {{schema}}idem_migrations (version, name) VALUES (%d, '%s') ON CONFLICT (version) DO NOTHING;", mig.Version, mig.Name)))
+	}
+	down := func(mig Migration) string {
+		return fmt.Sprintf("%s\n%s\n", strings.TrimSpace(m.render(mig.Down)),
+			m.render(fmt.Sprintf("DELETE FROM {{schema}}idem_migrations WHERE version = %d;", mig.Version)))
+	}
+	var b strings.Builder
+	switch format {
+	case FormatSQL, "":
+		if dir == DirectionDown {
+			for i := len(picked) - 1; i >= 0; i-- {
+				fmt.Fprintf(&b, "-- idem migration %04d_%s (down)\n%s\n", picked[i].Version, picked[i].Name, down(picked[i]))
+			}
+		} else if dir == DirectionUp || dir == "" {
+			for _, mig := range picked {
+				fmt.Fprintf(&b, "-- idem migration %04d_%s (up)\n%s\n", mig.Version, mig.Name, up(mig))
+			}
+		} else {
+			return "", fmt.Errorf("migrations: unknown direction %q", dir)
+		}
+	case FormatGoose:
+		for _, mig := range picked {
+			fmt.Fprintf(&b, "-- idem migration %04d_%s\n-- +goose Up\n-- +goose StatementBegin\n%s-- +goose StatementEnd\n\n-- +goose Down\n-- +goose StatementBegin\n%s-- +goose StatementEnd\n",
+				mig.Version, mig.Name, up(mig), down(mig))
+		}
+	case FormatTern:
+		for _, mig := range picked {
+			fmt.Fprintf(&b, "-- idem migration %04d_%s\n%s\n---- create above / drop below ----\n\n%s", mig.Version, mig.Name, up(mig), down(mig))
+		}
+	default:
+		return "", fmt.Errorf("migrations: unknown format %q (sql, goose or tern)", format)
+	}
+	return b.String(), nil
+}

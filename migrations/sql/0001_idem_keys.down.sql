@@ -1,0 +1,1 @@
+DROP TABLE IF EXISTS {{schema}}idem_keys;

@@ -1,0 +1,69 @@
+package idem
+
+import (
+	"context"
+	"time"
+)
+
+// Observer receives the runner's events: counts (one event each) and
+// durations. It is called synchronously on the request's goroutine, so it
+// must be fast and must not block; aggregate and export elsewhere. The
+// idemotel package adapts it to OpenTelemetry metrics.
+type Observer interface {
+	Observe(ctx context.Context, e Event)
+}
+
+// ObserverFunc adapts a function to [Observer].
+type ObserverFunc func(ctx context.Context, e Event)
+
+// Observe calls f.
+func (f ObserverFunc) Observe(ctx context.Context, e Event) { f(ctx, e) }
+
+// Tracer is an optional extension of [Observer]: when the Config.Observer
+// also implements it, the runner opens a span per request and per phase
+// attempt, and runs the request and the phase inside the returned contexts
+// (so database tracing nests under them). end receives the attempt's error.
+type Tracer interface {
+	StartRequest(ctx context.Context, flow, scope string) (context.Context, func(out *Outcome, err error))
+	StartPhase(ctx context.Context, flow, phase string, attempt int) (context.Context, func(err error))
+}
+
+// EventKind names an event.
+type EventKind string
+
+// Events. Request-level events carry Flow, Scope and Key; phase-level events
+// also Phase and Attempt; maintenance events carry Count.
+const (
+	EventCreated        EventKind = "created"         // a new key was inserted and locked
+	EventTakeover       EventKind = "takeover"        // an unfinished key was resumed
+	EventReplayed       EventKind = "replayed"        // a stored response was replayed
+	EventInProgress     EventKind = "in_progress"     // a live lease turned the request away
+	EventMismatch       EventKind = "mismatch"        // a key was reused for a different request
+	EventNeedsReconcile EventKind = "needs_reconcile" // a key was found or put in needs-reconcile
+	EventLockLost       EventKind = "lock_lost"       // this worker's lease was taken over
+	EventStoreError     EventKind = "store_error"     // a store operation failed
+	EventPhaseCommitted EventKind = "phase_committed" // Duration: the phase attempt, begin to commit
+	EventPhaseRetried   EventKind = "phase_retried"   // a serialization failure or deadlock is being retried
+	EventPhaseFailed    EventKind = "phase_failed"    // a phase returned an error or panicked; Err says
+	EventFinished       EventKind = "finished"        // Duration: the whole call, acquisition to response
+	EventHeartbeat      EventKind = "heartbeat"       // a lease was renewed
+	EventReconciled     EventKind = "reconciled"      // a reconcile hook gave a verdict (Err nil) or failed
+	EventReaped         EventKind = "reaped"          // Count: expired finished keys deleted
+	EventCompleted      EventKind = "completed"       // an abandoned request was driven to a response
+)
+
+// Event is one observation.
+type Event struct {
+	Kind     EventKind
+	Flow     string
+	Scope    string
+	Key      string
+	Phase    string
+	Attempt  int
+	Count    int
+	Duration time.Duration
+	Err      error
+	// Verdict is a reconcile hook's answer on EventReconciled: "done",
+	// "not_done" or "unknown" (Err then says why).
+	Verdict string
+}

@@ -1,0 +1,65 @@
+package pgstore
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-idem/idem"
+)
+
+func TestOperationsQueriesAreFullyRendered(t *testing.T) {
+	t.Parallel()
+	for _, prefix := range []string{"", `"Billing".`} {
+		q := newQueries(prefix)
+		for _, sql := range []string{q.unlockKey, q.claimIdle, q.reap} {
+			require.NotContains(t, sql, "{t}")
+			require.NotContains(t, sql, "{cols")
+			require.NotContains(t, sql, "{a}")
+			require.Contains(t, sql, prefix+"idem_keys")
+		}
+		// The reaper must not be able to delete unfinished keys, and the
+		// sweeps must stay on the partial index of unfinished keys.
+		require.Contains(t, q.reap, "status = 'finished'")
+		require.Contains(t, q.claimIdle, "k.status <> 'finished'")
+		require.Contains(t, q.claimIdle, "SKIP LOCKED")
+		require.Contains(t, q.reap, "SKIP LOCKED")
+	}
+}
+
+func TestListKeysQueryHasOnlyTheFiltersAsked(t *testing.T) {
+	t.Parallel()
+	q := newQueries(`"s".`)
+	now := time.Now()
+
+	sql, args, err := q.listKeys(idem.ListKeysParams{KeyQuery: idem.KeyQuery{Limit: 5}})
+	require.NoError(t, err)
+	require.Equal(t, []any{(*time.Time)(nil), 5}, args)
+	require.Contains(t, sql, "WHERE true")
+	require.Contains(t, sql, "LIMIT $2")
+	require.Contains(t, sql, `FROM "s".idem_keys k`)
+
+	sql, args, err = q.listKeys(idem.ListKeysParams{
+		KeyQuery: idem.KeyQuery{State: idem.KeyStateStale, Scope: "u", Key: "k", Flow: "f", BeforeID: 9, Limit: 3},
+		Now:      &now,
+	})
+	require.NoError(t, err)
+	require.Equal(t, []any{&now, "u", "k", "f", int64(9), 3}, args)
+	for _, want := range []string{"k.scope = $2", "k.key = $3", "k.flow = $4", "k.id < $5", "LIMIT $6", keyStateConditions[idem.KeyStateStale]} {
+		require.Contains(t, sql, want)
+	}
+	require.NotContains(t, sql, "$?")
+
+	for _, st := range idem.KeyStates() {
+		sql, _, err := q.listKeys(idem.ListKeysParams{KeyQuery: idem.KeyQuery{State: st, Limit: 1}})
+		require.NoError(t, err, st)
+		require.Contains(t, sql, keyStateConditions[st])
+		if st != idem.KeyStateFinished && st != idem.KeyStateExpired {
+			require.True(t, strings.Contains(sql, "k.status <> 'finished'"), "%s uses the partial index", st)
+		}
+	}
+	_, _, err = q.listKeys(idem.ListKeysParams{KeyQuery: idem.KeyQuery{State: "asleep", Limit: 1}})
+	require.ErrorIs(t, err, idem.ErrInvalidRequest)
+}

@@ -1,0 +1,108 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/georgysavva/scany/v2/pgxscan"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/internal/pgtest"
+	"github.com/go-idem/idem/migrations"
+)
+
+func TestMapError(t *testing.T) {
+	t.Parallel()
+	pg := func(code string) error { return fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: code, Message: "m"}) }
+	for name, tc := range map[string]struct {
+		err  error
+		want error
+	}{
+		"serialization":       {pg("40001"), idem.ErrSerialization},
+		"deadlock":            {pg("40P01"), idem.ErrSerialization},
+		"connection failure":  {pg("08006"), idem.ErrStoreUnavailable},
+		"admin shutdown":      {pg("57P01"), idem.ErrStoreUnavailable},
+		"too many conns":      {pg("53300"), idem.ErrStoreUnavailable},
+		"read-only standby":   {pg("25006"), idem.ErrStoreUnavailable},
+		"network":             {&net.OpError{Op: "dial", Err: errors.New("refused")}, idem.ErrStoreUnavailable},
+		"eof":                 {fmt.Errorf("read: %w", io.ErrUnexpectedEOF), idem.ErrStoreUnavailable},
+		"unique violation":    {pg("23505"), nil},
+		"query canceled":      {pg("57014"), nil},
+		"context canceled":    {context.Canceled, nil},
+		"plain error":         {errors.New("x"), nil},
+		"already unavailable": {fmt.Errorf("%w: x", idem.ErrStoreUnavailable), idem.ErrStoreUnavailable},
+	} {
+		got := mapError(tc.err)
+		require.ErrorIs(t, got, tc.err, name) // the original stays in the chain
+		if tc.want == nil {
+			require.False(t, errors.Is(got, idem.ErrSerialization) || errors.Is(got, idem.ErrStoreUnavailable), name)
+		} else {
+			require.ErrorIs(t, got, tc.want, name)
+		}
+	}
+	require.NoError(t, mapError(nil))
+}
+
+func TestQueriesAreFullyRendered(t *testing.T) {
+	t.Parallel()
+	for _, prefix := range []string{"", `"Billing".`} {
+		q := newQueries(prefix)
+		for _, sql := range []string{q.acquire, q.claimReconcile, q.takeOver, q.advancePhase, q.finishPhase, q.heartbeat, q.release, q.markForeign, q.setNeedsReconcile, q.getKey} {
+			require.NotContains(t, sql, "{t}")
+			require.NotContains(t, sql, "{cols")
+			require.NotContains(t, sql, "{a}")
+			require.Contains(t, sql, prefix+"idem_keys")
+		}
+	}
+}
+
+func TestNewValidatesSchema(t *testing.T) {
+	t.Parallel()
+	_, err := New(nil, nil)
+	require.Error(t, err)
+	_, err = New(fakeDB{}, &Config{Schema: `a"b`})
+	require.ErrorContains(t, err, "invalid schema")
+	s, err := New(fakeDB{}, &Config{Schema: "Billing"})
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(s.Table(), `"Billing".`))
+}
+
+// fakeDB only satisfies the interface for constructor tests; no query runs.
+type fakeDB struct{ DB }
+
+// recordDest must scan recordColumns positionally into the same fields
+// that scany fills by column name. A row with every column set is read both
+// ways and the records compared.
+func TestRecordDestMatchesRecordColumns(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.NewSchema(t)
+	m, err := migrations.New(schema.Pool, &migrations.Config{Schema: schema.Name})
+	require.NoError(t, err)
+	_, err = m.Up(ctx)
+	require.NoError(t, err)
+	_, err = schema.Pool.Exec(ctx, `INSERT INTO idem_keys (scope, key, flow, method, path, fingerprint, params,
+		status, recovery_point, checkpoint, foreign_mark, locked_at, lease_expires_at, fence,
+		response_status, response_headers, response_body, attempts, last_error, finished_at, expires_at)
+		VALUES ('s', 'k', 'f', 'PATCH', '/p', '\x0102', '{"a": 1}', 'finished', 'finished', '{"c": 2}', 'phase',
+		now() - interval '1 minute', now() + interval '1 minute', 7, 402, '{"X": ["y"]}', '\x7b7d', 3, 'boom',
+		now(), now() + interval '1 day')`)
+	require.NoError(t, err)
+	store, err := New(schema.Pool, &Config{Schema: schema.Name})
+	require.NoError(t, err)
+
+	var byName idem.KeyRecord
+	require.NoError(t, pgxscan.Get(ctx, schema.Pool, &byName, store.q.getKey, "s", "k"))
+	byPosition, err := store.GetKey(ctx, "s", "k")
+	require.NoError(t, err)
+	require.Equal(t, byName, *byPosition)
+	require.Equal(t, "phase", byPosition.ForeignMark)
+	require.Equal(t, 402, byPosition.ResponseStatus)
+}

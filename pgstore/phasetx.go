@@ -1,0 +1,368 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// phaseTx is a phase's transaction, shaped to cost the phase one round trip
+// beyond its own statements:
+//
+//   - BEGIN is not sent on its own. It travels in the same pipeline as the
+//     phase's first statement (pgx's Batch.BeginTx), and from then on the
+//     real pgx transaction does the work;
+//   - the fenced recovery-point update travels in the same pipeline as
+//     COMMIT (commitGuarded), and is written to fail, not to match no row,
+//     when the fence has moved, so the COMMIT behind it cannot commit a
+//     taken-over worker's writes;
+//   - a phase that sends no statement of its own (only a foreign call) has
+//     no transaction at all: its guarded update runs alone.
+//
+// The few methods that need the transaction open before they can do their
+// job (CopyFrom, Prepare, Begin, LargeObjects, Conn, and Exec without
+// arguments, which pgx sends over the simple protocol where several
+// statements may share one string) begin it with a round trip of its own.
+type phaseTx struct {
+	conn   *pgxpool.Conn
+	opts   pgx.TxOptions
+	tx     pgx.Tx // the real transaction once begun
+	closed bool
+	// failed is the error of a first statement whose pipeline failed before
+	// BEGIN ran (a statement that does not prepare, say). In a transaction
+	// begun on its own, that statement would have aborted it; later
+	// statements report failed to keep that behaviour.
+	failed error
+}
+
+var _ pgx.Tx = (*phaseTx)(nil)
+
+// beginTimeout bounds the BEGIN sent by the methods that take no context.
+const beginTimeout = 30 * time.Second
+
+func (t *phaseTx) begin(ctx context.Context) error {
+	if t.closed {
+		return pgx.ErrTxClosed
+	}
+	if t.failed != nil {
+		return fmt.Errorf("pgstore: the phase's transaction failed at its first statement: %w", t.failed)
+	}
+	if t.tx != nil {
+		return nil
+	}
+	tx, err := t.conn.Conn().BeginTx(ctx, t.opts)
+	if err != nil {
+		return err
+	}
+	t.tx = tx
+	return nil
+}
+
+// beginWith sends BEGIN and the queued queries of b in one pipeline and
+// returns the results positioned after BEGIN's.
+func (t *phaseTx) beginWith(ctx context.Context, queued []*pgx.QueuedQuery) (pgx.BatchResults, error) {
+	b := &pgx.Batch{}
+	b.BeginTx(t.opts)
+	b.QueuedQueries = append(b.QueuedQueries, queued...)
+	br := t.conn.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		t.failed = err
+		return nil, err
+	}
+	t.tx = br.(interface{ Tx() pgx.Tx }).Tx()
+	return br, nil
+}
+
+// lazy reports whether the next statement can carry BEGIN.
+func (t *phaseTx) lazy() bool { return t.tx == nil && !t.closed && t.failed == nil }
+
+// needsOwnBegin reports whether a statement cannot ride in a pipeline with
+// BEGIN: pgx runs argument-less Exec over the simple protocol (which allows
+// several statements in one string), and batches honour no query options
+// other than a QueryRewriter.
+func needsOwnBegin(exec bool, args []any) bool {
+	if exec && len(args) == 0 {
+		return true
+	}
+	if len(args) > 0 {
+		switch args[0].(type) {
+		case pgx.QueryExecMode, pgx.QueryResultFormats, pgx.QueryResultFormatsByOID:
+			return true
+		}
+	}
+	return false
+}
+
+func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if t.lazy() && !needsOwnBegin(true, args) {
+		br, err := t.beginWith(ctx, []*pgx.QueuedQuery{{SQL: sql, Arguments: args}})
+		if err != nil {
+			return pgconn.CommandTag{}, err
+		}
+		tag, err := br.Exec()
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		return tag, err
+	}
+	if err := t.begin(ctx); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return t.tx.Exec(ctx, sql, args...)
+}
+
+func (t *phaseTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if t.lazy() && !needsOwnBegin(false, args) {
+		br, err := t.beginWith(ctx, []*pgx.QueuedQuery{{SQL: sql, Arguments: args}})
+		if err != nil {
+			return failedRows(err)
+		}
+		rows, err := br.Query()
+		if err != nil {
+			_ = br.Close()
+			return failedRows(err)
+		}
+		return &batchRows{Rows: rows, br: br}, nil
+	}
+	if err := t.begin(ctx); err != nil {
+		return failedRows(err)
+	}
+	return t.tx.Query(ctx, sql, args...)
+}
+
+func (t *phaseTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	rows, err := t.Query(ctx, sql, args...)
+	return &row{rows: rows, err: err}
+}
+
+func (t *phaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if t.lazy() {
+		br, err := t.beginWith(ctx, b.QueuedQueries)
+		if err != nil {
+			return pgx.FailedBatchResults(b, err)
+		}
+		return br
+	}
+	if err := t.begin(ctx); err != nil {
+		return pgx.FailedBatchResults(b, err)
+	}
+	return t.tx.SendBatch(ctx, b)
+}
+
+func (t *phaseTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if err := t.begin(ctx); err != nil {
+		return 0, err
+	}
+	return t.tx.CopyFrom(ctx, table, columns, src)
+}
+
+func (t *phaseTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := t.begin(ctx); err != nil {
+		return nil, err
+	}
+	return t.tx.Prepare(ctx, name, sql)
+}
+
+// Begin starts a pseudo nested transaction (a savepoint) in the phase's
+// transaction.
+func (t *phaseTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := t.begin(ctx); err != nil {
+		return nil, err
+	}
+	return t.tx.Begin(ctx)
+}
+
+// LargeObjects begins the transaction first, since large objects only work
+// inside one. It has no context, so that BEGIN is bounded by a timeout; if
+// it fails, every large-object call reports a closed transaction.
+func (t *phaseTx) LargeObjects() pgx.LargeObjects {
+	ctx, cancel := context.WithTimeout(context.Background(), beginTimeout)
+	defer cancel()
+	if err := t.begin(ctx); err != nil {
+		b := &pgx.Batch{}
+		b.BeginTx(t.opts)
+		return pgx.FailedBatchResults(b, err).(interface{ Tx() pgx.Tx }).Tx().LargeObjects()
+	}
+	return t.tx.LargeObjects()
+}
+
+// Conn returns the phase's connection. It begins the transaction first, so
+// that statements sent straight on the connection are still inside it.
+func (t *phaseTx) Conn() *pgx.Conn {
+	ctx, cancel := context.WithTimeout(context.Background(), beginTimeout)
+	defer cancel()
+	_ = t.begin(ctx) // a failure resurfaces on the next statement
+	return t.conn.Conn()
+}
+
+// Commit commits with its own round trip. The runner commits through
+// commitGuarded instead; Commit exists for the pgx.Tx contract.
+func (t *phaseTx) Commit(ctx context.Context) error {
+	if t.closed {
+		return pgx.ErrTxClosed
+	}
+	defer t.release()
+	if t.tx == nil {
+		return nil
+	}
+	return t.tx.Commit(ctx)
+}
+
+// Rollback rolls back; a transaction that never began costs no round trip.
+func (t *phaseTx) Rollback(ctx context.Context) error {
+	if t.closed {
+		return pgx.ErrTxClosed
+	}
+	defer t.release()
+	if t.tx == nil {
+		return nil
+	}
+	return t.tx.Rollback(ctx)
+}
+
+// connectionLost reports whether the phase's connection died under it: the
+// one sure sign that a network error in the phase came from the database.
+func (t *phaseTx) connectionLost() bool {
+	return !t.closed && t.conn.Conn().IsClosed()
+}
+
+func (t *phaseTx) release() {
+	t.closed = true
+	// pgxpool closes rather than reuses a connection left inside a
+	// transaction, so a failed rollback cannot leak one.
+	t.conn.Release()
+}
+
+// fenceMovedCode is what the guard statement raises when it matches no
+// row: the division by a zero count (SQLSTATE 22012) in queries.advancePhase
+// and queries.finishPhase.
+const fenceMovedCode = "22012"
+
+// commitGuarded runs the phase's guarded recovery-point update and commits,
+// in one round trip. It returns errLockLost when the guard found the fence
+// moved; the transaction is then rolled back.
+func (t *phaseTx) commitGuarded(ctx context.Context, guard string, args ...any) error {
+	if t.closed {
+		return pgx.ErrTxClosed
+	}
+	if t.failed != nil {
+		defer t.release()
+		return fmt.Errorf("pgstore: the phase's transaction failed at its first statement: %w", t.failed)
+	}
+	if t.tx == nil {
+		// Nothing ran in a transaction: the guarded update is the phase's
+		// only write, and commits on its own.
+		defer t.release()
+		_, err := t.conn.Exec(ctx, guard, args...)
+		return classifyGuard(err)
+	}
+	b := &pgx.Batch{}
+	b.Queue(guard, args...)
+	b.Queue("commit")
+	br := t.tx.SendBatch(ctx, b)
+	_, guardErr := br.Exec()
+	tag, commitErr := br.Exec()
+	closeErr := br.Close()
+	if guardErr != nil {
+		// The pipeline skipped the COMMIT; the transaction is aborted.
+		rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), beginTimeout)
+		defer cancel()
+		_ = t.tx.Rollback(rbCtx)
+		t.release()
+		return classifyGuard(guardErr)
+	}
+	defer t.release()
+	if err := errors.Join(commitErr, closeErr); err != nil {
+		return err
+	}
+	if tag.String() != "COMMIT" {
+		// The transaction was already failed (a statement error the phase
+		// ignored), so COMMIT rolled it back.
+		return fmt.Errorf("%w: the phase's transaction was rolled back at commit", pgx.ErrTxCommitRollback)
+	}
+	return nil
+}
+
+func classifyGuard(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == fenceMovedCode {
+		return errLockLost
+	}
+	return err
+}
+
+var errLockLost = errors.New("pgstore: fence moved on")
+
+// batchRows are the rows of a query that travelled with BEGIN: when they
+// are done, the rest of the batch must be closed before the connection can
+// be used again.
+type batchRows struct {
+	pgx.Rows
+	br       pgx.BatchResults
+	finished bool
+	closeErr error
+}
+
+func (r *batchRows) finish() {
+	if !r.finished {
+		r.finished = true
+		r.closeErr = r.br.Close()
+	}
+}
+
+func (r *batchRows) Next() bool {
+	if r.Rows.Next() {
+		return true
+	}
+	r.finish()
+	return false
+}
+
+func (r *batchRows) Close() {
+	r.Rows.Close()
+	r.finish()
+}
+
+func (r *batchRows) Err() error {
+	if err := r.Rows.Err(); err != nil {
+		return err
+	}
+	return r.closeErr
+}
+
+// row is pgx's QueryRow contract over phaseTx.Query.
+type row struct {
+	rows pgx.Rows
+	err  error
+}
+
+func (r *row) Scan(dest ...any) error {
+	if r.err != nil {
+		r.rows.Close()
+		return r.err
+	}
+	defer r.rows.Close()
+	if !r.rows.Next() {
+		if err := r.rows.Err(); err != nil {
+			return err
+		}
+		return pgx.ErrNoRows
+	}
+	if err := r.rows.Scan(dest...); err != nil {
+		return err
+	}
+	r.rows.Close()
+	return r.rows.Err()
+}
+
+// failedRows are pgx's own rows for a query that failed before it could be
+// read, for callers that use the rows without checking the error.
+func failedRows(err error) (pgx.Rows, error) {
+	return pgx.FailedBatchResults(&pgx.Batch{}, err).Query()
+}

@@ -1,0 +1,150 @@
+package idem
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Phase is one atomic step of a flow. Its Run function executes inside its
+// own transaction (tx); whatever it writes through tx commits together with
+// the key's new recovery point, or not at all. A phase may make at most one
+// foreign call, through [Run.Foreign].
+//
+// A phase ends by advancing ([Advance]: the recovery point becomes the
+// phase's Name and the next phase runs) or by responding ([Respond],
+// [RespondJSON]: the response is stored, the key finishes, and every retry
+// replays it). The last phase must respond.
+type Phase[In any] struct {
+	// Name identifies the phase and is the recovery point recorded when it
+	// advances: lowercase letters, digits and underscores, starting with a
+	// letter, at most 64 characters, unique in the flow, and neither
+	// "started" nor "finished". Renaming a phase while keys are in flight
+	// strands them (ErrUnknownRecoveryPoint), so treat names like columns.
+	Name string
+
+	// Run does the phase's work.
+	Run func(ctx context.Context, tx pgx.Tx, run *Run[In]) (Result, error)
+
+	// Foreign declares what kind of foreign call the phase makes, if any.
+	// The zero value, ForeignIdempotent, suits calls that carry
+	// Run.IdempotencyKey to a provider that deduplicates on it.
+	Foreign ForeignKind
+
+	// Reconcile is required when Foreign is ForeignNotIdempotent and unused
+	// otherwise. It runs when a key is found whose foreign call may have
+	// happened without the phase committing, and asks the provider what
+	// happened. It runs in a transaction of its own, like the phase, so it
+	// can make the local writes the phase would have made.
+	Reconcile func(ctx context.Context, tx pgx.Tx, run *Run[In]) (Reconciliation, error)
+
+	// Isolation is the phase transaction's isolation level. Empty uses
+	// Config.Isolation (default read committed). Serialization failures and
+	// deadlocks are retried either way.
+	Isolation pgx.TxIsoLevel
+}
+
+// ForeignKind classifies a phase's foreign call.
+type ForeignKind int
+
+const (
+	// ForeignIdempotent: the provider deduplicates on the downstream key
+	// (Run.IdempotencyKey), so re-running the phase after a crash is safe.
+	// This is the default.
+	ForeignIdempotent ForeignKind = iota
+
+	// ForeignNotIdempotent: the provider cannot deduplicate (an SMS gateway
+	// without idempotency keys, say). Run.Foreign durably marks the attempt
+	// before calling; if the phase then fails to commit, the key goes to
+	// StatusNeedsReconcile and the call is never repeated blindly.
+	ForeignNotIdempotent
+)
+
+func (k ForeignKind) String() string {
+	switch k {
+	case ForeignIdempotent:
+		return "idempotent"
+	case ForeignNotIdempotent:
+		return "not_idempotent"
+	}
+	return "unknown"
+}
+
+// Response is what a flow answers: a status, headers and the body bytes
+// exactly as first sent.
+type Response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// Result is how a phase ends. Build one with [Advance], [Respond] or
+// [RespondJSON].
+type Result struct {
+	response *Response
+	err      error
+}
+
+// Advance ends the phase by committing it and moving to the next phase.
+func Advance() Result { return Result{} }
+
+// Respond ends the flow with a response, stored with the phase's commit and
+// replayed to every retry: a success, or a permanent failure such as a 402
+// card decline. Responding with a 5xx is allowed but is stored like anything
+// else; to have the client retry instead, return an error from the phase.
+func Respond(status int, header http.Header, body []byte) Result {
+	return Result{response: &Response{Status: status, Header: header.Clone(), Body: append([]byte(nil), body...)}}
+}
+
+// RespondJSON is Respond with v encoded as JSON and Content-Type set. An
+// encoding error fails the phase.
+func RespondJSON(status int, v any) Result {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return Result{err: err}
+	}
+	return Result{response: &Response{
+		Status: status,
+		Header: http.Header{"Content-Type": []string{"application/json"}},
+		Body:   body,
+	}}
+}
+
+// Responds reports whether the result ends the flow.
+func (r Result) Responds() bool { return r.response != nil }
+
+// Reconciliation is a reconcile hook's verdict. Build one with
+// [ReconcileDone], [ReconcileNotDone] or [ReconcileUnknown].
+type Reconciliation struct {
+	verdict verdict
+	result  Result
+	reason  string
+}
+
+type verdict int
+
+const (
+	verdictUnknown verdict = iota
+	verdictDone
+	verdictNotDone
+)
+
+// ReconcileDone says the foreign call did happen. result is what the phase
+// would have ended with: Advance() (after the hook recorded, through its tx
+// and Run.SetCheckpoint, what the phase would have recorded) or a response.
+// The flow then continues after the phase.
+func ReconcileDone(result Result) Reconciliation {
+	return Reconciliation{verdict: verdictDone, result: result}
+}
+
+// ReconcileNotDone says the foreign call did not happen. The phase runs again
+// from the start, which is now safe.
+func ReconcileNotDone() Reconciliation { return Reconciliation{verdict: verdictNotDone} }
+
+// ReconcileUnknown says the provider cannot tell yet. The key stays in
+// StatusNeedsReconcile for a later run or an operator; reason is recorded.
+func ReconcileUnknown(reason string) Reconciliation {
+	return Reconciliation{verdict: verdictUnknown, reason: reason}
+}

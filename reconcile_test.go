@@ -1,0 +1,431 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-idem/idem"
+)
+
+// smsGateway has no idempotency keys: every send is a new message. It can
+// be asked what it sent, which is what a reconcile hook does.
+type smsGateway struct {
+	mu      sync.Mutex
+	sent    map[string]int // message ref -> times sent
+	lose    bool           // the next send fails without reaching the gateway
+	unknown bool           // lookups cannot tell
+}
+
+func (g *smsGateway) send(ref string) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.lose {
+		g.lose = false
+		return errors.New("gateway timeout")
+	}
+	g.sent[ref]++
+	return nil
+}
+
+func (g *smsGateway) times(ref string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.sent[ref]
+}
+
+type smsInput struct {
+	To   string `json:"to"`
+	Text string `json:"text"`
+}
+
+type smsBundle struct {
+	*testBundle
+	gateway *smsGateway
+	flow    *idem.Flow[smsInput]
+	// inSend runs inside the send phase after the foreign call, if set.
+	inSend func(ctx context.Context, tx pgx.Tx, run *idem.Run[smsInput]) error
+}
+
+func setupSMS(t *testing.T) *smsBundle {
+	b := &smsBundle{testBundle: setup(t), gateway: &smsGateway{sent: map[string]int{}}}
+	_, err := b.pool.Exec(context.Background(), `CREATE TABLE messages (id bigserial PRIMARY KEY, to_number text, sent bool NOT NULL DEFAULT false)`)
+	require.NoError(t, err)
+	b.flow = idem.MustNewFlow("sms.send", []idem.Phase[smsInput]{
+		{
+			Name: "message_saved",
+			Run: func(ctx context.Context, tx pgx.Tx, run *idem.Run[smsInput]) (idem.Result, error) {
+				var id int64
+				if err := tx.QueryRow(ctx, `INSERT INTO messages (to_number) VALUES ($1) RETURNING id`, run.Input().To).Scan(&id); err != nil {
+					return idem.Result{}, err
+				}
+				return idem.Advance(), run.SetCheckpoint("message_id", id)
+			},
+		},
+		{
+			Name:    "sms_sent",
+			Foreign: idem.ForeignNotIdempotent,
+			Run: func(ctx context.Context, tx pgx.Tx, run *idem.Run[smsInput]) (idem.Result, error) {
+				b.counts.add("sms_sent")
+				ref := run.IdempotencyKey() // used here only as our own reference
+				if err := run.Foreign(ctx, "send_sms", func(context.Context, string) error { return b.gateway.send(ref) }); err != nil {
+					return idem.Result{}, err
+				}
+				if b.inSend != nil {
+					if err := b.inSend(ctx, tx, run); err != nil {
+						return idem.Result{}, err
+					}
+				}
+				return idem.Advance(), markSent(ctx, tx, run)
+			},
+			Reconcile: func(ctx context.Context, tx pgx.Tx, run *idem.Run[smsInput]) (idem.Reconciliation, error) {
+				b.counts.add("reconcile")
+				if b.gateway.unknown {
+					return idem.ReconcileUnknown("gateway lookup timed out"), nil
+				}
+				if b.gateway.times(run.IdempotencyKey()) == 0 {
+					return idem.ReconcileNotDone(), nil
+				}
+				return idem.ReconcileDone(idem.Advance()), markSent(ctx, tx, run)
+			},
+		},
+		{
+			Name: "responded",
+			Run: func(ctx context.Context, tx pgx.Tx, run *idem.Run[smsInput]) (idem.Result, error) {
+				var id int64
+				if _, err := run.Checkpoint("message_id", &id); err != nil {
+					return idem.Result{}, err
+				}
+				return idem.RespondJSON(http.StatusCreated, map[string]any{"message_id": id}), nil
+			},
+		},
+	}, nil)
+	return b
+}
+
+func markSent(ctx context.Context, tx pgx.Tx, run *idem.Run[smsInput]) error {
+	var id int64
+	if _, err := run.Checkpoint("message_id", &id); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, `UPDATE messages SET sent = true WHERE id = $1`, id)
+	return err
+}
+
+func (b *smsBundle) runner(t *testing.T, hook func(context.Context, idem.HookPoint) error) *idem.Runner {
+	return b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Test: idem.TestConfig{Hook: hook}})
+}
+
+func (b *smsBundle) req(key string) idem.Request {
+	return idem.Request{Scope: "user:1", Key: key, Params: smsInput{To: "+15550100", Text: "your ride is here"}}
+}
+
+func (b *smsBundle) ref(t *testing.T, key string) string {
+	return "idem-" + b.key(t, key).RequestID + "-sms_sent"
+}
+
+func TestNotIdempotentCallRunsOnceWhenNothingGoesWrong(t *testing.T) {
+	t.Parallel()
+	b := setupSMS(t)
+	out, err := b.runner(t, nil).Run(context.Background(), b.flow, b.req("k1"))
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeExecuted, out.Kind)
+	require.Equal(t, 1, b.gateway.times(b.ref(t, "k1")))
+	require.Empty(t, b.key(t, "k1").ForeignMark, "the commit clears the mark")
+}
+
+// A crash after the not-idempotent call: the resume finds the mark without
+// the phase committed and sends the key to reconcile instead of re-sending.
+// The reconcile hook finds the message sent, and the flow finishes.
+func TestNotIdempotentCrashGoesToReconcileNotToASecondSend(t *testing.T) {
+	t.Parallel()
+	b := setupSMS(t)
+	ctx := context.Background()
+	crashing := b.runner(t, func(_ context.Context, at idem.HookPoint) error {
+		if at.Where == idem.HookAfterForeign {
+			return idem.ErrSimulatedCrash
+		}
+		return nil
+	})
+	_, err := crashing.Run(ctx, b.flow, b.req("k1"))
+	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	ref := b.ref(t, "k1")
+	require.Equal(t, 1, b.gateway.times(ref))
+	require.Equal(t, "sms_sent", b.key(t, "k1").ForeignMark)
+
+	b.clock.Advance(2 * time.Minute)
+	r := b.runner(t, nil)
+	for i := 0; i < 2; i++ { // the takeover, then a plain retry
+		out, err := r.Run(ctx, b.flow, b.req("k1"))
+		require.ErrorIs(t, err, idem.ErrNeedsReconcile)
+		require.Equal(t, idem.OutcomeNeedsReconcile, out.Kind)
+	}
+	rec := b.key(t, "k1")
+	require.Equal(t, idem.StatusNeedsReconcile, rec.Status)
+	require.Nil(t, rec.LockedAt)
+	require.Equal(t, 1, b.gateway.times(ref), "never re-sent blindly")
+
+	out, err := r.Reconcile(ctx, "user:1", "k1")
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeExecuted, out.Kind)
+	require.Equal(t, http.StatusCreated, out.Response.Status)
+	require.Equal(t, 1, b.gateway.times(ref))
+	require.Equal(t, 1, b.countRows(t, "messages WHERE sent"), "the hook made the phase's local write")
+
+	replay, err := r.Run(ctx, b.flow, b.req("k1"))
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeReplayed, replay.Kind)
+	require.Equal(t, out.Response.Body, replay.Response.Body)
+	require.Equal(t, 1, b.counts.get()["sms_sent"])
+}
+
+// A send that failed before reaching the gateway: the phase errs with the
+// mark set, so the key goes straight to reconcile; the hook finds nothing
+// sent, and the phase runs again, sending exactly once.
+func TestNotIdempotentNotDoneRunsThePhaseAgain(t *testing.T) {
+	t.Parallel()
+	b := setupSMS(t)
+	ctx := context.Background()
+	r := b.runner(t, nil)
+	b.gateway.lose = true
+	out, err := r.Run(ctx, b.flow, b.req("k1"))
+	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
+	require.Equal(t, idem.OutcomeNeedsReconcile, out.Kind)
+	ref := b.ref(t, "k1")
+	require.Zero(t, b.gateway.times(ref))
+
+	out, err = r.Reconcile(ctx, "user:1", "k1")
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeExecuted, out.Kind)
+	require.Equal(t, 1, b.gateway.times(ref))
+	require.Equal(t, 2, b.counts.get()["sms_sent"])
+}
+
+// Unknown leaves the key for later, unlocked, with the reason recorded.
+func TestReconcileUnknownLeavesTheKeyForLater(t *testing.T) {
+	t.Parallel()
+	b := setupSMS(t)
+	ctx := context.Background()
+	r := b.runner(t, nil)
+	b.gateway.lose = true
+	_, err := r.Run(ctx, b.flow, b.req("k1"))
+	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
+
+	b.gateway.unknown = true
+	out, err := r.Reconcile(ctx, "user:1", "k1")
+	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
+	require.Equal(t, idem.OutcomeNeedsReconcile, out.Kind)
+	rec := b.key(t, "k1")
+	require.Equal(t, idem.StatusNeedsReconcile, rec.Status)
+	require.Nil(t, rec.LockedAt)
+	require.Contains(t, rec.LastError, "gateway lookup timed out")
+
+	b.gateway.unknown = false
+	out, err = r.Reconcile(ctx, "user:1", "k1")
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeExecuted, out.Kind)
+
+	_, err = r.Reconcile(ctx, "user:1", "k1")
+	require.ErrorIs(t, err, idem.ErrNothingToReconcile)
+	_, err = r.Reconcile(ctx, "user:1", "nope")
+	require.ErrorIs(t, err, idem.ErrNotFound)
+}
+
+// A serialization failure after a not-idempotent call is not retried: the
+// call may have happened, so the key goes to reconcile.
+func TestNotIdempotentPhaseIsNotRetriedAfterItsCall(t *testing.T) {
+	t.Parallel()
+	b := setupSMS(t)
+	conflicts := 5
+	conflict := b.conflictOnce(t, &conflicts)
+	b.inSend = func(ctx context.Context, tx pgx.Tx, _ *idem.Run[smsInput]) error { return conflict(ctx, tx, nil) }
+	r := b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Isolation: pgx.RepeatableRead})
+	out, err := r.Run(context.Background(), b.flow, b.req("k1"))
+	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
+	require.Equal(t, idem.OutcomeNeedsReconcile, out.Kind)
+	require.Equal(t, 1, b.counts.get()["sms_sent"], "no automatic retry")
+	require.Equal(t, 1, b.gateway.times(b.ref(t, "k1")))
+}
+
+// A phase may make one foreign call; the second is refused without calling.
+func TestSecondForeignCallIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var calls int
+	flow := idem.MustNewFlow("double", []idem.Phase[rideInput]{{
+		Name: "charged_twice",
+		Run: func(ctx context.Context, _ pgx.Tx, run *idem.Run[rideInput]) (idem.Result, error) {
+			call := func(context.Context, string) error { calls++; return nil }
+			if err := run.Foreign(ctx, "charge", call); err != nil {
+				return idem.Result{}, err
+			}
+			if err := run.Foreign(ctx, "charge again", call); err != nil {
+				return idem.Result{}, err
+			}
+			return idem.RespondJSON(http.StatusOK, "ok"), nil
+		},
+	}}, nil)
+	out, err := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{flow}}).Run(context.Background(), flow, b.request("k1", rideInput{}))
+	require.ErrorIs(t, err, idem.ErrSecondForeignCall)
+	require.ErrorIs(t, err, idem.ErrPhaseFailed)
+	require.Equal(t, idem.OutcomeFailed, out.Kind)
+	require.Equal(t, 1, calls)
+}
+
+func TestInvalidRequestsWriteNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	r := b.runner(t, nil)
+	long := make([]byte, 256)
+	for i := range long {
+		long[i] = 'k'
+	}
+	for name, req := range map[string]idem.Request{
+		"empty scope":        {Scope: "", Key: "k", Params: rideInput{}},
+		"empty key":          {Scope: "s", Key: "", Params: rideInput{}},
+		"key of 256":         {Scope: "s", Key: string(long), Params: rideInput{}},
+		"key with newline":   {Scope: "s", Key: "a\nb", Params: rideInput{}},
+		"key not ascii":      {Scope: "s", Key: "clé", Params: rideInput{}},
+		"params of a type":   {Scope: "s", Key: "k", Params: 42},
+		"params not JSON":    {Scope: "s", Key: "k", Params: []byte(`{"origin":`)},
+		"params wrong shape": {Scope: "s", Key: "k", Params: []byte(`{"origin": 7}`)},
+		"nil params":         {Scope: "s", Key: "k", Params: (*rideInput)(nil)},
+	} {
+		out, err := r.Run(ctx, b.flow, req)
+		require.ErrorIs(t, err, idem.ErrInvalidRequest, name)
+		require.Equal(t, idem.OutcomeInvalid, out.Kind, name)
+	}
+	require.Equal(t, 0, b.countRows(t, "idem_keys"))
+	require.Empty(t, b.counts.get())
+}
+
+// JSON params and typed params of equal value are the same request.
+func TestParamsAsJSONOrValueFingerprintAlike(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	r := b.runner(t, nil)
+	_, err := r.Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	require.NoError(t, err)
+	out, err := r.Run(ctx, b.flow, idem.Request{Scope: "user:1", Key: "k1", Params: []byte(` {"amount": 2e1, "origin":"SF"}`)})
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeReplayed, out.Kind)
+}
+
+func TestLastPhaseMustRespond(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	flow := idem.MustNewFlow("no.answer", []idem.Phase[rideInput]{{
+		Name: "only",
+		Run: func(context.Context, pgx.Tx, *idem.Run[rideInput]) (idem.Result, error) {
+			return idem.Advance(), nil
+		},
+	}}, nil)
+	out, err := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{flow}}).Run(context.Background(), flow, b.request("k1", rideInput{}))
+	require.ErrorIs(t, err, idem.ErrPhaseFailed)
+	require.ErrorContains(t, err, "must respond")
+	require.Equal(t, idem.OutcomeFailed, out.Kind)
+	require.Equal(t, idem.RecoveryPointStarted, b.key(t, "k1").RecoveryPoint)
+}
+
+// A deploy that renamed a phase strands keys whose recovery point it was:
+// they fail clearly instead of running the wrong phase.
+func TestUnknownRecoveryPointFailsClearly(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	crashing := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: func(_ context.Context, at idem.HookPoint) error {
+		if at.Where == idem.HookAfterCommit {
+			return idem.ErrSimulatedCrash
+		}
+		return nil
+	}}})
+	_, err := crashing.Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+
+	renamed := idem.MustNewFlow("rides.create", []idem.Phase[rideInput]{{
+		Name: "ride_made",
+		Run: func(context.Context, pgx.Tx, *idem.Run[rideInput]) (idem.Result, error) {
+			return idem.RespondJSON(http.StatusOK, "x"), nil
+		},
+	}}, nil)
+	b.clock.Advance(2 * time.Minute)
+	out, err := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{renamed}}).Run(ctx, renamed, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	require.ErrorIs(t, err, idem.ErrUnknownRecoveryPoint)
+	require.Equal(t, idem.OutcomeFailed, out.Kind)
+	rec := b.key(t, "k1")
+	require.Nil(t, rec.LockedAt)
+	require.Contains(t, rec.LastError, "ride_created")
+}
+
+func TestFlowDeclarationIsChecked(t *testing.T) {
+	t.Parallel()
+	run := func(context.Context, pgx.Tx, *idem.Run[rideInput]) (idem.Result, error) { return idem.Advance(), nil }
+	for name, tc := range map[string]struct {
+		flow   string
+		phases []idem.Phase[rideInput]
+	}{
+		"bad flow name":        {"", []idem.Phase[rideInput]{{Name: "a", Run: run}}},
+		"no phases":            {"f", nil},
+		"bad phase name":       {"f", []idem.Phase[rideInput]{{Name: "Charge!", Run: run}}},
+		"reserved name":        {"f", []idem.Phase[rideInput]{{Name: "finished", Run: run}}},
+		"duplicate":            {"f", []idem.Phase[rideInput]{{Name: "a", Run: run}, {Name: "a", Run: run}}},
+		"no run":               {"f", []idem.Phase[rideInput]{{Name: "a"}}},
+		"not idempotent alone": {"f", []idem.Phase[rideInput]{{Name: "a", Run: run, Foreign: idem.ForeignNotIdempotent}}},
+	} {
+		_, err := idem.NewFlow(tc.flow, tc.phases, nil)
+		require.Error(t, err, name)
+	}
+}
+
+func TestConfigDefaultsAndValidation(t *testing.T) {
+	t.Parallel()
+	cfg := (&idem.Config{}).WithDefaults()
+	require.Equal(t, 90*time.Second, cfg.Lease)
+	require.Equal(t, 30*time.Second, cfg.HeartbeatInterval)
+	require.Equal(t, 24*time.Hour, cfg.Retention)
+	require.Equal(t, pgx.ReadCommitted, cfg.Isolation)
+	require.Equal(t, 3, cfg.MaxPhaseRetries)
+
+	b := setup(t)
+	for name, bad := range map[string]*idem.Config{
+		"tiny lease":         {Lease: time.Millisecond},
+		"heartbeat too slow": {Lease: time.Minute, HeartbeatInterval: 2 * time.Minute},
+		"bad isolation":      {Isolation: "chaos"},
+		"duplicate flows":    {Flows: []idem.AnyFlow{b.flow, b.flow}},
+	} {
+		_, err := idem.NewRunner(b.store, bad)
+		require.Error(t, err, name)
+	}
+}
+
+// Postgres stores no NUL character in jsonb or text; input holding one is
+// refused before anything is written, instead of failing on every retry.
+func TestInputPostgresCannotStoreIsInvalid(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := b.runner(t, nil)
+	for name, req := range map[string]idem.Request{
+		"NUL in a param":      {Scope: "s", Key: "k", Params: rideInput{Origin: "S\x00F"}},
+		"NUL in JSON params":  {Scope: "s", Key: "k", Params: []byte(`{"origin": "S\u0000F"}`)},
+		"NUL in the scope":    {Scope: "s\x00", Key: "k", Params: rideInput{}},
+		"bad UTF-8 in a path": {Scope: "s", Key: "k", Path: "/rides/\xff", Params: rideInput{}},
+	} {
+		out, err := r.Run(context.Background(), b.flow, req)
+		require.ErrorIs(t, err, idem.ErrInvalidRequest, name)
+		require.Equal(t, idem.OutcomeInvalid, out.Kind, name)
+	}
+	_, err := r.Run(context.Background(), b.flow, idem.Request{Scope: "s", Key: "k", Params: []byte(`{"origin": "S\u0000F"}`)})
+	require.ErrorIs(t, err, idem.ErrInvalidParams)
+	out, err := r.Run(context.Background(), b.flow, idem.Request{Scope: "s", Key: "k", Params: rideInput{Origin: `S\u0000F`}})
+	require.NoError(t, err, "an escaped backslash before u0000 is text")
+	require.Equal(t, idem.OutcomeExecuted, out.Kind)
+	require.Equal(t, 1, b.countRows(t, "idem_keys"))
+}

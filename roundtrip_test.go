@@ -1,0 +1,169 @@
+package idem_test
+
+import (
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/pgstore"
+)
+
+// roundTrips counts what a pool sends: statements through a pgx tracer, and
+// flushed writes on the socket, which is what a network round trip costs.
+type roundTrips struct {
+	mu       sync.Mutex
+	sqls     []string
+	prepares atomic.Int64
+	writes   atomic.Int64
+}
+
+func (c *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.sqls = append(c.sqls, data.SQL)
+	return ctx
+}
+
+func (c *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *roundTrips) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.TracePrepareStartData) context.Context {
+	c.prepares.Add(1)
+	return ctx
+}
+
+func (c *roundTrips) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {}
+
+// snapshot returns the statements, prepares and writes so far and resets.
+func (c *roundTrips) snapshot() (sqls []string, prepares, writes int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	sqls, c.sqls = c.sqls, nil
+	return sqls, c.prepares.Swap(0), c.writes.Swap(0)
+}
+
+type countingConn struct {
+	net.Conn
+	writes *atomic.Int64
+}
+
+func (c *countingConn) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(p)
+}
+
+// Semantics 14: acquisition costs one round trip for a new key, a replay and
+// an in-progress key, counted with a pgx tracer (and on the socket).
+func TestAcquisitionIsOneRoundTrip(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	counter := &roundTrips{}
+	cfg, err := pgxpool.ParseConfig(b.schema.URL)
+	require.NoError(t, err)
+	cfg.MaxConns = 1 // one connection, so its statement cache is warm after the warm-up
+	cfg.ConnConfig.Tracer = counter
+	dialer := &net.Dialer{}
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dialer.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &countingConn{Conn: c, writes: &counter.writes}, nil
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	store, err := pgstore.New(pool, &pgstore.Config{Schema: b.schema.Name})
+	require.NoError(t, err)
+
+	// writesAt records the socket writes seen at each hook point of the
+	// request being measured.
+	type mark struct {
+		where idem.HookWhere
+		phase string
+		n     int64
+	}
+	var (
+		measuring       bool
+		marks           []mark
+		crashAfterFirst bool
+	)
+	r, err := idem.NewRunner(store, &idem.Config{Test: idem.TestConfig{Now: b.clock.Now, Hook: func(_ context.Context, at idem.HookPoint) error {
+		if measuring {
+			marks = append(marks, mark{at.Where, at.Phase, counter.writes.Load()})
+		}
+		if at.Where == idem.HookAfterCommit && crashAfterFirst {
+			return idem.ErrSimulatedCrash
+		}
+		return nil
+	}}})
+	require.NoError(t, err)
+
+	// Warm up: pgx prepares each statement once per connection (one extra
+	// round trip, the first time only). Run every path once.
+	_, err = r.Run(ctx, b.flow, b.request("warm", rideInput{Origin: "SF", Amount: 1}))
+	require.NoError(t, err)
+	_, err = r.Run(ctx, b.flow, b.request("warm", rideInput{Origin: "SF", Amount: 1}))
+	require.NoError(t, err)
+	counter.snapshot()
+
+	// Each phase of the test flow sends one statement of its own, so it may
+	// cost two round trips: that statement (carrying BEGIN) and the guarded
+	// recovery-point update (carrying COMMIT).
+	t.Run("new key, and one round trip per phase beyond its statements", func(t *testing.T) {
+		measuring = true
+		_, err := r.Run(ctx, b.flow, b.request("new", rideInput{Origin: "SF", Amount: 2}))
+		measuring = false
+		require.NoError(t, err)
+		sqls, prepares, writes := counter.snapshot()
+		require.Zero(t, prepares)
+		require.Contains(t, sqls[0], "INSERT INTO", "the first statement is the acquisition")
+
+		require.Equal(t, mark{idem.HookPhaseStart, "ride_created", 1}, marks[0], "acquisition: one round trip, and no BEGIN of its own before the phase")
+		starts := map[string]int64{}
+		for _, m := range marks {
+			switch m.where {
+			case idem.HookPhaseStart:
+				starts[m.phase] = m.n
+			case idem.HookAfterCommit:
+				require.Equal(t, int64(2), m.n-starts[m.phase], "phase %s: its statement + the guarded commit", m.phase)
+			}
+		}
+		require.Len(t, starts, 3)
+		require.Equal(t, int64(1+3*2), writes, "the whole request")
+	})
+
+	t.Run("replay", func(t *testing.T) {
+		out, err := r.Run(ctx, b.flow, b.request("new", rideInput{Origin: "SF", Amount: 2}))
+		require.NoError(t, err)
+		require.Equal(t, idem.OutcomeReplayed, out.Kind)
+		sqls, prepares, writes := counter.snapshot()
+		require.Len(t, sqls, 1)
+		require.Zero(t, prepares)
+		require.Equal(t, int64(1), writes, "one round trip on the wire")
+	})
+
+	t.Run("in progress", func(t *testing.T) {
+		crashAfterFirst = true
+		out, err := r.Run(ctx, b.flow, b.request("held", rideInput{Origin: "SF", Amount: 3}))
+		require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+		require.Equal(t, idem.OutcomeAbandoned, out.Kind)
+		crashAfterFirst = false
+		counter.snapshot()
+
+		out, err = r.Run(ctx, b.flow, b.request("held", rideInput{Origin: "SF", Amount: 3}))
+		require.ErrorIs(t, err, idem.ErrInProgress)
+		require.Equal(t, idem.OutcomeInProgress, out.Kind)
+		sqls, prepares, writes := counter.snapshot()
+		require.Len(t, sqls, 1)
+		require.Zero(t, prepares)
+		require.Equal(t, int64(1), writes)
+	})
+}

@@ -1,0 +1,254 @@
+package idem_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/internal/pgtest"
+	"github.com/go-idem/idem/migrations"
+	"github.com/go-idem/idem/pgstore"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// testBundle is what most tests need: a migrated schema of their own, a
+// store on it, a controllable clock and a flow shaped like rocket rides.
+type testBundle struct {
+	schema   *pgtest.Schema
+	pool     *pgxpool.Pool
+	store    *pgstore.Store
+	clock    *idemtest.Clock
+	provider *fakeProvider
+	counts   *phaseCounts
+	flow     *idem.Flow[rideInput]
+	// hooks lets a test inject behaviour into the flow's phases by name;
+	// set it before running.
+	hooks map[string]func(ctx context.Context, tx pgx.Tx, run *idem.Run[rideInput]) error
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	ctx := context.Background()
+	schema := pgtest.NewSchema(t)
+	m, err := migrations.New(schema.Pool, &migrations.Config{Schema: schema.Name})
+	require.NoError(t, err)
+	_, err = m.Up(ctx)
+	require.NoError(t, err)
+	_, err = schema.Pool.Exec(ctx, `
+		CREATE TABLE rides (id bigserial PRIMARY KEY, key_id bigint REFERENCES idem_keys (id) ON DELETE SET NULL,
+		                    origin text NOT NULL, charge_id text);
+		CREATE TABLE jobs (id bigserial PRIMARY KEY, ride_id bigint NOT NULL, kind text NOT NULL)`)
+	require.NoError(t, err)
+	store, err := pgstore.New(schema.Pool, &pgstore.Config{Schema: schema.Name})
+	require.NoError(t, err)
+	b := &testBundle{
+		schema: schema, pool: schema.Pool, store: store,
+		clock:    idemtest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)),
+		provider: newFakeProvider(), counts: &phaseCounts{},
+		hooks: map[string]func(context.Context, pgx.Tx, *idem.Run[rideInput]) error{},
+	}
+	b.flow = b.rideFlow("rides.create")
+	return b
+}
+
+// runner returns a new runner, as a new process would make one. Each test
+// runner uses the bundle's clock so leases expire on command.
+func (b *testBundle) runner(t *testing.T, cfg *idem.Config) *idem.Runner {
+	t.Helper()
+	if cfg == nil {
+		cfg = &idem.Config{}
+	}
+	if cfg.Test.Now == nil {
+		cfg.Test.Now = b.clock.Now
+	}
+	if len(cfg.Flows) == 0 {
+		cfg.Flows = []idem.AnyFlow{b.flow}
+	}
+	r, err := idem.NewRunner(b.store, cfg)
+	require.NoError(t, err)
+	return r
+}
+
+type rideInput struct {
+	Origin string  `json:"origin"`
+	Amount float64 `json:"amount"`
+}
+
+func (b *testBundle) request(key string, in rideInput) idem.Request {
+	return idem.Request{Scope: "user:1", Key: key, Method: "POST", Path: "/rides", Params: in}
+}
+
+// rideFlow mirrors rocket-rides-atomic: create a ride, charge it through an
+// idempotent provider, enqueue a receipt job and respond 201 (or store a
+// 402 when the provider declines).
+func (b *testBundle) rideFlow(name string) *idem.Flow[rideInput] {
+	hook := func(phase string, ctx context.Context, tx pgx.Tx, run *idem.Run[rideInput]) error {
+		b.counts.add(phase)
+		if h := b.hooks[phase]; h != nil {
+			return h(ctx, tx, run)
+		}
+		return nil
+	}
+	return idem.MustNewFlow(name, []idem.Phase[rideInput]{
+		{
+			Name: "ride_created",
+			Run: func(ctx context.Context, tx pgx.Tx, run *idem.Run[rideInput]) (idem.Result, error) {
+				if err := hook("ride_created", ctx, tx, run); err != nil {
+					return idem.Result{}, err
+				}
+				var id int64
+				if err := tx.QueryRow(ctx, `INSERT INTO rides (key_id, origin) VALUES ($1, $2) RETURNING id`,
+					run.Key().ID, run.Input().Origin).Scan(&id); err != nil {
+					return idem.Result{}, err
+				}
+				return idem.Advance(), run.SetCheckpoint("ride_id", id)
+			},
+		},
+		{
+			Name: "charge_created",
+			Run: func(ctx context.Context, tx pgx.Tx, run *idem.Run[rideInput]) (idem.Result, error) {
+				if err := hook("charge_created", ctx, tx, run); err != nil {
+					return idem.Result{}, err
+				}
+				var rideID int64
+				if ok, err := run.Checkpoint("ride_id", &rideID); err != nil || !ok {
+					return idem.Result{}, fmt.Errorf("no ride_id checkpoint (found %v): %v", ok, err)
+				}
+				var chargeID string
+				err := run.Foreign(ctx, "charge", func(ctx context.Context, key string) error {
+					var err error
+					chargeID, err = b.provider.charge(key, run.Input().Amount)
+					return err
+				})
+				if err == errDeclined {
+					return idem.RespondJSON(http.StatusPaymentRequired, map[string]any{"error": "card_declined", "ride_id": rideID}), nil
+				}
+				if err != nil {
+					return idem.Result{}, err
+				}
+				if _, err := tx.Exec(ctx, `UPDATE rides SET charge_id = $1 WHERE id = $2`, chargeID, rideID); err != nil {
+					return idem.Result{}, err
+				}
+				return idem.Advance(), run.SetCheckpoint("charge_id", chargeID)
+			},
+		},
+		{
+			Name: "receipt_enqueued",
+			Run: func(ctx context.Context, tx pgx.Tx, run *idem.Run[rideInput]) (idem.Result, error) {
+				if err := hook("receipt_enqueued", ctx, tx, run); err != nil {
+					return idem.Result{}, err
+				}
+				var rideID int64
+				var chargeID string
+				if _, err := run.Checkpoint("ride_id", &rideID); err != nil {
+					return idem.Result{}, err
+				}
+				if _, err := run.Checkpoint("charge_id", &chargeID); err != nil {
+					return idem.Result{}, err
+				}
+				if _, err := tx.Exec(ctx, `INSERT INTO jobs (ride_id, kind) VALUES ($1, 'receipt')`, rideID); err != nil {
+					return idem.Result{}, err
+				}
+				return idem.Respond(http.StatusCreated,
+					http.Header{"Content-Type": {"application/json"}, "X-Ride": {fmt.Sprint(rideID)}, "Set-Cookie": {"session=1"}},
+					fmt.Appendf(nil, `{"ride_id": %d,  "charge_id": %q}`, rideID, chargeID)), nil
+			},
+		},
+	}, nil)
+}
+
+// countRows counts rows of a business table, optionally filtered.
+func (b *testBundle) countRows(t *testing.T, table string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+table).Scan(&n))
+	return n
+}
+
+func (b *testBundle) key(t *testing.T, key string) *idem.KeyRecord {
+	t.Helper()
+	rec, err := b.store.GetKey(context.Background(), "user:1", key)
+	require.NoError(t, err)
+	return rec
+}
+
+// phaseCounts counts phase body invocations by name.
+type phaseCounts struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *phaseCounts) add(phase string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[phase]++
+}
+
+func (c *phaseCounts) get() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range c.n {
+		out[k] = v
+	}
+	return out
+}
+
+var errDeclined = fmt.Errorf("card declined")
+
+// fakeProvider is an idempotent payment provider: the same downstream key
+// returns the same charge; it counts calls and charges separately.
+type fakeProvider struct {
+	mu       sync.Mutex
+	calls    int
+	charges  map[string]string // downstream key -> charge id
+	declined map[float64]bool
+	seq      atomic.Int64
+}
+
+func newFakeProvider() *fakeProvider {
+	return &fakeProvider{charges: map[string]string{}, declined: map[float64]bool{}}
+}
+
+func (p *fakeProvider) charge(key string, amount float64) (string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.calls++
+	if p.declined[amount] {
+		return "", errDeclined
+	}
+	if id, ok := p.charges[key]; ok {
+		return id, nil
+	}
+	id := fmt.Sprintf("ch_%d", p.seq.Add(1))
+	p.charges[key] = id
+	return id, nil
+}
+
+func (p *fakeProvider) chargeCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.charges)
+}
+
+func decodeBody(t *testing.T, body []byte) map[string]any {
+	t.Helper()
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(body, &m))
+	return m
+}

@@ -1,0 +1,212 @@
+package idem
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Store is the persistence contract the runner is written against, in the
+// spirit of database/sql/driver: the runner holds the state machine, a store
+// holds the SQL. [github.com/go-idem/idem/pgstore] is the implementation;
+// applications construct one and hand it to [NewRunner] without calling these
+// methods themselves.
+//
+// Every method that changes a locked key is guarded by a [LockRef]: it
+// matches no row, and returns ErrLockLost, once the fence has moved on.
+// Implementations map driver errors to ErrStoreUnavailable and
+// ErrSerialization where they apply (see ClassifyPhaseError).
+type Store interface {
+	// Acquire inserts the key locked, or takes over an existing unfinished
+	// key with the same flow and fingerprint whose lease has expired or that
+	// is unlocked, or reports the row as it is, in one statement.
+	Acquire(ctx context.Context, p AcquireParams) (*AcquireResult, error)
+
+	// ClaimReconcile locks a key in StatusNeedsReconcile for a reconcile run,
+	// with a new fence. Acquired is AcquiredNone (and Record the row as it is)
+	// when the key does not need reconciling or another worker holds it.
+	ClaimReconcile(ctx context.Context, p ClaimParams) (*AcquireResult, error)
+
+	// BeginPhase starts a phase's transaction.
+	BeginPhase(ctx context.Context, iso pgx.TxIsoLevel) (pgx.Tx, error)
+
+	// CommitPhase records the phase's outcome on the key in tx, guarded by
+	// the fence, and commits tx. On ErrLockLost tx is rolled back.
+	CommitPhase(ctx context.Context, tx pgx.Tx, p CommitParams) error
+
+	// Heartbeat extends a held lease and returns its new expiry.
+	Heartbeat(ctx context.Context, ref LockRef, lease time.Duration, now *time.Time) (time.Time, error)
+
+	// Release unlocks a key after a failed attempt, recording the error.
+	Release(ctx context.Context, ref LockRef, lastError string) error
+
+	// MarkForeign durably records, outside the phase's transaction, that the
+	// phase is about to make a not-idempotent foreign call.
+	MarkForeign(ctx context.Context, ref LockRef, phase string) error
+
+	// SetNeedsReconcile moves a held key to StatusNeedsReconcile and unlocks it.
+	SetNeedsReconcile(ctx context.Context, ref LockRef, reason string) error
+
+	// GetKey returns one key, or ErrNotFound.
+	GetKey(ctx context.Context, scope, key string) (*KeyRecord, error)
+
+	// ClassifyPhaseError classifies the error a phase ended with, while its
+	// transaction tx is still open: it wraps ErrSerialization for
+	// serialization failures and deadlocks, ErrStoreUnavailable when the
+	// database went away under the phase (its connection is gone, or the
+	// server said so), and ErrInvalidRequest for input the database cannot
+	// store, and returns any other error unchanged. A network error from a
+	// foreign call is not the store's: it stays a phase failure.
+	ClassifyPhaseError(tx pgx.Tx, err error) error
+
+	OperationsStore
+}
+
+// LockRef identifies a held lock: the key row and the fence it was acquired
+// with.
+type LockRef struct {
+	ID    int64
+	Fence int64
+}
+
+// Acquisition says what [Store.Acquire] did.
+type Acquisition string
+
+const (
+	// AcquiredCreated: the key was new; it is inserted and locked.
+	AcquiredCreated Acquisition = "created"
+	// AcquiredTakenOver: an unfinished, unlocked or stale key was locked
+	// with a new fence.
+	AcquiredTakenOver Acquisition = "taken_over"
+	// AcquiredNone: nothing was locked; Record is the row as it stands.
+	AcquiredNone Acquisition = "none"
+)
+
+// AcquireParams are the inputs of [Store.Acquire].
+type AcquireParams struct {
+	Scope, Key, Flow, Method, Path string
+	Fingerprint                    []byte
+	Params                         []byte
+	Lease                          time.Duration
+	// Now overrides the database clock (tests); nil uses now().
+	Now *time.Time
+}
+
+// ClaimParams are the inputs of [Store.ClaimReconcile].
+type ClaimParams struct {
+	Scope, Key string
+	Lease      time.Duration
+	Now        *time.Time
+}
+
+// AcquireResult is what [Store.Acquire] found or made.
+type AcquireResult struct {
+	Acquired Acquisition
+	Record   *KeyRecord
+	// DBNow is the clock the statement used, for lease arithmetic that does
+	// not depend on the application host's clock.
+	DBNow time.Time
+	// Retried counts extra statements needed because a concurrent insert was
+	// invisible to the first one's snapshot (rare).
+	Retried int
+}
+
+// CommitParams describe what a committing phase records on its key.
+type CommitParams struct {
+	Ref LockRef
+	// RecoveryPoint becomes the key's recovery point: the phase's name when
+	// it advances, RecoveryPointFinished when it responds.
+	RecoveryPoint string
+	// Status is the key's status after the commit: StatusRunning for a
+	// phase that advances, StatusFinished (with Response) for one that
+	// responds.
+	Status Status
+	// CheckpointPatch is merged into the key's checkpoint data.
+	CheckpointPatch map[string]json.RawMessage
+	// Response is stored when Status is StatusFinished.
+	Response *Response
+	// Lease renews the lease of a key that stays running.
+	Lease time.Duration
+	// Retention sets expires_at of a key that finishes.
+	Retention time.Duration
+	Now       *time.Time
+}
+
+// OperationsStore is the part of [Store] the operations services stand on:
+// listing and force-unlocking keys for operators, claiming idle keys for the
+// completer and reconcile runs, and reaping expired ones. It is embedded in
+// Store; it is a separate interface only so its contract reads in one place.
+type OperationsStore interface {
+	// ListKeys returns the keys matching p, newest (highest id) first.
+	ListKeys(ctx context.Context, p ListKeysParams) (*KeyList, error)
+
+	// UnlockKey force-unlocks an unfinished key and moves its fence on, so
+	// a worker that still believes it holds the key can no longer commit,
+	// heartbeat or release. A finished key is returned unchanged with
+	// Unlocked false. ErrNotFound when there is no such key.
+	UnlockKey(ctx context.Context, p UnlockParams) (*UnlockResult, error)
+
+	// ClaimIdle picks up to p.Limit keys in p.Status that nobody holds and
+	// that have not run for p.IdleFor, and marks them as just run, so that
+	// concurrent callers (other application instances) claim disjoint sets.
+	// It does not lock the keys: the caller acquires each one through the
+	// runner, which arbitrates with any client retry by the fence.
+	ClaimIdle(ctx context.Context, p ClaimIdleParams) ([]*KeyRecord, error)
+
+	// Reap deletes one batch of at most p.Limit finished keys whose
+	// expires_at has passed, and returns how many it deleted. It never
+	// deletes an unfinished key, skips rows other transactions have locked,
+	// and runs under p.StatementTimeout.
+	Reap(ctx context.Context, p ReapParams) (int, error)
+}
+
+// ListKeysParams are the inputs of [Store.ListKeys].
+type ListKeysParams struct {
+	KeyQuery
+	// Now overrides the database clock (tests); nil uses now().
+	Now *time.Time
+}
+
+// UnlockParams are the inputs of [Store.UnlockKey].
+type UnlockParams struct {
+	Scope, Key string
+	// Reason is recorded as the key's last error.
+	Reason string
+}
+
+// UnlockResult is what [Store.UnlockKey] did.
+type UnlockResult struct {
+	// Record is the key after the statement.
+	Record *KeyRecord
+	// Unlocked is false when the key was finished and nothing changed.
+	Unlocked bool
+}
+
+// ClaimIdleParams are the inputs of [Store.ClaimIdle].
+type ClaimIdleParams struct {
+	// Status is StatusRunning (the completer) or StatusNeedsReconcile
+	// (reconcile runs).
+	Status Status
+	// Flows restricts the claim to these flow names: a process claims only
+	// keys it can run. Empty claims nothing.
+	Flows []string
+	// IdleFor is how long a key must have gone without running (since
+	// last_run_at). Must be positive.
+	IdleFor time.Duration
+	// MaxAttempts, when positive, skips keys that have been attempted this
+	// many times, leaving them to an operator.
+	MaxAttempts int
+	Limit       int
+	Now         *time.Time
+}
+
+// ReapParams are the inputs of [Store.Reap].
+type ReapParams struct {
+	Limit int
+	// StatementTimeout bounds the batch's statement; zero leaves the
+	// server's setting.
+	StatementTimeout time.Duration
+	Now              *time.Time
+}
