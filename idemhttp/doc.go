@@ -1,0 +1,92 @@
+// Package idemhttp serves an idem flow over HTTP with the Idempotency-Key
+// contract: the IETF draft (draft-ietf-httpapi-idempotency-key-header) by
+// default, or Stripe's API conventions.
+//
+// A [Handler] is a plain http.Handler, so it works with http.ServeMux and
+// with any router that takes one (chi, gorilla/mux, and echo's and gin's
+// net/http adapters):
+//
+//	rides, err := idemhttp.New(runner, createRide, &idemhttp.Config[RideParams]{
+//		Scope: func(r *http.Request) (string, error) {
+//			user, err := auth.User(r)
+//			if err != nil {
+//				return "", idemhttp.ErrUnauthenticated
+//			}
+//			return "user:" + user.ID, nil
+//		},
+//	})
+//	mux.Handle("POST /rides", rides)
+//	// or, sharing the path with the resource's other methods:
+//	mux.Handle("/rides", rides.Middleware(listRides))
+//
+// # From request to runner
+//
+// For a POST or PATCH, the handler does, in order, and stops at the first
+// refusal. Every refusal happens before any key is written, so bad input
+// leaves no trace in the key store:
+//
+//  1. Scope: Config.Scope derives the owner of the key (tenant or user)
+//     from the authenticated request; an error is a 401. There is no
+//     default: the same key sent by two callers must be two requests.
+//  2. Key: the Idempotency-Key header, as an RFC 9651 sf-string ("abc") or
+//     a bare token (abc, as Stripe's clients send it); see [ParseKey]. A
+//     missing or malformed key is a 400.
+//  3. Body: a JSON media type (or none) and no content coding, else 415; at
+//     most Config.MaxBodyBytes, else 413; exactly one well-formed JSON
+//     value, else 400; a value that fits the input type, else 422 naming
+//     the field (a string where a number belongs, an unknown member).
+//  4. Config.Prepare sets server-derived fields; Config.Validate returns
+//     field errors, a 422 listing them.
+//  5. Run: the runner fingerprints the flow name and the canonical JSON of
+//     the prepared input, acquires the key and resumes or replays.
+//
+// GET, HEAD, PUT, DELETE, OPTIONS and every other method need no key:
+// [Handler.Middleware] hands them to the next handler untouched, and the
+// Handler alone answers them 405 with Allow: POST, PATCH.
+//
+// # From outcome to response
+//
+// The runner's [idem.Outcome] becomes the response:
+//
+//	executed           the flow's response: status, body, allowed headers
+//	replayed           the stored response, byte for byte, and Idempotent-Replayed: true
+//	in progress        409 + Retry-After: the time left on the holder's lease, capped by the runner's MaxRetryAfter (2 s)
+//	lock lost          409 + Retry-After: 1; another worker took the request over and owns it now
+//	mismatch           422 (Stripe: 400 idempotency_error): the key was used for another request
+//	needs reconcile    503 + Retry-After (Config.ReconcileRetryAfter, 60 s)
+//	store unavailable  503 + Retry-After (Config.UnavailableRetryAfter, 5 s); fail closed
+//	failed             500: a phase returned an error or panicked; nothing stored, key released
+//
+// A replay is byte-identical to the first response in status, body and the
+// allowed headers: Content-Type and Config.ReplayHeaders. Any other header
+// a phase sets is dropped from the first response too, and credentials,
+// cookies and hop-by-hop headers can never be allowed.
+//
+// Nothing about a 409, 5xx or 4xx answer is stored: only a phase's response
+// is. So a client retries a 409, 500 or 503 with the same key and the same
+// body, and gets either the stored response or the request resumed from
+// its last committed phase; a client that got a 4xx fixes the request
+// first. A key waiting for reconciliation is 503 rather than 409 because
+// no worker is running it: it needs the reconcile service or an operator,
+// which is a server-side condition a client can only wait out, and a 5xx
+// makes it visible to monitoring.
+//
+// The flow runs to completion even if the client disconnects: a retry then
+// replays instead of resuming a half-done request. The request's context
+// values (auth, trace spans) still reach the phases.
+//
+// A phase response is replayed until its key expires: Config.Retention of
+// the runner, 24 h by default, or the flow's FlowConfig.Retention. After the
+// reaper has deleted an expired key, the same key is a new request.
+//
+// # Errors
+//
+// Every error the adapter writes is an RFC 9457 application/problem+json
+// [Problem] with a stable type URI (Config.ProblemTypeBase followed by one
+// of the Problem* names) and title. The Stripe profile keeps those members
+// and adds Stripe's "error" object ({"type", "code", "message", "param"}),
+// so Stripe clients can read it. Config.Scope and Config.Prepare may return
+// a *Problem to answer with it, and [WriteProblem] writes one for an
+// application's own errors. docs/http.md lists every problem type with an
+// example response.
+package idemhttp
