@@ -1,0 +1,254 @@
+package idemtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/pgstore"
+)
+
+// Config says what to explore. Flow, Input and a store (Store, or Pool) are
+// required; everything else has a default.
+type Config[In any] struct {
+	// Flow is the flow under test.
+	Flow *idem.Flow[In]
+
+	// Input is the request every scenario sends. It decides the path through
+	// the flow, and so which crash points exist: explore each path that
+	// matters (a success, a decline) with an Input that takes it.
+	Input In
+
+	// Pool reaches the database holding idem's tables (migrated) and the
+	// flow's own. It may be left nil when Store is a *pgstore.Store, whose
+	// pool is then used. Give it at least four connections: the takeover
+	// scenario holds one open for its paused worker while another works.
+	Pool *pgxpool.Pool
+
+	// Schema is where idem's tables live; see pgstore.Config.Schema.
+	Schema string
+
+	// Store is the store the kit's runners use; nil makes a pgstore.Store
+	// on Pool and Schema. Set it to run on a store of your own (a wrapper
+	// that adds metrics, say). The paused worker of the takeover scenario
+	// always runs on a pgstore.Store the kit makes on Pool and Schema,
+	// because the kit must see which connection it holds.
+	Store idem.Store
+
+	// Runner is the base configuration of every runner the kit makes: your
+	// Lease, Isolation, MaxPhaseRetries, Observer and so on. The kit adds
+	// Flow to Flows, replaces Test.Now with its own clock, calls your
+	// Test.Hook before its own, sends every event to your Observer after
+	// recording it, and discards logs unless Logger is set. Nil means the
+	// defaults.
+	Runner *idem.Config
+
+	// Scope is the scope of every key the kit uses. Default "idemtest".
+	Scope string
+
+	// Path is recorded on the keys, for operators. Optional.
+	Path string
+
+	// Compare decides whether a scenario's final response is the one the
+	// uninterrupted run gave. Default EqualStatusAndBody; use EqualJSON to
+	// ignore generated ids.
+	Compare Comparator
+
+	// Check, when set, runs after every scenario (and after the baseline)
+	// on the scenario's finished key. Put business invariants here: exactly
+	// one ride row and one ledger charge for this key. It is the only way
+	// the kit sees your tables and your providers, so it is what catches
+	// writes made outside the phase's transaction and foreign calls made
+	// outside Run.Foreign.
+	Check func(ctx context.Context, key *idem.KeyRecord) error
+
+	// Providers are fake providers (see Provider) that the flow's
+	// idempotent foreign calls go to. When set, the kit checks that every
+	// call they received during a scenario carried a downstream key the
+	// runner handed out in that scenario, and that every such key reached
+	// one of them. Give each exploration providers of its own.
+	Providers []*Provider
+
+	// Kinds limits the scenario kinds explored. Default AllKinds().
+	Kinds []Kind
+
+	// MaxAttempts bounds the retries a scenario makes after its fault before
+	// it is declared stuck. Default 10.
+	MaxAttempts int
+}
+
+// Comparator reports how got, a scenario's final response, differs from
+// baseline, the uninterrupted run's; nil means they are the same.
+type Comparator func(baseline, got *idem.Response) error
+
+// Kind is a kind of fault the kit injects. Each kind applies at one point
+// of a phase; a scenario is a kind at one phase, named "kind@phase".
+type Kind string
+
+const (
+	// CrashBeforeCommit: the worker dies after the phase did all its work
+	// (including its foreign call), right before the commit. Its
+	// transaction rolls back and its lease is left to expire.
+	CrashBeforeCommit Kind = "crash_before_commit"
+
+	// CrashAfterForeign: the worker dies right after the phase's foreign
+	// call returned: the effect happened, the phase did not commit.
+	CrashAfterForeign Kind = "crash_after_foreign"
+
+	// CrashAfterCommit: the worker dies right after the phase committed,
+	// before it could go on or answer.
+	CrashAfterCommit Kind = "crash_after_commit"
+
+	// LostCommitAck: the commit succeeds but the worker sees an error, as
+	// when the connection drops before the acknowledgement arrives. The
+	// runner reports the store unavailable and lets go of the key.
+	LostCommitAck Kind = "lost_commit_ack"
+
+	// SerializationFailure: the phase fails with SQLSTATE 40001 just before
+	// committing, once. The runner retries the phase (or, after a
+	// not-idempotent call, sends the key to reconciliation).
+	SerializationFailure Kind = "serialization_failure"
+
+	// LeaseTakeover: the worker pauses just before the phase commits, with
+	// its transaction open, until its lease expires; a second worker takes
+	// the key over and finishes the request; then the first resumes. It
+	// must end with idem.ErrLockLost, its writes rolled back.
+	LeaseTakeover Kind = "lease_takeover"
+)
+
+// AllKinds returns every scenario kind, in the order the kit runs them at
+// each phase.
+func AllKinds() []Kind {
+	return []Kind{CrashBeforeCommit, CrashAfterForeign, CrashAfterCommit, LostCommitAck, SerializationFailure, LeaseTakeover}
+}
+
+// where is the hook point at which the kind's fault is injected.
+func (k Kind) where() idem.HookWhere {
+	switch k {
+	case CrashAfterForeign:
+		return idem.HookAfterForeign
+	case CrashAfterCommit, LostCommitAck:
+		return idem.HookAfterCommit
+	}
+	return idem.HookBeforeCommit
+}
+
+// describe says in a sentence what the scenario does at phase.
+func (k Kind) describe(phase, foreign string) string {
+	switch k {
+	case CrashBeforeCommit:
+		return fmt.Sprintf("the worker dies after phase %q did its work, right before its commit", phase)
+	case CrashAfterForeign:
+		return fmt.Sprintf("the worker dies right after the foreign call %q of phase %q returned, before the phase commits", foreign, phase)
+	case CrashAfterCommit:
+		return fmt.Sprintf("the worker dies right after phase %q committed", phase)
+	case LostCommitAck:
+		return fmt.Sprintf("phase %q commits but the worker sees the commit fail (a lost acknowledgement)", phase)
+	case SerializationFailure:
+		return fmt.Sprintf("phase %q hits a serialization failure (SQLSTATE 40001) just before committing", phase)
+	case LeaseTakeover:
+		return fmt.Sprintf("the worker pauses just before phase %q commits until its lease expires; a second worker takes the key over and finishes; then the first resumes", phase)
+	}
+	return string(k)
+}
+
+func (k Kind) valid() bool {
+	for _, known := range AllKinds() {
+		if k == known {
+			return true
+		}
+	}
+	return false
+}
+
+// ErrInvalidConfig is wrapped by the error Run returns when the Config is
+// unusable.
+var ErrInvalidConfig = errors.New("idemtest: invalid config")
+
+const (
+	defaultScope       = "idemtest"
+	defaultMaxAttempts = 10
+)
+
+// withDefaults checks c and returns a copy with defaults filled in, the
+// store to use and the database handle for lock-wait queries.
+func (c Config[In]) withDefaults() (Config[In], idem.Store, pgstore.DB, error) {
+	fail := func(format string, args ...any) (Config[In], idem.Store, pgstore.DB, error) {
+		return c, nil, nil, fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	}
+	if c.Flow == nil {
+		return fail("Flow is nil")
+	}
+	if c.Scope == "" {
+		c.Scope = defaultScope
+	}
+	if len(c.Scope) > 255 {
+		return fail("Scope is longer than 255 bytes")
+	}
+	if c.Compare == nil {
+		c.Compare = EqualStatusAndBody
+	}
+	if len(c.Kinds) == 0 {
+		c.Kinds = AllKinds()
+	}
+	for _, k := range c.Kinds {
+		if !k.valid() {
+			return fail("unknown scenario kind %q", k)
+		}
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = defaultMaxAttempts
+	}
+	if c.MaxAttempts < 0 {
+		return fail("MaxAttempts is negative")
+	}
+	for i, p := range c.Providers {
+		if p == nil {
+			return fail("Providers[%d] is nil", i)
+		}
+	}
+
+	store := c.Store
+	if store == nil {
+		if c.Pool == nil {
+			return fail("set Store, or Pool to reach the database")
+		}
+		s, err := pgstore.New(c.Pool, &pgstore.Config{Schema: c.Schema})
+		if err != nil {
+			return fail("%v", err)
+		}
+		store = s
+	}
+	var db pgstore.DB
+	switch {
+	case c.Pool != nil:
+		db = c.Pool
+	default:
+		withDB, ok := store.(interface{ DB() pgstore.DB })
+		if !ok {
+			return fail("Store %T has no DB method; set Pool too", store)
+		}
+		db = withDB.DB()
+	}
+	// The takeover scenario's paused worker runs on a pgstore.Store the kit
+	// makes on db and Schema; it must find the same table as Store.
+	own, err := pgstore.New(db, &pgstore.Config{Schema: c.Schema})
+	if err != nil {
+		return fail("%v", err)
+	}
+	if withTable, ok := store.(interface{ Table() string }); ok && withTable.Table() != own.Table() {
+		return fail("Schema %q gives table %s, but Store uses %s; set Schema to the Store's", c.Schema, own.Table(), withTable.Table())
+	}
+	if pool, ok := db.(*pgxpool.Pool); ok && slices.Contains(c.Kinds, LeaseTakeover) && pool.Config().MaxConns < minTakeoverConns {
+		return fail("the pool allows %d connections; the lease takeover scenario needs %d: the paused worker's transaction, the second worker's transaction and statements, and the kit's lock-wait query", pool.Config().MaxConns, minTakeoverConns)
+	}
+	return c, store, db, nil
+}
+
+// minTakeoverConns is how many connections the takeover scenario may hold at
+// once.
+const minTakeoverConns = 4

@@ -1,0 +1,154 @@
+package idemtest
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+)
+
+// Provider is a fake downstream service that deduplicates on idempotency
+// keys, the way Stripe does: the first call with a key makes an effect (a
+// charge, a shipment), and every later call with that key gets the same
+// effect back without a new one. A call without a key is not deduplicated,
+// so code that forgets the key double-charges visibly.
+//
+// Each effect is made for a subject, a string you choose that names what the
+// effect is for (the idempotency key of the request, an order id), so a test
+// can ask for exactly one effect per subject with ExpectOne. Hand providers
+// to Config.Providers and the kit also checks, per scenario, that every call
+// carried a downstream key the runner handed out.
+//
+// The zero value is ready to use, and a Provider is safe for concurrent use.
+type Provider struct {
+	mu      sync.Mutex
+	calls   []ProviderCall
+	effects []Effect
+	byKey   map[string]int // downstream key -> index in effects
+	failing []error
+}
+
+// Effect is something the provider did once.
+type Effect struct {
+	// ID is the provider's id for the effect: fx_1, fx_2, ...
+	ID string
+	// Key is the idempotency key of the call that made it; empty for a call
+	// without one.
+	Key string
+	// Subject is what the effect is for, as the caller said.
+	Subject string
+}
+
+// ProviderCall is one call that reached the provider.
+type ProviderCall struct {
+	Key     string
+	Subject string
+	// Effect is the effect the call made or was deduplicated to; empty when
+	// the call failed.
+	Effect string
+	// Deduplicated is true when an earlier call with the same key had made
+	// the effect.
+	Deduplicated bool
+	// Err is the error the call returned.
+	Err error
+}
+
+// Do makes the effect for subject under the idempotency key key, or returns
+// the effect an earlier call with key made. Reusing a key for another subject
+// is refused, as Stripe refuses a key reused with other parameters. A call
+// failed with FailNext makes no effect.
+func (p *Provider) Do(ctx context.Context, key, subject string) (Effect, error) {
+	if err := ctx.Err(); err != nil {
+		return Effect{}, err // the call never left the caller
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	call := ProviderCall{Key: key, Subject: subject}
+	if len(p.failing) > 0 {
+		call.Err, p.failing = p.failing[0], p.failing[1:]
+		p.calls = append(p.calls, call)
+		return Effect{}, call.Err
+	}
+	if i, ok := p.byKey[key]; ok && key != "" {
+		e := p.effects[i]
+		if e.Subject != subject {
+			call.Err = fmt.Errorf("idemtest: provider: key %q was first used for subject %q, not %q", key, e.Subject, subject)
+			p.calls = append(p.calls, call)
+			return Effect{}, call.Err
+		}
+		call.Effect, call.Deduplicated = e.ID, true
+		p.calls = append(p.calls, call)
+		return e, nil
+	}
+	e := Effect{ID: fmt.Sprintf("fx_%d", len(p.effects)+1), Key: key, Subject: subject}
+	p.effects = append(p.effects, e)
+	if key != "" {
+		if p.byKey == nil {
+			p.byKey = map[string]int{}
+		}
+		p.byKey[key] = len(p.effects) - 1
+	}
+	call.Effect = e.ID
+	p.calls = append(p.calls, call)
+	return e, nil
+}
+
+// FailNext makes the next call fail with err before any effect is made, as
+// a provider that is down would. Calls queue: FailNext twice fails two calls.
+func (p *Provider) FailNext(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.failing = append(p.failing, err)
+}
+
+// Calls returns every call that reached the provider, in order.
+func (p *Provider) Calls() []ProviderCall {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]ProviderCall(nil), p.calls...)
+}
+
+// Effects returns the effects made for subject, in order; all effects when
+// subject is empty.
+func (p *Provider) Effects(subject string) []Effect {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []Effect
+	for _, e := range p.effects {
+		if subject == "" || e.Subject == subject {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// ExpectOne returns an error unless exactly one effect was made for
+// subject. Use it in Config.Check to catch double charges.
+func (p *Provider) ExpectOne(subject string) error {
+	effects := p.Effects(subject)
+	if len(effects) == 1 {
+		return nil
+	}
+	if len(effects) == 0 {
+		return fmt.Errorf("provider made no effect for %q, want exactly one", subject)
+	}
+	desc := make([]string, len(effects))
+	for i, e := range effects {
+		desc[i] = fmt.Sprintf("%s (key %q)", e.ID, e.Key)
+	}
+	return fmt.Errorf("provider made %d effects for %q, want exactly one: %s", len(effects), subject, strings.Join(desc, ", "))
+}
+
+// mark returns a position in the call log, for since.
+func (p *Provider) mark() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.calls)
+}
+
+// since returns the calls made after mark.
+func (p *Provider) since(mark int) []ProviderCall {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]ProviderCall(nil), p.calls[mark:]...)
+}
