@@ -1,0 +1,223 @@
+package idem
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+)
+
+// The completer finishes requests their clients abandoned. A client that
+// timed out and never retried leaves its key unfinished: a ride created but
+// not charged, a charge made but no receipt. The completer finds such keys
+// (status running, nobody holding them, no run for IdleFor) and drives each
+// to its response server-side, from the params stored with the key, through
+// the same runner and flow as a client retry would: runner.Run takes the key
+// over and resumes after its recovery point. The response is stored, so a
+// client that comes back later gets the replay.
+//
+// Claims are disjoint across application instances (FOR UPDATE SKIP LOCKED,
+// and a claimed key looks busy to the next claimer), and if a client retry
+// races the completer for a key, the acquisition's fence lets exactly one of
+// them run it. Keys that need reconciliation are left to reconcile runs:
+// re-running a not-idempotent call is exactly what must not happen.
+
+// CompleteConfig configures [Runner.Complete]. The zero value uses every
+// default.
+type CompleteConfig struct {
+	// IdleFor is how long an unfinished key must have gone without running
+	// (since its last_run_at) before the completer pushes it. Make it
+	// comfortably longer than your clients' retry window, so the completer
+	// picks up requests their clients gave up on rather than racing live
+	// retries. Default 5m.
+	IdleFor time.Duration
+
+	// BatchSize is how many keys are claimed at a time; they are run one
+	// after another. Default 10.
+	BatchSize int
+
+	// MaxAttempts leaves keys that have been attempted this many times
+	// (by clients and the completer together) to an operator, so a request
+	// that fails every time is not retried forever. They stay visible as
+	// `idem keys list --state stale`. Default 10; negative means no limit.
+	MaxAttempts int
+
+	// MaxKeys bounds one pass. Zero (the default) runs until no idle key is
+	// left.
+	MaxKeys int
+}
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c *CompleteConfig) WithDefaults() *CompleteConfig {
+	out := &CompleteConfig{}
+	if c != nil {
+		*out = *c
+	}
+	if out.IdleFor == 0 {
+		out.IdleFor = 5 * time.Minute
+	}
+	if out.BatchSize == 0 {
+		out.BatchSize = 10
+	}
+	if out.MaxAttempts == 0 {
+		out.MaxAttempts = 10
+	}
+	return out
+}
+
+func (c *CompleteConfig) validate() error {
+	return validateSweep("complete", c.IdleFor, c.BatchSize, c.MaxKeys)
+}
+
+// validateSweep checks the settings the completer and reconcile runs share.
+func validateSweep(what string, idleFor time.Duration, batchSize, maxKeys int) error {
+	var errs []error
+	if idleFor <= 0 {
+		errs = append(errs, fmt.Errorf("IdleFor %s must be positive", idleFor))
+	}
+	if batchSize < 1 || batchSize > 1000 {
+		errs = append(errs, fmt.Errorf("BatchSize %d is outside 1-1000", batchSize))
+	}
+	if maxKeys < 0 {
+		errs = append(errs, fmt.Errorf("MaxKeys %d is negative", maxKeys))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("idem: invalid %s config: %w", what, errors.Join(errs...))
+	}
+	return nil
+}
+
+// CompleteResult is what one completer pass did.
+type CompleteResult struct {
+	// Claimed counts the idle keys this pass picked up.
+	Claimed int `json:"claimed"`
+	// Completed counts the keys this pass drove to a stored response.
+	Completed int `json:"completed"`
+	// Skipped counts keys someone else got to first: a client retry
+	// finished it or holds it now.
+	Skipped int `json:"skipped"`
+	// NeedsReconcile counts keys found to need reconciliation (a
+	// not-idempotent call in doubt); reconcile runs take them from here.
+	NeedsReconcile int `json:"needs_reconcile"`
+	// Failed counts keys whose run failed; each is released for the next
+	// pass or retry, and logged.
+	Failed int `json:"failed"`
+}
+
+// Complete runs one completer pass: it claims idle unfinished keys of the
+// flows registered in Config.Flows, batch by batch, and runs each to its
+// response. Each key it completes emits EventCompleted (Duration: the run).
+// A key's own failure is counted and logged, not returned; the error is for
+// what stops the pass (the store, ctx). A nil config means the defaults.
+func (r *Runner) Complete(ctx context.Context, config *CompleteConfig) (*CompleteResult, error) {
+	cfg := config.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	flows := r.flowNames()
+	if len(flows) == 0 {
+		return nil, fmt.Errorf("%w: Config.Flows is empty, so this runner cannot complete any key", ErrUnknownFlow)
+	}
+	res := &CompleteResult{}
+	err := r.sweep(ctx, StatusRunning, flows, cfg.IdleFor, cfg.MaxAttempts, cfg.BatchSize, cfg.MaxKeys, func(rec *KeyRecord) {
+		res.Claimed++
+		started := time.Now()
+		out, err := r.Run(ctx, r.flows[rec.Flow], Request{
+			Scope: rec.Scope, Key: rec.Key, Method: rec.Method, Path: rec.Path, Params: json.RawMessage(rec.Params),
+		})
+		log := r.log.With("flow", rec.Flow, "scope", rec.Scope, "key", rec.Key)
+		switch out.Kind {
+		case OutcomeExecuted:
+			res.Completed++
+			r.emit(ctx, Event{Kind: EventCompleted, Flow: rec.Flow, Scope: rec.Scope, Key: rec.Key, Duration: time.Since(started)})
+			log.InfoContext(ctx, "idem: completed an abandoned request", "status", out.Response.Status, "resumed_after", rec.RecoveryPoint)
+		case OutcomeReplayed, OutcomeInProgress:
+			res.Skipped++
+			log.DebugContext(ctx, "idem: completer found the key taken care of", "outcome", out.Kind)
+		case OutcomeNeedsReconcile:
+			res.NeedsReconcile++
+			log.WarnContext(ctx, "idem: completer left a key to reconciliation", "err", err)
+		default:
+			res.Failed++
+			if ctx.Err() == nil {
+				log.WarnContext(ctx, "idem: completer could not finish a key", "outcome", out.Kind, "err", err)
+			}
+		}
+	})
+	r.logPass(ctx, "complete", res.Claimed, err, "completed", res.Completed, "skipped", res.Skipped,
+		"needs_reconcile", res.NeedsReconcile, "failed", res.Failed)
+	return res, err
+}
+
+// sweep claims idle keys in status batch by batch and hands each to handle,
+// until a batch comes back short, maxKeys keys were handled, or ctx ends.
+// Keys already handled in this pass are not handled again, whatever a
+// frozen test clock makes them look like.
+func (r *Runner) sweep(ctx context.Context, status Status, flows []string, idleFor time.Duration, maxAttempts, batchSize, maxKeys int, handle func(*KeyRecord)) error {
+	seen := map[int64]bool{}
+	for {
+		if err := ctx.Err(); err != nil {
+			return context.Cause(ctx)
+		}
+		limit := batchSize
+		if maxKeys > 0 {
+			limit = min(limit, maxKeys-len(seen))
+			if limit <= 0 {
+				return nil
+			}
+		}
+		recs, err := r.store.ClaimIdle(ctx, ClaimIdleParams{
+			Status: status, Flows: flows, IdleFor: idleFor, MaxAttempts: maxAttempts, Limit: limit, Now: r.now(),
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return context.Cause(ctx)
+			}
+			r.emit(ctx, Event{Kind: EventStoreError, Err: err})
+			return fmt.Errorf("claim idle keys: %w", err)
+		}
+		fresh := 0
+		for _, rec := range recs {
+			if seen[rec.ID] {
+				continue
+			}
+			seen[rec.ID] = true
+			fresh++
+			if ctx.Err() != nil {
+				// Claimed but not run: the key waits IdleFor again, then
+				// the next pass (here or elsewhere) takes it.
+				return context.Cause(ctx)
+			}
+			handle(rec)
+		}
+		if len(recs) < limit || fresh == 0 {
+			return nil
+		}
+	}
+}
+
+// logPass logs the end of a completer or reconcile pass: at info when it
+// touched keys, at debug when idle, at error when the pass broke off.
+func (r *Runner) logPass(ctx context.Context, what string, claimed int, err error, attrs ...any) {
+	attrs = append([]any{"claimed", claimed}, attrs...)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		r.log.ErrorContext(ctx, "idem: "+what+" pass failed", append(attrs, "err", err)...)
+	case claimed > 0:
+		r.log.InfoContext(ctx, "idem: "+what+" pass done", attrs...)
+	default:
+		r.log.DebugContext(ctx, "idem: "+what+" pass found nothing to do")
+	}
+}
+
+// flowNames returns the registered flows' names, sorted.
+func (r *Runner) flowNames() []string {
+	names := make([]string, 0, len(r.flows))
+	for name := range r.flows {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return names
+}

@@ -1,0 +1,485 @@
+package idemcli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/migrations"
+)
+
+// command is one CLI command. setup registers its flags on fs and returns
+// the function that runs it with their parsed values.
+type command struct {
+	name     string // "keys list"
+	args     string // what follows the name in the usage line
+	summary  string
+	help     string
+	examples []string
+
+	minArgs, maxArgs int
+	needsDB          bool
+	needsFlows       bool
+	setup            func(fs *flag.FlagSet) runFunc
+}
+
+type runFunc func(ctx context.Context, e *env, args []string) error
+
+// commands in the order help lists them.
+var commands = []*command{
+	{
+		name: "migrate up", args: "[flags]", needsDB: true,
+		summary: "apply every pending migration",
+		help: "Applies the embedded migrations the database does not have yet, in one transaction, under an\n" +
+			"advisory lock (several processes migrating at once is safe). A no-op when up to date.",
+		examples: []string{"DATABASE_URL=postgres://app@db/app idem migrate up", "idem migrate up --schema idem"},
+		setup: func(fs *flag.FlagSet) runFunc {
+			return func(ctx context.Context, e *env, _ []string) error {
+				m, err := e.connectedMigrator(ctx)
+				if err != nil {
+					return err
+				}
+				res, err := m.Up(ctx)
+				if err != nil {
+					return err
+				}
+				return e.printMigration(res)
+			}
+		},
+	},
+	{
+		name: "migrate down", args: "[--to VERSION] [flags]", needsDB: true,
+		summary: "revert migrations (one by default)",
+		help: "Reverts the most recent migration, or every migration above --to. Reverting version 1 drops\n" +
+			"idem_keys and every key in it: in-flight requests lose their recovery points.",
+		examples: []string{"idem migrate down", "idem migrate down --to 0   # remove idem's tables"},
+		setup: func(fs *flag.FlagSet) runFunc {
+			to := fs.Int("to", -1, "revert down to `version` (default: one below the current)")
+			return func(ctx context.Context, e *env, _ []string) error {
+				m, err := e.connectedMigrator(ctx)
+				if err != nil {
+					return err
+				}
+				target := *to
+				if target < 0 {
+					v, err := m.Version(ctx)
+					if err != nil {
+						return err
+					}
+					target = max(v-1, 0)
+				}
+				res, err := m.Down(ctx, target)
+				if errors.Is(err, migrations.ErrUnknownVersion) {
+					return &exitError{code: ExitUsage, err: err, hint: "migrate down"}
+				}
+				if err != nil {
+					return err
+				}
+				return e.printMigration(res)
+			}
+		},
+	},
+	{
+		name: "migrate status", args: "[flags]", needsDB: true,
+		summary:  "show the schema version and pending migrations",
+		examples: []string{"idem migrate status", "idem migrate status --json | jq .pending"},
+		setup: func(fs *flag.FlagSet) runFunc {
+			return func(ctx context.Context, e *env, _ []string) error {
+				m, err := e.connectedMigrator(ctx)
+				if err != nil {
+					return err
+				}
+				v, err := m.Version(ctx)
+				if err != nil {
+					return err
+				}
+				return e.printMigrationStatus(v)
+			}
+		},
+	},
+	{
+		name: "migrate sql", args: "[--format sql|goose|tern] [--direction up|down] [--version N]",
+		summary: "print the migrations' SQL for another migration tool",
+		help: "Prints the SQL of every migration (or of --version) for teams that apply migrations with their\n" +
+			"own tool. The SQL records itself in idem_migrations, so `migrate status` and `migrate up` keep\n" +
+			"working whichever tool applied it. Needs no database.",
+		examples: []string{
+			"idem migrate sql > 0001_idem.sql",
+			"idem migrate sql --format goose --schema idem > migrations/20260101000000_idem.sql",
+			"idem migrate sql --direction down --version 1",
+		},
+		setup: func(fs *flag.FlagSet) runFunc {
+			format := fs.String("format", "sql", "`layout`: sql (plain), goose or tern")
+			direction := fs.String("direction", "up", "`up` or down (sql format only; goose and tern hold both)")
+			version := fs.Int("version", 0, "print only this `version` (default: all)")
+			return func(ctx context.Context, e *env, _ []string) error {
+				m, err := e.migrator()
+				if err != nil {
+					return err
+				}
+				script, err := m.Script(migrations.Format(*format), migrations.Direction(*direction), *version)
+				if err != nil {
+					return &exitError{code: ExitUsage, err: err, hint: "migrate sql"}
+				}
+				if e.json {
+					return e.printJSON(map[string]any{"format": *format, "direction": *direction, "version": *version, "sql": script})
+				}
+				_, err = fmt.Fprint(e.out, script)
+				return err
+			}
+		},
+	},
+	{
+		name: "keys list", args: "[--state STATE] [--scope SCOPE] [--flow FLOW] [--limit N] [flags]", needsDB: true,
+		summary: "list keys, newest first, by state, scope or flow",
+		help: "States:\n" +
+			"  running          unfinished, held by a live lease: a worker is on it\n" +
+			"  stale            unfinished, nobody holds it: the next retry or the completer resumes it\n" +
+			"  needs-reconcile  a not-idempotent call is in doubt: waits for a reconcile run\n" +
+			"  finished         response stored, replayed until it expires\n" +
+			"  expired          finished and past its expiry: the reaper deletes it\n" +
+			"Page backwards with --before-id set to the last id printed.",
+		examples: []string{
+			"idem keys list --state stale",
+			"idem keys list --state needs-reconcile --flow rides.create --json | jq -r '.keys[].key'",
+			"idem keys list --scope user:42 --limit 10",
+		},
+		setup: func(fs *flag.FlagSet) runFunc {
+			state := fs.String("state", "", "only keys in `state`: running, stale, needs-reconcile, finished or expired")
+			scope := fs.String("scope", "", "only keys of `scope`")
+			flow := fs.String("flow", "", "only keys of `flow`")
+			limit := fs.Int("limit", 50, fmt.Sprintf("print at most `n` keys (1-%d)", idem.MaxKeyListLimit))
+			before := fs.Int64("before-id", 0, "only keys with an id below `id` (paging)")
+			return func(ctx context.Context, e *env, _ []string) error {
+				q := idem.KeyQuery{Scope: *scope, Flow: *flow, Limit: *limit, BeforeID: *before}
+				if *state != "" {
+					st, err := idem.ParseKeyState(*state)
+					if err != nil {
+						return usageError(e.cmd, "--state: %v", err)
+					}
+					q.State = st
+				}
+				if *limit < 1 || *limit > idem.MaxKeyListLimit {
+					return usageError(e.cmd, "--limit %d is outside 1-%d", *limit, idem.MaxKeyListLimit)
+				}
+				if err := e.connect(ctx); err != nil {
+					return err
+				}
+				list, err := e.runner.ListKeys(ctx, q)
+				if err != nil {
+					return err
+				}
+				return e.printKeyList(list)
+			}
+		},
+	},
+	{
+		name: "keys show", args: "KEY --scope SCOPE [flags]", minArgs: 1, maxArgs: 1, needsDB: true,
+		summary: "show everything about one key",
+		help:    "Prints the key's state, progress, lease, params, checkpoint data and stored response.",
+		examples: []string{
+			"idem keys show 8d3c1a7e-5b7f-4f0e-9d51-3f1c2b6f9a10 --scope user:42",
+			"idem keys show order-77 --scope tenant:acme --json | jq .checkpoint",
+		},
+		setup: func(fs *flag.FlagSet) runFunc {
+			scope := fs.String("scope", "", "the key's `scope` (required)")
+			return func(ctx context.Context, e *env, args []string) error {
+				if err := e.connect(ctx); err != nil {
+					return err
+				}
+				rec, now, err := e.runner.GetKey(ctx, *scope, args[0])
+				if err != nil {
+					return err
+				}
+				return e.printKey(rec, now)
+			}
+		},
+	},
+	{
+		name: "keys unlock", args: "KEY --scope SCOPE [--reason TEXT] [flags]", minArgs: 1, maxArgs: 1, needsDB: true,
+		summary: "force-unlock a stuck key (moves its fence on)",
+		help: "Unlocks an unfinished key and moves its fencing token on, so the worker that held it, if it is\n" +
+			"still alive, can no longer commit a phase: its next commit fails with lock-lost and rolls back.\n" +
+			"The key keeps its recovery point; the next client retry (or the completer) resumes it. Use it\n" +
+			"for a key held by a wedged worker whose heartbeat keeps its lease alive. A finished key is left\n" +
+			"as it is (exit 0, nothing to unlock).",
+		examples: []string{
+			"idem keys unlock order-77 --scope tenant:acme --reason 'worker pod wedged, INC-1234'",
+		},
+		setup: func(fs *flag.FlagSet) runFunc {
+			scope := fs.String("scope", "", "the key's `scope` (required)")
+			reason := fs.String("reason", "unlocked by an operator with the idem CLI", "`text` recorded as the key's last error")
+			return func(ctx context.Context, e *env, args []string) error {
+				if err := e.connect(ctx); err != nil {
+					return err
+				}
+				res, err := e.runner.UnlockKey(ctx, *scope, args[0], *reason)
+				if err != nil {
+					return err
+				}
+				return e.printUnlock(res)
+			}
+		},
+	},
+	{
+		name: "reap", args: "[--batch-size N] [--max-batches N] [flags]", needsDB: true,
+		summary: "delete finished keys past their expiry, in small batches",
+		help: "Runs one reaper pass: deletes expired finished keys batch by batch (each batch a short DELETE\n" +
+			"under a statement timeout, skipping rows others have locked) until none is left. Unfinished keys\n" +
+			"are never deleted. Safe to run while the application serves traffic and while other reapers run.",
+		examples: []string{"idem reap", "idem reap --batch-size 500 --max-batches 100 --json"},
+		setup: func(fs *flag.FlagSet) runFunc {
+			def := (&idem.ReapConfig{}).WithDefaults()
+			batch := fs.Int("batch-size", def.BatchSize, "keys deleted per statement")
+			maxBatches := fs.Int("max-batches", 0, "stop after `n` batches (default: until none is left)")
+			timeout := fs.Duration("statement-timeout", def.StatementTimeout, "bound on each batch's statement")
+			return func(ctx context.Context, e *env, _ []string) error {
+				if err := e.connect(ctx); err != nil {
+					return err
+				}
+				res, err := e.runner.Reap(ctx, &idem.ReapConfig{BatchSize: *batch, MaxBatches: *maxBatches, StatementTimeout: *timeout})
+				if err != nil {
+					if res == nil {
+						return &exitError{code: ExitUsage, err: err, hint: "reap"}
+					}
+					_ = e.printReap(res)
+					return err
+				}
+				return e.printReap(res)
+			}
+		},
+	},
+	{
+		name: "complete", args: "[--idle-for DURATION] [--max-keys N] [flags]", needsDB: true, needsFlows: true,
+		summary: "finish abandoned requests server-side (needs the application's flows)",
+		help: "Runs one completer pass: every unfinished key of a registered flow that nobody holds and that\n" +
+			"has not run for --idle-for is driven to its response from its stored params, through the flow's\n" +
+			"phases, exactly as a client retry would; the response is stored for the client's next retry.\n" +
+			"Keys in doubt go to needs-reconcile. Exits 1 if any key could not be finished.\n" +
+			"The generic idem binary has no flows: build your application's CLI with the idemcli package.",
+		examples: []string{"ridesctl complete", "ridesctl complete --idle-for 30m --max-keys 100 --json"},
+		setup: func(fs *flag.FlagSet) runFunc {
+			def := (&idem.CompleteConfig{}).WithDefaults()
+			idle := fs.Duration("idle-for", def.IdleFor, "only keys that have not run for this `duration`")
+			batch := fs.Int("batch-size", def.BatchSize, "keys claimed at a time")
+			attempts := fs.Int("max-attempts", def.MaxAttempts, "skip keys attempted this many `times` (-1: no limit)")
+			maxKeys := fs.Int("max-keys", 0, "stop after `n` keys (default: until none is left)")
+			return func(ctx context.Context, e *env, _ []string) error {
+				if err := e.connect(ctx); err != nil {
+					return err
+				}
+				res, err := e.runner.Complete(ctx, &idem.CompleteConfig{IdleFor: *idle, BatchSize: *batch, MaxAttempts: *attempts, MaxKeys: *maxKeys})
+				if res == nil {
+					return &exitError{code: ExitUsage, err: err, hint: "complete"}
+				}
+				if perr := e.printComplete(res); perr != nil {
+					return perr
+				}
+				if err != nil {
+					return err
+				}
+				if res.Failed > 0 {
+					return &exitError{code: ExitFailure, err: fmt.Errorf("%d key(s) could not be finished; see the log above and `keys list --state stale`", res.Failed)}
+				}
+				return nil
+			}
+		},
+	},
+	{
+		name: "reconcile", args: "[KEY --scope SCOPE] [--idle-for DURATION] [flags]", maxArgs: 1, needsDB: true, needsFlows: true,
+		summary: "run reconcile hooks on needs-reconcile keys (needs the application's flows)",
+		help: "With KEY, reconciles that key now. Without, runs one pass over every needs-reconcile key of a\n" +
+			"registered flow that has been idle for --idle-for. A key whose hook gives a verdict is carried on\n" +
+			"to its stored response; a hook that cannot tell leaves the key for later. Exits 1 if any key is\n" +
+			"left unresolved or failed, 3 if KEY does not exist, 0 if KEY does not need reconciling.",
+		examples: []string{
+			"ridesctl reconcile",
+			"ridesctl reconcile order-77 --scope tenant:acme",
+			"ridesctl reconcile --idle-for 1s --json",
+		},
+		setup: func(fs *flag.FlagSet) runFunc {
+			scope := fs.String("scope", "", "the `scope` of KEY (required with KEY)")
+			idle := fs.Duration("idle-for", time.Second, "without KEY: only keys idle for this `duration`")
+			batch := fs.Int("batch-size", 10, "without KEY: keys claimed at a time")
+			maxKeys := fs.Int("max-keys", 0, "without KEY: stop after `n` keys (default: until none is left)")
+			return func(ctx context.Context, e *env, args []string) error {
+				if err := e.connect(ctx); err != nil {
+					return err
+				}
+				if len(args) == 1 {
+					return e.reconcileOne(ctx, *scope, args[0])
+				}
+				res, err := e.runner.ReconcileAll(ctx, &idem.ReconcileConfig{IdleFor: *idle, BatchSize: *batch, MaxKeys: *maxKeys})
+				if res == nil {
+					return &exitError{code: ExitUsage, err: err, hint: "reconcile"}
+				}
+				if perr := e.printReconcile(res); perr != nil {
+					return perr
+				}
+				if err != nil {
+					return err
+				}
+				if res.Unresolved+res.Failed > 0 {
+					return &exitError{code: ExitFailure, err: fmt.Errorf("%d key(s) still need attention; see `keys list --state needs-reconcile`", res.Unresolved+res.Failed)}
+				}
+				return nil
+			}
+		},
+	},
+}
+
+var commandsByName = func() map[string]*command {
+	m := map[string]*command{}
+	for _, c := range commands {
+		m[c.name] = c
+	}
+	return m
+}()
+
+// subcommandsOf returns the subcommands of a command group ("keys").
+func subcommandsOf(group string) []string {
+	var subs []string
+	for _, c := range commands {
+		if g, sub, ok := strings.Cut(c.name, " "); ok && g == group {
+			subs = append(subs, sub)
+		}
+	}
+	return subs
+}
+
+func (e *env) reconcileOne(ctx context.Context, scope, key string) error {
+	out, err := e.runner.Reconcile(ctx, scope, key)
+	switch {
+	case errors.Is(err, idem.ErrNothingToReconcile):
+		return e.printReconcileOne(out, "nothing to reconcile: the key is "+string(out.Record.Status), nil)
+	case errors.Is(err, idem.ErrNotFound):
+		return err
+	case err == nil:
+		return e.printReconcileOne(out, fmt.Sprintf("reconciled: the key finished with status %d", out.Response.Status), nil)
+	case out.Kind == idem.OutcomeNeedsReconcile:
+		return e.printReconcileOne(out, "still needs reconciliation", &exitError{code: ExitFailure, err: err})
+	}
+	return e.printReconcileOne(out, "failed", &exitError{code: ExitFailure, err: err})
+}
+
+// help prints the overview, or a command's help.
+func (e *env) help(args []string) error {
+	if len(args) == 0 {
+		e.printOverview(e.out)
+		return nil
+	}
+	name := strings.Join(args, " ")
+	if cmd, ok := commandsByName[name]; ok {
+		e.printCommandHelp(cmd)
+		return nil
+	}
+	if subs := subcommandsOf(name); len(subs) > 0 {
+		fmt.Fprintf(e.out, "%s takes a subcommand:\n\n", name)
+		for _, c := range commands {
+			if strings.HasPrefix(c.name, name+" ") {
+				fmt.Fprintf(e.out, "  %s %-16s %s\n", e.cfg.Name, c.name, c.summary)
+			}
+		}
+		fmt.Fprintf(e.out, "\nRun '%s help %s SUBCOMMAND' for its flags and examples.\n", e.cfg.Name, name)
+		return nil
+	}
+	return usageError(nil, "help: unknown command %q", name)
+}
+
+func (e *env) printOverview(w io.Writer) {
+	name := e.cfg.Name
+	fmt.Fprintf(w, "%s operates idem's idempotency keys in Postgres: migrations, inspection, unlocks,\n", name)
+	fmt.Fprintf(w, "and on-demand reaper, completer and reconcile runs.\n\n")
+	fmt.Fprintf(w, "Usage:\n  %s COMMAND [ARGS] [--schema SCHEMA] [--json] [-v] [FLAGS]\n\nCommands:\n", name)
+	for _, c := range commands {
+		note := ""
+		if c.needsFlows && len(e.cfg.Flows) == 0 {
+			note = " [not in this binary]"
+		}
+		fmt.Fprintf(w, "  %-16s %s%s\n", c.name, c.summary, note)
+	}
+	fmt.Fprintf(w, "\nEnvironment:\n  DATABASE_URL     the database, e.g. postgres://app:secret@db:5432/app\n")
+	fmt.Fprintf(w, "\nExit codes:\n")
+	fmt.Fprintf(w, "  %d  ok\n  %d  failure, or work left undone (a key not completed or not resolved)\n", ExitOK, ExitFailure)
+	fmt.Fprintf(w, "  %d  usage: bad command line or DATABASE_URL unset; nothing ran\n  %d  the key does not exist\n", ExitUsage, ExitNotFound)
+	fmt.Fprintf(w, "  %d  complete/reconcile need the application's flows, which this binary does not have\n", ExitNoFlows)
+	fmt.Fprintf(w, "\nFlows registered: %s\n", flowList(e.cfg.Flows))
+	fmt.Fprintf(w, "Run '%s help COMMAND' for a command's flags and examples.\n", name)
+}
+
+func flowList(flows []idem.AnyFlow) string {
+	if len(flows) == 0 {
+		return "none (complete and reconcile need an application build; see the idemcli package)"
+	}
+	names := make([]string, len(flows))
+	for i, f := range flows {
+		names[i] = f.Name()
+	}
+	sort.Strings(names)
+	return strings.Join(names, ", ")
+}
+
+func (e *env) printCommandHelp(cmd *command) {
+	w := e.out
+	fmt.Fprintf(w, "Usage: %s %s %s\n\n%s.\n", e.cfg.Name, cmd.name, cmd.args, upperFirst(cmd.summary))
+	if cmd.help != "" {
+		fmt.Fprintf(w, "\n%s\n", cmd.help)
+	}
+	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
+	cmd.setup(fs)
+	if hasFlags(fs) {
+		fmt.Fprintf(w, "\nFlags:\n")
+		printFlags(w, fs)
+	}
+	global := flag.NewFlagSet("global", flag.ContinueOnError)
+	(&env{}).globalFlags(global)
+	fmt.Fprintf(w, "\nGlobal flags:\n")
+	printFlags(w, global)
+	if cmd.needsDB {
+		fmt.Fprintf(w, "\nReads the database from DATABASE_URL.\n")
+	}
+	fmt.Fprintf(w, "\nExamples:\n")
+	for _, ex := range cmd.examples {
+		fmt.Fprintf(w, "  %s\n", ex)
+	}
+}
+
+func hasFlags(fs *flag.FlagSet) bool {
+	n := 0
+	fs.VisitAll(func(*flag.Flag) { n++ })
+	return n > 0
+}
+
+// printFlags lists flags GNU-style (--name value), which the parser accepts
+// as well as -name.
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		arg, usage := flag.UnquoteUsage(f)
+		line := "  --" + f.Name
+		if len(f.Name) == 1 {
+			line = "  -" + f.Name
+		}
+		if arg != "" {
+			line += " " + arg
+		}
+		if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "false" && f.DefValue != "-1" && !strings.Contains(usage, "(default") {
+			usage += " (default " + strconv.Quote(f.DefValue) + ")"
+			usage = strings.ReplaceAll(usage, `"`, "")
+		}
+		fmt.Fprintf(w, "%-30s %s\n", line, usage)
+	})
+}
+
+func upperFirst(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
+}

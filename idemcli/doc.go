@@ -1,0 +1,25 @@
+// Package idemcli is the idem command-line tool as a library: migrations,
+// key inspection, forced unlocks, and on-demand reaper, completer and
+// reconcile runs against the database in DATABASE_URL.
+//
+// The generic binary, cmd/idem, knows no flows, so it can migrate, list,
+// show, unlock and reap, but not complete or reconcile: those run the
+// application's own phases and reconcile hooks. An application that wants
+// them builds its own binary with its flows registered:
+//
+//	// cmd/ridesctl/main.go
+//	func main() {
+//		pool, _ := pgxpool.New(context.Background(), os.Getenv("DATABASE_URL"))
+//		idemcli.Main(&idemcli.Config{
+//			Name:  "ridesctl",
+//			Flows: []idem.AnyFlow{rides.NewFlow(pool, payments.NewClient())},
+//		})
+//	}
+//
+// and runs `ridesctl complete` or `ridesctl reconcile` like any other
+// command. Every command prints a human table by default and JSON with
+// --json, logs to stderr, and exits with one of the documented codes
+// ([ExitOK], [ExitFailure], [ExitUsage], [ExitNotFound], [ExitNoFlows]).
+// `idem help` lists the commands; `idem help COMMAND` shows a command's
+// flags and examples.
+package idemcli

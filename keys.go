@@ -1,0 +1,166 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Operators look at keys by state rather than by raw status: a running key
+// whose lease expired is as good as abandoned, and a finished key past its
+// expiry is only waiting for the reaper. ListKeys and UnlockKey are what the
+// CLI's `keys` commands run; applications can call them from admin pages.
+
+// KeyState is how an operator sees a key: its status refined by its lease
+// and its expiry. [KeyRecord.State] computes it.
+type KeyState string
+
+const (
+	// KeyStateRunning: unfinished and held by a live lease; a worker is on it.
+	KeyStateRunning KeyState = "running"
+	// KeyStateStale: unfinished and nobody holds it (released after a failed
+	// attempt, or its holder died and the lease expired). The next client
+	// retry, or the completer, resumes it.
+	KeyStateStale KeyState = "stale"
+	// KeyStateFinished: a response is stored and is replayed until expiry.
+	KeyStateFinished KeyState = "finished"
+	// KeyStateNeedsReconcile: waits for a reconcile run to decide whether a
+	// not-idempotent foreign call happened.
+	KeyStateNeedsReconcile KeyState = "needs-reconcile"
+	// KeyStateExpired: finished and past expires_at; the reaper deletes it.
+	// Until then it is still replayed.
+	KeyStateExpired KeyState = "expired"
+)
+
+// KeyStates lists every KeyState, in the order a key usually goes through
+// them.
+func KeyStates() []KeyState {
+	return []KeyState{KeyStateRunning, KeyStateStale, KeyStateNeedsReconcile, KeyStateFinished, KeyStateExpired}
+}
+
+// ParseKeyState parses a state name as the CLI accepts it ("needs_reconcile"
+// is accepted for "needs-reconcile").
+func ParseKeyState(s string) (KeyState, error) {
+	if s == string(StatusNeedsReconcile) {
+		return KeyStateNeedsReconcile, nil
+	}
+	for _, st := range KeyStates() {
+		if string(st) == s {
+			return st, nil
+		}
+	}
+	return "", fmt.Errorf("unknown key state %q (running, stale, needs-reconcile, finished or expired)", s)
+}
+
+// State classifies the key at time now (use the database clock where you
+// have it, as [KeyList.Now]).
+func (k *KeyRecord) State(now time.Time) KeyState {
+	switch k.Status {
+	case StatusFinished:
+		if k.ExpiresAt != nil && !k.ExpiresAt.After(now) {
+			return KeyStateExpired
+		}
+		return KeyStateFinished
+	case StatusNeedsReconcile:
+		return KeyStateNeedsReconcile
+	}
+	if k.Locked(now) {
+		return KeyStateRunning
+	}
+	return KeyStateStale
+}
+
+// KeyQuery selects keys for [Runner.ListKeys]. Zero fields do not filter.
+type KeyQuery struct {
+	State KeyState
+	Scope string
+	Key   string
+	Flow  string
+	// Limit caps the number of keys returned: default 50, at most
+	// MaxKeyListLimit.
+	Limit int
+	// BeforeID pages backwards: only keys with a smaller id are returned.
+	// Pass the last id of the previous page.
+	BeforeID int64
+}
+
+// MaxKeyListLimit is the most keys one ListKeys call returns.
+const MaxKeyListLimit = 10000
+
+// KeyList is a page of keys and the database clock it was read at, against
+// which [KeyRecord.State] classifies them.
+type KeyList struct {
+	Keys []*KeyRecord
+	Now  time.Time
+}
+
+// ListKeys returns the keys matching q, newest first, with the database
+// clock they were read at.
+func (r *Runner) ListKeys(ctx context.Context, q KeyQuery) (*KeyList, error) {
+	switch {
+	case q.Limit == 0:
+		q.Limit = 50
+	case q.Limit < 0 || q.Limit > MaxKeyListLimit:
+		return nil, fmt.Errorf("%w: limit %d is outside 1-%d", ErrInvalidRequest, q.Limit, MaxKeyListLimit)
+	}
+	if q.State != "" {
+		st, err := ParseKeyState(string(q.State))
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+		}
+		q.State = st
+	}
+	list, err := r.store.ListKeys(ctx, ListKeysParams{KeyQuery: q, Now: r.now()})
+	if err != nil {
+		r.emit(ctx, Event{Kind: EventStoreError, Scope: q.Scope, Key: q.Key, Err: err})
+		return nil, fmt.Errorf("list keys: %w", err)
+	}
+	return list, nil
+}
+
+// GetKey returns one key with the database clock it was read at, so its
+// state can be classified. ErrNotFound when there is no such key.
+func (r *Runner) GetKey(ctx context.Context, scope, key string) (*KeyRecord, time.Time, error) {
+	if scope == "" || key == "" {
+		return nil, time.Time{}, fmt.Errorf("%w: scope and key are required", ErrInvalidRequest)
+	}
+	list, err := r.ListKeys(ctx, KeyQuery{Scope: scope, Key: key, Limit: 1})
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	if len(list.Keys) == 0 {
+		return nil, list.Now, fmt.Errorf("%w: scope %q key %q", ErrNotFound, scope, key)
+	}
+	return list.Keys[0], list.Now, nil
+}
+
+// UnlockKey force-unlocks an unfinished key, for an operator facing a key
+// that stays locked (a worker wedged with a live heartbeat, or a lease far
+// longer than the outage). It moves the key's fence on, so the worker that
+// held it can no longer commit a phase, heartbeat or release: its next
+// attempt to do so fails with ErrLockLost and its phase rolls back. The key
+// keeps its recovery point and any foreign-call mark, so the next attempt
+// resumes (or goes to reconcile) exactly as after a crash.
+//
+// A finished key is returned unchanged with Unlocked false.
+func (r *Runner) UnlockKey(ctx context.Context, scope, key, reason string) (*UnlockResult, error) {
+	if scope == "" || key == "" {
+		return nil, fmt.Errorf("%w: scope and key are required", ErrInvalidRequest)
+	}
+	if reason == "" {
+		reason = "unlocked by an operator"
+	}
+	res, err := r.store.UnlockKey(ctx, UnlockParams{Scope: scope, Key: key, Reason: reason})
+	if err != nil {
+		if !errors.Is(err, ErrNotFound) {
+			r.emit(ctx, Event{Kind: EventStoreError, Scope: scope, Key: key, Err: err})
+		}
+		return nil, fmt.Errorf("unlock key: %w", err)
+	}
+	if res.Unlocked {
+		r.log.WarnContext(ctx, "idem: key force-unlocked", "scope", scope, "key", key, "flow", res.Record.Flow,
+			"recovery_point", res.Record.RecoveryPoint, "fence", res.Record.Fence, "reason", reason)
+	}
+	return res, nil
+}

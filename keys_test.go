@@ -1,0 +1,209 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-idem/idem"
+)
+
+func TestListKeysByState(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	now := b.clock.Now()
+	b.insertKeys(t, "running", 2, idem.KeyStateRunning, now)
+	b.insertKeys(t, "stale", 3, idem.KeyStateStale, now)
+	b.insertKeys(t, "reconcile", 4, idem.KeyStateNeedsReconcile, now)
+	b.insertKeys(t, "finished", 5, idem.KeyStateFinished, now)
+	b.insertKeys(t, "expired", 6, idem.KeyStateExpired, now)
+	r := b.runner(t, nil)
+
+	for state, want := range map[idem.KeyState]int{
+		idem.KeyStateRunning: 2, idem.KeyStateStale: 3, idem.KeyStateNeedsReconcile: 4,
+		idem.KeyStateFinished: 5, idem.KeyStateExpired: 6, "": 20,
+	} {
+		list, err := r.ListKeys(ctx, idem.KeyQuery{State: state})
+		require.NoError(t, err, state)
+		require.Len(t, list.Keys, want, state)
+		require.Equal(t, now, list.Now.UTC(), "the runner's clock")
+		for i, k := range list.Keys {
+			if state != "" {
+				require.Equal(t, state, k.State(list.Now), k.Key)
+			}
+			if i > 0 {
+				require.Less(t, k.ID, list.Keys[i-1].ID, "newest first")
+			}
+		}
+	}
+	list, err := r.ListKeys(ctx, idem.KeyQuery{State: "needs_reconcile"})
+	require.NoError(t, err)
+	require.Len(t, list.Keys, 4, "the status spelling is accepted too")
+
+	// Leases and expiry move with the clock.
+	b.clock.Advance(2 * time.Hour)
+	list, err = r.ListKeys(ctx, idem.KeyQuery{State: idem.KeyStateStale})
+	require.NoError(t, err)
+	require.Len(t, list.Keys, 5, "the running keys' leases expired")
+	list, err = r.ListKeys(ctx, idem.KeyQuery{State: idem.KeyStateExpired})
+	require.NoError(t, err)
+	require.Len(t, list.Keys, 11)
+}
+
+func TestListKeysFilters(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.insertKeys(t, "a", 30, idem.KeyStateFinished, b.clock.Now())
+	r := b.runner(t, nil)
+	_, err := r.Run(ctx, b.flow, idem.Request{Scope: "tenant:9", Key: "mine", Params: rideInput{Origin: "SF"}})
+	require.NoError(t, err)
+
+	list, err := r.ListKeys(ctx, idem.KeyQuery{Scope: "tenant:9"})
+	require.NoError(t, err)
+	require.Len(t, list.Keys, 1)
+	require.Equal(t, "mine", list.Keys[0].Key)
+
+	list, err = r.ListKeys(ctx, idem.KeyQuery{Flow: "nope"})
+	require.NoError(t, err)
+	require.Empty(t, list.Keys)
+	require.Equal(t, b.clock.Now(), list.Now.UTC(), "an empty page still carries the clock")
+
+	// Paging: 31 keys in pages of 10.
+	var seen []int64
+	before := int64(0)
+	for {
+		list, err := r.ListKeys(ctx, idem.KeyQuery{Flow: "rides.create", Limit: 10, BeforeID: before})
+		require.NoError(t, err)
+		for _, k := range list.Keys {
+			seen = append(seen, k.ID)
+		}
+		if len(list.Keys) < 10 {
+			break
+		}
+		before = list.Keys[len(list.Keys)-1].ID
+	}
+	require.Len(t, seen, 31)
+
+	rec, now, err := r.GetKey(ctx, "tenant:9", "mine")
+	require.NoError(t, err)
+	require.Equal(t, idem.KeyStateFinished, rec.State(now))
+	_, _, err = r.GetKey(ctx, "tenant:9", "other")
+	require.ErrorIs(t, err, idem.ErrNotFound)
+
+	for name, q := range map[string]idem.KeyQuery{
+		"bad state":      {State: "sleeping"},
+		"negative limit": {Limit: -1},
+		"huge limit":     {Limit: idem.MaxKeyListLimit + 1},
+	} {
+		_, err := r.ListKeys(ctx, q)
+		require.ErrorIs(t, err, idem.ErrInvalidRequest, name)
+	}
+}
+
+// Force-unlocking a key moves its fence on: the worker that held it, alive
+// and mid-phase, cannot commit afterwards, and the next attempt resumes.
+func TestUnlockKeyStopsALiveHolder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	inPhase, unlocked := make(chan struct{}), make(chan struct{})
+	b.hooks["charge_created"] = func(context.Context, pgx.Tx, *idem.Run[rideInput]) error {
+		close(inPhase)
+		<-unlocked
+		return nil
+	}
+	holder := b.runner(t, nil)
+	done := make(chan error, 1)
+	go func() {
+		_, err := holder.Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+		done <- err
+	}()
+	<-inPhase
+	before := b.key(t, "k1")
+
+	res, err := b.runner(t, nil).UnlockKey(ctx, "user:1", "k1", "stuck behind a wedged worker")
+	require.NoError(t, err)
+	require.True(t, res.Unlocked)
+	require.Greater(t, res.Record.Fence, before.Fence)
+	require.Nil(t, res.Record.LockedAt)
+	require.Equal(t, "stuck behind a wedged worker", res.Record.LastError)
+	close(unlocked)
+
+	err = <-done
+	require.ErrorIs(t, err, idem.ErrLockLost)
+	rec := b.key(t, "k1")
+	require.Equal(t, "ride_created", rec.RecoveryPoint, "the charge phase did not commit")
+	require.Equal(t, 0, b.countRows(t, "rides WHERE charge_id IS NOT NULL"))
+
+	delete(b.hooks, "charge_created")
+	out, err := b.runner(t, nil).Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeExecuted, out.Kind)
+	require.True(t, out.TookOver)
+	require.Equal(t, 1, b.provider.chargeCount())
+
+	// A finished key has nothing to unlock; an unknown one is not found.
+	res, err = b.runner(t, nil).UnlockKey(ctx, "user:1", "k1", "")
+	require.NoError(t, err)
+	require.False(t, res.Unlocked)
+	require.Equal(t, idem.StatusFinished, res.Record.Status)
+	require.Equal(t, b.key(t, "k1").Fence, res.Record.Fence)
+	_, err = b.runner(t, nil).UnlockKey(ctx, "user:1", "nope", "")
+	require.True(t, errors.Is(err, idem.ErrNotFound))
+	_, err = b.runner(t, nil).UnlockKey(ctx, "", "k1", "")
+	require.ErrorIs(t, err, idem.ErrInvalidRequest)
+}
+
+func TestParseKeyState(t *testing.T) {
+	t.Parallel()
+	for _, st := range idem.KeyStates() {
+		got, err := idem.ParseKeyState(string(st))
+		require.NoError(t, err)
+		require.Equal(t, st, got)
+	}
+	got, err := idem.ParseKeyState("needs_reconcile")
+	require.NoError(t, err)
+	require.Equal(t, idem.KeyStateNeedsReconcile, got)
+	_, err = idem.ParseKeyState("done")
+	require.ErrorContains(t, err, "unknown key state")
+}
+
+// UnlockKeyTx joins the caller's transaction: the unlock takes effect with
+// the caller's commit, and not at all if it rolls back.
+func TestUnlockKeyTxJoinsTheCallersTransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	_, err := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charge_created")}}).
+		Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF"}))
+	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	before := b.key(t, "k1")
+	require.NotNil(t, before.LockedAt)
+
+	for _, commit := range []bool{false, true} {
+		tx, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		res, err := b.store.UnlockKeyTx(ctx, tx, idem.UnlockParams{Scope: "user:1", Key: "k1", Reason: "tx"})
+		require.NoError(t, err)
+		require.True(t, res.Unlocked)
+		list, err := b.store.ListKeysTx(ctx, tx, idem.ListKeysParams{KeyQuery: idem.KeyQuery{State: idem.KeyStateStale, Limit: 10}})
+		require.NoError(t, err)
+		require.Len(t, list.Keys, 1, "the transaction sees its own unlock")
+		if commit {
+			require.NoError(t, tx.Commit(ctx))
+		} else {
+			require.NoError(t, tx.Rollback(ctx))
+			require.Equal(t, before.Fence, b.key(t, "k1").Fence, "rolled back with the caller")
+			require.NotNil(t, b.key(t, "k1").LockedAt)
+		}
+	}
+	after := b.key(t, "k1")
+	require.Equal(t, before.Fence+1, after.Fence)
+	require.Nil(t, after.LockedAt)
+}

@@ -1,0 +1,135 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// The reaper keeps the keys table small. A finished key is replayed until its
+// expires_at (finished_at + retention); after that it is dead weight, and the
+// reaper deletes it in small batches: each batch is one short DELETE of at
+// most BatchSize rows, found through the partial index on expires_at, in a
+// transaction of its own with a statement timeout. Rows are locked one by one
+// (FOR UPDATE SKIP LOCKED), never the table, so acquisitions, phases and other
+// reapers carry on around it: two application instances reaping at once
+// delete disjoint batches. Unfinished keys are never deleted, whatever their
+// age. Business rows that reference a key survive its deletion; their
+// foreign keys should be ON DELETE SET NULL (and indexed, or each deleted key
+// costs a scan of the referencing table).
+
+// ReapConfig configures [Runner.Reap]. The zero value uses every default.
+type ReapConfig struct {
+	// BatchSize is the most keys one DELETE removes. Small batches keep
+	// each statement short and its WAL burst small. Default 1000.
+	BatchSize int
+
+	// MaxBatches bounds one pass. Zero (the default) reaps until no expired
+	// key is left.
+	MaxBatches int
+
+	// StatementTimeout bounds each batch's statement, so a batch stuck
+	// behind a lock on a referencing business row gives up instead of
+	// queueing others behind it. Default 10s.
+	StatementTimeout time.Duration
+
+	// Pause is a wait between batches, to leave the database room for the
+	// application's own load while a large backlog drains. Default 0.
+	Pause time.Duration
+}
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c *ReapConfig) WithDefaults() *ReapConfig {
+	out := &ReapConfig{}
+	if c != nil {
+		*out = *c
+	}
+	if out.BatchSize == 0 {
+		out.BatchSize = 1000
+	}
+	if out.StatementTimeout == 0 {
+		out.StatementTimeout = 10 * time.Second
+	}
+	return out
+}
+
+func (c *ReapConfig) validate() error {
+	var errs []error
+	if c.BatchSize < 1 || c.BatchSize > 100_000 {
+		errs = append(errs, fmt.Errorf("BatchSize %d is outside 1-100000", c.BatchSize))
+	}
+	if c.MaxBatches < 0 {
+		errs = append(errs, fmt.Errorf("MaxBatches %d is negative", c.MaxBatches))
+	}
+	if c.StatementTimeout < time.Millisecond {
+		errs = append(errs, fmt.Errorf("StatementTimeout %s is under 1ms", c.StatementTimeout))
+	}
+	if c.Pause < 0 {
+		errs = append(errs, fmt.Errorf("Pause %s is negative", c.Pause))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("idem: invalid reap config: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// ReapResult is what one reaper pass did.
+type ReapResult struct {
+	// Deleted counts the keys deleted.
+	Deleted int `json:"deleted"`
+	// Batches counts the DELETE statements run, the last (short) one
+	// included.
+	Batches int `json:"batches"`
+}
+
+// Reap deletes finished keys whose expiry has passed, batch by batch, until
+// none is left, MaxBatches is reached or ctx ends. Each batch with deletions
+// emits EventReaped with its Count; a failing batch emits EventStoreError and
+// ends the pass with the error (what was deleted before stays deleted, and
+// the next pass carries on). A nil config means the defaults.
+func (r *Runner) Reap(ctx context.Context, config *ReapConfig) (*ReapResult, error) {
+	cfg := config.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	res := &ReapResult{}
+	started := time.Now()
+	for cfg.MaxBatches == 0 || res.Batches < cfg.MaxBatches {
+		if err := ctx.Err(); err != nil {
+			return res, context.Cause(ctx)
+		}
+		n, err := r.store.Reap(ctx, ReapParams{Limit: cfg.BatchSize, StatementTimeout: cfg.StatementTimeout, Now: r.now()})
+		if err != nil {
+			if ctx.Err() != nil {
+				return res, context.Cause(ctx)
+			}
+			r.emit(ctx, Event{Kind: EventStoreError, Err: err})
+			r.log.ErrorContext(ctx, "idem: reaper batch failed", "deleted_so_far", res.Deleted, "err", err)
+			return res, fmt.Errorf("reap: %w", err)
+		}
+		res.Batches++
+		res.Deleted += n
+		if n > 0 {
+			r.emit(ctx, Event{Kind: EventReaped, Count: n})
+		}
+		if n < cfg.BatchSize {
+			// Nothing more is expired, or what is left is locked by
+			// another reaper, which will take it.
+			break
+		}
+		if cfg.Pause > 0 {
+			select {
+			case <-ctx.Done():
+				return res, context.Cause(ctx)
+			case <-time.After(cfg.Pause):
+			}
+		}
+	}
+	if res.Deleted > 0 {
+		r.log.InfoContext(ctx, "idem: reaped expired keys", "deleted", res.Deleted, "batches", res.Batches, "took", time.Since(started))
+	} else {
+		r.log.DebugContext(ctx, "idem: reaper found no expired keys")
+	}
+	return res, nil
+}
