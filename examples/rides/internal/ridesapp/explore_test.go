@@ -1,0 +1,111 @@
+package ridesapp_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/examples/rides/internal/ridesapp"
+	"github.com/go-idem/idem/idemtest"
+)
+
+func float(v float64) *float64 { return &v }
+
+// The rides flow at every crash point (issue 6's kit): the worker dying
+// before or after each commit and right after the charge, a lost commit
+// acknowledgement, a serialization failure and a lease takeover mid-phase.
+// Each scenario must end with the uninterrupted run's answer and exactly
+// one ride, one audit record, one charge at the provider and one receipt
+// job for its key.
+func TestRidesFlowAtEveryCrashPoint(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	input := ridesapp.RideParams{UserID: b.goodUserID,
+		OriginLat: float(37.7749), OriginLon: float(-122.4194), TargetLat: float(37.8044), TargetLon: float(-122.2712)}
+	rep := idemtest.Explore(t, idemtest.Config[ridesapp.RideParams]{
+		Pool:    b.pool,
+		Schema:  b.schema.Name,
+		Flow:    b.app.Flow(),
+		Input:   input,
+		Scope:   "user:" + itoa(b.goodUserID),
+		Path:    "/rides",
+		Compare: idemtest.EqualJSON("ride_id", "charge_id"),
+		Check: func(ctx context.Context, key *idem.KeyRecord) error {
+			return b.checkOneRide(ctx, key, "charged")
+		},
+	})
+	// ride_created and receipt_enqueued: 5 kinds each; charge_created: 6.
+	if len(rep.Scenarios) != 16 {
+		t.Fatalf("explored %d scenarios, want 16:\n%s", len(rep.Scenarios), rep.Summary())
+	}
+	t.Logf("rides flow: %d crash scenarios explored", len(rep.Scenarios))
+}
+
+// The decline path: the 402 is the same whatever happens, and nobody is
+// charged.
+func TestRidesFlowDeclineAtEveryCrashPoint(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	input := ridesapp.RideParams{UserID: b.badUserID,
+		OriginLat: float(1), OriginLon: float(2), TargetLat: float(3), TargetLon: float(4)}
+	rep := idemtest.Explore(t, idemtest.Config[ridesapp.RideParams]{
+		Pool:    b.pool,
+		Schema:  b.schema.Name,
+		Flow:    b.app.Flow(),
+		Input:   input,
+		Scope:   "user:" + itoa(b.badUserID),
+		Compare: idemtest.EqualJSON("ride_id"),
+		Check: func(ctx context.Context, key *idem.KeyRecord) error {
+			return b.checkOneRide(ctx, key, "declined")
+		},
+	})
+	t.Logf("rides flow, declined card: %d crash scenarios explored", len(rep.Scenarios))
+}
+
+// checkOneRide is the business invariant of one finished key: one ride in
+// the expected payment status, one audit record, and, for a charged ride,
+// one charge at the provider under the key's downstream key and one receipt
+// job; for a declined ride, neither.
+func (b *testBundle) checkOneRide(ctx context.Context, key *idem.KeyRecord, status string) error {
+	var rideID int64
+	var gotStatus string
+	var chargeID *string
+	var rides int
+	err := b.pool.QueryRow(ctx, `SELECT count(*) OVER (), id, payment_status, charge_id FROM rides WHERE idempotency_key_id = $1`, key.ID).
+		Scan(&rides, &rideID, &gotStatus, &chargeID)
+	if err != nil {
+		return fmt.Errorf("the key's ride: %w", err)
+	}
+	if rides != 1 || gotStatus != status {
+		return fmt.Errorf("%d rides, status %q; want 1 ride, %q", rides, gotStatus, status)
+	}
+	var audits, jobs int
+	if err := b.pool.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM audit_records WHERE resource_type = 'ride' AND resource_id = $1),
+		(SELECT count(*) FROM river_job WHERE (args->>'ride_id')::bigint = $1)`, rideID).Scan(&audits, &jobs); err != nil {
+		return err
+	}
+	var charges []string
+	for _, c := range b.provider.Charges() {
+		if strings.HasPrefix(c.IdempotencyKey, "idem-"+key.RequestID+"-") || c.Description == ridesapp.ChargeDescription(rideID) {
+			charges = append(charges, c.ID)
+		}
+	}
+	wantCharges, wantJobs := 1, 1
+	if status == "declined" {
+		wantCharges, wantJobs = 0, 0
+	}
+	switch {
+	case audits != 1:
+		return fmt.Errorf("%d audit records for ride %d, want 1", audits, rideID)
+	case len(charges) != wantCharges:
+		return fmt.Errorf("%d charges at the provider for ride %d (%v), want %d", len(charges), rideID, charges, wantCharges)
+	case jobs != wantJobs:
+		return fmt.Errorf("%d receipt jobs for ride %d, want %d", jobs, rideID, wantJobs)
+	case wantCharges == 1 && (chargeID == nil || *chargeID != charges[0]):
+		return fmt.Errorf("ride %d records charge %v, the provider made %s", rideID, chargeID, charges[0])
+	}
+	return nil
+}

@@ -1,0 +1,116 @@
+package ridesapp
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
+
+	"github.com/go-idem/idem/examples/rides/fakepay"
+	"github.com/go-idem/idem/migrations"
+)
+
+//go:embed schema.sql
+var schemaSQL string
+
+// migrationLockKey is the session advisory lock that serialises Migrate
+// across processes: the demo starts several serve processes at once, and
+// concurrent CREATE TABLE IF NOT EXISTS statements can still collide. It is
+// derived from the schema, so migrations of different schemas (parallel
+// tests) do not wait for each other.
+func migrationLockKey(schema string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("rides migrations\x00" + schema))
+	return int64(h.Sum64())
+}
+
+// Seeded users. The bad-source user's customer is fakepay's default declined
+// customer, so every charge for them is refused with a card error.
+const (
+	GoodUserEmail      = "user@example.com"
+	BadSourceUserEmail = "user-bad-source@example.com"
+	goodCustomerID     = "cus_user_example_com"
+	// BadSourceCustomerID is fakepay's default declined customer.
+	BadSourceCustomerID = fakepay.DefaultDeclinedCustomer
+)
+
+// Migrate brings a database up to date for the rides service, in the order
+// the tables depend on each other: idem's key table (package migrations),
+// the rides schema (schema.sql, which references idem_keys), and River's job
+// tables (rivermigrate). It is safe to call from many processes at once and
+// on every start.
+//
+// schema qualifies every table when set and must already exist; empty uses
+// the connection's search_path.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, logger *slog.Logger) (err error) {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	prefix, err := migrations.QualifiedPrefix(schema)
+	if err != nil {
+		return fmt.Errorf("rides: migrate: %w", err)
+	}
+
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("rides: migrate: %w", err)
+	}
+	defer conn.Release()
+	lockKey := migrationLockKey(schema)
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", lockKey); err != nil {
+		return fmt.Errorf("rides: migrate: take the migration lock: %w", err)
+	}
+	defer func() {
+		// A detached context: the lock must be released even when ctx is done,
+		// or this pooled connection would keep it.
+		if _, uerr := conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", lockKey); uerr != nil {
+			// Closing the session drops the lock with it.
+			_ = conn.Conn().Close(context.WithoutCancel(ctx))
+			err = errors.Join(err, fmt.Errorf("rides: migrate: release the migration lock: %w", uerr))
+		}
+	}()
+
+	idemMigrator, err := migrations.New(pool, &migrations.Config{Schema: schema})
+	if err != nil {
+		return fmt.Errorf("rides: migrate idem: %w", err)
+	}
+	if _, err := idemMigrator.Up(ctx); err != nil {
+		return fmt.Errorf("rides: migrate idem: %w", err)
+	}
+
+	if _, err := pool.Exec(ctx, strings.ReplaceAll(schemaSQL, "{{schema}}", prefix)); err != nil {
+		return fmt.Errorf("rides: migrate rides schema: %w", err)
+	}
+
+	riverMigrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: schema, Logger: logger})
+	if err != nil {
+		return fmt.Errorf("rides: migrate river: %w", err)
+	}
+	if _, err := riverMigrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
+		return fmt.Errorf("rides: migrate river: %w", err)
+	}
+	return nil
+}
+
+// Seed inserts the two demo users if they are missing: GoodUserEmail, whose
+// card always works, and BadSourceUserEmail, whose card is always declined.
+func Seed(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	prefix, err := migrations.QualifiedPrefix(schema)
+	if err != nil {
+		return fmt.Errorf("rides: seed: %w", err)
+	}
+	_, err = pool.Exec(ctx, `INSERT INTO `+prefix+`users (email, customer_id) VALUES ($1, $2), ($3, $4)
+		ON CONFLICT (email) DO NOTHING`,
+		GoodUserEmail, goodCustomerID, BadSourceUserEmail, BadSourceCustomerID)
+	if err != nil {
+		return fmt.Errorf("rides: seed users: %w", err)
+	}
+	return nil
+}
