@@ -37,7 +37,7 @@ func startDocker(ctx context.Context, cfg *config) (*Server, error) {
 
 	began := time.Now()
 	cmd := []string{"postgres"}
-	for _, setting := range serverSettings {
+	for _, setting := range cfg.settings {
 		cmd = append(cmd, "-c", setting)
 	}
 	resource, err := pool.RunWithOptions(&dockertest.RunOptions{

@@ -68,7 +68,8 @@ type localCluster struct {
 	port            int
 	version         string
 	templateDir     string
-	templateCreated bool // this start ran initdb, rather than copying a cached template
+	templateCreated bool     // this start ran initdb, rather than copying a cached template
+	settings        []string // passed to postgres as -c name=value
 
 	cmd    *exec.Cmd
 	exited <-chan struct{}
@@ -112,6 +113,7 @@ func startLocal(ctx context.Context, cfg *config) (*Server, error) {
 		version:         version,
 		templateDir:     templateDir,
 		templateCreated: templateCreated,
+		settings:        cfg.settings,
 	}
 	if err := copyTree(templateDir, cluster.dataDir, account); err != nil {
 		_ = os.RemoveAll(workDir)
@@ -175,7 +177,7 @@ func (c *localCluster) run(ctx context.Context, binDir string, account *runAs) e
 		socketDir = ""
 	}
 	args := []string{"-D", c.dataDir, "-p", strconv.Itoa(port), "-h", "127.0.0.1", "-k", socketDir}
-	for _, setting := range serverSettings {
+	for _, setting := range c.settings {
 		args = append(args, "-c", setting)
 	}
 	// Not pg_ctl: postgres must be our own child for the parent-death signal to reach it.

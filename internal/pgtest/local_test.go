@@ -101,6 +101,30 @@ func requireTestSettings(t *testing.T, adminURL string) {
 	}
 }
 
+func TestLocalClusterSettingsOverrideDefaults(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	server, err := Start(ctx, &Options{
+		Mode:     ModeLocal,
+		TempDir:  localTempDir(t),
+		Settings: []string{"shared_buffers=256MB", "work_mem=8MB"},
+	})
+	require.NoError(t, err)
+	defer server.Close()
+	conn, err := pgx.Connect(ctx, server.AdminURL())
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	for setting, want := range map[string]string{
+		"shared_buffers": "256MB", // overrides the default 128MB
+		"work_mem":       "8MB",
+		"fsync":          "off", // the other defaults stay
+	} {
+		var got string
+		require.NoError(t, conn.QueryRow(ctx, "SELECT current_setting($1)", setting).Scan(&got))
+		require.Equal(t, want, got, setting)
+	}
+}
+
 func TestLocalClustersStartConcurrentlyFromOneTemplate(t *testing.T) {
 	t.Parallel()
 	opts := &Options{Mode: ModeLocal, TempDir: localTempDir(t)}

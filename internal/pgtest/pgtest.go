@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -86,6 +87,12 @@ type Options struct {
 	// DockerEndpoint is the Docker engine to use. Default: DOCKER_HOST, else the platform's
 	// default socket.
 	DockerEndpoint string
+
+	// Settings are extra server settings ("name=value") for a cluster or container that Start
+	// starts, applied after its own speed-over-durability defaults, so they can override them
+	// (a benchmark sizing shared_buffers for its table, say). An external server is used as it
+	// is. Default none.
+	Settings []string
 }
 
 // config is Options with defaults applied.
@@ -96,6 +103,7 @@ type config struct {
 	modeFromEnv    bool
 	tempDir        string
 	dockerEndpoint string
+	settings       []string // server settings for a cluster we start: the defaults, then Options.Settings
 }
 
 func (o *Options) config() (*config, error) {
@@ -108,6 +116,12 @@ func (o *Options) config() (*config, error) {
 		mode:           o.Mode,
 		tempDir:        o.TempDir,
 		dockerEndpoint: o.DockerEndpoint,
+		settings:       append(slices.Clip(serverSettings), o.Settings...),
+	}
+	for _, setting := range o.Settings {
+		if name, _, ok := strings.Cut(setting, "="); !ok || strings.TrimSpace(name) == "" {
+			return nil, fmt.Errorf("pgtest: server setting %q is not name=value", setting)
+		}
 	}
 	if cfg.urlEnv == "" {
 		cfg.urlEnv = DefaultURLEnv

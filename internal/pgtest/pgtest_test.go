@@ -156,6 +156,12 @@ func TestStartRejectsUnknownMode(t *testing.T) {
 	require.Contains(t, err.Error(), "external, local, docker")
 }
 
+func TestStartRejectsMalformedSetting(t *testing.T) {
+	t.Parallel()
+	_, err := Start(context.Background(), &Options{Mode: ModeLocal, Settings: []string{"shared_buffers"}})
+	require.ErrorContains(t, err, `server setting "shared_buffers" is not name=value`)
+}
+
 // localServiceURL is the machine's own PostgreSQL service, the external server of last resort.
 const localServiceURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 
