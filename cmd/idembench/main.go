@@ -1,0 +1,495 @@
+// Command idembench measures what idem costs, side by side with what it is
+// measured against, in one run against one Postgres:
+//
+//  1. framework overhead: a three-phase flow shaped like rocket rides through
+//     the runner, against a hand-rolled baseline that sends the same
+//     statements in the same transactions with its own minimal key table;
+//  2. round trips per request for a new key, a replay and an in-progress
+//     answer, counted by a pgx tracer and on the socket;
+//  3. the replay path against a plain primary-key SELECT on the same pool;
+//  4. a duplicate storm: many identical requests at once, exactly one
+//     execution;
+//  5. the commit ceiling: the database's own single-row INSERT-and-commit
+//     rate at the same concurrency;
+//  6. scale: acquisition latency with 10 thousand and 10 million keys, and
+//     while the reaper deletes a million expired ones.
+//
+// It prints a markdown report with the targets met or missed, and writes a
+// PNG plot of throughput and latency against client concurrency.
+//
+//	go run ./cmd/idembench                # the full run, a few minutes
+//	go run ./cmd/idembench -quick         # a smoke test
+//	DATABASE_URL=postgres://... go run ./cmd/idembench -sections load
+//
+// Without DATABASE_URL it starts a throwaway cluster (internal/pgtest),
+// which trades durability for speed (fsync=off, synchronous_commit=off):
+// commit-bound figures are then CPU figures, not disk figures. Either way
+// the run works in a schema of its own that it drops at the end.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/pgstore"
+)
+
+// options are the command's flags.
+type options struct {
+	Duration    time.Duration
+	Warmup      time.Duration
+	Rounds      int
+	Concurrency []int
+	Sections    map[string]bool
+	Plot        string
+	Out         string
+	Quick       bool
+	StormSize   int
+	StormRounds int
+	Scale       scaleConfig
+	SyncCommit  string
+	// SharedBuffers sizes the throwaway cluster's buffer cache; a
+	// DATABASE_URL server is used as configured.
+	SharedBuffers string
+	CPUProfile    string
+	MaxConns      int
+	ReplayKeys    int
+	ReferenceAt   int
+	Workloads     map[string]bool
+}
+
+var allWorkloads = []string{"runner", "baseline", "plain", "replay", "select", "commit"}
+
+var allSections = []string{"load", "roundtrips", "storm", "scale"}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	fs := flag.NewFlagSet("idembench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o := &options{}
+	var conc, workloads, sections string
+	fs.DurationVar(&o.Duration, "duration", 3*time.Second, "measured time per point and workload (split over -rounds)")
+	fs.DurationVar(&o.Warmup, "warmup", 300*time.Millisecond, "unmeasured warm-up before each round of each point")
+	fs.IntVar(&o.Rounds, "rounds", 2, "rounds per point; workloads alternate order each round")
+	fs.StringVar(&conc, "concurrency", "1,4,16,64", "client concurrencies, comma-separated")
+	fs.StringVar(&sections, "sections", strings.Join(allSections, ","), "sections to run: load (overhead, replay, commit ceiling), roundtrips, storm, scale")
+	fs.StringVar(&workloads, "workloads", strings.Join(allWorkloads, ","), "load workloads to run (for profiling one alone); the report and plot need them all")
+	fs.StringVar(&o.Plot, "plot", "docs/performance.png", "where to write the PNG plot (empty: none)")
+	fs.StringVar(&o.Out, "out", "", "also write the markdown report to this file")
+	fs.BoolVar(&o.Quick, "quick", false, "smoke test: short points, a small scale table")
+	fs.IntVar(&o.StormSize, "storm-size", 100, "identical requests per storm round")
+	fs.IntVar(&o.StormRounds, "storm-rounds", 20, "storm rounds")
+	fs.IntVar(&o.Scale.Small, "scale-small", 10_000, "keys in the small table")
+	fs.IntVar(&o.Scale.Large, "scale-large", 10_000_000, "keys in the large table")
+	fs.IntVar(&o.Scale.Expired, "scale-expired", 1_000_000, "expired keys among the large table's, for the reaper")
+	fs.IntVar(&o.Scale.Concurrency, "scale-concurrency", 16, "acquiring workers in the scale section (half new keys, half replays)")
+	fs.DurationVar(&o.Scale.ReapTimeout, "reap-timeout", 5*time.Minute, "give up on the reaper pass after this long")
+	fs.StringVar(&o.SharedBuffers, "shared-buffers", "", "shared_buffers of the throwaway cluster, e.g. 2GB (ignored with DATABASE_URL); empty keeps pgtest's 128MB")
+	fs.StringVar(&o.SyncCommit, "synchronous-commit", "", "set synchronous_commit on every connection (on, off, ...); empty keeps the server's")
+	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of this process to the file")
+	fs.IntVar(&o.MaxConns, "max-conns", 0, "pool size; 0 sizes it for the largest concurrency and the storm")
+	fs.IntVar(&o.ReplayKeys, "replay-keys", 2000, "finished keys the replay workloads pick from")
+	fs.IntVar(&o.ReferenceAt, "reference-concurrency", 16, "concurrency at which the ratio targets are judged")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	if o.Quick {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		quick := func(name string, apply func()) {
+			if !set[name] {
+				apply()
+			}
+		}
+		quick("duration", func() { o.Duration = 200 * time.Millisecond })
+		quick("warmup", func() { o.Warmup = 50 * time.Millisecond })
+		quick("rounds", func() { o.Rounds = 1 })
+		quick("storm-rounds", func() { o.StormRounds = 3 })
+		quick("scale-small", func() { o.Scale.Small = 1000 })
+		quick("scale-large", func() { o.Scale.Large = 100_000 })
+		quick("scale-expired", func() { o.Scale.Expired = 10_000 })
+		quick("reap-timeout", func() { o.Scale.ReapTimeout = time.Minute })
+		quick("replay-keys", func() { o.ReplayKeys = 200 })
+	}
+	for _, f := range strings.Split(conc, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 1000 {
+			return nil, fmt.Errorf("-concurrency: %q is not a number from 1 to 1000", f)
+		}
+		o.Concurrency = append(o.Concurrency, n)
+	}
+	slices.Sort(o.Concurrency)
+	o.Concurrency = slices.Compact(o.Concurrency)
+	o.Sections = map[string]bool{}
+	for _, s := range strings.Split(sections, ",") {
+		s = strings.TrimSpace(s)
+		if !slices.Contains(allSections, s) {
+			return nil, fmt.Errorf("-sections: unknown section %q (have %s)", s, strings.Join(allSections, ", "))
+		}
+		o.Sections[s] = true
+	}
+	o.Workloads = map[string]bool{}
+	for _, w := range strings.Split(workloads, ",") {
+		w = strings.TrimSpace(w)
+		if !slices.Contains(allWorkloads, w) {
+			return nil, fmt.Errorf("-workloads: unknown workload %q (have %s)", w, strings.Join(allWorkloads, ", "))
+		}
+		o.Workloads[w] = true
+	}
+	switch {
+	case o.Duration <= 0 || o.Warmup < 0:
+		return nil, errors.New("-duration must be positive and -warmup not negative")
+	case o.Rounds < 1:
+		return nil, errors.New("-rounds must be at least 1")
+	case o.StormSize < 2 || o.StormRounds < 1:
+		return nil, errors.New("-storm-size must be at least 2 and -storm-rounds at least 1")
+	case o.Scale.Small < 1 || o.Scale.Large <= o.Scale.Small || o.Scale.Expired < 1 || o.Scale.Expired > o.Scale.Large-o.Scale.Small:
+		return nil, errors.New("scale: need 1 <= -scale-small < -scale-large and 1 <= -scale-expired <= large - small")
+	case o.Scale.Concurrency < 2:
+		return nil, errors.New("-scale-concurrency must be at least 2")
+	case o.ReplayKeys < 1:
+		return nil, errors.New("-replay-keys must be positive")
+	}
+	o.Scale.Duration, o.Scale.Warmup = o.Duration, o.Warmup
+	if o.MaxConns == 0 {
+		o.MaxConns = max(slices.Max(o.Concurrency), o.StormSize, o.Scale.Concurrency) + 4
+	}
+	return o, nil
+}
+
+func main() {
+	o, err := parseFlags(os.Args[1:], os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "idembench:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, o, os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "idembench:", err)
+		os.Exit(1)
+	}
+}
+
+// results is everything one run measured.
+type results struct {
+	Opts       *options
+	Started    time.Time
+	Took       time.Duration
+	Source     string
+	Where      string // where the server runs, relative to this process
+	Server     *serverInfo
+	LoadBefore string
+	LoadAfter  string
+	Load       []*loadPoint
+	RoundTrips *roundTripReport
+	Storm      *stormReport
+	Scale      *scaleReport
+}
+
+// loadPoint is the side-by-side measurement at one concurrency.
+type loadPoint struct {
+	Concurrency int
+	Runner      *stats // new key, three phases
+	Baseline    *stats // hand-rolled, pipelined
+	Plain       *stats // hand-rolled, one round trip per statement
+	Replay      *stats // runner replays
+	Select      *stats // plain primary-key SELECT
+	Commit      *stats // single-row INSERT and commit
+}
+
+// workload returns the named workload's figures, nil if it did not run.
+func (lp *loadPoint) workload(name string) *stats {
+	return map[string]*stats{"runner": lp.Runner, "baseline": lp.Baseline, "plain": lp.Plain,
+		"replay": lp.Replay, "select": lp.Select, "commit": lp.Commit}[name]
+}
+
+func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
+	logf := func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }
+	res := &results{Opts: o, Started: time.Now(), LoadBefore: loadAverage()}
+	if o.CPUProfile != "" {
+		f, err := os.Create(o.CPUProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+
+	params := map[string]string{}
+	if o.SyncCommit != "" {
+		params["synchronous_commit"] = o.SyncCommit
+	}
+	e, err := openEnv(ctx, o.MaxConns, params, o.SharedBuffers, logf)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := e.close(); cerr != nil {
+			logf("idembench: cleaning up: %v", cerr)
+		}
+	}()
+	res.Source = e.source
+	res.Where = e.where
+	if res.Server, err = describe(ctx, e.pool); err != nil {
+		return err
+	}
+	logf("idembench: Postgres %s (%s), schema %s, pool of %d", res.Server.Version, e.source, e.schema, o.MaxConns)
+
+	if o.Sections["load"] {
+		if res.Load, err = measureLoad(ctx, e, o, logf); err != nil {
+			return err
+		}
+	}
+	if o.Sections["roundtrips"] {
+		logf("idembench: counting round trips")
+		if res.RoundTrips, err = measureRoundTrips(ctx, e); err != nil {
+			return fmt.Errorf("round trips: %w", err)
+		}
+	}
+	if o.Sections["storm"] {
+		logf("idembench: duplicate storm, %d rounds of %d", o.StormRounds, o.StormSize)
+		if res.Storm, err = measureStorm(ctx, e, o.StormSize, o.StormRounds); err != nil {
+			return fmt.Errorf("storm: %w", err)
+		}
+	}
+	if o.Sections["scale"] {
+		logf("idembench: scale: %d then %d keys", o.Scale.Small, o.Scale.Large)
+		if res.Scale, err = measureScale(ctx, e, o.Scale, logf); err != nil {
+			return fmt.Errorf("scale: %w", err)
+		}
+	}
+	res.Took = time.Since(res.Started)
+	res.LoadAfter = loadAverage()
+
+	report := renderReport(res)
+	if _, err := io.WriteString(stdout, report); err != nil {
+		return err
+	}
+	if o.Out != "" {
+		if err := os.WriteFile(o.Out, []byte(report), 0o644); err != nil {
+			return err
+		}
+	}
+	if o.Plot != "" && len(res.Load) > 0 && len(o.Workloads) == len(allWorkloads) {
+		if err := writePlot(o.Plot, res.Load); err != nil {
+			return fmt.Errorf("plot: %w", err)
+		}
+		logf("idembench: wrote %s", o.Plot)
+	}
+	return nil
+}
+
+// measureLoad runs the side-by-side workloads at every concurrency.
+func measureLoad(ctx context.Context, e *env, o *options, logf func(string, ...any)) ([]*loadPoint, error) {
+	store, err := pgstore.New(e.pool, &pgstore.Config{Schema: e.schema})
+	if err != nil {
+		return nil, err
+	}
+	runner, err := idem.NewRunner(store, &idem.Config{Logger: quietLogger()})
+	if err != nil {
+		return nil, err
+	}
+	flow := newRunnerFlow()
+	pipelined := &baseline{pool: e.pool, pipelined: true}
+	plain := &baseline{pool: e.pool}
+
+	// The replay workloads pick from finished keys made beforehand.
+	logf("idembench: preparing %d finished keys to replay", o.ReplayKeys)
+	replayInputs := make([]rideInput, o.ReplayKeys)
+	replayKey := func(i int) string { return "replay-" + strconv.Itoa(i) }
+	if err := forEach(ctx, 16, o.ReplayKeys, func(ctx context.Context, i int) error {
+		replayInputs[i] = rideInput{UserID: int64(i), Origin: "SF", Amount: int64(1000 + i)}
+		_, err := runner.Run(ctx, flow, idem.Request{Scope: "user:replay", Key: replayKey(i), Path: "/rides", Params: replayInputs[i]})
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("prepare replay keys: %w", err)
+	}
+	var replayIDs []int64
+	rows, err := e.pool.Query(ctx, "SELECT id FROM idem_keys WHERE scope = 'user:replay' AND status = 'finished'")
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		replayIDs = append(replayIDs, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if len(replayIDs) != o.ReplayKeys {
+		return nil, fmt.Errorf("prepared %d finished keys, want %d", len(replayIDs), o.ReplayKeys)
+	}
+
+	// Every request of the new-key workloads gets a key never used before,
+	// across rounds and concurrencies.
+	cpu, err := newCPUMeter(ctx, e.pool)
+	if err != nil {
+		return nil, err
+	}
+	if cpu.backends == nil {
+		logf("idembench: the server's processes are not readable here; no server CPU figures")
+	}
+
+	run := randomHex(4)
+	var seq atomic.Int64
+	newKey := func(prefix string, w int) (string, string) {
+		return "user:" + strconv.Itoa(w), prefix + "-" + run + "-" + strconv.FormatInt(seq.Add(1), 10)
+	}
+	input := func(w, i int) rideInput {
+		return rideInput{UserID: int64(w), Origin: "SF", Amount: int64(2000 + i%100)}
+	}
+	// Warm every connection the measurements will use before any of them:
+	// pgx prepares each statement once per connection, and Postgres plans
+	// a prepared statement afresh for its first five runs on each (the
+	// acquisition statement takes milliseconds to plan). That cold start
+	// is real but happens once per connection, and would otherwise land on
+	// whichever point first uses more connections than the ones before.
+	poolWarmup := min(2*time.Second, o.Duration)
+	logf("idembench: warming the pool: each workload at concurrency %d for %s", slices.Max(o.Concurrency), poolWarmup)
+	var points []*loadPoint
+	for _, c := range o.Concurrency {
+		variants := []variant{
+			{"runner", func(ctx context.Context, w, i int) error {
+				scope, key := newKey("r", w)
+				out, err := runner.Run(ctx, flow, idem.Request{Scope: scope, Key: key, Path: "/rides", Params: input(w, i)})
+				if err == nil && out.Kind != idem.OutcomeExecuted {
+					err = fmt.Errorf("outcome %s, want executed", out.Kind)
+				}
+				return err
+			}},
+			{"baseline", func(ctx context.Context, w, i int) error {
+				scope, key := newKey("b", w)
+				res, err := pipelined.run(ctx, scope, key, input(w, i))
+				if err == nil && res.replayed {
+					err = errors.New("replayed, want executed")
+				}
+				return err
+			}},
+			{"plain", func(ctx context.Context, w, i int) error {
+				scope, key := newKey("p", w)
+				res, err := plain.run(ctx, scope, key, input(w, i))
+				if err == nil && res.replayed {
+					err = errors.New("replayed, want executed")
+				}
+				return err
+			}},
+			{"replay", func(ctx context.Context, w, i int) error {
+				n := rand.IntN(len(replayInputs))
+				out, err := runner.Run(ctx, flow, idem.Request{Scope: "user:replay", Key: replayKey(n), Path: "/rides", Params: replayInputs[n]})
+				if err == nil && (out.Kind != idem.OutcomeReplayed || out.Response.Status != 201) {
+					err = fmt.Errorf("outcome %s, want a replayed 201", out.Kind)
+				}
+				return err
+			}},
+			{"select", func(ctx context.Context, w, i int) error {
+				var (
+					status       int
+					header, body []byte
+				)
+				return e.pool.QueryRow(ctx, "SELECT response_status, response_headers, response_body FROM idem_keys WHERE id = $1",
+					replayIDs[rand.IntN(len(replayIDs))]).Scan(&status, &header, &body)
+			}},
+			{"commit", func(ctx context.Context, w, i int) error {
+				_, err := e.pool.Exec(ctx, "INSERT INTO commit_probe (worker, n) VALUES ($1, $2)", w, i)
+				return err
+			}},
+		}
+		variants = slices.DeleteFunc(variants, func(v variant) bool { return !o.Workloads[v.name] })
+		if c == o.Concurrency[0] {
+			for _, v := range variants {
+				if _, err := closedLoop(ctx, slices.Max(o.Concurrency), 0, poolWarmup, v.op); err != nil {
+					return nil, fmt.Errorf("warm up %s: %w", v.name, err)
+				}
+			}
+		}
+		logf("idembench: concurrency %d: %d workloads, %s each", c, len(variants), o.Duration)
+		got, err := interleaved(ctx, c, o.Rounds, o.Warmup, o.Duration, variants, walPosition(e), cpu)
+		if err != nil {
+			return nil, err
+		}
+		p := &loadPoint{Concurrency: c, Runner: got["runner"], Baseline: got["baseline"], Plain: got["plain"],
+			Replay: got["replay"], Select: got["select"], Commit: got["commit"]}
+		logf("idembench:   runner %.0f/s, baseline %.0f/s (ratio %.2f), replay %.0f/s, select %.0f/s, commit %.0f/s",
+			p.Runner.Throughput(), p.Baseline.Throughput(), ratio(p.Runner.Throughput(), p.Baseline.Throughput()),
+			p.Replay.Throughput(), p.Select.Throughput(), p.Commit.Throughput())
+		points = append(points, p)
+	}
+	return points, nil
+}
+
+// walPosition reads the server's current WAL position in bytes.
+func walPosition(e *env) func(context.Context) (int64, error) {
+	return func(ctx context.Context) (int64, error) {
+		var pos int64
+		err := e.pool.QueryRow(ctx, "SELECT (pg_current_wal_lsn() - '0/0')::bigint").Scan(&pos)
+		return pos, err
+	}
+}
+
+// forEach runs fn for i in 0..n-1 on conc workers. After an error the
+// remaining items are skipped.
+func forEach(ctx context.Context, conc, n int, fn func(ctx context.Context, i int) error) error {
+	next := make(chan int)
+	errs := make(chan error, conc)
+	for range conc {
+		go func() {
+			for i := range next {
+				if err := fn(ctx, i); err != nil {
+					errs <- err
+					for range next {
+					}
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	var err error
+	for range conc {
+		err = errors.Join(err, <-errs)
+	}
+	return err
+}
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+// quietLogger keeps the runner's logs out of the report; warnings still go
+// to stderr.
+func quietLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}

@@ -1,0 +1,300 @@
+package main
+
+import (
+	"fmt"
+	"maps"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/go-idem/idem"
+)
+
+// Targets, as ratios measured in the same run.
+const (
+	targetOverhead    = 0.85 // runner/baseline throughput at the reference concurrency
+	targetReplay      = 0.80 // runner replays / plain SELECTs at the reference concurrency
+	targetScale       = 1.5  // acquisition p99 at the large table / at the small one
+	targetReaping     = 2.0  // acquisition p99 while reaping / without
+	commitsPerRequest = 4    // the acquisition's insert and three phase commits
+)
+
+// target is one verdict of the report.
+type target struct {
+	Name   string
+	Figure string
+	Met    bool
+}
+
+func renderReport(res *results) string {
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	o := res.Opts
+
+	p("# idembench\n\n")
+	p("- run: %s, took %s%s\n", res.Started.UTC().Format(time.RFC3339), res.Took.Round(time.Second), map[bool]string{true: " (-quick)", false: ""}[o.Quick])
+	p("- machine: %s, %d cores, GOMAXPROCS %d, %s/%s, %s\n", res.Server.CPU, res.Server.Cores, runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, res.Server.Go)
+	p("- load average (1, 5, 15 min): before %s, after %s\n", res.LoadBefore, res.LoadAfter)
+	p("- Postgres %s (%s), %s\n", res.Server.Version, res.Source, res.Where)
+	var settings []string
+	for _, kv := range res.Server.Settings {
+		settings = append(settings, kv[0]+"="+kv[1])
+	}
+	p("- settings: %s\n", strings.Join(settings, ", "))
+	p("- method: closed loop, each worker sends its next request when the last answers; %s measured per workload and point in %d round(s) of alternating order, after %s of warm-up per round; latency is the whole call as the client sees it\n\n",
+		o.Duration, o.Rounds, o.Warmup)
+
+	var targets []target
+	ref := refPoint(res.Load, o.ReferenceAt)
+	if len(res.Load) > 0 && len(o.Workloads) < len(allWorkloads) {
+		// A partial run (profiling one workload): its figures, no verdicts.
+		p("## Load (only %s)\n\n", strings.Join(slices.Sorted(maps.Keys(o.Workloads)), ", "))
+		p("| workload | concurrency | per second | p50 | p99 |\n|---|---:|---:|---:|---:|\n")
+		for _, lp := range res.Load {
+			for _, w := range allWorkloads {
+				if s := lp.workload(w); s != nil {
+					p("| %s | %d | %s | %s | %s |\n", w, lp.Concurrency, rate(s), ms(s.P50), ms(s.P99))
+				}
+			}
+		}
+		p("\n")
+		res = &results{Opts: o, RoundTrips: res.RoundTrips, Storm: res.Storm, Scale: res.Scale}
+		ref = nil
+	}
+
+	if len(res.Load) > 0 {
+		p("## 1. Framework overhead\n\n")
+		p("A new key per request through three phases (insert a ride; a foreign call with no latency, then record the charge; enqueue a job and respond 201). ")
+		p("*baseline* is the hand-rolled implementation with the runner's round trips (BEGIN rides with the first statement, COMMIT with the recovery-point update); ")
+		p("*plain tx* is the same code with pgx's ordinary BEGIN / statement / update / COMMIT.\n\n")
+		p("| concurrency | runner req/s | p50 | p99 | baseline req/s | p50 | p99 | runner / baseline | plain tx req/s | p50 | p99 | runner / plain tx |\n")
+		p("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, lp := range res.Load {
+			p("| %d | %s | %s | %s | %s | %s | %s | **%.2f** | %s | %s | %s | %.2f |\n", lp.Concurrency,
+				rate(lp.Runner), ms(lp.Runner.P50), ms(lp.Runner.P99),
+				rate(lp.Baseline), ms(lp.Baseline.P50), ms(lp.Baseline.P99),
+				ratio(lp.Runner.Throughput(), lp.Baseline.Throughput()),
+				rate(lp.Plain), ms(lp.Plain.P50), ms(lp.Plain.P99),
+				ratio(lp.Runner.Throughput(), lp.Plain.Throughput()))
+		}
+		p("\n")
+		p("What the server wrote per request (WAL bytes, from `pg_current_wal_lsn()` around each run, warm-up included; background writers count too):\n\n")
+		p("| concurrency | runner | baseline | plain tx | replay | plain SELECT | INSERT+commit |\n")
+		p("|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, lp := range res.Load {
+			p("| %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n", lp.Concurrency, lp.Runner.WALPerOp, lp.Baseline.WALPerOp,
+				lp.Plain.WALPerOp, lp.Replay.WALPerOp, lp.Select.WALPerOp, lp.Commit.WALPerOp)
+		}
+		p("\n")
+		p("CPU time per request, this process / the server backends serving the pool (µs, from getrusage and /proc, warm-up included). The client and Postgres share the %d cores, so this is what throughput is made of:\n\n", res.Server.Cores)
+		p("| concurrency | runner | baseline | plain tx | replay | plain SELECT | INSERT+commit |\n")
+		p("|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, lp := range res.Load {
+			p("| %d | %s | %s | %s | %s | %s | %s |\n", lp.Concurrency, cpuCell(lp.Runner), cpuCell(lp.Baseline),
+				cpuCell(lp.Plain), cpuCell(lp.Replay), cpuCell(lp.Select), cpuCell(lp.Commit))
+		}
+		p("\n")
+		if ref != nil {
+			r := ratio(ref.Runner.Throughput(), ref.Baseline.Throughput())
+			targets = append(targets, target{
+				Name:   fmt.Sprintf("runner/baseline throughput >= %.2f at concurrency %d", targetOverhead, ref.Concurrency),
+				Figure: fmt.Sprintf("%.2f (%s vs %s req/s)", r, rate(ref.Runner), rate(ref.Baseline)),
+				Met:    r >= targetOverhead,
+			})
+		}
+	}
+
+	if rt := res.RoundTrips; rt != nil {
+		p("## 2. Round trips per request\n\n")
+		p("One traced connection with a warm statement cache. *round trips* are flushed socket writes; *traced* counts what pgx's QueryTracer and BatchTracer saw (a query or a batch each).\n\n")
+		p("| implementation | path | round trips | traced | statements | prepares | acquisition | per phase: round trips (own statements) |\n")
+		p("|---|---|---:|---:|---:|---:|---:|---|\n")
+		acquireOK, phasesOK := true, true
+		var worstPhase int64
+		for _, pt := range rt.Paths {
+			acq, phases := "", ""
+			if pt.Impl == "runner" {
+				acq = fmt.Sprint(pt.Acquisition)
+				if pt.Acquisition != 1 {
+					acquireOK = false
+				}
+			}
+			var parts []string
+			for _, ph := range pt.Phases {
+				parts = append(parts, fmt.Sprintf("%s %d (%d)", ph.Phase, ph.RoundTrips, ph.Own))
+				worstPhase = max(worstPhase, ph.RoundTrips-ph.Own)
+				if ph.RoundTrips-ph.Own > 1 {
+					phasesOK = false
+				}
+			}
+			phases = strings.Join(parts, ", ")
+			p("| %s | %s | %d | %d | %d | %d | %s | %s |\n", pt.Impl, pt.Path, pt.Writes, pt.Traced, pt.Statements, pt.Prepares, acq, phases)
+		}
+		p("\n")
+		var acqFig []string
+		for _, pt := range rt.Paths {
+			if pt.Impl == "runner" {
+				acqFig = append(acqFig, fmt.Sprintf("%s %d", pt.Path, pt.Acquisition))
+			}
+		}
+		targets = append(targets,
+			target{Name: "acquisition is one round trip (new key, replay, in progress)", Figure: strings.Join(acqFig, ", "), Met: acquireOK},
+			target{Name: "at most one round trip per phase beyond its own statements", Figure: fmt.Sprintf("at most %d", worstPhase), Met: phasesOK})
+	}
+
+	if len(res.Load) > 0 {
+		p("## 3. Replay path\n\n")
+		p("Runner replays of finished keys (acquisition, mismatch check, the stored response decoded), against `SELECT response_status, response_headers, response_body FROM idem_keys WHERE id = $1` on the same pool, both over the same %d keys.\n\n", o.ReplayKeys)
+		p("| concurrency | replays/s | p50 | p99 | plain SELECT/s | p50 | p99 | replay / SELECT |\n")
+		p("|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, lp := range res.Load {
+			p("| %d | %s | %s | %s | %s | %s | %s | **%.2f** |\n", lp.Concurrency,
+				rate(lp.Replay), ms(lp.Replay.P50), ms(lp.Replay.P99),
+				rate(lp.Select), ms(lp.Select.P50), ms(lp.Select.P99),
+				ratio(lp.Replay.Throughput(), lp.Select.Throughput()))
+		}
+		p("\n")
+		if ref != nil {
+			r := ratio(ref.Replay.Throughput(), ref.Select.Throughput())
+			targets = append(targets, target{
+				Name:   fmt.Sprintf("replays >= %.2f of plain SELECTs at concurrency %d", targetReplay, ref.Concurrency),
+				Figure: fmt.Sprintf("%.2f (%s vs %s/s)", r, rate(ref.Replay), rate(ref.Select)),
+				Met:    r >= targetReplay,
+			})
+		}
+	}
+
+	if s := res.Storm; s != nil {
+		p("## 4. Duplicate storm\n\n")
+		p("%d identical requests released at once, %d rounds (after one unmeasured warm-up round, also checked), a new key each round. Exact: one executed outcome, each phase committed once (observer events), one ride row and one job row.\n\n", s.Size, s.Rounds)
+		var kinds []string
+		for k := range s.Outcomes {
+			kinds = append(kinds, string(k))
+		}
+		slices.Sort(kinds)
+		var outcomes []string
+		for _, k := range kinds {
+			outcomes = append(outcomes, fmt.Sprintf("%s %d", k, s.Outcomes[idem.OutcomeKind(k)]))
+		}
+		p("| rounds exact | outcomes | winner p50 | winner p99 | loser p50 | loser p99 |\n")
+		p("|---:|---|---:|---:|---:|---:|\n")
+		p("| %d / %d | %s | %s | %s | %s | %s |\n\n", s.Exact, s.Rounds, strings.Join(outcomes, ", "),
+			ms(s.Winners.P50), ms(s.Winners.P99), ms(s.Losers.P50), ms(s.Losers.P99))
+		for _, pr := range s.Problems {
+			p("- %s\n", pr)
+		}
+		targets = append(targets, target{
+			Name:   "duplicate storm: exactly one execution every round",
+			Figure: fmt.Sprintf("%d of %d rounds; loser p99 %s", s.Exact, s.Rounds, ms(s.Losers.P99)),
+			Met:    s.Exact == s.Rounds && len(s.Problems) == 0,
+		})
+	}
+
+	if len(res.Load) > 0 {
+		p("## 5. Commit ceiling\n\n")
+		p("The database's own rate of `INSERT INTO commit_probe ... VALUES ($1, $2)` in autocommit, one round trip and one commit each, at the same concurrency. The runner commits %d times per request (the acquisition's insert and three phases).\n\n", commitsPerRequest)
+		p("| concurrency | INSERT+commit/s | p50 | p99 | runner commits/s | share of ceiling | baseline commits/s | share |\n")
+		p("|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, lp := range res.Load {
+			rc := lp.Runner.Throughput() * commitsPerRequest
+			bc := lp.Baseline.Throughput() * commitsPerRequest
+			p("| %d | %s | %s | %s | %.0f | **%.0f%%** | %.0f | %.0f%% |\n", lp.Concurrency,
+				rate(lp.Commit), ms(lp.Commit.P50), ms(lp.Commit.P99),
+				rc, 100*ratio(rc, lp.Commit.Throughput()), bc, 100*ratio(bc, lp.Commit.Throughput()))
+		}
+		p("\n")
+	}
+
+	if sc := res.Scale; sc != nil && len(sc.Points) == 3 {
+		p("## 6. Scale\n\n")
+		p("`Store.Acquire` alone (the one acquisition statement), %d workers: half acquire new keys (an insert into the table and its indexes), half replay a random sample of unexpired finished keys spread over the whole table. ", sc.Config.Concurrency)
+		p("Generated keys are finished, with log-uniform scopes over a million users, random UUID keys and realistic response and checkpoint sizes. The large table was grown from the small one; the reaper then deletes its %s expired keys (`Runner.Reap`, default batches of 1000) while acquisitions run.\n\n", humanCount(sc.Config.Expired))
+		p("| table | rows at start | new key p50 | new key p99 | replay p50 | replay p99 | acquisitions/s | notes |\n")
+		p("|---|---:|---:|---:|---:|---:|---:|---|\n")
+		for i, pt := range sc.Points {
+			note := ""
+			switch i {
+			case 0, 1:
+				note = "generated in " + pt.Took.Round(100*time.Millisecond).String()
+			case 2:
+				note = fmt.Sprintf("reaper deleted %d keys in %d batches in %s (%.0f keys/s)", pt.Reaped, pt.Batches,
+					pt.ReapTook.Round(100*time.Millisecond), float64(pt.Reaped)/pt.ReapTook.Seconds())
+			}
+			p("| %s | %d | %s | %s | %s | %s | %.0f | %s |\n", pt.Label, pt.Rows, ms(pt.New.P50), ms(pt.New.P99),
+				ms(pt.Replay.P50), ms(pt.Replay.P99), pt.New.Throughput()+pt.Replay.Throughput(), note)
+		}
+		p("\nLarge table on disk: %s. Growing it: %s.\n\n", sc.TableSize, strings.Join(sc.GenSteps, "; "))
+		small, large, reap := sc.Points[0], sc.Points[1], sc.Points[2]
+		rn, rr := ratioD(large.New.P99, small.New.P99), ratioD(large.Replay.P99, small.Replay.P99)
+		targets = append(targets, target{
+			Name: fmt.Sprintf("acquisition p99 at %s within %.1fx of %s", humanCount(sc.Config.Large), targetScale, humanCount(sc.Config.Small)),
+			Figure: fmt.Sprintf("new key %.2fx (%s vs %s), replay %.2fx (%s vs %s)", rn, ms(large.New.P99), ms(small.New.P99),
+				rr, ms(large.Replay.P99), ms(small.Replay.P99)),
+			Met: rn <= targetScale && rr <= targetScale,
+		})
+		dn, dr := ratioD(reap.New.P99, large.New.P99), ratioD(reap.Replay.P99, large.Replay.P99)
+		complete := reap.Reaped == sc.Config.Expired
+		fig := fmt.Sprintf("new key %.2fx (%s vs %s), replay %.2fx (%s vs %s)", dn, ms(reap.New.P99), ms(large.New.P99),
+			dr, ms(reap.Replay.P99), ms(large.Replay.P99))
+		if !complete {
+			fig += fmt.Sprintf("; the reaper deleted only %d of %d", reap.Reaped, sc.Config.Expired)
+		}
+		targets = append(targets, target{
+			Name:   fmt.Sprintf("acquisition p99 while reaping within %.0fx of without", targetReaping),
+			Figure: fig,
+			Met:    dn <= targetReaping && dr <= targetReaping && complete,
+		})
+	}
+
+	if len(targets) > 0 {
+		p("## Targets\n\n")
+		p("| target | figure | result |\n|---|---|---|\n")
+		for _, t := range targets {
+			verdict := "**missed**"
+			if t.Met {
+				verdict = "met"
+			}
+			p("| %s | %s | %s |\n", t.Name, t.Figure, verdict)
+		}
+		p("\n")
+	}
+	return b.String()
+}
+
+// refPoint is the load point at the reference concurrency, or nil.
+func refPoint(points []*loadPoint, c int) *loadPoint {
+	for _, lp := range points {
+		if lp.Concurrency == c {
+			return lp
+		}
+	}
+	return nil
+}
+
+func rate(s *stats) string {
+	if s == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", s.Throughput())
+}
+
+func ms(d time.Duration) string {
+	return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
+}
+
+// cpuCell is "client / server" CPU per operation in microseconds.
+func cpuCell(s *stats) string {
+	server := "-"
+	if s.ServerCPU >= 0 {
+		server = fmt.Sprintf("%.0f", float64(s.ServerCPU)/float64(time.Microsecond))
+	}
+	return fmt.Sprintf("%.0f / %s", float64(s.ClientCPU)/float64(time.Microsecond), server)
+}
+
+func ratioD(a, b time.Duration) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
