@@ -2,61 +2,15 @@ package idem_test
 
 import (
 	"context"
-	"net"
-	"sync"
-	"sync/atomic"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/internal/wirecount"
 	"github.com/go-idem/idem/pgstore"
 )
-
-// roundTrips counts what a pool sends: statements through a pgx tracer, and
-// flushed writes on the socket, which is what a network round trip costs.
-type roundTrips struct {
-	mu       sync.Mutex
-	sqls     []string
-	prepares atomic.Int64
-	writes   atomic.Int64
-}
-
-func (c *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.sqls = append(c.sqls, data.SQL)
-	return ctx
-}
-
-func (c *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (c *roundTrips) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.TracePrepareStartData) context.Context {
-	c.prepares.Add(1)
-	return ctx
-}
-
-func (c *roundTrips) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {}
-
-// snapshot returns the statements, prepares and writes so far and resets.
-func (c *roundTrips) snapshot() (sqls []string, prepares, writes int64) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	sqls, c.sqls = c.sqls, nil
-	return sqls, c.prepares.Swap(0), c.writes.Swap(0)
-}
-
-type countingConn struct {
-	net.Conn
-	writes *atomic.Int64
-}
-
-func (c *countingConn) Write(p []byte) (int, error) {
-	c.writes.Add(1)
-	return c.Conn.Write(p)
-}
 
 // Semantics 14: acquisition costs one round trip for a new key, a replay and
 // an in-progress key, counted with a pgx tracer (and on the socket).
@@ -64,18 +18,17 @@ func TestAcquisitionIsOneRoundTrip(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	counter := &roundTrips{}
 	cfg, err := pgxpool.ParseConfig(b.schema.URL)
 	require.NoError(t, err)
 	cfg.MaxConns = 1 // one connection, so its statement cache is warm after the warm-up
-	cfg.ConnConfig.Tracer = counter
-	dialer := &net.Dialer{}
-	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := dialer.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return &countingConn{Conn: c, writes: &counter.writes}, nil
+	counter := wirecount.Install(cfg.ConnConfig)
+	// snapshot returns what was sent since the last snapshot.
+	last := counter.Position()
+	snapshot := func() (sqls []string, prepares, writes int64) {
+		now := counter.Position()
+		s := counter.Between(last, now)
+		last = now
+		return s.Statements, s.Prepares, s.Writes
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
@@ -97,7 +50,7 @@ func TestAcquisitionIsOneRoundTrip(t *testing.T) {
 	)
 	r, err := idem.NewRunner(store, &idem.Config{Test: idem.TestConfig{Now: b.clock.Now, Hook: func(_ context.Context, at idem.HookPoint) error {
 		if measuring {
-			marks = append(marks, mark{at.Where, at.Phase, counter.writes.Load()})
+			marks = append(marks, mark{at.Where, at.Phase, counter.Position().Writes - last.Writes}) // since the last snapshot
 		}
 		if at.Where == idem.HookAfterCommit && crashAfterFirst {
 			return idem.ErrSimulatedCrash
@@ -112,7 +65,7 @@ func TestAcquisitionIsOneRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	_, err = r.Run(ctx, b.flow, b.request("warm", rideInput{Origin: "SF", Amount: 1}))
 	require.NoError(t, err)
-	counter.snapshot()
+	snapshot()
 
 	// Each phase of the test flow sends one statement of its own, so it may
 	// cost two round trips: that statement (carrying BEGIN) and the guarded
@@ -122,7 +75,7 @@ func TestAcquisitionIsOneRoundTrip(t *testing.T) {
 		_, err := r.Run(ctx, b.flow, b.request("new", rideInput{Origin: "SF", Amount: 2}))
 		measuring = false
 		require.NoError(t, err)
-		sqls, prepares, writes := counter.snapshot()
+		sqls, prepares, writes := snapshot()
 		require.Zero(t, prepares)
 		require.Contains(t, sqls[0], "INSERT INTO", "the first statement is the acquisition")
 
@@ -144,7 +97,7 @@ func TestAcquisitionIsOneRoundTrip(t *testing.T) {
 		out, err := r.Run(ctx, b.flow, b.request("new", rideInput{Origin: "SF", Amount: 2}))
 		require.NoError(t, err)
 		require.Equal(t, idem.OutcomeReplayed, out.Kind)
-		sqls, prepares, writes := counter.snapshot()
+		sqls, prepares, writes := snapshot()
 		require.Len(t, sqls, 1)
 		require.Zero(t, prepares)
 		require.Equal(t, int64(1), writes, "one round trip on the wire")
@@ -156,12 +109,12 @@ func TestAcquisitionIsOneRoundTrip(t *testing.T) {
 		require.ErrorIs(t, err, idem.ErrSimulatedCrash)
 		require.Equal(t, idem.OutcomeAbandoned, out.Kind)
 		crashAfterFirst = false
-		counter.snapshot()
+		snapshot()
 
 		out, err = r.Run(ctx, b.flow, b.request("held", rideInput{Origin: "SF", Amount: 3}))
 		require.ErrorIs(t, err, idem.ErrInProgress)
 		require.Equal(t, idem.OutcomeInProgress, out.Kind)
-		sqls, prepares, writes := counter.snapshot()
+		sqls, prepares, writes := snapshot()
 		require.Len(t, sqls, 1)
 		require.Zero(t, prepares)
 		require.Equal(t, int64(1), writes)

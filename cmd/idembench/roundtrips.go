@@ -4,100 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
-	"sync"
-	"sync/atomic"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/internal/wirecount"
 	"github.com/go-idem/idem/pgstore"
 )
 
-// wireCounter counts what a pool sends, two ways: statements and round
-// trips as pgx reports them (a query is one round trip, a batch is one
-// pipeline), and flushed writes on the socket, which is what a network
-// round trip costs. The two must agree; the socket is the ground truth.
-type wireCounter struct {
-	mu         sync.Mutex
-	statements []string
-	roundTrips atomic.Int64
-	prepares   atomic.Int64
-	writes     atomic.Int64
-}
-
-var (
-	_ pgx.QueryTracer   = (*wireCounter)(nil)
-	_ pgx.BatchTracer   = (*wireCounter)(nil)
-	_ pgx.PrepareTracer = (*wireCounter)(nil)
-)
-
-func (c *wireCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	c.roundTrips.Add(1)
-	c.addStatement(data.SQL)
-	return ctx
-}
-
-func (c *wireCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (c *wireCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	c.roundTrips.Add(1)
-	return ctx
-}
-
-func (c *wireCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
-	c.addStatement(data.SQL)
-}
-
-func (c *wireCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
-
-func (c *wireCounter) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.TracePrepareStartData) context.Context {
-	c.prepares.Add(1)
-	return ctx
-}
-
-func (c *wireCounter) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {}
-
-func (c *wireCounter) addStatement(sql string) {
-	c.mu.Lock()
-	c.statements = append(c.statements, sql)
-	c.mu.Unlock()
-}
-
-// position is where the counters stand, for differences.
-type position struct {
-	statements int
-	roundTrips int64
-	writes     int64
-	prepares   int64
-}
-
-func (c *wireCounter) position() position {
-	c.mu.Lock()
-	n := len(c.statements)
-	c.mu.Unlock()
-	return position{statements: n, roundTrips: c.roundTrips.Load(), writes: c.writes.Load(), prepares: c.prepares.Load()}
-}
-
-// span is what was sent between two positions.
-type span struct {
-	Writes, RoundTrips, Prepares int64
-	Statements                   []string
-}
-
-func (c *wireCounter) between(from, to position) span {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return span{
-		Writes: to.writes - from.writes, RoundTrips: to.roundTrips - from.roundTrips, Prepares: to.prepares - from.prepares,
-		Statements: append([]string(nil), c.statements[from.statements:to.statements]...),
-	}
-}
-
 // own counts the flow's business statements in s.
-func (s span) own() int64 {
+func own(s wirecount.Span) int64 {
 	var n int64
 	for _, sql := range s.Statements {
 		if strings.Contains(sql, businessMarker) {
@@ -107,33 +24,15 @@ func (s span) own() int64 {
 	return n
 }
 
-type countingConn struct {
-	net.Conn
-	writes *atomic.Int64
-}
-
-func (c *countingConn) Write(p []byte) (int, error) {
-	c.writes.Add(1)
-	return c.Conn.Write(p)
-}
-
 // countedPool is a one-connection pool (so its statement cache is warm after
 // one pass) whose every statement and socket write is counted.
-func countedPool(ctx context.Context, e *env) (*pgxpool.Pool, *wireCounter, error) {
-	counter := &wireCounter{}
-	dialer := &net.Dialer{}
+func countedPool(ctx context.Context, e *env) (*pgxpool.Pool, *wirecount.Counter, error) {
+	var counter *wirecount.Counter
 	pool, err := e.newPool(ctx, 1, func(cfg *pgxpool.Config) {
-		cfg.ConnConfig.Tracer = counter
+		counter = wirecount.Install(cfg.ConnConfig)
 		// A liveness ping after a second idle is the pool's, not the
 		// request's; the counted pool never sits idle in production terms.
 		cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
-		cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := dialer.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			return &countingConn{Conn: c, writes: &counter.writes}, nil
-		}
 	})
 	return pool, counter, err
 }
@@ -178,7 +77,7 @@ func measureRoundTrips(ctx context.Context, e *env) (*roundTripReport, error) {
 	type mark struct {
 		where idem.HookWhere
 		phase string
-		at    position
+		at    wirecount.Position
 	}
 	var (
 		marks     []mark
@@ -188,7 +87,7 @@ func measureRoundTrips(ctx context.Context, e *env) (*roundTripReport, error) {
 	flow := newRunnerFlow()
 	runner, err := idem.NewRunner(store, &idem.Config{Logger: quietLogger(), Test: idem.TestConfig{Hook: func(_ context.Context, at idem.HookPoint) error {
 		if measuring {
-			marks = append(marks, mark{at.Where, at.Phase, counter.position()})
+			marks = append(marks, mark{at.Where, at.Phase, counter.Position()})
 		}
 		if at.Where == idem.HookAfterCommit && at.Key != nil && at.Key.Key == crashKey {
 			// Die holding the key, as a crashed process would: the next
@@ -218,24 +117,24 @@ func measureRoundTrips(ctx context.Context, e *env) (*roundTripReport, error) {
 	measure := func(impl, path string, fn func() error) (*pathTrips, error) {
 		marks = nil
 		measuring = true
-		from := counter.position()
+		from := counter.Position()
 		err := fn()
 		measuring = false
 		if err != nil {
 			return nil, fmt.Errorf("%s %s: %w", impl, path, err)
 		}
-		s := counter.between(from, counter.position())
+		s := counter.Between(from, counter.Position())
 		pt := &pathTrips{Impl: impl, Path: path, Writes: s.Writes, Traced: s.RoundTrips, Statements: len(s.Statements), Prepares: s.Prepares}
 		if len(marks) > 0 {
-			pt.Acquisition = marks[0].at.writes - from.writes
-			var start position
+			pt.Acquisition = marks[0].at.Writes - from.Writes
+			var start wirecount.Position
 			for _, m := range marks {
 				switch m.where {
 				case idem.HookPhaseStart:
 					start = m.at
 				case idem.HookAfterCommit:
-					ps := counter.between(start, m.at)
-					pt.Phases = append(pt.Phases, phaseTrips{Phase: m.phase, RoundTrips: ps.Writes, Own: ps.own()})
+					ps := counter.Between(start, m.at)
+					pt.Phases = append(pt.Phases, phaseTrips{Phase: m.phase, RoundTrips: ps.Writes, Own: own(ps)})
 				}
 			}
 		} else if impl == "runner" {
