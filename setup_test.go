@@ -17,7 +17,6 @@ import (
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/internal/pgtest"
-	"github.com/go-idem/idem/migrations"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -41,12 +40,8 @@ type testBundle struct {
 func setup(t *testing.T) *testBundle {
 	t.Helper()
 	ctx := context.Background()
-	schema := pgtest.NewSchema(t)
-	m, err := migrations.New(schema.Pool, &migrations.Config{Schema: schema.Name})
-	require.NoError(t, err)
-	_, err = m.Up(ctx)
-	require.NoError(t, err)
-	_, err = schema.Pool.Exec(ctx, `
+	schema := pgtest.NewMigratedSchema(t)
+	_, err := schema.Pool.Exec(ctx, `
 		CREATE TABLE rides (id bigserial PRIMARY KEY, key_id bigint REFERENCES idem_keys (id) ON DELETE SET NULL,
 		                    origin text NOT NULL, charge_id text);
 		CREATE TABLE jobs (id bigserial PRIMARY KEY, ride_id bigint NOT NULL, kind text NOT NULL)`)

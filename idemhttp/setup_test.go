@@ -21,7 +21,6 @@ import (
 	"github.com/go-idem/idem/idemhttp"
 	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/internal/pgtest"
-	"github.com/go-idem/idem/migrations"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -55,12 +54,8 @@ const (
 func setup(t testing.TB, profile idemhttp.Profile) *bundle {
 	t.Helper()
 	ctx := context.Background()
-	schema := pgtest.NewSchema(t)
-	m, err := migrations.New(schema.Pool, &migrations.Config{Schema: schema.Name})
-	require.NoError(t, err)
-	_, err = m.Up(ctx)
-	require.NoError(t, err)
-	_, err = schema.Pool.Exec(ctx, `
+	schema := pgtest.NewMigratedSchema(t)
+	_, err := schema.Pool.Exec(ctx, `
 		CREATE TABLE rides (id bigserial PRIMARY KEY, key_id bigint REFERENCES idem_keys (id) ON DELETE SET NULL,
 		                    user_id text NOT NULL, origin text NOT NULL, charge_id text)`)
 	require.NoError(t, err)

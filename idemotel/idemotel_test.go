@@ -20,7 +20,6 @@ import (
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemotel"
 	"github.com/go-idem/idem/internal/pgtest"
-	"github.com/go-idem/idem/migrations"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -44,12 +43,7 @@ type bundle struct {
 
 func setup(t *testing.T, spanScope bool) *bundle {
 	t.Helper()
-	ctx := context.Background()
-	schema := pgtest.NewSchema(t)
-	m, err := migrations.New(schema.Pool, &migrations.Config{Schema: schema.Name})
-	require.NoError(t, err)
-	_, err = m.Up(ctx)
-	require.NoError(t, err)
+	schema := pgtest.NewMigratedSchema(t)
 	store, err := pgstore.New(schema.Pool, &pgstore.Config{Schema: schema.Name})
 	require.NoError(t, err)
 

@@ -30,12 +30,8 @@ type bundle struct {
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	ctx := context.Background()
-	schema := pgtest.NewSchema(t)
-	m, err := migrations.New(schema.Pool, &migrations.Config{Schema: schema.Name})
-	require.NoError(t, err)
-	_, err = m.Up(ctx)
-	require.NoError(t, err)
-	_, err = schema.Pool.Exec(ctx, `
+	schema := pgtest.NewMigratedSchema(t)
+	_, err := schema.Pool.Exec(ctx, `
 		CREATE TABLE orders (
 			id        bigserial PRIMARY KEY,
 			key_id    bigint UNIQUE REFERENCES idem_keys (id) ON DELETE SET NULL,

@@ -15,7 +15,6 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/internal/pgtest"
-	"github.com/go-idem/idem/migrations"
 )
 
 func TestMapError(t *testing.T) {
@@ -83,12 +82,8 @@ type fakeDB struct{ DB }
 func TestRecordDestMatchesRecordColumns(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema := pgtest.NewSchema(t)
-	m, err := migrations.New(schema.Pool, &migrations.Config{Schema: schema.Name})
-	require.NoError(t, err)
-	_, err = m.Up(ctx)
-	require.NoError(t, err)
-	_, err = schema.Pool.Exec(ctx, `INSERT INTO idem_keys (scope, key, flow, method, path, fingerprint, params,
+	schema := pgtest.NewMigratedSchema(t)
+	_, err := schema.Pool.Exec(ctx, `INSERT INTO idem_keys (scope, key, flow, method, path, fingerprint, params,
 		status, recovery_point, checkpoint, foreign_mark, locked_at, lease_expires_at, fence,
 		response_status, response_headers, response_body, attempts, last_error, finished_at, expires_at)
 		VALUES ('s', 'k', 'f', 'PATCH', '/p', '\x0102', '{"a": 1}', 'finished', 'finished', '{"c": 2}', 'phase',

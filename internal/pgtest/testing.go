@@ -13,6 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/go-idem/idem/migrations"
 )
 
 // sharedStartTimeout bounds the lazy start, long enough for docker to pull an image.
@@ -78,6 +80,21 @@ func NewSchema(t testing.TB) *Schema {
 			t.Errorf("%v", err)
 		}
 	})
+	return schema
+}
+
+// NewMigratedSchema is NewSchema with idem's migrations applied to the schema: the keys table
+// ready, as most tests of the runner, the store and their users need it.
+func NewMigratedSchema(t testing.TB) *Schema {
+	t.Helper()
+	schema := NewSchema(t)
+	m, err := migrations.New(schema.Pool, &migrations.Config{Schema: schema.Name})
+	if err == nil {
+		_, err = m.Up(context.Background())
+	}
+	if err != nil {
+		t.Fatalf("pgtest: migrate schema %s: %v", schema.Name, err)
+	}
 	return schema
 }
 
