@@ -124,7 +124,7 @@ func (r *Runner) Complete(ctx context.Context, config *CompleteConfig) (*Complet
 	err := r.sweep(ctx, StatusRunning, flows, cfg.IdleFor, cfg.MaxAttempts, cfg.BatchSize, cfg.MaxKeys, func(rec *KeyRecord) {
 		res.Claimed++
 		started := time.Now()
-		out, err := r.Run(ctx, r.flows[rec.Flow], Request{
+		out, err := r.Execute(ctx, r.flows[rec.Flow], Request{
 			Scope: rec.Scope, Key: rec.Key, Method: rec.Method, Path: rec.Path, Params: json.RawMessage(rec.Params),
 		})
 		log := r.log.With("flow", rec.Flow, "scope", rec.Scope, "key", rec.Key)

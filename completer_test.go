@@ -32,7 +32,7 @@ func crashAt(where idem.HookWhere, phase string) func(context.Context, idem.Hook
 func (b *testBundle) abandon(t *testing.T, key string) {
 	t.Helper()
 	crashing := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookAfterForeign, "charge_created")}})
-	out, err := crashing.Run(context.Background(), b.flow, b.request(key, rideInput{Origin: "SF", Amount: 20}))
+	out, err := crashing.Execute(context.Background(), b.flow, b.request(key, rideInput{Origin: "SF", Amount: 20}))
 	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
 	require.Equal(t, idem.OutcomeAbandoned, out.Kind)
 }
@@ -83,7 +83,7 @@ func TestCompleterFinishesAnAbandonedRequestWithOneCharge(t *testing.T) {
 		"the charge phase re-ran with the same downstream key; the ride was not created again")
 
 	// The client comes back: it gets the stored response, byte for byte.
-	out, err := b.runner(t, nil).Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	out, err := b.runner(t, nil).Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeReplayed, out.Kind)
 	require.Equal(t, rec.ResponseBody, out.Response.Body)
@@ -107,8 +107,8 @@ func TestCompleterPicksOnlyIdleRunningKeysOfItsFlows(t *testing.T) {
 
 	// Released after a phase error: unlocked, at ride_created.
 	failing := b.runner(t, nil)
-	b.hooks["charge_created"] = func(context.Context, pgx.Tx, *idem.Run[rideInput]) error { return errProviderDown }
-	out, err := failing.Run(ctx, b.flow, b.request("released", rideInput{Origin: "SF", Amount: 20}))
+	b.hooks["charge_created"] = func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) error { return errProviderDown }
+	out, err := failing.Execute(ctx, b.flow, b.request("released", rideInput{Origin: "SF", Amount: 20}))
 	require.ErrorIs(t, err, idem.ErrPhaseFailed)
 	require.Equal(t, idem.OutcomeFailed, out.Kind)
 	require.Nil(t, b.key(t, "released").LockedAt)
@@ -122,7 +122,7 @@ func TestCompleterPicksOnlyIdleRunningKeysOfItsFlows(t *testing.T) {
 	require.NoError(t, err)
 	other := b.rideFlow("rides.other")
 	_, err = b.runner(t, &idem.Config{Flows: []idem.AnyFlow{other}, Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charge_created")}}).
-		Run(ctx, other, b.request("other-flow", rideInput{Origin: "LA"}))
+		Execute(ctx, other, b.request("other-flow", rideInput{Origin: "LA"}))
 	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
 
 	b.clock.Advance(10 * time.Minute)
@@ -154,7 +154,7 @@ func TestCompleterHandsDoubtfulKeysToReconcile(t *testing.T) {
 	t.Parallel()
 	b := setupSMS(t)
 	ctx := context.Background()
-	_, err := b.runner(t, crashAt(idem.HookAfterForeign, "sms_sent")).Run(ctx, b.flow, b.req("k1"))
+	_, err := b.runner(t, crashAt(idem.HookAfterForeign, "sms_sent")).Execute(ctx, b.flow, b.req("k1"))
 	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
 	b.clock.Advance(10 * time.Minute)
 

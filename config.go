@@ -93,7 +93,7 @@ type HookPoint struct {
 	// provider deduplicates.
 	ForeignKind ForeignKind
 	// Foreign and DownstreamKey describe the foreign call at
-	// HookAfterForeign: the name given to Run.Foreign and the idempotency
+	// HookAfterForeign: the name given to Attempt.Foreign and the idempotency
 	// key the call received.
 	Foreign       string
 	DownstreamKey string

@@ -12,7 +12,7 @@
 //
 // A [Flow] is an endpoint: a name and an ordered list of [Phase] values. Each
 // phase runs in its own Postgres transaction and may make at most one foreign
-// call ([Run.Foreign]) to a system outside that transaction. When a phase
+// call ([Attempt.Foreign]) to a system outside that transaction. When a phase
 // commits, the key's recovery point (the phase's name) commits in the same
 // transaction as the phase's own writes, so the two can never disagree. The
 // last phase, or any phase that has a final answer such as a declined card,
@@ -23,7 +23,7 @@
 // A retry after a crash resumes at the phase after the recovery point. Phases
 // before it never run again; the phase that was interrupted runs again from
 // the start, which is safe because its writes rolled back and its foreign
-// call carries a downstream idempotency key ([Run.IdempotencyKey]) that the
+// call carries a downstream idempotency key ([Attempt.IdempotencyKey]) that the
 // provider deduplicates. A provider that cannot deduplicate is declared with
 // [ForeignNotIdempotent]: the attempt is recorded before the call and an
 // interrupted phase goes to reconciliation ([Runner.Reconcile]) instead of
@@ -31,7 +31,7 @@
 //
 // # The runner
 //
-// [Runner.Run] does, for one attempt of a request:
+// [Runner.Execute] does, for one attempt of a request:
 //
 //  1. Acquire the key in one statement: insert it locked, or take over an
 //     unfinished key whose lease has expired, or report what is there.
@@ -58,13 +58,13 @@
 // with package idemhttp, which adds the Idempotency-Key header contract:
 //
 //	flow := idem.MustNewFlow("rides.create", []idem.Phase[RideParams]{
-//		{Name: "ride_created", Run: createRide},
-//		{Name: "charge_created", Run: chargeCard},
-//		{Name: "receipt_enqueued", Run: enqueueReceiptAndRespond},
+//		{Name: "ride_created", Do: createRide},
+//		{Name: "charge_created", Do: chargeCard},
+//		{Name: "receipt_enqueued", Do: enqueueReceiptAndRespond},
 //	}, nil)
 //	store, err := pgstore.New(pool, nil)
 //	runner, err := idem.NewRunner(store, &idem.Config{Flows: []idem.AnyFlow{flow}})
-//	out, err := runner.Run(ctx, flow, idem.Request{Scope: userID, Key: key, Params: params})
+//	out, err := runner.Execute(ctx, flow, idem.Request{Scope: userID, Key: key, Params: params})
 //
 // The tables come from package migrations. Package idemtest crashes a flow at
 // every phase boundary and checks that nothing ran twice; the maintenance

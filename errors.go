@@ -55,7 +55,7 @@ var (
 	// deadlocks to; the runner retries phases that fail with it.
 	ErrSerialization = errors.New("idem: serialization failure")
 
-	// ErrSecondForeignCall: a phase called Run.Foreign twice. A phase may
+	// ErrSecondForeignCall: a phase called Attempt.Foreign twice. A phase may
 	// make at most one foreign call, so that a crash between two calls can
 	// never leave one done and one not.
 	ErrSecondForeignCall = errors.New("idem: second foreign call in one phase")

@@ -23,7 +23,7 @@ type OrderParams struct {
 // A two-phase order endpoint: record the order, then charge for it and
 // respond. The second call with the same key replays the stored response
 // without running anything.
-func ExampleRunner_Run() {
+func ExampleRunner_Execute() {
 	ctx := context.Background()
 	// In an application: pool, _ := pgxpool.New(ctx, os.Getenv("DATABASE_URL")).
 	schema, drop, err := pgtest.OpenSchema(ctx)
@@ -44,7 +44,7 @@ func ExampleRunner_Run() {
 	flow := idem.MustNewFlow("orders.create", []idem.Phase[OrderParams]{
 		{
 			Name: "order_created",
-			Run: func(ctx context.Context, tx pgx.Tx, run *idem.Run[OrderParams]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[OrderParams]) (idem.Result, error) {
 				var id int64
 				in := run.Input()
 				if err := tx.QueryRow(ctx, `INSERT INTO orders (sku, quantity) VALUES ($1, $2) RETURNING id`, in.SKU, in.Quantity).Scan(&id); err != nil {
@@ -55,7 +55,7 @@ func ExampleRunner_Run() {
 		},
 		{
 			Name: "charged",
-			Run: func(ctx context.Context, tx pgx.Tx, run *idem.Run[OrderParams]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[OrderParams]) (idem.Result, error) {
 				var orderID int64
 				if _, err := run.Checkpoint("order_id", &orderID); err != nil {
 					return idem.Result{}, err
@@ -86,7 +86,7 @@ func ExampleRunner_Run() {
 
 	req := idem.Request{Scope: "customer:42", Key: "order-7f3a", Params: OrderParams{SKU: "rocket", Quantity: 1}}
 	for i := 0; i < 2; i++ {
-		out, err := runner.Run(ctx, flow, req)
+		out, err := runner.Execute(ctx, flow, req)
 		if err != nil {
 			log.Fatal(err)
 		}

@@ -13,7 +13,7 @@ import (
 
 // Flow is an endpoint's declaration: a name and the ordered phases a request
 // goes through. In is the decoded input every phase sees through
-// [Run.Input]; it must survive a JSON round trip, because the runner stores
+// [Attempt.Input]; it must survive a JSON round trip, because the runner stores
 // it as JSON to fingerprint it and to re-drive abandoned requests.
 type Flow[In any] struct {
 	name      string
@@ -59,7 +59,7 @@ func NewFlow[In any](name string, phases []Phase[In], config *FlowConfig) (*Flow
 			return nil, fmt.Errorf("idem: flow %q phase %d: name %q: use lowercase letters, digits and _ starting with a letter, at most 64", name, i, p.Name)
 		case p.Name == RecoveryPointStarted || p.Name == RecoveryPointFinished:
 			return nil, fmt.Errorf("idem: flow %q: %q is a reserved recovery point, not a phase name", name, p.Name)
-		case p.Run == nil:
+		case p.Do == nil:
 			return nil, fmt.Errorf("idem: flow %q phase %q has no Run function", name, p.Name)
 		case p.Foreign == ForeignNotIdempotent && p.Reconcile == nil:
 			return nil, fmt.Errorf("idem: flow %q phase %q makes a not-idempotent foreign call and needs a Reconcile hook", name, p.Name)
@@ -102,8 +102,8 @@ type AnyFlow interface {
 	phaseMeta(i int) (name string, kind ForeignKind, iso pgx.TxIsoLevel)
 	prepare(params any) (*prepared, error)
 	decode(stored []byte) (any, error)
-	runPhase(ctx context.Context, tx pgx.Tx, st *runState) (Result, error)
-	reconcilePhase(ctx context.Context, tx pgx.Tx, st *runState) (Reconciliation, error)
+	callDo(ctx context.Context, tx pgx.Tx, st *runState) (Result, error)
+	callReconcile(ctx context.Context, tx pgx.Tx, st *runState) (Reconciliation, error)
 }
 
 // prepared is a request's input in the three forms the runner needs.
@@ -203,10 +203,10 @@ func containsEscapedNUL(doc []byte) bool {
 	return false
 }
 
-func (f *Flow[In]) runPhase(ctx context.Context, tx pgx.Tx, st *runState) (Result, error) {
-	return f.phases[st.phase].Run(ctx, tx, &Run[In]{st: st, input: st.input.(In)})
+func (f *Flow[In]) callDo(ctx context.Context, tx pgx.Tx, st *runState) (Result, error) {
+	return f.phases[st.phase].Do(ctx, tx, &Attempt[In]{st: st, input: st.input.(In)})
 }
 
-func (f *Flow[In]) reconcilePhase(ctx context.Context, tx pgx.Tx, st *runState) (Reconciliation, error) {
-	return f.phases[st.phase].Reconcile(ctx, tx, &Run[In]{st: st, input: st.input.(In)})
+func (f *Flow[In]) callReconcile(ctx context.Context, tx pgx.Tx, st *runState) (Reconciliation, error) {
+	return f.phases[st.phase].Reconcile(ctx, tx, &Attempt[In]{st: st, input: st.input.(In)})
 }

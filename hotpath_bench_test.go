@@ -23,11 +23,11 @@ type benchRideInput struct {
 
 func benchFlow(tb testing.TB) *Flow[benchRideInput] {
 	tb.Helper()
-	advance := func(context.Context, pgx.Tx, *Run[benchRideInput]) (Result, error) { return Advance(), nil }
+	advance := func(context.Context, pgx.Tx, *Attempt[benchRideInput]) (Result, error) { return Advance(), nil }
 	f, err := NewFlow("bench.rides", []Phase[benchRideInput]{
-		{Name: "ride_created", Run: advance},
-		{Name: "charge_created", Run: advance},
-		{Name: "receipt_enqueued", Run: advance},
+		{Name: "ride_created", Do: advance},
+		{Name: "charge_created", Do: advance},
+		{Name: "receipt_enqueued", Do: advance},
 	}, nil)
 	if err != nil {
 		tb.Fatal(err)
@@ -125,7 +125,7 @@ func BenchmarkRunStateBookkeeping(b *testing.B) {
 		st := &runState{runner: r, flow: f, rec: rec, ref: LockRef{ID: rec.ID, Fence: rec.Fence}, input: in}
 		for i, name := range names {
 			st.beginAttempt(i, 1)
-			run := &Run[benchRideInput]{st: st, input: in}
+			run := &Attempt[benchRideInput]{st: st, input: in}
 			if run.Key().ID != 42 {
 				b.Fatal("key")
 			}

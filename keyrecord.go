@@ -32,7 +32,7 @@ const (
 
 // KeyRecord is one persisted idempotency key: the request it guards, how far
 // its flow got, the lease protecting it and, once finished, the response.
-// Phases see it read-only through [Run.Key]; operators see it through the
+// Phases see it read-only through [Attempt.Key]; operators see it through the
 // store and the CLI.
 type KeyRecord struct {
 	ID int64 `db:"id" json:"id"`

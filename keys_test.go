@@ -61,7 +61,7 @@ func TestListKeysFilters(t *testing.T) {
 	ctx := context.Background()
 	b.insertKeys(t, "a", 30, idem.KeyStateFinished, b.clock.Now())
 	r := b.runner(t, nil)
-	_, err := r.Run(ctx, b.flow, idem.Request{Scope: "tenant:9", Key: "mine", Params: rideInput{Origin: "SF"}})
+	_, err := r.Execute(ctx, b.flow, idem.Request{Scope: "tenant:9", Key: "mine", Params: rideInput{Origin: "SF"}})
 	require.NoError(t, err)
 
 	list, err := r.ListKeys(ctx, idem.KeyQuery{Scope: "tenant:9"})
@@ -113,7 +113,7 @@ func TestUnlockKeyStopsALiveHolder(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	inPhase, unlocked := make(chan struct{}), make(chan struct{})
-	b.hooks["charge_created"] = func(context.Context, pgx.Tx, *idem.Run[rideInput]) error {
+	b.hooks["charge_created"] = func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) error {
 		close(inPhase)
 		<-unlocked
 		return nil
@@ -121,7 +121,7 @@ func TestUnlockKeyStopsALiveHolder(t *testing.T) {
 	holder := b.runner(t, nil)
 	done := make(chan error, 1)
 	go func() {
-		_, err := holder.Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+		_, err := holder.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 		done <- err
 	}()
 	<-inPhase
@@ -142,7 +142,7 @@ func TestUnlockKeyStopsALiveHolder(t *testing.T) {
 	require.Equal(t, 0, b.countRows(t, "rides WHERE charge_id IS NOT NULL"))
 
 	delete(b.hooks, "charge_created")
-	out, err := b.runner(t, nil).Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	out, err := b.runner(t, nil).Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.True(t, out.TookOver)
@@ -181,7 +181,7 @@ func TestUnlockKeyTxJoinsTheCallersTransaction(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	_, err := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charge_created")}}).
-		Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF"}))
+		Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF"}))
 	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
 	before := b.key(t, "k1")
 	require.NotNil(t, before.LockedAt)

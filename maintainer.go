@@ -88,7 +88,7 @@ func (c *MaintainerConfig) validate(r *Runner) error {
 	return nil
 }
 
-// ErrMaintainerRunning is returned by [Maintainer.Run] when the maintainer is
+// ErrMaintainerRunning is returned by [Maintainer.Serve] when the maintainer is
 // already running.
 var ErrMaintainerRunning = errors.New("idem: maintainer already running")
 
@@ -123,13 +123,13 @@ func NewMaintainer(runner *Runner, config *MaintainerConfig) (*Maintainer, error
 // it as read-only.
 func (m *Maintainer) Config() *MaintainerConfig { return m.config }
 
-// Run runs every enabled service, each once at start and then every
+// Serve runs every enabled service, each once at start and then every
 // interval (with 10% jitter, so instances started together spread out),
 // until ctx is done. It then waits for passes in flight to stop (a request
 // being completed is interrupted as a client disconnect would interrupt it:
 // its phase rolls back and the key is released) and returns nil. A failing
-// pass is logged and retried at the next interval; it never stops Run.
-func (m *Maintainer) Run(ctx context.Context) error {
+// pass is logged and retried at the next interval; it never stops Serve.
+func (m *Maintainer) Serve(ctx context.Context) error {
 	if !m.running.CompareAndSwap(false, true) {
 		return ErrMaintainerRunning
 	}

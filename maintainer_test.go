@@ -66,7 +66,7 @@ func TestTwoMaintainersDoNoDoubleWork(t *testing.T) {
 	}
 	for i := range doubtful {
 		b.gateway.lose = true
-		_, err := b.runner(t, nil).Run(ctx, b.flow, b.req(fmt.Sprint("sms-", i)))
+		_, err := b.runner(t, nil).Execute(ctx, b.flow, b.req(fmt.Sprint("sms-", i)))
 		require.ErrorIs(t, err, idem.ErrNeedsReconcile)
 	}
 	require.Equal(t, abandoned, b.provider.chargeCount())
@@ -87,7 +87,7 @@ func TestTwoMaintainersDoNoDoubleWork(t *testing.T) {
 		r := b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.testBundle.flow, b.flow}, Observer: tally.observer(obs)})
 		m, err := idem.NewMaintainer(r, cfg)
 		require.NoError(t, err)
-		go func() { stopped <- m.Run(runCtx) }()
+		go func() { stopped <- m.Serve(runCtx) }()
 	}
 
 	// A deadline on the wait only, so a broken maintainer fails the test
@@ -137,7 +137,7 @@ func TestMaintainerStopsCleanly(t *testing.T) {
 	b.abandon(t, "k1")
 	b.clock.Advance(10 * time.Minute)
 	inPhase := make(chan struct{})
-	b.hooks["charge_created"] = func(ctx context.Context, _ pgx.Tx, _ *idem.Run[rideInput]) error {
+	b.hooks["charge_created"] = func(ctx context.Context, _ pgx.Tx, _ *idem.Attempt[rideInput]) error {
 		close(inPhase)
 		<-ctx.Done()
 		return ctx.Err()
@@ -148,10 +148,10 @@ func TestMaintainerStopsCleanly(t *testing.T) {
 	require.NoError(t, err)
 	ctx, stop := context.WithCancel(context.Background())
 	stopped := make(chan error, 1)
-	go func() { stopped <- m.Run(ctx) }()
+	go func() { stopped <- m.Serve(ctx) }()
 
 	<-inPhase
-	require.ErrorIs(t, m.Run(ctx), idem.ErrMaintainerRunning)
+	require.ErrorIs(t, m.Serve(ctx), idem.ErrMaintainerRunning)
 	stop()
 	require.NoError(t, <-stopped)
 

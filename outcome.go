@@ -37,7 +37,7 @@ const (
 	OutcomeAbandoned OutcomeKind = "abandoned"
 )
 
-// Outcome is the typed result of [Runner.Run].
+// Outcome is the typed result of [Runner.Execute].
 type Outcome struct {
 	Kind OutcomeKind
 	// Response is set for OutcomeExecuted and OutcomeReplayed.

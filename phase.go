@@ -11,7 +11,7 @@ import (
 // Phase is one atomic step of a flow. Its Run function executes inside its
 // own transaction (tx); whatever it writes through tx commits together with
 // the key's new recovery point, or not at all. A phase may make at most one
-// foreign call, through [Run.Foreign].
+// foreign call, through [Attempt.Foreign].
 //
 // A phase ends by advancing ([Advance]: the recovery point becomes the
 // phase's Name and the next phase runs) or by responding ([Respond],
@@ -25,12 +25,12 @@ type Phase[In any] struct {
 	// strands them (ErrUnknownRecoveryPoint), so treat names like columns.
 	Name string
 
-	// Run does the phase's work.
-	Run func(ctx context.Context, tx pgx.Tx, run *Run[In]) (Result, error)
+	// Do does the phase's work.
+	Do func(ctx context.Context, tx pgx.Tx, run *Attempt[In]) (Result, error)
 
 	// Foreign declares what kind of foreign call the phase makes, if any.
 	// The zero value, ForeignIdempotent, suits calls that carry
-	// Run.IdempotencyKey to a provider that deduplicates on it.
+	// Attempt.IdempotencyKey to a provider that deduplicates on it.
 	Foreign ForeignKind
 
 	// Reconcile is required when Foreign is ForeignNotIdempotent and unused
@@ -38,7 +38,7 @@ type Phase[In any] struct {
 	// happened without the phase committing, and asks the provider what
 	// happened. It runs in a transaction of its own, like the phase, so it
 	// can make the local writes the phase would have made.
-	Reconcile func(ctx context.Context, tx pgx.Tx, run *Run[In]) (Reconciliation, error)
+	Reconcile func(ctx context.Context, tx pgx.Tx, run *Attempt[In]) (Reconciliation, error)
 
 	// Isolation is the phase transaction's isolation level. Empty uses
 	// Config.Isolation (default read committed). Serialization failures and
@@ -51,12 +51,12 @@ type ForeignKind int
 
 const (
 	// ForeignIdempotent: the provider deduplicates on the downstream key
-	// (Run.IdempotencyKey), so re-running the phase after a crash is safe.
+	// (Attempt.IdempotencyKey), so re-running the phase after a crash is safe.
 	// This is the default.
 	ForeignIdempotent ForeignKind = iota
 
 	// ForeignNotIdempotent: the provider cannot deduplicate (an SMS gateway
-	// without idempotency keys, say). Run.Foreign durably marks the attempt
+	// without idempotency keys, say). Attempt.Foreign durably marks the attempt
 	// before calling; if the phase then fails to commit, the key goes to
 	// StatusNeedsReconcile and the call is never repeated blindly.
 	ForeignNotIdempotent
@@ -133,7 +133,7 @@ const (
 
 // ReconcileDone says the foreign call did happen. result is what the phase
 // would have ended with: Advance() (after the hook recorded, through its tx
-// and Run.SetCheckpoint, what the phase would have recorded) or a response.
+// and Attempt.SetCheckpoint, what the phase would have recorded) or a response.
 // The flow then continues after the phase.
 func ReconcileDone(result Result) Reconciliation {
 	return Reconciliation{verdict: verdictDone, result: result}

@@ -181,7 +181,7 @@ func TestReapMillionRows(t *testing.T) {
 	<-firstBatch
 	acquired := 0
 	for i := 0; ; i++ {
-		out, err := app.Run(ctx, b.flow, b.request(fmt.Sprintf("new-%d", i), rideInput{Origin: "NYC", Amount: 10}))
+		out, err := app.Execute(ctx, b.flow, b.request(fmt.Sprintf("new-%d", i), rideInput{Origin: "NYC", Amount: 10}))
 		require.NoError(t, err)
 		require.Equal(t, idem.OutcomeExecuted, out.Kind)
 		acquired++

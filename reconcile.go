@@ -107,7 +107,7 @@ func (r *Runner) runReconcileHook(ctx context.Context, st *runState, iso pgx.TxI
 				err = &PanicError{Value: v}
 			}
 		}()
-		rec, err = st.flow.reconcilePhase(ctx, tx, st)
+		rec, err = st.flow.callReconcile(ctx, tx, st)
 	}()
 	if err != nil {
 		return verdictUnknown, Result{}, fmt.Errorf("reconcile hook of phase %q: %w", st.phaseName(), err)

@@ -50,7 +50,7 @@ type smsBundle struct {
 	gateway *smsGateway
 	flow    *idem.Flow[smsInput]
 	// inSend runs inside the send phase after the foreign call, if set.
-	inSend func(ctx context.Context, tx pgx.Tx, run *idem.Run[smsInput]) error
+	inSend func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[smsInput]) error
 }
 
 func setupSMS(t *testing.T) *smsBundle {
@@ -60,7 +60,7 @@ func setupSMS(t *testing.T) *smsBundle {
 	b.flow = idem.MustNewFlow("sms.send", []idem.Phase[smsInput]{
 		{
 			Name: "message_saved",
-			Run: func(ctx context.Context, tx pgx.Tx, run *idem.Run[smsInput]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[smsInput]) (idem.Result, error) {
 				var id int64
 				if err := tx.QueryRow(ctx, `INSERT INTO messages (to_number) VALUES ($1) RETURNING id`, run.Input().To).Scan(&id); err != nil {
 					return idem.Result{}, err
@@ -71,7 +71,7 @@ func setupSMS(t *testing.T) *smsBundle {
 		{
 			Name:    "sms_sent",
 			Foreign: idem.ForeignNotIdempotent,
-			Run: func(ctx context.Context, tx pgx.Tx, run *idem.Run[smsInput]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[smsInput]) (idem.Result, error) {
 				b.counts.add("sms_sent")
 				ref := run.IdempotencyKey() // used here only as our own reference
 				if err := run.Foreign(ctx, "send_sms", func(context.Context, string) error { return b.gateway.send(ref) }); err != nil {
@@ -84,7 +84,7 @@ func setupSMS(t *testing.T) *smsBundle {
 				}
 				return idem.Advance(), markSent(ctx, tx, run)
 			},
-			Reconcile: func(ctx context.Context, tx pgx.Tx, run *idem.Run[smsInput]) (idem.Reconciliation, error) {
+			Reconcile: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[smsInput]) (idem.Reconciliation, error) {
 				b.counts.add("reconcile")
 				if b.gateway.unknown {
 					return idem.ReconcileUnknown("gateway lookup timed out"), nil
@@ -97,7 +97,7 @@ func setupSMS(t *testing.T) *smsBundle {
 		},
 		{
 			Name: "responded",
-			Run: func(ctx context.Context, tx pgx.Tx, run *idem.Run[smsInput]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[smsInput]) (idem.Result, error) {
 				var id int64
 				if _, err := run.Checkpoint("message_id", &id); err != nil {
 					return idem.Result{}, err
@@ -109,7 +109,7 @@ func setupSMS(t *testing.T) *smsBundle {
 	return b
 }
 
-func markSent(ctx context.Context, tx pgx.Tx, run *idem.Run[smsInput]) error {
+func markSent(ctx context.Context, tx pgx.Tx, run *idem.Attempt[smsInput]) error {
 	var id int64
 	if _, err := run.Checkpoint("message_id", &id); err != nil {
 		return err
@@ -133,7 +133,7 @@ func (b *smsBundle) ref(t *testing.T, key string) string {
 func TestNotIdempotentCallRunsOnceWhenNothingGoesWrong(t *testing.T) {
 	t.Parallel()
 	b := setupSMS(t)
-	out, err := b.runner(t, nil).Run(context.Background(), b.flow, b.req("k1"))
+	out, err := b.runner(t, nil).Execute(context.Background(), b.flow, b.req("k1"))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.Equal(t, 1, b.gateway.times(b.ref(t, "k1")))
@@ -153,7 +153,7 @@ func TestNotIdempotentCrashGoesToReconcileNotToASecondSend(t *testing.T) {
 		}
 		return nil
 	})
-	_, err := crashing.Run(ctx, b.flow, b.req("k1"))
+	_, err := crashing.Execute(ctx, b.flow, b.req("k1"))
 	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
 	ref := b.ref(t, "k1")
 	require.Equal(t, 1, b.gateway.times(ref))
@@ -162,7 +162,7 @@ func TestNotIdempotentCrashGoesToReconcileNotToASecondSend(t *testing.T) {
 	b.clock.Advance(2 * time.Minute)
 	r := b.runner(t, nil)
 	for i := 0; i < 2; i++ { // the takeover, then a plain retry
-		out, err := r.Run(ctx, b.flow, b.req("k1"))
+		out, err := r.Execute(ctx, b.flow, b.req("k1"))
 		require.ErrorIs(t, err, idem.ErrNeedsReconcile)
 		require.Equal(t, idem.OutcomeNeedsReconcile, out.Kind)
 	}
@@ -178,7 +178,7 @@ func TestNotIdempotentCrashGoesToReconcileNotToASecondSend(t *testing.T) {
 	require.Equal(t, 1, b.gateway.times(ref))
 	require.Equal(t, 1, b.countRows(t, "messages WHERE sent"), "the hook made the phase's local write")
 
-	replay, err := r.Run(ctx, b.flow, b.req("k1"))
+	replay, err := r.Execute(ctx, b.flow, b.req("k1"))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeReplayed, replay.Kind)
 	require.Equal(t, out.Response.Body, replay.Response.Body)
@@ -194,7 +194,7 @@ func TestNotIdempotentNotDoneRunsThePhaseAgain(t *testing.T) {
 	ctx := context.Background()
 	r := b.runner(t, nil)
 	b.gateway.lose = true
-	out, err := r.Run(ctx, b.flow, b.req("k1"))
+	out, err := r.Execute(ctx, b.flow, b.req("k1"))
 	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
 	require.Equal(t, idem.OutcomeNeedsReconcile, out.Kind)
 	ref := b.ref(t, "k1")
@@ -214,7 +214,7 @@ func TestReconcileUnknownLeavesTheKeyForLater(t *testing.T) {
 	ctx := context.Background()
 	r := b.runner(t, nil)
 	b.gateway.lose = true
-	_, err := r.Run(ctx, b.flow, b.req("k1"))
+	_, err := r.Execute(ctx, b.flow, b.req("k1"))
 	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
 
 	b.gateway.unknown = true
@@ -244,9 +244,9 @@ func TestNotIdempotentPhaseIsNotRetriedAfterItsCall(t *testing.T) {
 	b := setupSMS(t)
 	conflicts := 5
 	conflict := b.conflictOnce(t, &conflicts)
-	b.inSend = func(ctx context.Context, tx pgx.Tx, _ *idem.Run[smsInput]) error { return conflict(ctx, tx, nil) }
+	b.inSend = func(ctx context.Context, tx pgx.Tx, _ *idem.Attempt[smsInput]) error { return conflict(ctx, tx, nil) }
 	r := b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Isolation: pgx.RepeatableRead})
-	out, err := r.Run(context.Background(), b.flow, b.req("k1"))
+	out, err := r.Execute(context.Background(), b.flow, b.req("k1"))
 	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
 	require.Equal(t, idem.OutcomeNeedsReconcile, out.Kind)
 	require.Equal(t, 1, b.counts.get()["sms_sent"], "no automatic retry")
@@ -260,7 +260,7 @@ func TestSecondForeignCallIsRefused(t *testing.T) {
 	var calls int
 	flow := idem.MustNewFlow("double", []idem.Phase[rideInput]{{
 		Name: "charged_twice",
-		Run: func(ctx context.Context, _ pgx.Tx, run *idem.Run[rideInput]) (idem.Result, error) {
+		Do: func(ctx context.Context, _ pgx.Tx, run *idem.Attempt[rideInput]) (idem.Result, error) {
 			call := func(context.Context, string) error { calls++; return nil }
 			if err := run.Foreign(ctx, "charge", call); err != nil {
 				return idem.Result{}, err
@@ -271,7 +271,7 @@ func TestSecondForeignCallIsRefused(t *testing.T) {
 			return idem.RespondJSON(http.StatusOK, "ok"), nil
 		},
 	}}, nil)
-	out, err := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{flow}}).Run(context.Background(), flow, b.request("k1", rideInput{}))
+	out, err := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{flow}}).Execute(context.Background(), flow, b.request("k1", rideInput{}))
 	require.ErrorIs(t, err, idem.ErrSecondForeignCall)
 	require.ErrorIs(t, err, idem.ErrPhaseFailed)
 	require.Equal(t, idem.OutcomeFailed, out.Kind)
@@ -298,7 +298,7 @@ func TestInvalidRequestsWriteNothing(t *testing.T) {
 		"params wrong shape": {Scope: "s", Key: "k", Params: []byte(`{"origin": 7}`)},
 		"nil params":         {Scope: "s", Key: "k", Params: (*rideInput)(nil)},
 	} {
-		out, err := r.Run(ctx, b.flow, req)
+		out, err := r.Execute(ctx, b.flow, req)
 		require.ErrorIs(t, err, idem.ErrInvalidRequest, name)
 		require.Equal(t, idem.OutcomeInvalid, out.Kind, name)
 	}
@@ -312,9 +312,9 @@ func TestParamsAsJSONOrValueFingerprintAlike(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	r := b.runner(t, nil)
-	_, err := r.Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	_, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
-	out, err := r.Run(ctx, b.flow, idem.Request{Scope: "user:1", Key: "k1", Params: []byte(` {"amount": 2e1, "origin":"SF"}`)})
+	out, err := r.Execute(ctx, b.flow, idem.Request{Scope: "user:1", Key: "k1", Params: []byte(` {"amount": 2e1, "origin":"SF"}`)})
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeReplayed, out.Kind)
 }
@@ -324,11 +324,11 @@ func TestLastPhaseMustRespond(t *testing.T) {
 	b := setup(t)
 	flow := idem.MustNewFlow("no.answer", []idem.Phase[rideInput]{{
 		Name: "only",
-		Run: func(context.Context, pgx.Tx, *idem.Run[rideInput]) (idem.Result, error) {
+		Do: func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) (idem.Result, error) {
 			return idem.Advance(), nil
 		},
 	}}, nil)
-	out, err := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{flow}}).Run(context.Background(), flow, b.request("k1", rideInput{}))
+	out, err := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{flow}}).Execute(context.Background(), flow, b.request("k1", rideInput{}))
 	require.ErrorIs(t, err, idem.ErrPhaseFailed)
 	require.ErrorContains(t, err, "must respond")
 	require.Equal(t, idem.OutcomeFailed, out.Kind)
@@ -347,17 +347,17 @@ func TestUnknownRecoveryPointFailsClearly(t *testing.T) {
 		}
 		return nil
 	}}})
-	_, err := crashing.Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	_, err := crashing.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
 
 	renamed := idem.MustNewFlow("rides.create", []idem.Phase[rideInput]{{
 		Name: "ride_made",
-		Run: func(context.Context, pgx.Tx, *idem.Run[rideInput]) (idem.Result, error) {
+		Do: func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) (idem.Result, error) {
 			return idem.RespondJSON(http.StatusOK, "x"), nil
 		},
 	}}, nil)
 	b.clock.Advance(2 * time.Minute)
-	out, err := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{renamed}}).Run(ctx, renamed, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	out, err := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{renamed}}).Execute(ctx, renamed, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.ErrorIs(t, err, idem.ErrUnknownRecoveryPoint)
 	require.Equal(t, idem.OutcomeFailed, out.Kind)
 	rec := b.key(t, "k1")
@@ -367,18 +367,20 @@ func TestUnknownRecoveryPointFailsClearly(t *testing.T) {
 
 func TestFlowDeclarationIsChecked(t *testing.T) {
 	t.Parallel()
-	run := func(context.Context, pgx.Tx, *idem.Run[rideInput]) (idem.Result, error) { return idem.Advance(), nil }
+	run := func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) (idem.Result, error) {
+		return idem.Advance(), nil
+	}
 	for name, tc := range map[string]struct {
 		flow   string
 		phases []idem.Phase[rideInput]
 	}{
-		"bad flow name":        {"", []idem.Phase[rideInput]{{Name: "a", Run: run}}},
+		"bad flow name":        {"", []idem.Phase[rideInput]{{Name: "a", Do: run}}},
 		"no phases":            {"f", nil},
-		"bad phase name":       {"f", []idem.Phase[rideInput]{{Name: "Charge!", Run: run}}},
-		"reserved name":        {"f", []idem.Phase[rideInput]{{Name: "finished", Run: run}}},
-		"duplicate":            {"f", []idem.Phase[rideInput]{{Name: "a", Run: run}, {Name: "a", Run: run}}},
+		"bad phase name":       {"f", []idem.Phase[rideInput]{{Name: "Charge!", Do: run}}},
+		"reserved name":        {"f", []idem.Phase[rideInput]{{Name: "finished", Do: run}}},
+		"duplicate":            {"f", []idem.Phase[rideInput]{{Name: "a", Do: run}, {Name: "a", Do: run}}},
 		"no run":               {"f", []idem.Phase[rideInput]{{Name: "a"}}},
-		"not idempotent alone": {"f", []idem.Phase[rideInput]{{Name: "a", Run: run, Foreign: idem.ForeignNotIdempotent}}},
+		"not idempotent alone": {"f", []idem.Phase[rideInput]{{Name: "a", Do: run, Foreign: idem.ForeignNotIdempotent}}},
 	} {
 		_, err := idem.NewFlow(tc.flow, tc.phases, nil)
 		require.Error(t, err, name)
@@ -418,13 +420,13 @@ func TestInputPostgresCannotStoreIsInvalid(t *testing.T) {
 		"NUL in the scope":    {Scope: "s\x00", Key: "k", Params: rideInput{}},
 		"bad UTF-8 in a path": {Scope: "s", Key: "k", Path: "/rides/\xff", Params: rideInput{}},
 	} {
-		out, err := r.Run(context.Background(), b.flow, req)
+		out, err := r.Execute(context.Background(), b.flow, req)
 		require.ErrorIs(t, err, idem.ErrInvalidRequest, name)
 		require.Equal(t, idem.OutcomeInvalid, out.Kind, name)
 	}
-	_, err := r.Run(context.Background(), b.flow, idem.Request{Scope: "s", Key: "k", Params: []byte(`{"origin": "S\u0000F"}`)})
+	_, err := r.Execute(context.Background(), b.flow, idem.Request{Scope: "s", Key: "k", Params: []byte(`{"origin": "S\u0000F"}`)})
 	require.ErrorIs(t, err, idem.ErrInvalidParams)
-	out, err := r.Run(context.Background(), b.flow, idem.Request{Scope: "s", Key: "k", Params: rideInput{Origin: `S\u0000F`}})
+	out, err := r.Execute(context.Background(), b.flow, idem.Request{Scope: "s", Key: "k", Params: rideInput{Origin: `S\u0000F`}})
 	require.NoError(t, err, "an escaped backslash before u0000 is text")
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.Equal(t, 1, b.countRows(t, "idem_keys"))

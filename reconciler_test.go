@@ -22,7 +22,7 @@ func TestReconcileAllResolvesIdleKeys(t *testing.T) {
 	keys := []string{"k1", "k2", "k3"}
 	for _, key := range keys {
 		b.gateway.lose = true // the send fails before reaching the gateway
-		_, err := r.Run(ctx, b.flow, b.req(key))
+		_, err := r.Execute(ctx, b.flow, b.req(key))
 		require.ErrorIs(t, err, idem.ErrNeedsReconcile)
 	}
 	cfg := &idem.ReconcileConfig{IdleFor: time.Minute, BatchSize: 2}
@@ -58,7 +58,7 @@ func TestReconcileAllResolvesIdleKeys(t *testing.T) {
 	// MaxKeys bounds a pass.
 	for i := range 3 {
 		b.gateway.lose = true
-		_, err := r.Run(ctx, b.flow, b.req(fmt.Sprint("later-", i)))
+		_, err := r.Execute(ctx, b.flow, b.req(fmt.Sprint("later-", i)))
 		require.ErrorIs(t, err, idem.ErrNeedsReconcile)
 	}
 	b.clock.Advance(2 * time.Minute)

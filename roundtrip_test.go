@@ -61,9 +61,9 @@ func TestAcquisitionIsOneRoundTrip(t *testing.T) {
 
 	// Warm up: pgx prepares each statement once per connection (one extra
 	// round trip, the first time only). Run every path once.
-	_, err = r.Run(ctx, b.flow, b.request("warm", rideInput{Origin: "SF", Amount: 1}))
+	_, err = r.Execute(ctx, b.flow, b.request("warm", rideInput{Origin: "SF", Amount: 1}))
 	require.NoError(t, err)
-	_, err = r.Run(ctx, b.flow, b.request("warm", rideInput{Origin: "SF", Amount: 1}))
+	_, err = r.Execute(ctx, b.flow, b.request("warm", rideInput{Origin: "SF", Amount: 1}))
 	require.NoError(t, err)
 	snapshot()
 
@@ -72,7 +72,7 @@ func TestAcquisitionIsOneRoundTrip(t *testing.T) {
 	// recovery-point update (carrying COMMIT).
 	t.Run("new key, and one round trip per phase beyond its statements", func(t *testing.T) {
 		measuring = true
-		_, err := r.Run(ctx, b.flow, b.request("new", rideInput{Origin: "SF", Amount: 2}))
+		_, err := r.Execute(ctx, b.flow, b.request("new", rideInput{Origin: "SF", Amount: 2}))
 		measuring = false
 		require.NoError(t, err)
 		sqls, prepares, writes := snapshot()
@@ -94,7 +94,7 @@ func TestAcquisitionIsOneRoundTrip(t *testing.T) {
 	})
 
 	t.Run("replay", func(t *testing.T) {
-		out, err := r.Run(ctx, b.flow, b.request("new", rideInput{Origin: "SF", Amount: 2}))
+		out, err := r.Execute(ctx, b.flow, b.request("new", rideInput{Origin: "SF", Amount: 2}))
 		require.NoError(t, err)
 		require.Equal(t, idem.OutcomeReplayed, out.Kind)
 		sqls, prepares, writes := snapshot()
@@ -105,13 +105,13 @@ func TestAcquisitionIsOneRoundTrip(t *testing.T) {
 
 	t.Run("in progress", func(t *testing.T) {
 		crashAfterFirst = true
-		out, err := r.Run(ctx, b.flow, b.request("held", rideInput{Origin: "SF", Amount: 3}))
+		out, err := r.Execute(ctx, b.flow, b.request("held", rideInput{Origin: "SF", Amount: 3}))
 		require.ErrorIs(t, err, idem.ErrSimulatedCrash)
 		require.Equal(t, idem.OutcomeAbandoned, out.Kind)
 		crashAfterFirst = false
 		snapshot()
 
-		out, err = r.Run(ctx, b.flow, b.request("held", rideInput{Origin: "SF", Amount: 3}))
+		out, err = r.Execute(ctx, b.flow, b.request("held", rideInput{Origin: "SF", Amount: 3}))
 		require.ErrorIs(t, err, idem.ErrInProgress)
 		require.Equal(t, idem.OutcomeInProgress, out.Kind)
 		sqls, prepares, writes := snapshot()

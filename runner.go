@@ -109,10 +109,10 @@ func ValidKey(key string) bool {
 	return true
 }
 
-// Run runs flow for req and returns the outcome. The error is nil exactly for
+// Execute runs flow for req and returns the outcome. The error is nil exactly for
 // OutcomeExecuted and OutcomeReplayed (a stored decline is still an executed
 // outcome); otherwise it wraps the sentinel matching Outcome.Kind.
-func (r *Runner) Run(ctx context.Context, flow AnyFlow, req Request) (*Outcome, error) {
+func (r *Runner) Execute(ctx context.Context, flow AnyFlow, req Request) (*Outcome, error) {
 	started := time.Now()
 	ctx, end := r.startRequest(ctx, flow.Name(), req.Scope)
 	out, err := r.run(ctx, flow, req)
@@ -345,7 +345,7 @@ func (r *Runner) callPhase(ctx context.Context, tx pgx.Tx, st *runState) (res Re
 			err = &PanicError{Value: v, Stack: debug.Stack()}
 		}
 	}()
-	return st.flow.runPhase(ctx, tx, st)
+	return st.flow.callDo(ctx, tx, st)
 }
 
 // classify turns a phase attempt's error into the error the runner acts on.

@@ -27,12 +27,12 @@ func TestNewKeyRunsEveryPhaseOnceInOrder(t *testing.T) {
 	b := setup(t)
 	var order []string
 	for _, p := range b.flow.PhaseNames() {
-		b.hooks[p] = func(ctx context.Context, tx pgx.Tx, run *idem.Run[rideInput]) error {
+		b.hooks[p] = func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[rideInput]) error {
 			order = append(order, run.Phase())
 			return nil
 		}
 	}
-	out, err := b.runner(t, nil).Run(context.Background(), b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	out, err := b.runner(t, nil).Execute(context.Background(), b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.Equal(t, []string{"ride_created", "charge_created", "receipt_enqueued"}, order)
@@ -58,12 +58,12 @@ func TestReplayReturnsStoredResponseByteForByte(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	first, err := b.runner(t, nil).Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	first, err := b.runner(t, nil).Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
 	before := b.counts.get()
 
 	// A different runner (another process) replays it too.
-	again, err := b.runner(t, nil).Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	again, err := b.runner(t, nil).Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeReplayed, again.Kind)
 	require.Equal(t, before, b.counts.get(), "a replay must not run any phase")
@@ -95,7 +95,7 @@ func TestConcurrentSameKeyRunsEachPhaseOnce(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			out, err := r.Run(context.Background(), b.flow, b.request("storm", rideInput{Origin: "SF", Amount: 20}))
+			out, err := r.Execute(context.Background(), b.flow, b.request("storm", rideInput{Origin: "SF", Amount: 20}))
 			results <- result{out, err}
 		}()
 	}
@@ -138,14 +138,14 @@ func TestMismatchIsCheckedBeforeTheLock(t *testing.T) {
 	entered, proceed := make(chan struct{}), make(chan struct{})
 	letGo := sync.OnceFunc(func() { close(proceed) })
 	t.Cleanup(letGo) // a failing test must not leave the worker holding a connection
-	b.hooks["ride_created"] = func(context.Context, pgx.Tx, *idem.Run[rideInput]) error {
+	b.hooks["ride_created"] = func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) error {
 		close(entered)
 		<-proceed
 		return nil
 	}
 	done := make(chan error, 1)
 	go func() {
-		_, err := r.Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+		_, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 		done <- err
 	}()
 	select {
@@ -161,19 +161,19 @@ func TestMismatchIsCheckedBeforeTheLock(t *testing.T) {
 		"different payload": {b.flow, rideInput{Origin: "LA", Amount: 20}},
 		"different flow":    {other, rideInput{Origin: "SF", Amount: 20}},
 	} {
-		out, err := r.Run(ctx, tc.flow, b.request("k1", tc.in))
+		out, err := r.Execute(ctx, tc.flow, b.request("k1", tc.in))
 		require.ErrorIs(t, err, idem.ErrMismatch, name)
 		require.Equal(t, idem.OutcomeMismatch, out.Kind, name)
 	}
 	// The same request, by contrast, is in progress.
-	out, err := r.Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	out, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.ErrorIs(t, err, idem.ErrInProgress)
 	require.Equal(t, idem.OutcomeInProgress, out.Kind)
 
 	letGo()
 	require.NoError(t, <-done)
 	// And after it finished, the mismatch still wins over the replay.
-	_, err = r.Run(ctx, b.flow, b.request("k1", rideInput{Origin: "LA", Amount: 20}))
+	_, err = r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "LA", Amount: 20}))
 	require.ErrorIs(t, err, idem.ErrMismatch)
 	require.Equal(t, 1, b.counts.get()["ride_created"])
 }
@@ -187,7 +187,7 @@ func TestPhaseErrorRollsBackThatPhaseAndRetryResumes(t *testing.T) {
 	r := b.runner(t, nil)
 	boom := errors.New("receipt service hiccup")
 	fail := true
-	b.hooks["receipt_enqueued"] = func(ctx context.Context, tx pgx.Tx, _ *idem.Run[rideInput]) error {
+	b.hooks["receipt_enqueued"] = func(ctx context.Context, tx pgx.Tx, _ *idem.Attempt[rideInput]) error {
 		// A write that must vanish with the rollback.
 		if _, err := tx.Exec(ctx, `INSERT INTO jobs (ride_id, kind) VALUES (0, 'leaked')`); err != nil {
 			return err
@@ -197,7 +197,7 @@ func TestPhaseErrorRollsBackThatPhaseAndRetryResumes(t *testing.T) {
 		}
 		return nil
 	}
-	out, err := r.Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	out, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.ErrorIs(t, err, idem.ErrPhaseFailed)
 	require.ErrorIs(t, err, boom)
 	require.Equal(t, idem.OutcomeFailed, out.Kind)
@@ -210,7 +210,7 @@ func TestPhaseErrorRollsBackThatPhaseAndRetryResumes(t *testing.T) {
 	require.Equal(t, 1, b.countRows(t, "rides"))
 
 	fail = false
-	out, err = r.Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	out, err = r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.True(t, out.TookOver)
@@ -227,13 +227,13 @@ func TestPanicInPhaseReleasesAndRetryResumes(t *testing.T) {
 	ctx := context.Background()
 	r := b.runner(t, nil)
 	panicking := true
-	b.hooks["charge_created"] = func(context.Context, pgx.Tx, *idem.Run[rideInput]) error {
+	b.hooks["charge_created"] = func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) error {
 		if panicking {
 			panic("nil map somewhere")
 		}
 		return nil
 	}
-	out, err := r.Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	out, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	var pe *idem.PanicError
 	require.ErrorAs(t, err, &pe)
 	require.ErrorIs(t, err, idem.ErrPhaseFailed)
@@ -244,7 +244,7 @@ func TestPanicInPhaseReleasesAndRetryResumes(t *testing.T) {
 	require.Equal(t, "ride_created", rec.RecoveryPoint)
 
 	panicking = false
-	out, err = r.Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	out, err = r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.Equal(t, 1, b.counts.get()["ride_created"])
@@ -263,7 +263,7 @@ func TestCrashLeavesKeyLockedUntilLeaseExpires(t *testing.T) {
 		}
 		return nil
 	}}})
-	out, err := crashing.Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	out, err := crashing.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
 	require.Equal(t, idem.OutcomeAbandoned, out.Kind)
 
@@ -274,13 +274,13 @@ func TestCrashLeavesKeyLockedUntilLeaseExpires(t *testing.T) {
 
 	healthy := b.runner(t, nil)
 	b.clock.Advance(89 * time.Second)
-	out, err = healthy.Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	out, err = healthy.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.ErrorIs(t, err, idem.ErrInProgress)
 	require.Equal(t, idem.OutcomeInProgress, out.Kind)
 	require.Equal(t, time.Second, out.RetryAfter)
 
 	b.clock.Advance(2 * time.Second)
-	out, err = healthy.Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	out, err = healthy.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.True(t, out.TookOver)
@@ -298,7 +298,7 @@ func TestFencingStopsATakenOverWorker(t *testing.T) {
 	letGo := sync.OnceFunc(func() { close(resume) })
 	t.Cleanup(letGo)
 	first := true
-	b.hooks["ride_created"] = func(ctx context.Context, tx pgx.Tx, run *idem.Run[rideInput]) error {
+	b.hooks["ride_created"] = func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[rideInput]) error {
 		if !first {
 			return nil
 		}
@@ -315,7 +315,7 @@ func TestFencingStopsATakenOverWorker(t *testing.T) {
 	var staleOut *idem.Outcome
 	go func() {
 		var err error
-		staleOut, err = stale.Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+		staleOut, err = stale.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 		staleDone <- err
 	}()
 	select {
@@ -326,7 +326,7 @@ func TestFencingStopsATakenOverWorker(t *testing.T) {
 
 	// The stale worker's lease runs out; another takes over and finishes.
 	b.clock.Advance(91 * time.Second)
-	out, err := b.runner(t, nil).Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	out, err := b.runner(t, nil).Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.True(t, out.TookOver)
@@ -363,14 +363,14 @@ func TestHeartbeatKeepsASlowPhaseLease(t *testing.T) {
 	inside, finish := make(chan struct{}), make(chan struct{})
 	letGo := sync.OnceFunc(func() { close(finish) })
 	t.Cleanup(letGo)
-	b.hooks["charge_created"] = func(context.Context, pgx.Tx, *idem.Run[rideInput]) error {
+	b.hooks["charge_created"] = func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) error {
 		close(inside)
 		<-finish
 		return nil
 	}
 	done := make(chan error, 1)
 	go func() {
-		_, err := slow.Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+		_, err := slow.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 		done <- err
 	}()
 	select {
@@ -392,7 +392,7 @@ func TestHeartbeatKeepsASlowPhaseLease(t *testing.T) {
 			renewed = b.key(t, "k1").LeaseExpiresAt.After(b.clock.Now().Add(60 * time.Second))
 		}
 		require.True(t, renewed, "500 heartbeats and the lease was never renewed from the new now")
-		out, err := other.Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+		out, err := other.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 		require.ErrorIs(t, err, idem.ErrInProgress, "round %d", i)
 		require.Equal(t, idem.OutcomeInProgress, out.Kind)
 	}
@@ -414,7 +414,7 @@ func TestSerializationFailuresAndDeadlocksAreRetried(t *testing.T) {
 		conflicts := 2
 		r := b.runner(t, &idem.Config{Isolation: pgx.RepeatableRead})
 		b.hooks["ride_created"] = b.conflictOnce(t, &conflicts)
-		out, err := r.Run(context.Background(), b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+		out, err := r.Execute(context.Background(), b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 		require.NoError(t, err)
 		require.Equal(t, idem.OutcomeExecuted, out.Kind)
 		require.Equal(t, 3, b.counts.get()["ride_created"], "two failed attempts and a good one")
@@ -427,7 +427,7 @@ func TestSerializationFailuresAndDeadlocksAreRetried(t *testing.T) {
 		deadlocks := 1
 		r := b.runner(t, nil)
 		b.hooks["ride_created"] = b.deadlockOnce(t, &deadlocks)
-		out, err := r.Run(context.Background(), b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+		out, err := r.Execute(context.Background(), b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 		require.NoError(t, err)
 		require.Equal(t, idem.OutcomeExecuted, out.Kind)
 		require.Equal(t, 2, b.counts.get()["ride_created"])
@@ -445,7 +445,7 @@ func TestSerializationFailuresAndDeadlocksAreRetried(t *testing.T) {
 				}
 			})})
 		b.hooks["ride_created"] = b.conflictOnce(t, &conflicts)
-		out, err := r.Run(context.Background(), b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+		out, err := r.Execute(context.Background(), b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 		require.ErrorIs(t, err, idem.ErrRetriesExhausted)
 		require.ErrorIs(t, err, idem.ErrSerialization)
 		require.Equal(t, idem.OutcomeFailed, out.Kind)
@@ -456,7 +456,7 @@ func TestSerializationFailuresAndDeadlocksAreRetried(t *testing.T) {
 		require.Equal(t, idem.RecoveryPointStarted, rec.RecoveryPoint)
 
 		conflicts = 0
-		out, err = r.Run(context.Background(), b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+		out, err = r.Execute(context.Background(), b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 		require.NoError(t, err)
 		require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	})
@@ -465,10 +465,10 @@ func TestSerializationFailuresAndDeadlocksAreRetried(t *testing.T) {
 // conflictOnce makes the phase's transaction fail with a real serialization
 // failure while *remaining > 0: it reads a row in its snapshot, another
 // transaction updates and commits that row, then the phase updates it.
-func (b *testBundle) conflictOnce(t *testing.T, remaining *int) func(context.Context, pgx.Tx, *idem.Run[rideInput]) error {
+func (b *testBundle) conflictOnce(t *testing.T, remaining *int) func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) error {
 	_, err := b.pool.Exec(context.Background(), `CREATE TABLE IF NOT EXISTS counters (id int PRIMARY KEY, n int); INSERT INTO counters VALUES (1, 0) ON CONFLICT DO NOTHING`)
 	require.NoError(t, err)
-	return func(ctx context.Context, tx pgx.Tx, _ *idem.Run[rideInput]) error {
+	return func(ctx context.Context, tx pgx.Tx, _ *idem.Attempt[rideInput]) error {
 		var n int
 		if err := tx.QueryRow(ctx, `SELECT n FROM counters WHERE id = 1`).Scan(&n); err != nil {
 			return err
@@ -488,10 +488,10 @@ func (b *testBundle) conflictOnce(t *testing.T, remaining *int) func(context.Con
 // while *remaining > 0: the phase locks row 1, an outside transaction locks
 // row 2 and waits for row 1, the phase then asks for row 2. The phase's
 // short deadlock_timeout makes it the one the detector aborts.
-func (b *testBundle) deadlockOnce(t *testing.T, remaining *int) func(context.Context, pgx.Tx, *idem.Run[rideInput]) error {
+func (b *testBundle) deadlockOnce(t *testing.T, remaining *int) func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) error {
 	_, err := b.pool.Exec(context.Background(), `CREATE TABLE IF NOT EXISTS locks (id int PRIMARY KEY); INSERT INTO locks VALUES (1), (2) ON CONFLICT DO NOTHING`)
 	require.NoError(t, err)
-	return func(ctx context.Context, tx pgx.Tx, _ *idem.Run[rideInput]) error {
+	return func(ctx context.Context, tx pgx.Tx, _ *idem.Attempt[rideInput]) error {
 		if *remaining == 0 {
 			return nil
 		}
@@ -543,19 +543,19 @@ func TestCheckpointSurvivesACrashIntoANewRunner(t *testing.T) {
 		}
 		return nil
 	}}})
-	_, err := crashing.Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	_, err := crashing.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
 	var rideID int64
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT id FROM rides`).Scan(&rideID))
 
 	var seen int64
-	b.hooks["charge_created"] = func(_ context.Context, _ pgx.Tx, run *idem.Run[rideInput]) error {
+	b.hooks["charge_created"] = func(_ context.Context, _ pgx.Tx, run *idem.Attempt[rideInput]) error {
 		ok, err := run.Checkpoint("ride_id", &seen)
 		require.True(t, ok)
 		return err
 	}
 	b.clock.Advance(2 * time.Minute)
-	out, err := b.runner(t, nil).Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	out, err := b.runner(t, nil).Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
 	require.Equal(t, rideID, seen)
 	require.Equal(t, rideID, int64(decodeBody(t, out.Response.Body)["ride_id"].(float64)))
@@ -569,7 +569,7 @@ func TestDeclineIsStoredAndReplayed(t *testing.T) {
 	ctx := context.Background()
 	r := b.runner(t, nil)
 	b.provider.declined[99] = true
-	out, err := r.Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 99}))
+	out, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 99}))
 	require.NoError(t, err, "a decline is an executed outcome, not an error")
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.Equal(t, http.StatusPaymentRequired, out.Response.Status)
@@ -577,7 +577,7 @@ func TestDeclineIsStoredAndReplayed(t *testing.T) {
 	require.Equal(t, idem.StatusFinished, rec.Status)
 	require.Equal(t, http.StatusPaymentRequired, rec.ResponseStatus)
 
-	again, err := r.Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 99}))
+	again, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 99}))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeReplayed, again.Kind)
 	require.Equal(t, out.Response.Body, again.Response.Body)
@@ -594,15 +594,15 @@ func TestSameKeyInTwoScopesIsTwoRequests(t *testing.T) {
 	r := b.runner(t, nil)
 	alice := idem.Request{Scope: "user:alice", Key: "shared", Params: rideInput{Origin: "SF", Amount: 20}}
 	bob := idem.Request{Scope: "user:bob", Key: "shared", Params: rideInput{Origin: "NYC", Amount: 30}}
-	a, err := r.Run(ctx, b.flow, alice)
+	a, err := r.Execute(ctx, b.flow, alice)
 	require.NoError(t, err)
-	bo, err := r.Run(ctx, b.flow, bob)
+	bo, err := r.Execute(ctx, b.flow, bob)
 	require.NoError(t, err, "a different scope is not a mismatch")
 	require.Equal(t, idem.OutcomeExecuted, a.Kind)
 	require.Equal(t, idem.OutcomeExecuted, bo.Kind)
 	require.NotEqual(t, a.Response.Body, bo.Response.Body)
 
-	a2, err := r.Run(ctx, b.flow, alice)
+	a2, err := r.Execute(ctx, b.flow, alice)
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeReplayed, a2.Kind)
 	require.Equal(t, a.Response.Body, a2.Response.Body)
@@ -626,7 +626,7 @@ func TestStoreUnavailableFailsClosed(t *testing.T) {
 	r, err := idem.NewRunner(store, nil)
 	require.NoError(t, err)
 
-	out, err := r.Run(context.Background(), b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	out, err := r.Execute(context.Background(), b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.ErrorIs(t, err, idem.ErrStoreUnavailable)
 	require.Equal(t, idem.OutcomeStoreUnavailable, out.Kind)
 	require.Empty(t, b.counts.get(), "no phase may run when the store is unreachable")
@@ -640,18 +640,18 @@ func TestStoreLostMidFlowResumesLater(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	r := b.runner(t, nil)
-	b.hooks["charge_created"] = func(ctx context.Context, tx pgx.Tx, _ *idem.Run[rideInput]) error {
+	b.hooks["charge_created"] = func(ctx context.Context, tx pgx.Tx, _ *idem.Attempt[rideInput]) error {
 		// Kill this phase's own backend, as a database failover would.
 		_, err := b.pool.Exec(ctx, `SELECT pg_terminate_backend($1, 10000)`, tx.Conn().PgConn().PID())
 		return err
 	}
-	out, err := r.Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	out, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.ErrorIs(t, err, idem.ErrStoreUnavailable)
 	require.Equal(t, idem.OutcomeStoreUnavailable, out.Kind)
 	require.Equal(t, "ride_created", b.key(t, "k1").RecoveryPoint)
 
 	delete(b.hooks, "charge_created")
-	out, err = r.Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	out, err = r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.Equal(t, 1, b.countRows(t, "rides"))
@@ -669,14 +669,14 @@ func TestLostCommitAcknowledgementIsNotReRun(t *testing.T) {
 		}
 		return nil
 	}}})
-	out, err := r.Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	out, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.ErrorIs(t, err, idem.ErrStoreUnavailable)
 	require.Equal(t, idem.OutcomeStoreUnavailable, out.Kind)
 	rec := b.key(t, "k1")
 	require.Equal(t, "ride_created", rec.RecoveryPoint)
 	require.Nil(t, rec.LockedAt)
 
-	out, err = r.Run(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	out, err = r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.Equal(t, 1, b.counts.get()["ride_created"])
@@ -691,10 +691,10 @@ func TestProviderNetworkErrorIsAPhaseFailureNotAStoreOutage(t *testing.T) {
 	b := setup(t)
 	r := b.runner(t, nil)
 	dropped := &net.OpError{Op: "read", Net: "tcp", Err: io.ErrUnexpectedEOF}
-	b.hooks["charge_created"] = func(context.Context, pgx.Tx, *idem.Run[rideInput]) error {
+	b.hooks["charge_created"] = func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) error {
 		return fmt.Errorf("charge: %w", dropped)
 	}
-	out, err := r.Run(context.Background(), b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	out, err := r.Execute(context.Background(), b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.ErrorIs(t, err, idem.ErrPhaseFailed)
 	require.False(t, errors.Is(err, idem.ErrStoreUnavailable), "got %v", err)
 	require.Equal(t, idem.OutcomeFailed, out.Kind)

@@ -85,14 +85,14 @@ func (c *Config) withDefaults() *Config {
 // request being completed is rolled back and released).
 func Main(config *Config) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := Run(ctx, os.Args[1:], config)
+	code := Dispatch(ctx, os.Args[1:], config)
 	stop()
 	os.Exit(code)
 }
 
-// Run runs the command in args (without the program name) and returns its
+// Dispatch runs the command in args (without the program name) and returns its
 // exit code.
-func Run(ctx context.Context, args []string, config *Config) int {
+func Dispatch(ctx context.Context, args []string, config *Config) int {
 	cfg := config.withDefaults()
 	e := &env{cfg: cfg, out: cfg.Stdout, errOut: cfg.Stderr}
 	err := e.run(ctx, args)

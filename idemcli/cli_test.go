@@ -53,7 +53,7 @@ func run(t *testing.T, cfg *Config, args ...string) (string, string, int) {
 		c = *cfg
 	}
 	c.Stdout, c.Stderr, c.Getenv = &stdout, &stderr, func(string) string { return "" }
-	code := Run(context.Background(), args, &c)
+	code := Dispatch(context.Background(), args, &c)
 	return stdout.String(), stderr.String(), code
 }
 
@@ -61,7 +61,7 @@ func TestApplicationBuildNamesItselfAndItsFlows(t *testing.T) {
 	t.Parallel()
 	flow := idem.MustNewFlow("orders.create", []idem.Phase[struct{}]{{
 		Name: "responded",
-		Run: func(context.Context, pgx.Tx, *idem.Run[struct{}]) (idem.Result, error) {
+		Do: func(context.Context, pgx.Tx, *idem.Attempt[struct{}]) (idem.Result, error) {
 			return idem.RespondJSON(201, "ok"), nil
 		},
 	}}, nil)

@@ -114,7 +114,7 @@ func phaseFails(name string, fail func() error) contractCase {
 		name: name,
 		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
 			failed := false
-			b.setHook("charge_created", func(context.Context, pgx.Tx, *idem.Run[rideInput]) error {
+			b.setHook("charge_created", func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) error {
 				if failed {
 					return nil
 				}

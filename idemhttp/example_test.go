@@ -43,7 +43,7 @@ func Example() {
 	}
 	flow := idem.MustNewFlow("rides.create", []idem.Phase[rideRequest]{{
 		Name: "ride_created",
-		Run: func(ctx context.Context, tx pgx.Tx, run *idem.Run[rideRequest]) (idem.Result, error) {
+		Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[rideRequest]) (idem.Result, error) {
 			in := run.Input()
 			var id int64
 			err := tx.QueryRow(ctx, `INSERT INTO rides (user_email, origin) VALUES ($1, $2) RETURNING id`,

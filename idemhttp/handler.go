@@ -298,7 +298,7 @@ func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 	// half-done multi-phase request would only make its retry resume.
 	// Values of the request's context (auth, trace spans) stay visible to
 	// the phases.
-	out, err := h.runner.Run(context.WithoutCancel(r.Context()), h.flow, req)
+	out, err := h.runner.Execute(context.WithoutCancel(r.Context()), h.flow, req)
 	responded = true
 	h.writeOutcome(w, r, req, out, err)
 }

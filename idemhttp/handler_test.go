@@ -296,7 +296,7 @@ func TestFlowSurvivesClientDisconnect(t *testing.T) {
 	type ctxKey struct{}
 	entered, release := b.blockPhase("charge_created")
 	var seen any
-	b.setHook("responded", func(ctx context.Context, _ pgx.Tx, _ *idem.Run[rideInput]) error {
+	b.setHook("responded", func(ctx context.Context, _ pgx.Tx, _ *idem.Attempt[rideInput]) error {
 		seen = ctx.Value(ctxKey{})
 		return ctx.Err()
 	})

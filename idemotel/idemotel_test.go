@@ -55,10 +55,10 @@ func setup(t *testing.T, spanScope bool) *bundle {
 	})
 	require.NoError(t, err)
 	b.flow = idem.MustNewFlow("orders.create", []idem.Phase[input]{
-		{Name: "reserved", Run: func(context.Context, pgx.Tx, *idem.Run[input]) (idem.Result, error) {
+		{Name: "reserved", Do: func(context.Context, pgx.Tx, *idem.Attempt[input]) (idem.Result, error) {
 			return idem.Advance(), nil
 		}},
-		{Name: "responded", Run: func(_ context.Context, _ pgx.Tx, run *idem.Run[input]) (idem.Result, error) {
+		{Name: "responded", Do: func(_ context.Context, _ pgx.Tx, run *idem.Attempt[input]) (idem.Result, error) {
 			if run.Input().Fail {
 				return idem.Result{}, errBoom
 			}
@@ -75,7 +75,7 @@ func setup(t *testing.T, spanScope bool) *bundle {
 
 func (b *bundle) run(t *testing.T, key string, fail bool) (*idem.Outcome, error) {
 	t.Helper()
-	return b.runner.Run(context.Background(), b.flow, idem.Request{Scope: "user:1", Key: key, Params: input{Fail: fail}})
+	return b.runner.Execute(context.Background(), b.flow, idem.Request{Scope: "user:1", Key: key, Params: input{Fail: fail}})
 }
 
 func (b *bundle) metrics(t *testing.T) map[string]metricdata.Aggregation {

@@ -25,7 +25,7 @@ import (
 func TestCatchesTwoForeignCallsInOnePhase(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	flow := b.orderFlow("orders.create", func(ctx context.Context, run *idem.Run[orderInput]) (string, error) {
+	flow := b.orderFlow("orders.create", func(ctx context.Context, run *idem.Attempt[orderInput]) (string, error) {
 		id, err := b.chargeThroughWrapper(ctx, run)
 		if err != nil {
 			return "", err
@@ -33,7 +33,7 @@ func TestCatchesTwoForeignCallsInOnePhase(t *testing.T) {
 		err = run.Foreign(ctx, "send_receipt", func(context.Context, string) error { return nil })
 		return id, err
 	})
-	rep, err := idemtest.Run(context.Background(), b.config(flow))
+	rep, err := idemtest.ExploreContext(context.Background(), b.config(flow))
 	require.NoError(t, err)
 	t.Log(rep.Summary())
 	require.True(t, rep.Baseline.Failed())
@@ -44,18 +44,18 @@ func TestCatchesTwoForeignCallsInOnePhase(t *testing.T) {
 	require.Contains(t, msg, `"send_receipt" was not made`)
 }
 
-// (b) A charge made outside Run.Foreign, without the downstream key: every
+// (b) A charge made outside Attempt.Foreign, without the downstream key: every
 // re-run of the phase charges again. The user's Check (one charge per key)
 // catches it in exactly the scenarios that re-run the phase after the
 // charge.
 func TestCatchesADoubleChargeOutsideTheWrapperThroughCheck(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	flow := b.orderFlow("orders.create", func(ctx context.Context, run *idem.Run[orderInput]) (string, error) {
+	flow := b.orderFlow("orders.create", func(ctx context.Context, run *idem.Attempt[orderInput]) (string, error) {
 		e, err := b.provider.Do(ctx, "", run.Key().Key)
 		return e.ID, err
 	})
-	rep, err := idemtest.Run(context.Background(), b.config(flow))
+	rep, err := idemtest.ExploreContext(context.Background(), b.config(flow))
 	require.NoError(t, err)
 	t.Log(rep.Summary())
 	require.Equal(t, []string{"crash_before_commit@charged", "serialization_failure@charged", "lease_takeover@charged"}, failedNames(rep))
@@ -66,9 +66,9 @@ func TestCatchesADoubleChargeOutsideTheWrapperThroughCheck(t *testing.T) {
 	msg := rep.Err().Error()
 	require.Contains(t, msg, "3 of 15 scenarios failed. The first:")
 	require.Contains(t, msg, "scenario crash_before_commit@charged: the worker dies after phase \"charged\" did its work, right before its commit")
-	require.Contains(t, msg, "1. worker 1 Run; committed order_created; dies at before_commit of charged -> abandoned")
+	require.Contains(t, msg, "1. worker 1 Execute; committed order_created; dies at before_commit of charged -> abandoned")
 	require.Contains(t, msg, "2. clock +1m31s: the dead worker's lease runs out")
-	require.Contains(t, msg, "3. worker 2 Run; committed charged; committed responded -> executed 201 (took over)")
+	require.Contains(t, msg, "3. worker 2 Execute; committed charged; committed responded -> executed 201 (took over)")
 	require.Contains(t, msg, "Check: provider made 2 effects for")
 	require.Contains(t, msg, "also failed: serialization_failure@charged, lease_takeover@charged")
 }
@@ -78,14 +78,14 @@ func TestCatchesADoubleChargeOutsideTheWrapperThroughCheck(t *testing.T) {
 func TestCatchesACallWithoutTheDownstreamKeyThroughProviders(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	flow := b.orderFlow("orders.create", func(ctx context.Context, run *idem.Run[orderInput]) (string, error) {
+	flow := b.orderFlow("orders.create", func(ctx context.Context, run *idem.Attempt[orderInput]) (string, error) {
 		e, err := b.provider.Do(ctx, "", run.Key().Key)
 		return e.ID, err
 	})
 	cfg := b.config(flow)
 	cfg.Check = nil
 	cfg.Providers = []*idemtest.Provider{b.provider}
-	rep, err := idemtest.Run(context.Background(), cfg)
+	rep, err := idemtest.ExploreContext(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Log(rep.Summary())
 	require.True(t, rep.Baseline.Failed())
@@ -100,7 +100,7 @@ func TestCatchesACallWithoutTheDownstreamKeyThroughProviders(t *testing.T) {
 func TestCatchesAWrapperCallThatIgnoresItsKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	flow := b.orderFlow("orders.create", func(ctx context.Context, run *idem.Run[orderInput]) (string, error) {
+	flow := b.orderFlow("orders.create", func(ctx context.Context, run *idem.Attempt[orderInput]) (string, error) {
 		var chargeID string
 		err := run.Foreign(ctx, "charge", func(ctx context.Context, _ string) error {
 			e, err := b.provider.Do(ctx, rand.Text(), run.Key().Key)
@@ -109,7 +109,7 @@ func TestCatchesAWrapperCallThatIgnoresItsKey(t *testing.T) {
 		})
 		return chargeID, err
 	})
-	rep, err := idemtest.Run(context.Background(), b.config(flow))
+	rep, err := idemtest.ExploreContext(context.Background(), b.config(flow))
 	require.NoError(t, err)
 	t.Log(rep.Summary())
 	require.Equal(t, []string{"crash_before_commit@charged", "crash_after_foreign@charged", "serialization_failure@charged", "lease_takeover@charged"}, failedNames(rep))
@@ -126,7 +126,7 @@ func TestWritesOutsideTheTransactionAreCaughtOnlyByCheck(t *testing.T) {
 	flow := idem.MustNewFlow("orders.audited", []idem.Phase[orderInput]{
 		{
 			Name: "order_created",
-			Run: func(ctx context.Context, tx pgx.Tx, run *idem.Run[orderInput]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[orderInput]) (idem.Result, error) {
 				if _, err := tx.Exec(ctx, `INSERT INTO orders (key_id, item) VALUES ($1, $2)`, run.Key().ID, run.Input().Item); err != nil {
 					return idem.Result{}, err
 				}
@@ -137,7 +137,7 @@ func TestWritesOutsideTheTransactionAreCaughtOnlyByCheck(t *testing.T) {
 		},
 		{
 			Name: "responded",
-			Run: func(context.Context, pgx.Tx, *idem.Run[orderInput]) (idem.Result, error) {
+			Do: func(context.Context, pgx.Tx, *idem.Attempt[orderInput]) (idem.Result, error) {
 				return idem.RespondJSON(http.StatusCreated, map[string]string{"status": "created"}), nil
 			},
 		},
@@ -154,14 +154,14 @@ func TestWritesOutsideTheTransactionAreCaughtOnlyByCheck(t *testing.T) {
 	}
 
 	cfg := idemtest.Config[orderInput]{Pool: b.pool, Flow: flow, Input: orderInput{Item: "book"}, Check: oneAuditRow}
-	rep, err := idemtest.Run(context.Background(), cfg)
+	rep, err := idemtest.ExploreContext(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Log(rep.Summary())
 	require.Equal(t, []string{"crash_before_commit@order_created", "serialization_failure@order_created", "lease_takeover@order_created"}, failedNames(rep))
 	require.Contains(t, rep.Err().Error(), "Check: 2 audit rows for the key, want 1")
 
 	cfg.Check = nil
-	rep, err = idemtest.Run(context.Background(), cfg)
+	rep, err = idemtest.ExploreContext(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Log(rep.Summary())
 	require.NoError(t, rep.Err(), "without a Check the kit cannot see the duplicate rows")
@@ -188,7 +188,7 @@ func TestCatchesAReconcileHookThatLies(t *testing.T) {
 	require.Contains(t, steps, "reconcile verdict for notified: done")
 
 	cfg.Flow = b.notifyFlow("notify.lying", true)
-	rep, err := idemtest.Run(context.Background(), cfg)
+	rep, err := idemtest.ExploreContext(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Log(rep.Summary())
 	require.Equal(t, []string{"crash_before_commit@notified", "crash_after_foreign@notified", "serialization_failure@notified", "lease_takeover@notified"}, failedNames(rep))
@@ -203,12 +203,12 @@ func TestGeneratedValuesNeedAComparator(t *testing.T) {
 	b := setup(t)
 	flow := idem.MustNewFlow("tokens.issue", []idem.Phase[orderInput]{{
 		Name: "issued",
-		Run: func(context.Context, pgx.Tx, *idem.Run[orderInput]) (idem.Result, error) {
+		Do: func(context.Context, pgx.Tx, *idem.Attempt[orderInput]) (idem.Result, error) {
 			return idem.RespondJSON(http.StatusCreated, map[string]any{"token": rand.Text(), "item": "book"}), nil
 		},
 	}}, nil)
 	cfg := idemtest.Config[orderInput]{Pool: b.pool, Flow: flow, Kinds: []idemtest.Kind{idemtest.CrashBeforeCommit}}
-	rep, err := idemtest.Run(context.Background(), cfg)
+	rep, err := idemtest.ExploreContext(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Log(rep.Summary())
 	require.Equal(t, []string{"crash_before_commit@issued"}, failedNames(rep))
@@ -222,7 +222,7 @@ func TestGeneratedValuesNeedAComparator(t *testing.T) {
 func TestExploreFailsTheTestWithTheAccount(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	flow := b.orderFlow("orders.create", func(ctx context.Context, run *idem.Run[orderInput]) (string, error) {
+	flow := b.orderFlow("orders.create", func(ctx context.Context, run *idem.Attempt[orderInput]) (string, error) {
 		e, err := b.provider.Do(ctx, "", run.Key().Key)
 		return e.ID, err
 	})
@@ -269,14 +269,14 @@ func (b *bundle) notifyFlow(name string, lie bool) *idem.Flow[orderInput] {
 		{
 			Name:    "notified",
 			Foreign: idem.ForeignNotIdempotent,
-			Run: func(ctx context.Context, tx pgx.Tx, run *idem.Run[orderInput]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[orderInput]) (idem.Result, error) {
 				err := run.Foreign(ctx, "notify", func(ctx context.Context, _ string) error {
 					_, err := b.provider.Do(ctx, "", run.Key().Key) // no keys: a new message per call
 					return err
 				})
 				return idem.Advance(), err
 			},
-			Reconcile: func(ctx context.Context, tx pgx.Tx, run *idem.Run[orderInput]) (idem.Reconciliation, error) {
+			Reconcile: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[orderInput]) (idem.Reconciliation, error) {
 				if lie || len(b.provider.Effects(run.Key().Key)) == 0 {
 					return idem.ReconcileNotDone(), nil
 				}
@@ -285,7 +285,7 @@ func (b *bundle) notifyFlow(name string, lie bool) *idem.Flow[orderInput] {
 		},
 		{
 			Name: "responded",
-			Run: func(context.Context, pgx.Tx, *idem.Run[orderInput]) (idem.Result, error) {
+			Do: func(context.Context, pgx.Tx, *idem.Attempt[orderInput]) (idem.Result, error) {
 				return idem.RespondJSON(http.StatusAccepted, map[string]string{"status": "notified"}), nil
 			},
 		},
@@ -301,7 +301,7 @@ func TestCatchesANotIdempotentCallRepeatedBlindly(t *testing.T) {
 	b := setup(t)
 	store, err := pgstore.New(b.pool, &pgstore.Config{Schema: b.schema})
 	require.NoError(t, err)
-	rep, err := idemtest.Run(context.Background(), idemtest.Config[orderInput]{
+	rep, err := idemtest.ExploreContext(context.Background(), idemtest.Config[orderInput]{
 		Store: markLosingStore{store}, Pool: b.pool,
 		Flow: b.notifyFlow("notify.unmarked", false), Input: orderInput{Item: "book"},
 	})

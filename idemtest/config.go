@@ -63,7 +63,7 @@ type Config[In any] struct {
 	// one ride row and one ledger charge for this key. It is the only way
 	// the kit sees your tables and your providers, so it is what catches
 	// writes made outside the phase's transaction and foreign calls made
-	// outside Run.Foreign.
+	// outside Attempt.Foreign.
 	Check func(ctx context.Context, key *idem.KeyRecord) error
 
 	// Providers are fake providers (see Provider) that the flow's

@@ -72,9 +72,9 @@
 // # What it cannot see
 //
 // The kit sees what the runner does: phases, commits, foreign calls made
-// through Run.Foreign and the keys handed to them. It cannot see your
+// through Attempt.Foreign and the keys handed to them. It cannot see your
 // tables or your providers. A write made through the pool instead of the
-// phase's tx, or a call made outside Run.Foreign or with a key other than
+// phase's tx, or a call made outside Attempt.Foreign or with a key other than
 // the one it was handed, is only caught by a Config.Check that counts rows
 // or charges, or by a Provider given in Config.Providers. It explores the
 // path Input takes; explore each other path (a decline, a validation

@@ -20,7 +20,7 @@ type payment struct {
 // A two-phase flow with an idempotent charge, explored at every crash point.
 // In a test, call idemtest.Explore(t, cfg) instead: it logs the summary and
 // fails the test with the account of the first failed scenario.
-func ExampleRun() {
+func ExampleExploreContext() {
 	ctx := context.Background()
 	pool, drop := exampleDatabase(ctx) // a migrated schema with a payments table
 	defer drop()
@@ -29,7 +29,7 @@ func ExampleRun() {
 	flow := idem.MustNewFlow("payments.create", []idem.Phase[payment]{
 		{
 			Name: "payment_recorded",
-			Run: func(ctx context.Context, tx pgx.Tx, run *idem.Run[payment]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[payment]) (idem.Result, error) {
 				var id int64
 				err := tx.QueryRow(ctx, `INSERT INTO payments (key_id, amount) VALUES ($1, $2) RETURNING id`,
 					run.Key().ID, run.Input().Amount).Scan(&id)
@@ -38,7 +38,7 @@ func ExampleRun() {
 		},
 		{
 			Name: "charged",
-			Run: func(ctx context.Context, tx pgx.Tx, run *idem.Run[payment]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[payment]) (idem.Result, error) {
 				var charge idemtest.Effect
 				err := run.Foreign(ctx, "charge", func(ctx context.Context, downstreamKey string) error {
 					var err error
@@ -57,7 +57,7 @@ func ExampleRun() {
 		},
 	}, nil)
 
-	rep, err := idemtest.Run(ctx, idemtest.Config[payment]{
+	rep, err := idemtest.ExploreContext(ctx, idemtest.Config[payment]{
 		Pool:      pool,
 		Flow:      flow,
 		Input:     payment{Customer: "cus_1", Amount: 20_00},

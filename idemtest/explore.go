@@ -40,7 +40,7 @@ import (
 // runner's own Config.Test hooks and clock, never through global state.
 func Explore[In any](t testing.TB, cfg Config[In]) *Report {
 	t.Helper()
-	rep, err := Run(t.Context(), cfg)
+	rep, err := ExploreContext(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
 		return nil
@@ -52,9 +52,9 @@ func Explore[In any](t testing.TB, cfg Config[In]) *Report {
 	return rep
 }
 
-// Run is Explore without a testing.TB: it returns the report, whose Err
+// ExploreContext is Explore without a testing.TB: it returns the report, whose Err
 // says whether a scenario failed. The error is for an unusable Config.
-func Run[In any](ctx context.Context, cfg Config[In]) (*Report, error) {
+func ExploreContext[In any](ctx context.Context, cfg Config[In]) (*Report, error) {
 	started := time.Now()
 	cfg, store, db, err := cfg.withDefaults()
 	if err != nil {
@@ -339,7 +339,7 @@ func (x *explorer[In]) blockedBy(ctx context.Context, pid uint32) (bool, error) 
 type op string
 
 const (
-	opRun       op = "Run"
+	opRun       op = "Execute"
 	opReconcile op = "Reconcile"
 )
 
@@ -360,7 +360,7 @@ func (x *explorer[In]) call(ctx context.Context, sc *scenario, f *fault, o op, s
 	var out *idem.Outcome
 	switch o {
 	case opRun:
-		out, err = r.Run(ctx, x.cfg.Flow, idem.Request{Scope: sc.scope, Key: sc.report.Key, Path: x.cfg.Path, Params: x.cfg.Input})
+		out, err = r.Execute(ctx, x.cfg.Flow, idem.Request{Scope: sc.scope, Key: sc.report.Key, Path: x.cfg.Path, Params: x.cfg.Input})
 	case opReconcile:
 		out, err = r.Reconcile(ctx, sc.scope, sc.report.Key)
 	}
@@ -489,7 +489,7 @@ func (x *explorer[In]) checkProviders(sc *scenario) {
 			if c.Key == "" {
 				key = "no idempotency key"
 			}
-			sc.violateLocked("provider %d received a call for %q with %s, which is no downstream key the runner handed out in this scenario: a foreign call made outside Run.Foreign, or one that does not send the key it is given", i, c.Subject, key)
+			sc.violateLocked("provider %d received a call for %q with %s, which is no downstream key the runner handed out in this scenario: a foreign call made outside Attempt.Foreign, or one that does not send the key it is given", i, c.Subject, key)
 		}
 	}
 	for _, c := range sc.calls {

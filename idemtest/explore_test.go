@@ -33,7 +33,7 @@ func TestCorrectFlowPassesEveryScenario(t *testing.T) {
 	// paused one's row lock, and resolved it by resuming the paused one.
 	takeover := scenarioNamed(t, rep, "lease_takeover@charged")
 	require.Contains(t, strings.Join(takeover.Steps, "\n"), "waits for a row lock held by worker 1")
-	require.Contains(t, strings.Join(takeover.Steps, "\n"), "worker 1 Run; committed order_created; called \"charge\"")
+	require.Contains(t, strings.Join(takeover.Steps, "\n"), "worker 1 Execute; committed order_created; called \"charge\"")
 	require.Contains(t, strings.Join(takeover.Steps, "\n"), "-> lock_lost")
 
 	// One charge per scenario and the baseline: the provider deduplicated
@@ -111,7 +111,7 @@ func TestInvalidConfigIsRefused(t *testing.T) {
 		"nil provider":     {Pool: b.pool, Flow: flow, Providers: []*idemtest.Provider{nil}},
 		"long scope":       {Pool: b.pool, Flow: flow, Scope: strings.Repeat("s", 256)},
 	} {
-		rep, err := idemtest.Run(context.Background(), cfg)
+		rep, err := idemtest.ExploreContext(context.Background(), cfg)
 		require.ErrorIs(t, err, idemtest.ErrInvalidConfig, name)
 		require.Nil(t, rep, name)
 	}

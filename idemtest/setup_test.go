@@ -54,14 +54,14 @@ type orderInput struct {
 // phase locks the order row before its foreign call, so a takeover of it
 // has the second worker wait for the first one's lock. charge is the foreign
 // call; the broken flows replace it.
-func (b *bundle) orderFlow(name string, charge func(ctx context.Context, run *idem.Run[orderInput]) (string, error)) *idem.Flow[orderInput] {
+func (b *bundle) orderFlow(name string, charge func(ctx context.Context, run *idem.Attempt[orderInput]) (string, error)) *idem.Flow[orderInput] {
 	if charge == nil {
 		charge = b.chargeThroughWrapper
 	}
 	return idem.MustNewFlow(name, []idem.Phase[orderInput]{
 		{
 			Name: "order_created",
-			Run: func(ctx context.Context, tx pgx.Tx, run *idem.Run[orderInput]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[orderInput]) (idem.Result, error) {
 				var id int64
 				err := tx.QueryRow(ctx, `INSERT INTO orders (key_id, item) VALUES ($1, $2) RETURNING id`, run.Key().ID, run.Input().Item).Scan(&id)
 				if err != nil {
@@ -72,7 +72,7 @@ func (b *bundle) orderFlow(name string, charge func(ctx context.Context, run *id
 		},
 		{
 			Name: "charged",
-			Run: func(ctx context.Context, tx pgx.Tx, run *idem.Run[orderInput]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[orderInput]) (idem.Result, error) {
 				id, err := orderID(run)
 				if err != nil {
 					return idem.Result{}, err
@@ -95,7 +95,7 @@ func (b *bundle) orderFlow(name string, charge func(ctx context.Context, run *id
 		},
 		{
 			Name: "responded",
-			Run: func(ctx context.Context, tx pgx.Tx, run *idem.Run[orderInput]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[orderInput]) (idem.Result, error) {
 				id, err := orderID(run)
 				if err != nil {
 					return idem.Result{}, err
@@ -110,7 +110,7 @@ func (b *bundle) orderFlow(name string, charge func(ctx context.Context, run *id
 	}, nil)
 }
 
-func orderID(run *idem.Run[orderInput]) (int64, error) {
+func orderID(run *idem.Attempt[orderInput]) (int64, error) {
 	var id int64
 	ok, err := run.Checkpoint("order_id", &id)
 	if err == nil && !ok {
@@ -119,9 +119,9 @@ func orderID(run *idem.Run[orderInput]) (int64, error) {
 	return id, err
 }
 
-// chargeThroughWrapper is the right way: one call through Run.Foreign,
+// chargeThroughWrapper is the right way: one call through Attempt.Foreign,
 // sending the downstream key it is given.
-func (b *bundle) chargeThroughWrapper(ctx context.Context, run *idem.Run[orderInput]) (string, error) {
+func (b *bundle) chargeThroughWrapper(ctx context.Context, run *idem.Attempt[orderInput]) (string, error) {
 	var chargeID string
 	err := run.Foreign(ctx, "charge", func(ctx context.Context, key string) error {
 		e, err := b.provider.Do(ctx, key, run.Key().Key)

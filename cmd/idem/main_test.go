@@ -142,7 +142,7 @@ func text(key string, unknown bool) idem.Request {
 func (b *bundle) abandonOrder(t *testing.T, key string) {
 	t.Helper()
 	_, err := b.runner(t, at(time.Now().Add(-2*time.Hour)), crashAt(idem.HookAfterForeign, "charged")).
-		Run(context.Background(), b.orders, order(key))
+		Execute(context.Background(), b.orders, order(key))
 	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
 }
 
@@ -151,9 +151,9 @@ func (b *bundle) abandonOrder(t *testing.T, key string) {
 func (b *bundle) doubtfulText(t *testing.T, key string, unknown bool) {
 	t.Helper()
 	ctx := context.Background()
-	_, err := b.runner(t, at(time.Now().Add(-3*time.Hour)), crashAt(idem.HookAfterForeign, "sent")).Run(ctx, b.texts, text(key, unknown))
+	_, err := b.runner(t, at(time.Now().Add(-3*time.Hour)), crashAt(idem.HookAfterForeign, "sent")).Execute(ctx, b.texts, text(key, unknown))
 	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
-	_, err = b.runner(t, at(time.Now().Add(-time.Hour)), nil).Run(ctx, b.texts, text(key, unknown))
+	_, err = b.runner(t, at(time.Now().Add(-time.Hour)), nil).Execute(ctx, b.texts, text(key, unknown))
 	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
 }
 
@@ -288,11 +288,11 @@ func TestBinary(t *testing.T) {
 		b := setup(t, bins, true)
 		ctx := context.Background()
 		now := time.Now()
-		_, err := b.runner(t, nil, nil).Run(ctx, b.orders, order("finished-1"))
+		_, err := b.runner(t, nil, nil).Execute(ctx, b.orders, order("finished-1"))
 		require.NoError(t, err)
-		_, err = b.runner(t, at(now.Add(-48*time.Hour)), nil).Run(ctx, b.orders, order("expired-1"))
+		_, err = b.runner(t, at(now.Add(-48*time.Hour)), nil).Execute(ctx, b.orders, order("expired-1"))
 		require.NoError(t, err)
-		_, err = b.runner(t, nil, crashAt(idem.HookPhaseStart, "charged")).Run(ctx, b.orders, order("running-1"))
+		_, err = b.runner(t, nil, crashAt(idem.HookPhaseStart, "charged")).Execute(ctx, b.orders, order("running-1"))
 		require.ErrorIs(t, err, idem.ErrSimulatedCrash)
 		b.abandonOrder(t, "stale-1")
 		b.doubtfulText(t, "doubtful-1", false)
@@ -379,7 +379,7 @@ func TestBinary(t *testing.T) {
 		})
 		done := make(chan error, 1)
 		go func() {
-			_, err := holder.Run(ctx, b.orders, order("k1"))
+			_, err := holder.Execute(ctx, b.orders, order("k1"))
 			done <- err
 		}()
 		<-beforeCommit
@@ -399,7 +399,7 @@ func TestBinary(t *testing.T) {
 		require.Equal(t, "wedged worker, INC-7", rec.LastError)
 
 		// The next attempt resumes; the provider deduplicates the charge.
-		out, err := b.runner(t, nil, nil).Run(ctx, b.orders, order("k1"))
+		out, err := b.runner(t, nil, nil).Execute(ctx, b.orders, order("k1"))
 		require.NoError(t, err)
 		require.True(t, out.TookOver)
 		require.Equal(t, 1, b.count(t, "count(*) FROM charges"))
@@ -418,10 +418,10 @@ func TestBinary(t *testing.T) {
 		ctx := context.Background()
 		old := b.runner(t, at(time.Now().Add(-48*time.Hour)), nil)
 		for _, k := range []string{"old-1", "old-2", "old-3"} {
-			_, err := old.Run(ctx, b.orders, order(k))
+			_, err := old.Execute(ctx, b.orders, order(k))
 			require.NoError(t, err)
 		}
-		_, err := b.runner(t, nil, nil).Run(ctx, b.orders, order("new-1"))
+		_, err := b.runner(t, nil, nil).Execute(ctx, b.orders, order("new-1"))
 		require.NoError(t, err)
 		b.abandonOrder(t, "abandoned-1")
 
@@ -462,7 +462,7 @@ func TestBinary(t *testing.T) {
 		require.Equal(t, 1, b.count(t, "count(*) FROM orders"))
 
 		// The client's late retry gets the stored response.
-		out, err := b.runner(t, nil, nil).Run(context.Background(), b.orders, order("k1"))
+		out, err := b.runner(t, nil, nil).Execute(context.Background(), b.orders, order("k1"))
 		require.NoError(t, err)
 		require.Equal(t, idem.OutcomeReplayed, out.Kind)
 		require.Equal(t, rec.ResponseBody, out.Response.Body)

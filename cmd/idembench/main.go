@@ -322,7 +322,7 @@ func measureLoad(ctx context.Context, e *env, o *options, logf func(string, ...a
 	replayKey := func(i int) string { return "replay-" + strconv.Itoa(i) }
 	if err := forEach(ctx, 16, o.ReplayKeys, func(ctx context.Context, i int) error {
 		replayInputs[i] = rideInput{UserID: int64(i), Origin: "SF", Amount: int64(1000 + i)}
-		_, err := runner.Run(ctx, flow, idem.Request{Scope: "user:replay", Key: replayKey(i), Path: "/rides", Params: replayInputs[i]})
+		_, err := runner.Execute(ctx, flow, idem.Request{Scope: "user:replay", Key: replayKey(i), Path: "/rides", Params: replayInputs[i]})
 		return err
 	}); err != nil {
 		return nil, fmt.Errorf("prepare replay keys: %w", err)
@@ -377,7 +377,7 @@ func measureLoad(ctx context.Context, e *env, o *options, logf func(string, ...a
 		variants := []variant{
 			{"runner", func(ctx context.Context, w, i int) error {
 				scope, key := newKey("r", w)
-				out, err := runner.Run(ctx, flow, idem.Request{Scope: scope, Key: key, Path: "/rides", Params: input(w, i)})
+				out, err := runner.Execute(ctx, flow, idem.Request{Scope: scope, Key: key, Path: "/rides", Params: input(w, i)})
 				if err == nil && out.Kind != idem.OutcomeExecuted {
 					err = fmt.Errorf("outcome %s, want executed", out.Kind)
 				}
@@ -401,7 +401,7 @@ func measureLoad(ctx context.Context, e *env, o *options, logf func(string, ...a
 			}},
 			{"replay", func(ctx context.Context, w, i int) error {
 				n := rand.IntN(len(replayInputs))
-				out, err := runner.Run(ctx, flow, idem.Request{Scope: "user:replay", Key: replayKey(n), Path: "/rides", Params: replayInputs[n]})
+				out, err := runner.Execute(ctx, flow, idem.Request{Scope: "user:replay", Key: replayKey(n), Path: "/rides", Params: replayInputs[n]})
 				if err == nil && (out.Kind != idem.OutcomeReplayed || out.Response.Status != 201) {
 					err = fmt.Errorf("outcome %s, want a replayed 201", out.Kind)
 				}

@@ -106,10 +106,10 @@ func measureRoundTrips(ctx context.Context, e *env) (*roundTripReport, error) {
 
 	// Warm up: pgx prepares each statement once per connection, a round
 	// trip the first time only. Every path runs once.
-	if _, err := runner.Run(ctx, flow, req("warm")); err != nil {
+	if _, err := runner.Execute(ctx, flow, req("warm")); err != nil {
 		return nil, fmt.Errorf("warm-up: %w", err)
 	}
-	if _, err := runner.Run(ctx, flow, req("warm")); err != nil {
+	if _, err := runner.Execute(ctx, flow, req("warm")); err != nil {
 		return nil, fmt.Errorf("warm-up replay: %w", err)
 	}
 
@@ -145,13 +145,13 @@ func measureRoundTrips(ctx context.Context, e *env) (*roundTripReport, error) {
 	}
 
 	if _, err := measure("runner", "new key", func() error {
-		_, err := runner.Run(ctx, flow, req("new"))
+		_, err := runner.Execute(ctx, flow, req("new"))
 		return err
 	}); err != nil {
 		return nil, err
 	}
 	if _, err := measure("runner", "replay", func() error {
-		out, err := runner.Run(ctx, flow, req("new"))
+		out, err := runner.Execute(ctx, flow, req("new"))
 		if err == nil && out.Kind != idem.OutcomeReplayed {
 			err = fmt.Errorf("outcome %s, want replayed", out.Kind)
 		}
@@ -160,12 +160,12 @@ func measureRoundTrips(ctx context.Context, e *env) (*roundTripReport, error) {
 		return nil, err
 	}
 	crashKey = "held"
-	if out, err := runner.Run(ctx, flow, req("held")); !errors.Is(err, idem.ErrSimulatedCrash) {
+	if out, err := runner.Execute(ctx, flow, req("held")); !errors.Is(err, idem.ErrSimulatedCrash) {
 		return nil, fmt.Errorf("leave a key in progress: outcome %v, %w", out.Kind, err)
 	}
 	crashKey = ""
 	if _, err := measure("runner", "in progress", func() error {
-		out, err := runner.Run(ctx, flow, req("held"))
+		out, err := runner.Execute(ctx, flow, req("held"))
 		if !errors.Is(err, idem.ErrInProgress) {
 			return fmt.Errorf("outcome %s (%w), want in progress", out.Kind, err)
 		}

@@ -73,7 +73,7 @@ func measureStorm(ctx context.Context, e *env, size, rounds int) (*stormReport, 
 				ready.Done()
 				<-start
 				began := time.Now()
-				out, err := runner.Run(ctx, flow, idem.Request{Scope: "user:storm", Key: key, Path: "/rides", Params: in})
+				out, err := runner.Execute(ctx, flow, idem.Request{Scope: "user:storm", Key: key, Path: "/rides", Params: in})
 				results[i] = result{out.Kind, err, time.Since(began)}
 				if out.Kind == idem.OutcomeExecuted {
 					executed.Add(1)

@@ -107,9 +107,9 @@ func NewSender(gateway Gateway, schema string) (*Sender, error) {
 	}
 	s := &Sender{gateway: gateway, prefix: prefix}
 	s.flow, err = idem.NewFlow(FlowName, []idem.Phase[Params]{
-		{Name: PhaseMessageSaved, Run: s.saveMessage},
-		{Name: PhaseSent, Run: s.send, Foreign: idem.ForeignNotIdempotent, Reconcile: s.reconcileSend},
-		{Name: PhaseResponded, Run: s.respond},
+		{Name: PhaseMessageSaved, Do: s.saveMessage},
+		{Name: PhaseSent, Do: s.send, Foreign: idem.ForeignNotIdempotent, Reconcile: s.reconcileSend},
+		{Name: PhaseResponded, Do: s.respond},
 	}, nil)
 	if err != nil {
 		return nil, err
@@ -157,7 +157,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 // row, and what the reconcile hook looks it up by.
 func Reference(messageID int64) string { return fmt.Sprintf("msg-%d", messageID) }
 
-func (s *Sender) saveMessage(ctx context.Context, tx pgx.Tx, run *idem.Run[Params]) (idem.Result, error) {
+func (s *Sender) saveMessage(ctx context.Context, tx pgx.Tx, run *idem.Attempt[Params]) (idem.Result, error) {
 	in := run.Input()
 	switch n := utf8.RuneCountInString(in.Text); {
 	case !e164.MatchString(in.To):
@@ -177,7 +177,7 @@ func (s *Sender) saveMessage(ctx context.Context, tx pgx.Tx, run *idem.Run[Param
 // send makes the not-idempotent call. The runner has recorded the attempt
 // before the callback runs; if anything stops this phase from committing
 // after that, the key goes to needs-reconcile rather than sending again.
-func (s *Sender) send(ctx context.Context, tx pgx.Tx, run *idem.Run[Params]) (idem.Result, error) {
+func (s *Sender) send(ctx context.Context, tx pgx.Tx, run *idem.Attempt[Params]) (idem.Result, error) {
 	id, err := messageID(run)
 	if err != nil {
 		return idem.Result{}, err
@@ -208,7 +208,7 @@ func (s *Sender) send(ctx context.Context, tx pgx.Tx, run *idem.Run[Params]) (id
 // reconcileSend asks the gateway what it sent under the message's reference.
 // It runs in a transaction of its own, so "done" records the message exactly
 // as send would have.
-func (s *Sender) reconcileSend(ctx context.Context, tx pgx.Tx, run *idem.Run[Params]) (idem.Reconciliation, error) {
+func (s *Sender) reconcileSend(ctx context.Context, tx pgx.Tx, run *idem.Attempt[Params]) (idem.Reconciliation, error) {
 	id, err := messageID(run)
 	if err != nil {
 		return idem.Reconciliation{}, err
@@ -226,14 +226,14 @@ func (s *Sender) reconcileSend(ctx context.Context, tx pgx.Tx, run *idem.Run[Par
 	return idem.ReconcileDone(idem.Advance()), nil
 }
 
-func (s *Sender) markSent(ctx context.Context, tx pgx.Tx, run *idem.Run[Params], id int64, gatewayID string) error {
+func (s *Sender) markSent(ctx context.Context, tx pgx.Tx, run *idem.Attempt[Params], id int64, gatewayID string) error {
 	if _, err := tx.Exec(ctx, `UPDATE `+s.prefix+`sms_messages SET status = 'sent', gateway_id = $2 WHERE id = $1`, id, gatewayID); err != nil {
 		return fmt.Errorf("sms: mark message sent: %w", err)
 	}
 	return run.SetCheckpoint("gateway_id", gatewayID)
 }
 
-func (s *Sender) respond(_ context.Context, _ pgx.Tx, run *idem.Run[Params]) (idem.Result, error) {
+func (s *Sender) respond(_ context.Context, _ pgx.Tx, run *idem.Attempt[Params]) (idem.Result, error) {
 	id, err := messageID(run)
 	if err != nil {
 		return idem.Result{}, err
@@ -245,7 +245,7 @@ func (s *Sender) respond(_ context.Context, _ pgx.Tx, run *idem.Run[Params]) (id
 	return idem.RespondJSON(http.StatusCreated, Response{MessageID: id, GatewayID: gatewayID, Status: "sent"}), nil
 }
 
-func messageID(run *idem.Run[Params]) (int64, error) {
+func messageID(run *idem.Attempt[Params]) (int64, error) {
 	var id int64
 	ok, err := run.Checkpoint("message_id", &id)
 	if err == nil && !ok {

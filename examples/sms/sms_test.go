@@ -179,14 +179,14 @@ func TestACrashAfterSendingNeedsReconcileAndIsNeverResent(t *testing.T) {
 		}
 		return nil
 	})
-	out, err := crashing.Run(ctx, b.sender.Flow(), b.request("k1"))
+	out, err := crashing.Execute(ctx, b.sender.Flow(), b.request("k1"))
 	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
 	require.Equal(t, idem.OutcomeAbandoned, out.Kind)
 	require.Len(t, b.gateway.Sent(), 1)
 
 	b.clock.Advance(2 * time.Minute) // the dead worker's lease runs out
 	for range 3 {
-		out, err = b.runner(t, nil).Run(ctx, b.sender.Flow(), b.request("k1"))
+		out, err = b.runner(t, nil).Execute(ctx, b.sender.Flow(), b.request("k1"))
 		require.ErrorIs(t, err, idem.ErrNeedsReconcile)
 		require.Equal(t, idem.OutcomeNeedsReconcile, out.Kind)
 	}
@@ -204,7 +204,7 @@ func TestACrashAfterSendingNeedsReconcileAndIsNeverResent(t *testing.T) {
 	require.NoError(t, json.Unmarshal(out.Response.Body, &resp))
 	require.Equal(t, b.gateway.Sent()[0].ID, resp.GatewayID)
 
-	replay, err := b.runner(t, nil).Run(ctx, b.sender.Flow(), b.request("k1"))
+	replay, err := b.runner(t, nil).Execute(ctx, b.sender.Flow(), b.request("k1"))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeReplayed, replay.Kind)
 	require.Equal(t, out.Response.Body, replay.Response.Body)
@@ -279,7 +279,7 @@ func TestReconcileVerdicts(t *testing.T) {
 
 func (b *bundle) requireNeedsReconcile(t *testing.T, key string) {
 	t.Helper()
-	out, err := b.runner(t, nil).Run(context.Background(), b.sender.Flow(), b.request(key))
+	out, err := b.runner(t, nil).Execute(context.Background(), b.sender.Flow(), b.request(key))
 	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
 	require.Equal(t, idem.OutcomeNeedsReconcile, out.Kind)
 }

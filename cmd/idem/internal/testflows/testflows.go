@@ -52,7 +52,7 @@ func Orders(provider Provider) *idem.Flow[Order] {
 	return idem.MustNewFlow("orders.create", []idem.Phase[Order]{
 		{
 			Name: "order_created",
-			Run: func(ctx context.Context, tx pgx.Tx, run *idem.Run[Order]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[Order]) (idem.Result, error) {
 				var id int64
 				if err := tx.QueryRow(ctx, `INSERT INTO orders (key_id, item) VALUES ($1, $2) RETURNING id`,
 					run.Key().ID, run.Input().Item).Scan(&id); err != nil {
@@ -63,7 +63,7 @@ func Orders(provider Provider) *idem.Flow[Order] {
 		},
 		{
 			Name: "charged",
-			Run: func(ctx context.Context, tx pgx.Tx, run *idem.Run[Order]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[Order]) (idem.Result, error) {
 				err := run.Foreign(ctx, "charge", func(ctx context.Context, key string) error {
 					_, err := provider.Exec(ctx, `INSERT INTO charges (downstream_key, amount) VALUES ($1, $2)
 						ON CONFLICT (downstream_key) DO UPDATE SET calls = charges.calls + 1`, key, run.Input().Amount)
@@ -74,7 +74,7 @@ func Orders(provider Provider) *idem.Flow[Order] {
 		},
 		{
 			Name: "responded",
-			Run: func(ctx context.Context, tx pgx.Tx, run *idem.Run[Order]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[Order]) (idem.Result, error) {
 				var id int64
 				if _, err := run.Checkpoint("order_id", &id); err != nil {
 					return idem.Result{}, err
@@ -96,7 +96,7 @@ type Text struct {
 // its phase is not idempotent and has a reconcile hook that asks the
 // gateway what it sent.
 func Texts(gateway Provider) *idem.Flow[Text] {
-	sent := func(ctx context.Context, run *idem.Run[Text]) (bool, error) {
+	sent := func(ctx context.Context, run *idem.Attempt[Text]) (bool, error) {
 		var n int
 		err := gateway.QueryRow(ctx, `SELECT count(*) FROM texts_sent WHERE ref = $1`, run.IdempotencyKey()).Scan(&n)
 		return n > 0, err
@@ -104,14 +104,14 @@ func Texts(gateway Provider) *idem.Flow[Text] {
 	return idem.MustNewFlow("texts.send", []idem.Phase[Text]{{
 		Name:    "sent",
 		Foreign: idem.ForeignNotIdempotent,
-		Run: func(ctx context.Context, tx pgx.Tx, run *idem.Run[Text]) (idem.Result, error) {
+		Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[Text]) (idem.Result, error) {
 			err := run.Foreign(ctx, "send_text", func(ctx context.Context, ref string) error {
 				_, err := gateway.Exec(ctx, `INSERT INTO texts_sent (ref) VALUES ($1)`, ref)
 				return err
 			})
 			return idem.RespondJSON(http.StatusCreated, map[string]any{"sent": true}), err
 		},
-		Reconcile: func(ctx context.Context, tx pgx.Tx, run *idem.Run[Text]) (idem.Reconciliation, error) {
+		Reconcile: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[Text]) (idem.Reconciliation, error) {
 			if run.Input().Unknown {
 				return idem.ReconcileUnknown("the gateway cannot tell"), nil
 			}

@@ -105,15 +105,15 @@ var _ Payments = (*fakepay.Client)(nil)
 // newFlow declares the rides flow on a's database, provider and queue.
 func (a *App) newFlow() (*idem.Flow[RideParams], error) {
 	return idem.NewFlow(FlowName, []idem.Phase[RideParams]{
-		{Name: PhaseRideCreated, Run: a.createRide},
-		{Name: PhaseChargeCreated, Run: a.chargeRide},
-		{Name: PhaseReceiptEnqueued, Run: a.enqueueReceipt},
+		{Name: PhaseRideCreated, Do: a.createRide},
+		{Name: PhaseChargeCreated, Do: a.chargeRide},
+		{Name: PhaseReceiptEnqueued, Do: a.enqueueReceipt},
 	}, nil)
 }
 
 // createRide inserts the ride and its audit record. Both commit with the
 // recovery point ride_created, or neither does.
-func (a *App) createRide(ctx context.Context, tx pgx.Tx, run *idem.Run[RideParams]) (idem.Result, error) {
+func (a *App) createRide(ctx context.Context, tx pgx.Tx, run *idem.Attempt[RideParams]) (idem.Result, error) {
 	in := run.Input()
 	if problems := in.Validate(); len(problems) > 0 {
 		// The HTTP layer validates first; this guards input that reached the
@@ -191,7 +191,7 @@ func (a *App) loadRide(ctx context.Context, tx pgx.Tx, keyID int64, phase string
 // process dies, the commit fails), the phase runs again with the same
 // downstream key and the provider returns the original charge instead of
 // making a second one.
-func (a *App) chargeRide(ctx context.Context, tx pgx.Tx, run *idem.Run[RideParams]) (idem.Result, error) {
+func (a *App) chargeRide(ctx context.Context, tx pgx.Tx, run *idem.Attempt[RideParams]) (idem.Result, error) {
 	ride, err := a.loadRide(ctx, tx, run.Key().ID, run.Phase())
 	if err != nil {
 		return idem.Result{}, err
@@ -265,7 +265,7 @@ func ParseChargeDescription(description string) (int64, bool) {
 // job commits with the phase and the stored 201, or rolls back with them, so
 // a receipt is queued exactly once per ride and never for a ride whose
 // request did not finish.
-func (a *App) enqueueReceipt(ctx context.Context, tx pgx.Tx, run *idem.Run[RideParams]) (idem.Result, error) {
+func (a *App) enqueueReceipt(ctx context.Context, tx pgx.Tx, run *idem.Attempt[RideParams]) (idem.Result, error) {
 	ride, err := a.loadRide(ctx, tx, run.Key().ID, run.Phase())
 	if err != nil {
 		return idem.Result{}, err

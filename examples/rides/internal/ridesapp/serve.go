@@ -121,7 +121,7 @@ func Serve(ctx context.Context, cfg *ServeConfig) error {
 		return err
 	}
 	var wg sync.WaitGroup
-	wg.Go(func() { _ = maintainer.Run(workCtx) })
+	wg.Go(func() { _ = maintainer.Serve(workCtx) })
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- server.Serve(listener) }()

@@ -6,39 +6,39 @@ import (
 	"fmt"
 )
 
-// Run is a phase's handle on its request: the decoded input, the key record,
+// Attempt is a phase's handle on its request: the decoded input, the key record,
 // checkpoint data from earlier phases, the downstream idempotency key, and the
-// one permitted foreign call. A Run is valid only during the phase call that
+// one permitted foreign call. A Attempt is valid only during the phase call that
 // received it.
-type Run[In any] struct {
+type Attempt[In any] struct {
 	st    *runState
 	input In
 }
 
 // Input returns the request's decoded input.
-func (r *Run[In]) Input() In { return r.input }
+func (r *Attempt[In]) Input() In { return r.input }
 
 // Key returns the key record as of the start of this phase. It is a copy;
 // changing it changes nothing.
-func (r *Run[In]) Key() *KeyRecord { return r.st.rec.clone() }
+func (r *Attempt[In]) Key() *KeyRecord { return r.st.rec.clone() }
 
 // Phase returns the running phase's name.
-func (r *Run[In]) Phase() string { return r.st.phaseName() }
+func (r *Attempt[In]) Phase() string { return r.st.phaseName() }
 
-// Attempt counts this worker's tries of the phase, from 1; it grows when a
+// Number counts this worker's tries of the phase, from 1; it grows when a
 // serialization failure or deadlock makes the runner retry the phase.
-func (r *Run[In]) Attempt() int { return r.st.attempt }
+func (r *Attempt[In]) Number() int { return r.st.attempt }
 
 // IdempotencyKey returns the downstream idempotency key for this phase's
 // foreign call: stable across every retry, crash and takeover of this request,
 // distinct for each phase, and unique across databases (it is derived from
 // the key record's random request id). It is also passed to the Foreign
 // callback.
-func (r *Run[In]) IdempotencyKey() string { return r.st.downstreamKey() }
+func (r *Attempt[In]) IdempotencyKey() string { return r.st.downstreamKey() }
 
 // Checkpoint decodes into dst what an earlier phase (or this one) recorded
 // under name, and reports whether anything was recorded.
-func (r *Run[In]) Checkpoint(name string, dst any) (bool, error) {
+func (r *Attempt[In]) Checkpoint(name string, dst any) (bool, error) {
 	raw, ok := r.st.patch[name]
 	if !ok {
 		raw, ok = r.st.rec.Checkpoint[name]
@@ -57,7 +57,7 @@ func (r *Run[In]) Checkpoint(name string, dst any) (bool, error) {
 // so later phases (on this worker or, after a crash, on another) see it
 // exactly when they see the phase's own writes. Keep it small: ids and
 // provider references, not documents.
-func (r *Run[In]) SetCheckpoint(name string, v any) error {
+func (r *Attempt[In]) SetCheckpoint(name string, v any) error {
 	raw, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("idem: encode checkpoint %q: %w", name, err)
@@ -77,6 +77,6 @@ func (r *Run[In]) SetCheckpoint(name string, v any) error {
 // calling. In a ForeignNotIdempotent phase, Foreign first records the
 // attempt durably; if that fails (the lock was lost, the store is down) the
 // call is not made.
-func (r *Run[In]) Foreign(ctx context.Context, name string, call func(ctx context.Context, idempotencyKey string) error) error {
+func (r *Attempt[In]) Foreign(ctx context.Context, name string, call func(ctx context.Context, idempotencyKey string) error) error {
 	return r.st.foreign(ctx, name, call)
 }
