@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Attempt is a phase's handle on its request: the decoded input, the key record,
@@ -11,7 +13,7 @@ import (
 // one permitted foreign call. A Attempt is valid only during the phase call that
 // received it.
 type Attempt[In any] struct {
-	st    *runState
+	h     *held
 	input In
 }
 
@@ -20,28 +22,28 @@ func (r *Attempt[In]) Input() In { return r.input }
 
 // Key returns the key record as of the start of this phase. It is a copy;
 // changing it changes nothing.
-func (r *Attempt[In]) Key() *KeyRecord { return r.st.rec.clone() }
+func (r *Attempt[In]) Key() *KeyRecord { return r.h.rec.Clone() }
 
 // Phase returns the running phase's name.
-func (r *Attempt[In]) Phase() string { return r.st.phaseName() }
+func (r *Attempt[In]) Phase() string { return r.h.phaseName() }
 
 // Number counts this worker's tries of the phase, from 1; it grows when a
 // serialization failure or deadlock makes the runner retry the phase.
-func (r *Attempt[In]) Number() int { return r.st.attempt }
+func (r *Attempt[In]) Number() int { return r.h.attempt }
 
 // IdempotencyKey returns the downstream idempotency key for this phase's
 // foreign call: stable across every retry, crash and takeover of this request,
 // distinct for each phase, and unique across databases (it is derived from
 // the key record's random request id). It is also passed to the Foreign
 // callback.
-func (r *Attempt[In]) IdempotencyKey() string { return r.st.downstreamKey() }
+func (r *Attempt[In]) IdempotencyKey() string { return r.h.downstreamKey() }
 
 // Checkpoint decodes into dst what an earlier phase (or this one) recorded
 // under name, and reports whether anything was recorded.
 func (r *Attempt[In]) Checkpoint(name string, dst any) (bool, error) {
-	raw, ok := r.st.patch[name]
+	raw, ok := r.h.patch[name]
 	if !ok {
-		raw, ok = r.st.rec.Checkpoint[name]
+		raw, ok = r.h.rec.Checkpoint[name]
 	}
 	if !ok {
 		return false, nil
@@ -62,12 +64,20 @@ func (r *Attempt[In]) SetCheckpoint(name string, v any) error {
 	if err != nil {
 		return fmt.Errorf("idem: encode checkpoint %q: %w", name, err)
 	}
-	if r.st.patch == nil {
-		r.st.patch = map[string]json.RawMessage{}
+	if r.h.patch == nil {
+		r.h.patch = map[string]json.RawMessage{}
 	}
-	r.st.patch[name] = raw
+	r.h.patch[name] = raw
 	return nil
 }
+
+// PgxTx returns the phase's transaction as a pgx.Tx, for libraries whose API
+// takes one, such as River's Client.InsertTx to enqueue a job that commits
+// with the phase. Its statements (and Begin, which makes a savepoint) go to
+// the phase's transaction; Commit and Rollback do nothing and return
+// ErrPhaseOwnsTx, because only the runner ends the transaction, with the key's
+// recovery point. Use the phase's [Tx] for everything else.
+func (r *Attempt[In]) PgxTx() pgx.Tx { return r.h.tx.PgxTx() }
 
 // Foreign makes the phase's one foreign call: call receives the downstream
 // idempotency key to send to the provider. name describes the call in logs
@@ -78,5 +88,5 @@ func (r *Attempt[In]) SetCheckpoint(name string, v any) error {
 // attempt durably; if that fails (the lock was lost, the store is down) the
 // call is not made.
 func (r *Attempt[In]) Foreign(ctx context.Context, name string, call func(ctx context.Context, idempotencyKey string) error) error {
-	return r.st.foreign(ctx, name, call)
+	return r.h.foreign(ctx, name, call)
 }

@@ -3,9 +3,7 @@ package idem
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"sort"
 	"time"
 )
 
@@ -71,24 +69,6 @@ func (c *CompleteConfig) validate() error {
 	return validateSweep("complete", c.IdleFor, c.BatchSize, c.MaxKeys)
 }
 
-// validateSweep checks the settings the completer and reconcile runs share.
-func validateSweep(what string, idleFor time.Duration, batchSize, maxKeys int) error {
-	var errs []error
-	if idleFor <= 0 {
-		errs = append(errs, fmt.Errorf("IdleFor %s must be positive", idleFor))
-	}
-	if batchSize < 1 || batchSize > 1000 {
-		errs = append(errs, fmt.Errorf("BatchSize %d is outside 1-1000", batchSize))
-	}
-	if maxKeys < 0 {
-		errs = append(errs, fmt.Errorf("MaxKeys %d is negative", maxKeys))
-	}
-	if len(errs) > 0 {
-		return fmt.Errorf("idem: invalid %s config: %w", what, errors.Join(errs...))
-	}
-	return nil
-}
-
 // CompleteResult is what one completer pass did.
 type CompleteResult struct {
 	// Claimed counts the idle keys this pass picked up.
@@ -149,75 +129,4 @@ func (r *Runner) Complete(ctx context.Context, config *CompleteConfig) (*Complet
 	r.logPass(ctx, "complete", res.Claimed, err, "completed", res.Completed, "skipped", res.Skipped,
 		"needs_reconcile", res.NeedsReconcile, "failed", res.Failed)
 	return res, err
-}
-
-// sweep claims idle keys in status batch by batch and hands each to handle,
-// until a batch comes back short, maxKeys keys were handled, or ctx ends.
-// Keys already handled in this pass are not handled again, whatever a
-// frozen test clock makes them look like.
-func (r *Runner) sweep(ctx context.Context, status Status, flows []string, idleFor time.Duration, maxAttempts, batchSize, maxKeys int, handle func(*KeyRecord)) error {
-	seen := map[int64]bool{}
-	for {
-		if err := ctx.Err(); err != nil {
-			return context.Cause(ctx)
-		}
-		limit := batchSize
-		if maxKeys > 0 {
-			limit = min(limit, maxKeys-len(seen))
-			if limit <= 0 {
-				return nil
-			}
-		}
-		recs, err := r.store.ClaimIdle(ctx, ClaimIdleParams{
-			Status: status, Flows: flows, IdleFor: idleFor, MaxAttempts: maxAttempts, Limit: limit, Now: r.now(),
-		})
-		if err != nil {
-			if ctx.Err() != nil {
-				return context.Cause(ctx)
-			}
-			r.emit(ctx, Event{Kind: EventStoreError, Err: err})
-			return fmt.Errorf("claim idle keys: %w", err)
-		}
-		fresh := 0
-		for _, rec := range recs {
-			if seen[rec.ID] {
-				continue
-			}
-			seen[rec.ID] = true
-			fresh++
-			if ctx.Err() != nil {
-				// Claimed but not run: the key waits IdleFor again, then
-				// the next pass (here or elsewhere) takes it.
-				return context.Cause(ctx)
-			}
-			handle(rec)
-		}
-		if len(recs) < limit || fresh == 0 {
-			return nil
-		}
-	}
-}
-
-// logPass logs the end of a completer or reconcile pass: at info when it
-// touched keys, at debug when idle, at error when the pass broke off.
-func (r *Runner) logPass(ctx context.Context, what string, claimed int, err error, attrs ...any) {
-	attrs = append([]any{"claimed", claimed}, attrs...)
-	switch {
-	case err != nil && ctx.Err() == nil:
-		r.log.ErrorContext(ctx, "idem: "+what+" pass failed", append(attrs, "err", err)...)
-	case claimed > 0:
-		r.log.InfoContext(ctx, "idem: "+what+" pass done", attrs...)
-	default:
-		r.log.DebugContext(ctx, "idem: "+what+" pass found nothing to do")
-	}
-}
-
-// flowNames returns the registered flows' names, sorted.
-func (r *Runner) flowNames() []string {
-	names := make([]string, 0, len(r.flows))
-	for name := range r.flows {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	return names
 }

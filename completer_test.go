@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
@@ -98,7 +97,7 @@ func TestCompleterFinishesAnAbandonedRequestWithOneCharge(t *testing.T) {
 
 // The completer resumes keys released after a failed attempt too, picks
 // only keys of flows it has, skips keys that failed MaxAttempts times, and
-// never touches live, finished or needs-reconcile keys.
+// never touches live, finished or needs_reconcile keys.
 func TestCompleterPicksOnlyIdleRunningKeysOfItsFlows(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -107,7 +106,7 @@ func TestCompleterPicksOnlyIdleRunningKeysOfItsFlows(t *testing.T) {
 
 	// Released after a phase error: unlocked, at ride_created.
 	failing := b.runner(t, nil)
-	b.hooks["charge_created"] = func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) error { return errProviderDown }
+	b.hooks["charge_created"] = func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error { return errProviderDown }
 	out, err := failing.Execute(ctx, b.flow, b.request("released", rideInput{Origin: "SF", Amount: 20}))
 	require.ErrorIs(t, err, idem.ErrPhaseFailed)
 	require.Equal(t, idem.OutcomeFailed, out.Kind)
@@ -148,7 +147,7 @@ func TestCompleterPicksOnlyIdleRunningKeysOfItsFlows(t *testing.T) {
 }
 
 // A running key whose not-idempotent call is in doubt is not re-run by the
-// completer: it goes to needs-reconcile, and the next reconcile run resolves
+// completer: it goes to needs_reconcile, and the next reconcile run resolves
 // it, with the message sent once.
 func TestCompleterHandsDoubtfulKeysToReconcile(t *testing.T) {
 	t.Parallel()

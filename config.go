@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -39,6 +40,27 @@ type Config struct {
 	// Default read committed; the fencing guard is correct at any level.
 	Isolation pgx.TxIsoLevel
 
+	// StatementTimeout bounds each of the runner's own round trips to the
+	// store: the acquisition, beginning a phase, a foreign mark, a
+	// heartbeat, a phase commit, a release, parking a key for reconcile and
+	// re-reading a key whose commit reply was lost. One that gets no answer
+	// in time is ErrStoreUnavailable (a 503 at the HTTP layer), so a
+	// database that stalls instead of refusing connections still gets every
+	// request an answer. Default StatementTimeoutDefault (5s).
+	StatementTimeout time.Duration
+
+	// PhaseStatementTimeout bounds each statement a phase sends through its
+	// Tx (the statement's context gets this deadline). Raise it for a phase
+	// that legitimately runs long statements. Default StatementTimeout.
+	PhaseStatementTimeout time.Duration
+
+	// LeaseMargin is how close to the end of its lease a worker stops
+	// trusting it: before a foreign call, a worker that has not renewed its
+	// lease for longer than Lease minus LeaseMargin (a long GC pause, a
+	// stalled network) does not make the call and stops with ErrLockLost,
+	// because another worker may own the key already. Default Lease/10.
+	LeaseMargin time.Duration
+
 	// MaxPhaseRetries bounds how many times a phase is retried after a
 	// serialization failure or deadlock before the request fails with
 	// ErrRetriesExhausted. Default 3; negative disables retries.
@@ -76,7 +98,8 @@ type TestConfig struct {
 	// as if the phase had returned it (a serialization failure is retried),
 	// except at HookAfterCommit, where it plays a lost commit
 	// acknowledgement: the phase did commit, but the runner sees the commit
-	// fail with ErrStoreUnavailable, releases the key and reports failure.
+	// fail, re-reads the key under its fence, finds the commit landed and
+	// goes on.
 	Hook func(ctx context.Context, at HookPoint) error
 }
 
@@ -105,6 +128,11 @@ type HookWhere string
 const (
 	// HookPhaseStart: the phase's transaction has begun; its body has not run.
 	HookPhaseStart HookWhere = "phase_start"
+	// HookBeforeForeign: the phase is about to make its foreign call (a
+	// not-idempotent phase has recorded its mark); the call has not been
+	// made. A test that pauses here past the lease sees the worker fence
+	// itself off.
+	HookBeforeForeign HookWhere = "before_foreign"
 	// HookAfterForeign: the phase's foreign call has returned; the phase has
 	// not committed.
 	HookAfterForeign HookWhere = "after_foreign"
@@ -115,36 +143,34 @@ const (
 	HookAfterCommit HookWhere = "after_commit"
 )
 
+// Defaults of [Config]'s fields.
+const (
+	LeaseDefault             = 90 * time.Second
+	MaxRetryAfterDefault     = 2 * time.Second
+	RetentionDefault         = 24 * time.Hour
+	IsolationDefault         = pgx.ReadCommitted
+	MaxPhaseRetriesDefault   = 3
+	PhaseRetryBackoffDefault = 10 * time.Millisecond
+	StatementTimeoutDefault  = 5 * time.Second
+)
+
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c *Config) WithDefaults() *Config {
 	out := &Config{}
 	if c != nil {
 		*out = *c
 	}
-	if out.Lease == 0 {
-		out.Lease = 90 * time.Second
-	}
-	if out.HeartbeatInterval == 0 {
-		out.HeartbeatInterval = out.Lease / 3
-	}
-	if out.MaxRetryAfter == 0 {
-		out.MaxRetryAfter = 2 * time.Second
-	}
-	if out.Retention == 0 {
-		out.Retention = 24 * time.Hour
-	}
-	if out.Isolation == "" {
-		out.Isolation = pgx.ReadCommitted
-	}
-	if out.MaxPhaseRetries == 0 {
-		out.MaxPhaseRetries = 3
-	}
-	if out.PhaseRetryBackoff == 0 {
-		out.PhaseRetryBackoff = 10 * time.Millisecond
-	}
-	if out.Logger == nil {
-		out.Logger = slog.Default()
-	}
+	out.Lease = cmp.Or(out.Lease, LeaseDefault)
+	out.HeartbeatInterval = cmp.Or(out.HeartbeatInterval, out.Lease/3)
+	out.MaxRetryAfter = cmp.Or(out.MaxRetryAfter, MaxRetryAfterDefault)
+	out.Retention = cmp.Or(out.Retention, RetentionDefault)
+	out.Isolation = cmp.Or(out.Isolation, IsolationDefault)
+	out.MaxPhaseRetries = cmp.Or(out.MaxPhaseRetries, MaxPhaseRetriesDefault)
+	out.PhaseRetryBackoff = cmp.Or(out.PhaseRetryBackoff, PhaseRetryBackoffDefault)
+	out.StatementTimeout = cmp.Or(out.StatementTimeout, StatementTimeoutDefault)
+	out.PhaseStatementTimeout = cmp.Or(out.PhaseStatementTimeout, out.StatementTimeout)
+	out.LeaseMargin = cmp.Or(out.LeaseMargin, out.Lease/10)
+	out.Logger = cmp.Or(out.Logger, slog.Default())
 	out.Flows = append([]AnyFlow(nil), out.Flows...)
 	return out
 }
@@ -167,6 +193,12 @@ func (c *Config) validate() error {
 	case pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable:
 	default:
 		errs = append(errs, fmt.Errorf("Isolation %q is not read committed, repeatable read or serializable", c.Isolation))
+	}
+	if c.StatementTimeout < 0 || c.PhaseStatementTimeout < 0 {
+		errs = append(errs, fmt.Errorf("StatementTimeout %s and PhaseStatementTimeout %s must not be negative", c.StatementTimeout, c.PhaseStatementTimeout))
+	}
+	if c.LeaseMargin < 0 || c.LeaseMargin >= c.Lease-c.HeartbeatInterval {
+		errs = append(errs, fmt.Errorf("LeaseMargin %s must be positive and leave room for a heartbeat (Lease %s minus HeartbeatInterval %s)", c.LeaseMargin, c.Lease, c.HeartbeatInterval))
 	}
 	if c.PhaseRetryBackoff < 0 {
 		errs = append(errs, fmt.Errorf("PhaseRetryBackoff %s is negative", c.PhaseRetryBackoff))

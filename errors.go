@@ -3,15 +3,19 @@ package idem
 import (
 	"errors"
 	"fmt"
+
+	"github.com/go-idem/idem/idemdriver"
 )
 
-// Sentinel errors. Every error the runner returns wraps at most one of these,
-// so callers branch with errors.Is.
+// Sentinel errors. Callers branch with errors.Is. An error may wrap more than
+// one (a lock lost while a failed phase was being released wraps ErrLockLost
+// and the phase's own error); Outcome.Kind says which one the runner acted
+// on, in the order of its derivation (see [OutcomeKind]).
 var (
 	// ErrInvalidRequest: the request itself is unusable (empty scope, a key
 	// that is not 1-255 printable ASCII characters, params that do not decode
 	// into the flow's input). Nothing was written.
-	ErrInvalidRequest = errors.New("idem: invalid request")
+	ErrInvalidRequest = idemdriver.ErrInvalidRequest
 
 	// ErrInvalidParams: the params do not decode into the flow's input, or
 	// hold what the key store cannot keep (the NUL character, which JSON
@@ -35,11 +39,11 @@ var (
 	// ErrLockLost: the lease was taken over (or the key force-unlocked) while
 	// this worker ran; its uncommitted phase was rolled back. Another worker
 	// owns the request now.
-	ErrLockLost = errors.New("idem: lock lost")
+	ErrLockLost = idemdriver.ErrLockLost
 
 	// ErrStoreUnavailable: the database could not be reached. When it happens
 	// before acquisition no phase ran (fail closed).
-	ErrStoreUnavailable = errors.New("idem: store unavailable")
+	ErrStoreUnavailable = idemdriver.ErrStoreUnavailable
 
 	// ErrPhaseFailed: a phase returned an error or panicked. Its transaction
 	// rolled back, the lock was released and nothing was stored, so a retry
@@ -53,7 +57,7 @@ var (
 
 	// ErrSerialization is what a store maps serialization failures and
 	// deadlocks to; the runner retries phases that fail with it.
-	ErrSerialization = errors.New("idem: serialization failure")
+	ErrSerialization = idemdriver.ErrSerialization
 
 	// ErrSecondForeignCall: a phase called Attempt.Foreign twice. A phase may
 	// make at most one foreign call, so that a crash between two calls can
@@ -70,7 +74,12 @@ var (
 	ErrUnknownRecoveryPoint = errors.New("idem: unknown recovery point")
 
 	// ErrNotFound: no key with that scope and key exists.
-	ErrNotFound = errors.New("idem: key not found")
+	ErrNotFound = idemdriver.ErrNotFound
+
+	// ErrPhaseOwnsTx is what Commit and Rollback of [Attempt.PgxTx] return:
+	// only the runner ends a phase's transaction, together with the key's
+	// recovery point.
+	ErrPhaseOwnsTx = idemdriver.ErrPhaseOwnsTx
 
 	// ErrSimulatedCrash is returned by a Config.Test.Hook to make the runner
 	// behave as if its process died at that point: the open transaction is

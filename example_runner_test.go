@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"net/http"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/internal/pgtest"
 	"github.com/go-idem/idem/migrations"
@@ -44,7 +42,7 @@ func ExampleRunner_Execute() {
 	flow := idem.MustNewFlow("orders.create", []idem.Phase[OrderParams]{
 		{
 			Name: "order_created",
-			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[OrderParams]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[OrderParams]) (idem.Result, error) {
 				var id int64
 				in := run.Input()
 				if err := tx.QueryRow(ctx, `INSERT INTO orders (sku, quantity) VALUES ($1, $2) RETURNING id`, in.SKU, in.Quantity).Scan(&id); err != nil {
@@ -55,7 +53,7 @@ func ExampleRunner_Execute() {
 		},
 		{
 			Name: "charged",
-			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[OrderParams]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[OrderParams]) (idem.Result, error) {
 				var orderID int64
 				if _, err := run.Checkpoint("order_id", &orderID); err != nil {
 					return idem.Result{}, err
@@ -76,6 +74,7 @@ func ExampleRunner_Execute() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer store.Close()
 	runner, err := idem.NewRunner(store, &idem.Config{
 		Flows:  []idem.AnyFlow{flow},
 		Logger: slog.New(slog.DiscardHandler),

@@ -36,7 +36,7 @@ var (
 )
 
 // NewFlow declares a flow. It checks the declaration: a valid unique name per
-// phase, a Run function on each, a Reconcile hook on every not-idempotent
+// phase, a Do function on each, a Reconcile hook on every not-idempotent
 // phase. Flow names are stored with each key, so a name must keep meaning
 // the same endpoint across deploys.
 func NewFlow[In any](name string, phases []Phase[In], config *FlowConfig) (*Flow[In], error) {
@@ -60,7 +60,7 @@ func NewFlow[In any](name string, phases []Phase[In], config *FlowConfig) (*Flow
 		case p.Name == RecoveryPointStarted || p.Name == RecoveryPointFinished:
 			return nil, fmt.Errorf("idem: flow %q: %q is a reserved recovery point, not a phase name", name, p.Name)
 		case p.Do == nil:
-			return nil, fmt.Errorf("idem: flow %q phase %q has no Run function", name, p.Name)
+			return nil, fmt.Errorf("idem: flow %q phase %q has no Do function", name, p.Name)
 		case p.Foreign == ForeignNotIdempotent && p.Reconcile == nil:
 			return nil, fmt.Errorf("idem: flow %q phase %q makes a not-idempotent foreign call and needs a Reconcile hook", name, p.Name)
 		case p.Foreign != ForeignIdempotent && p.Foreign != ForeignNotIdempotent:
@@ -102,8 +102,8 @@ type AnyFlow interface {
 	phaseMeta(i int) (name string, kind ForeignKind, iso pgx.TxIsoLevel)
 	prepare(params any) (*prepared, error)
 	decode(stored []byte) (any, error)
-	callDo(ctx context.Context, tx pgx.Tx, st *runState) (Result, error)
-	callReconcile(ctx context.Context, tx pgx.Tx, st *runState) (Reconciliation, error)
+	callDo(ctx context.Context, tx Tx, h *held) (Result, error)
+	callReconcile(ctx context.Context, tx Tx, h *held) (Reconciliation, error)
 }
 
 // prepared is a request's input in the three forms the runner needs.
@@ -203,10 +203,10 @@ func containsEscapedNUL(doc []byte) bool {
 	return false
 }
 
-func (f *Flow[In]) callDo(ctx context.Context, tx pgx.Tx, st *runState) (Result, error) {
-	return f.phases[st.phase].Do(ctx, tx, &Attempt[In]{st: st, input: st.input.(In)})
+func (f *Flow[In]) callDo(ctx context.Context, tx Tx, h *held) (Result, error) {
+	return f.phases[h.phase].Do(ctx, tx, &Attempt[In]{h: h, input: h.input.(In)})
 }
 
-func (f *Flow[In]) callReconcile(ctx context.Context, tx pgx.Tx, st *runState) (Reconciliation, error) {
-	return f.phases[st.phase].Reconcile(ctx, tx, &Attempt[In]{st: st, input: st.input.(In)})
+func (f *Flow[In]) callReconcile(ctx context.Context, tx Tx, h *held) (Reconciliation, error) {
+	return f.phases[h.phase].Reconcile(ctx, tx, &Attempt[In]{h: h, input: h.input.(In)})
 }

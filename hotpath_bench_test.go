@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/go-idem/idem/idemdriver"
 )
 
 // Benchmarks of the runner's in-process work per request, the part that is
@@ -23,7 +23,7 @@ type benchRideInput struct {
 
 func benchFlow(tb testing.TB) *Flow[benchRideInput] {
 	tb.Helper()
-	advance := func(context.Context, pgx.Tx, *Attempt[benchRideInput]) (Result, error) { return Advance(), nil }
+	advance := func(context.Context, Tx, *Attempt[benchRideInput]) (Result, error) { return Advance(), nil }
 	f, err := NewFlow("bench.rides", []Phase[benchRideInput]{
 		{Name: "ride_created", Do: advance},
 		{Name: "charge_created", Do: advance},
@@ -109,11 +109,11 @@ func BenchmarkStorableResponse(b *testing.B) {
 	}
 }
 
-// BenchmarkRunStateBookkeeping is the in-memory bookkeeping of one
+// BenchmarkHeldBookkeeping is the in-memory bookkeeping of one
 // three-phase request, without the database: each phase begins an attempt,
 // reads its key (a copy) and a checkpoint, records one, derives the
 // downstream key, and has its commit applied to the in-memory record.
-func BenchmarkRunStateBookkeeping(b *testing.B) {
+func BenchmarkHeldBookkeeping(b *testing.B) {
 	f := benchFlow(b)
 	r := &Runner{config: (&Config{}).WithDefaults()}
 	in := benchRideInput{UserID: 7, Origin: "SF", Amount: 2000}
@@ -122,10 +122,11 @@ func BenchmarkRunStateBookkeeping(b *testing.B) {
 	for b.Loop() {
 		rec := benchFinishedRecord()
 		rec.Status, rec.RecoveryPoint, rec.Checkpoint = StatusRunning, RecoveryPointStarted, map[string]json.RawMessage{}
-		st := &runState{runner: r, flow: f, rec: rec, ref: LockRef{ID: rec.ID, Fence: rec.Fence}, input: in}
+		h := r.hold(f, rec, in, false, time.Now())
 		for i, name := range names {
-			st.beginAttempt(i, 1)
-			run := &Attempt[benchRideInput]{st: st, input: in}
+			h.enterPhase(i)
+			h.beginAttempt()
+			run := &Attempt[benchRideInput]{h: h, input: in}
 			if run.Key().ID != 42 {
 				b.Fatal("key")
 			}
@@ -137,7 +138,7 @@ func BenchmarkRunStateBookkeeping(b *testing.B) {
 				b.Fatal(err)
 			}
 			_ = run.IdempotencyKey()
-			st.committed(CommitParams{Ref: st.ref, RecoveryPoint: name, Status: StatusRunning, CheckpointPatch: st.patch})
+			h.committed(&idemdriver.CommitParams{Ref: h.ref, RecoveryPoint: name, Status: StatusRunning, CheckpointPatch: h.patch})
 		}
 	}
 }

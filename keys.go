@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/go-idem/idem/idemdriver"
 )
 
 // Operators look at keys by state rather than by raw status: a running key
@@ -14,86 +16,36 @@ import (
 
 // KeyState is how an operator sees a key: its status refined by its lease
 // and its expiry. [KeyRecord.State] computes it.
-type KeyState string
+type KeyState = idemdriver.KeyState
 
+// The key states, in the order a key usually goes through them.
 const (
-	// KeyStateRunning: unfinished and held by a live lease; a worker is on it.
-	KeyStateRunning KeyState = "running"
-	// KeyStateStale: unfinished and nobody holds it (released after a failed
-	// attempt, or its holder died and the lease expired). The next client
-	// retry, or the completer, resumes it.
-	KeyStateStale KeyState = "stale"
-	// KeyStateFinished: a response is stored and is replayed until expiry.
-	KeyStateFinished KeyState = "finished"
-	// KeyStateNeedsReconcile: waits for a reconcile run to decide whether a
-	// not-idempotent foreign call happened.
-	KeyStateNeedsReconcile KeyState = "needs-reconcile"
-	// KeyStateExpired: finished and past expires_at; the reaper deletes it.
-	// Until then it is still replayed.
-	KeyStateExpired KeyState = "expired"
+	KeyStateRunning        = idemdriver.KeyStateRunning
+	KeyStateStale          = idemdriver.KeyStateStale
+	KeyStateNeedsReconcile = idemdriver.KeyStateNeedsReconcile
+	KeyStateFinished       = idemdriver.KeyStateFinished
+	KeyStateExpired        = idemdriver.KeyStateExpired
 )
 
 // KeyStates lists every KeyState, in the order a key usually goes through
 // them.
-func KeyStates() []KeyState {
-	return []KeyState{KeyStateRunning, KeyStateStale, KeyStateNeedsReconcile, KeyStateFinished, KeyStateExpired}
-}
+func KeyStates() []KeyState { return idemdriver.KeyStates() }
 
-// ParseKeyState parses a state name as the CLI accepts it ("needs_reconcile"
-// is accepted for "needs-reconcile").
-func ParseKeyState(s string) (KeyState, error) {
-	if s == string(StatusNeedsReconcile) {
-		return KeyStateNeedsReconcile, nil
-	}
-	for _, st := range KeyStates() {
-		if string(st) == s {
-			return st, nil
-		}
-	}
-	return "", fmt.Errorf("unknown key state %q (running, stale, needs-reconcile, finished or expired)", s)
-}
-
-// State classifies the key at time now (use the database clock where you
-// have it, as [KeyList.Now]).
-func (k *KeyRecord) State(now time.Time) KeyState {
-	switch k.Status {
-	case StatusFinished:
-		if k.ExpiresAt != nil && !k.ExpiresAt.After(now) {
-			return KeyStateExpired
-		}
-		return KeyStateFinished
-	case StatusNeedsReconcile:
-		return KeyStateNeedsReconcile
-	}
-	if k.Locked(now) {
-		return KeyStateRunning
-	}
-	return KeyStateStale
-}
+// ParseKeyState parses a state name as the CLI accepts it.
+func ParseKeyState(s string) (KeyState, error) { return idemdriver.ParseKeyState(s) }
 
 // KeyQuery selects keys for [Runner.ListKeys]. Zero fields do not filter.
-type KeyQuery struct {
-	State KeyState
-	Scope string
-	Key   string
-	Flow  string
-	// Limit caps the number of keys returned: default 50, at most
-	// MaxKeyListLimit.
-	Limit int
-	// BeforeID pages backwards: only keys with a smaller id are returned.
-	// Pass the last id of the previous page.
-	BeforeID int64
-}
+type KeyQuery = idemdriver.KeyQuery
 
 // MaxKeyListLimit is the most keys one ListKeys call returns.
-const MaxKeyListLimit = 10000
+const MaxKeyListLimit = idemdriver.MaxKeyListLimit
 
 // KeyList is a page of keys and the database clock it was read at, against
 // which [KeyRecord.State] classifies them.
-type KeyList struct {
-	Keys []*KeyRecord
-	Now  time.Time
-}
+type KeyList = idemdriver.KeyList
+
+// UnlockResult is what [Runner.UnlockKey] did.
+type UnlockResult = idemdriver.UnlockResult
 
 // ListKeys returns the keys matching q, newest first, with the database
 // clock they were read at.
@@ -111,7 +63,7 @@ func (r *Runner) ListKeys(ctx context.Context, q KeyQuery) (*KeyList, error) {
 		}
 		q.State = st
 	}
-	list, err := r.store.ListKeys(ctx, ListKeysParams{KeyQuery: q, Now: r.now()})
+	list, err := r.store.ListKeys(ctx, idemdriver.ListKeysParams{KeyQuery: q, Now: r.now()})
 	if err != nil {
 		r.emit(ctx, Event{Kind: EventStoreError, Scope: q.Scope, Key: q.Key, Err: err})
 		return nil, fmt.Errorf("list keys: %w", err)
@@ -151,7 +103,7 @@ func (r *Runner) UnlockKey(ctx context.Context, scope, key, reason string) (*Unl
 	if reason == "" {
 		reason = "unlocked by an operator"
 	}
-	res, err := r.store.UnlockKey(ctx, UnlockParams{Scope: scope, Key: key, Reason: reason})
+	res, err := r.store.UnlockKey(ctx, idemdriver.UnlockParams{Scope: scope, Key: key, Reason: reason})
 	if err != nil {
 		if !errors.Is(err, ErrNotFound) {
 			r.emit(ctx, Event{Kind: EventStoreError, Scope: scope, Key: key, Err: err})

@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemdriver"
 )
 
 func TestListKeysByState(t *testing.T) {
@@ -113,7 +113,7 @@ func TestUnlockKeyStopsALiveHolder(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	inPhase, unlocked := make(chan struct{}), make(chan struct{})
-	b.hooks["charge_created"] = func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) error {
+	b.hooks["charge_created"] = func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
 		close(inPhase)
 		<-unlocked
 		return nil
@@ -189,10 +189,10 @@ func TestUnlockKeyTxJoinsTheCallersTransaction(t *testing.T) {
 	for _, commit := range []bool{false, true} {
 		tx, err := b.pool.Begin(ctx)
 		require.NoError(t, err)
-		res, err := b.store.UnlockKeyTx(ctx, tx, idem.UnlockParams{Scope: "user:1", Key: "k1", Reason: "tx"})
+		res, err := b.store.UnlockKeyTx(ctx, tx, idemdriver.UnlockParams{Scope: "user:1", Key: "k1", Reason: "tx"})
 		require.NoError(t, err)
 		require.True(t, res.Unlocked)
-		list, err := b.store.ListKeysTx(ctx, tx, idem.ListKeysParams{KeyQuery: idem.KeyQuery{State: idem.KeyStateStale, Limit: 10}})
+		list, err := b.store.ListKeysTx(ctx, tx, idemdriver.ListKeysParams{KeyQuery: idem.KeyQuery{State: idem.KeyStateStale, Limit: 10}})
 		require.NoError(t, err)
 		require.Len(t, list.Keys, 1, "the transaction sees its own unlock")
 		if commit {

@@ -21,16 +21,21 @@ import (
 // matches no row, rolls its phase back and stops with ErrLockLost, so at any
 // moment at most one worker can commit a phase of a key.
 
-// holdLease starts the heartbeat for a held request. The returned context is
+// holdLease starts the heartbeat for a held key. The returned context is
 // cancelled with cause ErrLockLost as soon as a heartbeat finds the lease
 // gone, which aborts the running phase's statements early; the fenced commit
 // would refuse it anyway. release stops the heartbeat.
-func (r *Runner) holdLease(ctx context.Context, st *runState) (context.Context, func()) {
+//
+// The heartbeat runs until release, whatever the request is doing: while the
+// worker is letting go of the key (a final commit in flight, a release) a
+// refused beat is expected and ignored, and if the final commit then fails and
+// the phase is retried, the beats that follow keep the lease alive again.
+func (r *Runner) holdLease(ctx context.Context, h *held) (context.Context, func()) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	stop := make(chan struct{})
 	done := make(chan struct{})
-	ref, key, ended := st.ref, st.rec.Key, &st.leaseEnded
-	ev := Event{Flow: st.flow.Name(), Scope: st.rec.Scope, Key: key}
+	ref, key := h.ref, h.rec.Key
+	ev := Event{Flow: h.flow.Name(), Scope: h.rec.Scope, Key: key}
 	go func() {
 		defer close(done)
 		ticker := time.NewTicker(r.config.HeartbeatInterval)
@@ -43,16 +48,19 @@ func (r *Runner) holdLease(ctx context.Context, st *runState) (context.Context, 
 				return
 			case <-ticker.C:
 			}
-			if ended.Load() {
-				return
+			if h.lettingGo.Load() {
+				continue
 			}
-			_, err := r.store.Heartbeat(ctx, ref, r.config.Lease, r.now())
+			bctx, bcancel := r.storeContext(ctx)
+			sent := r.localNow()
+			_, err := r.store.Heartbeat(bctx, ref, r.config.Lease, r.now())
+			bcancel()
 			switch {
-			case ended.Load():
+			case h.lettingGo.Load():
 				// The request finished or let go of the key while the beat
 				// was in flight; a refused beat means nothing now.
-				return
 			case err == nil:
+				h.renewed(sent)
 				ev.Kind, ev.Err = EventHeartbeat, nil
 				r.emit(ctx, ev)
 			case errors.Is(err, ErrLockLost):
@@ -64,8 +72,9 @@ func (r *Runner) holdLease(ctx context.Context, st *runState) (context.Context, 
 				return
 			default:
 				// A transient store error: keep trying. If the store stays
-				// away past the lease, another worker may take over, and the
-				// fence will stop this one at its next commit.
+				// away past the lease, another worker may take over; this
+				// one stops before its next foreign call (self-fencing) and
+				// the fence stops it at its next commit.
 				ev.Kind, ev.Err = EventStoreError, err
 				r.emit(ctx, ev)
 				r.log.WarnContext(ctx, "idem: heartbeat failed", "key", key, "err", err)

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
@@ -52,7 +51,7 @@ func (w *workTally) observer(own *countingObserver) idem.Observer {
 // Two application instances run the maintenance services on one database at
 // the same time: every expired key is deleted once, every abandoned request
 // is completed once (one ride, one charge, one receipt each) and every
-// needs-reconcile key is reconciled once (one message each). Both stop
+// needs_reconcile key is reconciled once (one message each). Both stop
 // cleanly when their context ends.
 func TestTwoMaintainersDoNoDoubleWork(t *testing.T) {
 	t.Parallel()
@@ -137,7 +136,7 @@ func TestMaintainerStopsCleanly(t *testing.T) {
 	b.abandon(t, "k1")
 	b.clock.Advance(10 * time.Minute)
 	inPhase := make(chan struct{})
-	b.hooks["charge_created"] = func(ctx context.Context, _ pgx.Tx, _ *idem.Attempt[rideInput]) error {
+	b.hooks["charge_created"] = func(ctx context.Context, _ idem.Tx, _ *idem.Attempt[rideInput]) error {
 		close(inPhase)
 		<-ctx.Done()
 		return ctx.Err()

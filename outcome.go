@@ -1,8 +1,12 @@
 package idem
 
-import "time"
+import (
+	"errors"
+	"time"
+)
 
-// OutcomeKind is what running a request came to.
+// OutcomeKind is what running a request came to. It is derived from the
+// returned error: each kind below names the sentinel that yields it.
 type OutcomeKind string
 
 const (
@@ -26,18 +30,61 @@ const (
 	// (ErrStoreUnavailable).
 	OutcomeStoreUnavailable OutcomeKind = "store_unavailable"
 	// OutcomeFailed: a phase failed (ErrPhaseFailed, ErrRetriesExhausted,
-	// ErrUnknownRecoveryPoint); nothing was stored and the lock was released,
-	// so a retry resumes. Maps to a retryable 500.
+	// ErrUnknownRecoveryPoint, ErrUnknownFlow, or any other error); nothing
+	// was stored and the lock was released, so a retry resumes. Maps to a
+	// retryable 500.
 	OutcomeFailed OutcomeKind = "failed"
 	// OutcomeInvalid: the request was rejected before anything was written
-	// (ErrInvalidRequest).
+	// (ErrInvalidRequest, or ErrNotFound for a key that does not exist).
 	OutcomeInvalid OutcomeKind = "invalid"
-	// OutcomeAbandoned: a Config.Test.Hook simulated a crash; the key is
-	// left exactly as a dead process would leave it. Only tests see it.
+	// OutcomeAbandoned: a Config.Test.Hook simulated a crash
+	// (ErrSimulatedCrash); the key is left exactly as a dead process would
+	// leave it. Only tests see it.
 	OutcomeAbandoned OutcomeKind = "abandoned"
 )
 
-// Outcome is the typed result of [Runner.Execute].
+// kindOf derives an outcome's kind from the error the runner returned with it:
+// the error is the one source of truth, and this is the one place it is read.
+// When an error wraps several sentinels, the first case here decides.
+func kindOf(err error, replayed bool, rec *KeyRecord) OutcomeKind {
+	switch {
+	case err == nil && replayed:
+		return OutcomeReplayed
+	case err == nil:
+		return OutcomeExecuted
+	case errors.Is(err, ErrSimulatedCrash):
+		return OutcomeAbandoned
+	case errors.Is(err, ErrNothingToReconcile) && rec != nil:
+		switch rec.Status {
+		case StatusFinished:
+			return OutcomeReplayed
+		case StatusNeedsReconcile:
+			return OutcomeNeedsReconcile
+		}
+		return OutcomeInProgress
+	case errors.Is(err, ErrLockLost):
+		return OutcomeLockLost
+	case errors.Is(err, ErrNeedsReconcile):
+		return OutcomeNeedsReconcile
+	case errors.Is(err, ErrInProgress):
+		return OutcomeInProgress
+	case errors.Is(err, ErrMismatch):
+		return OutcomeMismatch
+	case errors.Is(err, ErrInvalidRequest), errors.Is(err, ErrNotFound):
+		return OutcomeInvalid
+	case errors.Is(err, ErrStoreUnavailable):
+		return OutcomeStoreUnavailable
+	}
+	return OutcomeFailed
+}
+
+// settle sets the outcome's Kind from the error it is returned with.
+func (o *Outcome) settle(err error) {
+	o.Kind = kindOf(err, o.replayed, o.Record)
+}
+
+// Outcome is the typed result of [Runner.Execute] and [Runner.Reconcile]. Its
+// Kind is derived from the error returned with it, never set on its own.
 type Outcome struct {
 	Kind OutcomeKind
 	// Response is set for OutcomeExecuted and OutcomeReplayed.
@@ -51,4 +98,6 @@ type Outcome struct {
 	// TookOver is true when this call resumed a key another attempt left
 	// unfinished (a crash, a stale lease, an earlier failure).
 	TookOver bool
+
+	replayed bool
 }

@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Phase is one atomic step of a flow. Its Run function executes inside its
+// Phase is one atomic step of a flow. Its Do function executes inside its
 // own transaction (tx); whatever it writes through tx commits together with
 // the key's new recovery point, or not at all. A phase may make at most one
 // foreign call, through [Attempt.Foreign].
@@ -26,7 +26,7 @@ type Phase[In any] struct {
 	Name string
 
 	// Do does the phase's work.
-	Do func(ctx context.Context, tx pgx.Tx, run *Attempt[In]) (Result, error)
+	Do func(ctx context.Context, tx Tx, a *Attempt[In]) (Result, error)
 
 	// Foreign declares what kind of foreign call the phase makes, if any.
 	// The zero value, ForeignIdempotent, suits calls that carry
@@ -38,7 +38,7 @@ type Phase[In any] struct {
 	// happened without the phase committing, and asks the provider what
 	// happened. It runs in a transaction of its own, like the phase, so it
 	// can make the local writes the phase would have made.
-	Reconcile func(ctx context.Context, tx pgx.Tx, run *Attempt[In]) (Reconciliation, error)
+	Reconcile func(ctx context.Context, tx Tx, a *Attempt[In]) (Reconciliation, error)
 
 	// Isolation is the phase transaction's isolation level. Empty uses
 	// Config.Isolation (default read committed). Serialization failures and
@@ -70,14 +70,6 @@ func (k ForeignKind) String() string {
 		return "not_idempotent"
 	}
 	return "unknown"
-}
-
-// Response is what a flow answers: a status, headers and the body bytes
-// exactly as first sent.
-type Response struct {
-	Status int
-	Header http.Header
-	Body   []byte
 }
 
 // Result is how a phase ends. Build one with [Advance], [Respond] or

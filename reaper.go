@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/go-idem/idem/idemdriver"
 )
 
 // The reaper keeps the keys table small. A finished key is replayed until its
@@ -99,7 +101,7 @@ func (r *Runner) Reap(ctx context.Context, config *ReapConfig) (*ReapResult, err
 		if err := ctx.Err(); err != nil {
 			return res, context.Cause(ctx)
 		}
-		n, err := r.store.Reap(ctx, ReapParams{Limit: cfg.BatchSize, StatementTimeout: cfg.StatementTimeout, Now: r.now()})
+		n, err := r.store.Reap(ctx, idemdriver.ReapParams{Limit: cfg.BatchSize, StatementTimeout: cfg.StatementTimeout, Now: r.now()})
 		if err != nil {
 			if ctx.Err() != nil {
 				return res, context.Cause(ctx)

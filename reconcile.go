@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/go-idem/idem/idemdriver"
 )
 
 // ErrNothingToReconcile is returned by [Runner.Reconcile] for a key that is
@@ -22,156 +22,149 @@ var ErrNothingToReconcile = errors.New("idem: key does not need reconciliation")
 //     to a response, so a client that gave up still gets its result stored.
 //   - ReconcileNotDone: the mark is cleared and the flow continues by running
 //     the phase again, which is now safe.
-//   - ReconcileUnknown, or a hook error: the key stays in needs-reconcile,
+//   - ReconcileUnknown, or a hook error: the key stays in needs_reconcile,
 //     unlocked, with the reason recorded, for a later run or an operator.
 //
-// The key's flow must be registered in Config.Flows.
+// A key in needs_reconcile with no call in doubt (its mark was cleared by a
+// commit whose reply was lost) has nothing to ask a provider: it is resumed
+// from its recovery point. The key's flow must be registered in
+// Config.Flows.
 func (r *Runner) Reconcile(ctx context.Context, scope, key string) (*Outcome, error) {
-	acq, err := r.store.ClaimReconcile(ctx, ClaimParams{Scope: scope, Key: key, Lease: r.config.Lease, Now: r.now()})
-	if err != nil {
-		r.emit(ctx, Event{Kind: EventStoreError, Scope: scope, Key: key, Err: err})
-		if errors.Is(err, ErrStoreUnavailable) {
-			return &Outcome{Kind: OutcomeStoreUnavailable}, fmt.Errorf("claim for reconcile: %w", err)
-		}
-		return &Outcome{Kind: OutcomeFailed}, fmt.Errorf("claim for reconcile: %w", err)
-	}
-	rec := acq.Record
-	if rec == nil {
-		return &Outcome{Kind: OutcomeInvalid}, fmt.Errorf("%w: scope %q key %q", ErrNotFound, scope, key)
-	}
-	if acq.Acquired == AcquiredNone {
-		if rec.Status == StatusNeedsReconcile {
-			return &Outcome{Kind: OutcomeInProgress, Record: rec, RetryAfter: retryAfter(rec, acq.DBNow, r.config.MaxRetryAfter)},
-				fmt.Errorf("%w: another worker is reconciling key %q", ErrInProgress, key)
-		}
-		return &Outcome{Kind: outcomeOfStatus(rec.Status), Record: rec, Response: rec.Response()},
-			fmt.Errorf("%w: key %q is %s", ErrNothingToReconcile, key, rec.Status)
-	}
-
-	flow, ok := r.flows[rec.Flow]
-	st := &runState{runner: r, flow: flow, rec: rec, ref: LockRef{ID: rec.ID, Fence: rec.Fence}}
-	if !ok {
-		return r.leaveUnreconciled(ctx, st, fmt.Errorf("%w: %q is not in Config.Flows", ErrUnknownFlow, rec.Flow))
-	}
-	phase, ok := flow.phaseIndex(rec.ForeignMark)
-	if !ok {
-		return r.leaveUnreconciled(ctx, st, fmt.Errorf("%w: the foreign mark names %q, which flow %q does not have", ErrUnknownRecoveryPoint, rec.ForeignMark, flow.Name()))
-	}
-	if st.input, err = flow.decode(rec.Params); err != nil {
-		return r.leaveUnreconciled(ctx, st, err)
-	}
-	ctx, release := r.holdLease(ctx, st)
-	defer release()
-
-	st.beginAttempt(phase, 1)
-	st.foreignMarked = true
-	name, _, iso := flow.phaseMeta(phase)
-	if iso == "" {
-		iso = r.config.Isolation
-	}
-	verdict, result, err := r.runReconcileHook(ctx, st, iso)
-	ev := st.event(EventReconciled, err)
-	ev.Verdict = verdict.String()
-	r.emit(ctx, ev)
-	if err != nil {
-		return r.leaveUnreconciled(ctx, st, err)
-	}
-	r.log.InfoContext(ctx, "idem: reconciled", "flow", flow.Name(), "key", key, "phase", name, "verdict", verdict)
-	switch {
-	case verdict == verdictNotDone:
-		return r.drive(ctx, st, phase, true)
-	case result.Responds():
-		return &Outcome{Kind: OutcomeExecuted, Response: result.response, Record: st.rec.clone(), TookOver: true}, nil
-	default:
-		return r.drive(ctx, st, phase+1, true)
-	}
-}
-
-// runReconcileHook runs the hook in its own transaction and, for done and
-// not-done verdicts, commits the resolution guarded by the fence.
-func (r *Runner) runReconcileHook(ctx context.Context, st *runState, iso pgx.TxIsoLevel) (verdict, Result, error) {
-	tx, err := r.store.BeginPhase(ctx, iso)
-	if err != nil {
-		return verdictUnknown, Result{}, err
-	}
-	committed := false
-	defer func() {
-		if !committed {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-		}
-	}()
-	var rec Reconciliation
-	func() {
-		defer func() {
-			if v := recover(); v != nil {
-				err = &PanicError{Value: v}
-			}
-		}()
-		rec, err = st.flow.callReconcile(ctx, tx, st)
-	}()
-	if err != nil {
-		return verdictUnknown, Result{}, fmt.Errorf("reconcile hook of phase %q: %w", st.phaseName(), err)
-	}
-	cp := CommitParams{Ref: st.ref, Status: StatusRunning, Lease: r.config.Lease, Retention: st.flow.retentionOr(r.config.Retention), Now: r.now()}
-	switch rec.verdict {
-	case verdictUnknown:
-		reason := rec.reason
-		if reason == "" {
-			reason = "the reconcile hook could not tell"
-		}
-		return verdictUnknown, Result{}, errors.New(reason)
-	case verdictNotDone:
-		cp.RecoveryPoint = st.rec.RecoveryPoint
-		cp.CheckpointPatch = nil
-	case verdictDone:
-		res := rec.result
-		if res.err != nil {
-			return verdictUnknown, Result{}, res.err
-		}
-		cp.CheckpointPatch = st.patch
-		switch {
-		case res.Responds():
-			cp.RecoveryPoint, cp.Status, cp.Response = RecoveryPointFinished, StatusFinished, storableResponse(res.response)
-			st.leaseEnded.Store(true)
-		case st.phase == len(st.flow.PhaseNames())-1:
-			return verdictUnknown, Result{}, fmt.Errorf("reconcile hook of phase %q, the last, said done without a response", st.phaseName())
-		default:
-			cp.RecoveryPoint = st.phaseName()
-		}
-	}
-	started := time.Now()
-	if err := r.store.CommitPhase(ctx, tx, cp); err != nil {
-		return verdictUnknown, Result{}, err
-	}
-	committed = true
-	st.committed(cp)
-	if rec.verdict == verdictDone {
-		// The hook committed the phase in its stead.
-		r.emit(ctx, Event{Kind: EventPhaseCommitted, Flow: st.flow.Name(), Scope: st.rec.Scope, Key: st.rec.Key,
-			Phase: st.phaseName(), Attempt: st.attempt, Duration: time.Since(started)})
-	}
-	return rec.verdict, rec.result, nil
-}
-
-// leaveUnreconciled puts a claimed key back in needs-reconcile, unlocked,
-// recording why.
-func (r *Runner) leaveUnreconciled(ctx context.Context, st *runState, cause error) (*Outcome, error) {
-	out, err := r.toNeedsReconcile(ctx, st, cause.Error(), true)
-	if errors.Is(err, ErrNeedsReconcile) {
-		// Keep the cause in the chain (errors.Is) without repeating its text.
-		err = fmt.Errorf("%w: key %q: %w", ErrNeedsReconcile, st.rec.Key, cause)
-	}
+	out, err := r.reconcile(ctx, scope, key)
+	out.settle(err)
 	return out, err
 }
 
-func outcomeOfStatus(s Status) OutcomeKind {
-	switch s {
-	case StatusFinished:
-		return OutcomeReplayed
-	case StatusNeedsReconcile:
-		return OutcomeNeedsReconcile
+func (r *Runner) reconcile(ctx context.Context, scope, key string) (*Outcome, error) {
+	cctx, cancel := r.storeContext(ctx)
+	sent := r.localNow()
+	acq, err := r.store.ClaimReconcile(cctx, idemdriver.ClaimParams{Scope: scope, Key: key, Lease: r.config.Lease, Now: r.now()})
+	cancel()
+	if err != nil {
+		err = r.storeError(ctx, err)
+		r.emit(ctx, Event{Kind: EventStoreError, Scope: scope, Key: key, Err: err})
+		return &Outcome{}, fmt.Errorf("claim for reconcile: %w", err)
 	}
-	return OutcomeInProgress
+	rec := acq.Record
+	if rec == nil {
+		return &Outcome{}, fmt.Errorf("%w: scope %q key %q", ErrNotFound, scope, key)
+	}
+	if acq.Acquired == idemdriver.AcquiredNone {
+		if rec.Status == StatusNeedsReconcile {
+			return &Outcome{Record: rec, RetryAfter: retryAfter(rec, acq.DBNow, r.config.MaxRetryAfter)},
+				fmt.Errorf("%w: another worker is reconciling key %q", ErrInProgress, key)
+		}
+		return &Outcome{Record: rec, Response: rec.Response()}, fmt.Errorf("%w: key %q is %s", ErrNothingToReconcile, key, rec.Status)
+	}
+
+	flow, ok := r.flows[rec.Flow]
+	h := r.hold(flow, rec, nil, true, sent)
+	h.reconciling = true
+	if !ok {
+		return r.leaveUnreconciled(ctx, h, fmt.Errorf("%w: %q is not in Config.Flows", ErrUnknownFlow, rec.Flow))
+	}
+	if h.input, err = flow.decode(rec.Params); err != nil {
+		return r.leaveUnreconciled(ctx, h, err)
+	}
+	ctx, release := r.holdLease(ctx, h)
+	defer release()
+
+	if rec.ForeignMark == "" {
+		return r.resumeUnmarked(ctx, h)
+	}
+	phase, ok := flow.phaseIndex(rec.ForeignMark)
+	if !ok {
+		return r.leaveUnreconciled(ctx, h, fmt.Errorf("%w: the foreign mark names %q, which flow %q does not have", ErrUnknownRecoveryPoint, rec.ForeignMark, flow.Name()))
+	}
+	h.enterPhase(phase)
+	var verdict Reconciliation
+	result, err := r.runBody(ctx, h, func(ctx context.Context, tx Tx) (Result, *idemdriver.CommitParams, error) {
+		var err error
+		verdict, err = h.flow.callReconcile(ctx, tx, h)
+		if err != nil {
+			return Result{}, nil, fmt.Errorf("reconcile hook of phase %q: %w", h.phaseName(), err)
+		}
+		return r.resolution(h, verdict)
+	})
+	ev := h.event(EventReconciled, err)
+	ev.Verdict = verdict.verdict.String()
+	r.emit(ctx, ev)
+	if err != nil {
+		return r.leaveUnreconciled(ctx, h, err)
+	}
+	h.reconciling = false
+	r.log.InfoContext(ctx, "idem: reconciled", "flow", flow.Name(), "key", key, "phase", h.phaseName(), "verdict", verdict.verdict)
+	switch {
+	case verdict.verdict == verdictNotDone:
+		return r.drive(ctx, h, phase)
+	case result.Responds():
+		return h.outcome(result.response), nil
+	default:
+		return r.drive(ctx, h, phase+1)
+	}
+}
+
+// resolution is what a reconcile verdict records on the key: done commits the
+// phase in its stead, not done clears the mark and leaves the recovery point
+// where it was, and unknown commits nothing.
+func (r *Runner) resolution(h *held, v Reconciliation) (Result, *idemdriver.CommitParams, error) {
+	switch v.verdict {
+	case verdictNotDone:
+		cp := r.commitFor(h, Result{})
+		cp.RecoveryPoint, cp.CheckpointPatch = h.rec.RecoveryPoint, nil
+		return Result{}, cp, nil
+	case verdictDone:
+		res := v.result
+		switch {
+		case res.err != nil:
+			return res, nil, res.err
+		case !res.Responds() && h.phase == len(h.flow.PhaseNames())-1:
+			return res, nil, fmt.Errorf("reconcile hook of phase %q, the last, said done without a response", h.phaseName())
+		}
+		if res.Responds() {
+			res.response = storableResponse(res.response)
+		}
+		return res, r.commitFor(h, res), nil
+	}
+	reason := v.reason
+	if reason == "" {
+		reason = "the reconcile hook could not tell"
+	}
+	return Result{}, nil, errors.New(reason)
+}
+
+// resumeUnmarked takes a key out of needs_reconcile that has no foreign call
+// in doubt and drives it on from its recovery point.
+func (r *Runner) resumeUnmarked(ctx context.Context, h *held) (*Outcome, error) {
+	from := 0
+	if h.rec.RecoveryPoint != RecoveryPointStarted {
+		i, ok := h.flow.phaseIndex(h.rec.RecoveryPoint)
+		if !ok {
+			return r.leaveUnreconciled(ctx, h, fmt.Errorf("%w: key %q is at %q, which flow %q does not have", ErrUnknownRecoveryPoint, h.rec.Key, h.rec.RecoveryPoint, h.flow.Name()))
+		}
+		from = i + 1
+	}
+	h.enterPhase(from)
+	_, err := r.runBody(ctx, h, func(context.Context, Tx) (Result, *idemdriver.CommitParams, error) {
+		return r.resolution(h, ReconcileNotDone())
+	})
+	if err != nil {
+		return r.leaveUnreconciled(ctx, h, err)
+	}
+	h.reconciling = false
+	r.log.InfoContext(ctx, "idem: resumed a needs_reconcile key with no call in doubt", "flow", h.flow.Name(), "key", h.rec.Key, "recovery_point", h.rec.RecoveryPoint)
+	return r.drive(ctx, h, from)
+}
+
+// leaveUnreconciled puts a claimed key back in needs_reconcile, unlocked,
+// recording why.
+func (r *Runner) leaveUnreconciled(ctx context.Context, h *held, cause error) (*Outcome, error) {
+	out, err := r.toNeedsReconcile(ctx, h, cause.Error())
+	if errors.Is(err, ErrNeedsReconcile) {
+		// Keep the cause in the chain (errors.Is) without repeating its text.
+		err = fmt.Errorf("%w: key %q: %w", ErrNeedsReconcile, h.rec.Key, cause)
+	}
+	return out, err
 }
 
 func (v verdict) String() string {
@@ -182,4 +175,104 @@ func (v verdict) String() string {
 		return "not_done"
 	}
 	return "unknown"
+}
+
+// Reconcile runs resolve keys stuck in needs_reconcile without waiting for a
+// client: each idle needs_reconcile key of a registered flow is claimed (at
+// most one instance claims it, as with the completer) and handed to
+// [Runner.Reconcile], which asks the phase's reconcile hook what the provider
+// did and, on a verdict, carries the flow on to its stored response. A hook
+// that cannot tell yet leaves the key for the next run, IdleFor later.
+
+// ReconcileConfig configures [Runner.ReconcileAll]. The zero value uses
+// every default.
+type ReconcileConfig struct {
+	// IdleFor is how long a needs_reconcile key must have gone without a
+	// run or a reconcile attempt before it is tried (again). It paces the
+	// questions put to a provider that keeps answering "unknown".
+	// Default 1m.
+	IdleFor time.Duration
+
+	// BatchSize is how many keys are claimed at a time. Default 10.
+	BatchSize int
+
+	// MaxKeys bounds one pass. Zero (the default) runs until no idle
+	// needs_reconcile key is left.
+	MaxKeys int
+}
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c *ReconcileConfig) WithDefaults() *ReconcileConfig {
+	out := &ReconcileConfig{}
+	if c != nil {
+		*out = *c
+	}
+	if out.IdleFor == 0 {
+		out.IdleFor = time.Minute
+	}
+	if out.BatchSize == 0 {
+		out.BatchSize = 10
+	}
+	return out
+}
+
+func (c *ReconcileConfig) validate() error {
+	return validateSweep("reconcile", c.IdleFor, c.BatchSize, c.MaxKeys)
+}
+
+// ReconcileResult is what one reconcile pass did.
+type ReconcileResult struct {
+	// Claimed counts the needs_reconcile keys this pass picked up.
+	Claimed int `json:"claimed"`
+	// Resolved counts keys whose hook gave a verdict and whose flow then
+	// reached a stored response.
+	Resolved int `json:"resolved"`
+	// Unresolved counts keys left in needs_reconcile: the hook could not
+	// tell, or failed.
+	Unresolved int `json:"unresolved"`
+	// Skipped counts keys someone else was reconciling or had resolved.
+	Skipped int `json:"skipped"`
+	// Failed counts keys whose hook gave a verdict but whose flow failed
+	// afterwards; they are unfinished and unlocked, for a retry or the
+	// completer.
+	Failed int `json:"failed"`
+}
+
+// ReconcileAll runs one reconcile pass over the idle needs_reconcile keys of
+// the flows registered in Config.Flows. Each hook verdict emits
+// EventReconciled; keys left unresolved emit EventNeedsReconcile again. A
+// key's own failure is counted and logged, not returned. A nil config means
+// the defaults.
+func (r *Runner) ReconcileAll(ctx context.Context, config *ReconcileConfig) (*ReconcileResult, error) {
+	cfg := config.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	flows := r.flowNames()
+	if len(flows) == 0 {
+		return nil, fmt.Errorf("%w: Config.Flows is empty, so this runner cannot reconcile any key", ErrUnknownFlow)
+	}
+	res := &ReconcileResult{}
+	err := r.sweep(ctx, StatusNeedsReconcile, flows, cfg.IdleFor, 0, cfg.BatchSize, cfg.MaxKeys, func(rec *KeyRecord) {
+		res.Claimed++
+		out, err := r.Reconcile(ctx, rec.Scope, rec.Key)
+		log := r.log.With("flow", rec.Flow, "scope", rec.Scope, "key", rec.Key)
+		switch {
+		case out.Kind == OutcomeExecuted:
+			res.Resolved++
+		case out.Kind == OutcomeNeedsReconcile:
+			res.Unresolved++
+			log.InfoContext(ctx, "idem: key still needs reconciliation", "err", err)
+		case out.Kind == OutcomeInProgress || errors.Is(err, ErrNothingToReconcile) || errors.Is(err, ErrNotFound):
+			res.Skipped++
+		default:
+			res.Failed++
+			if ctx.Err() == nil {
+				log.WarnContext(ctx, "idem: reconciled key failed to finish", "outcome", out.Kind, "err", err)
+			}
+		}
+	})
+	r.logPass(ctx, "reconcile", res.Claimed, err, "resolved", res.Resolved, "unresolved", res.Unresolved,
+		"skipped", res.Skipped, "failed", res.Failed)
+	return res, err
 }

@@ -50,7 +50,7 @@ type smsBundle struct {
 	gateway *smsGateway
 	flow    *idem.Flow[smsInput]
 	// inSend runs inside the send phase after the foreign call, if set.
-	inSend func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[smsInput]) error
+	inSend func(ctx context.Context, tx idem.Tx, run *idem.Attempt[smsInput]) error
 }
 
 func setupSMS(t *testing.T) *smsBundle {
@@ -60,7 +60,7 @@ func setupSMS(t *testing.T) *smsBundle {
 	b.flow = idem.MustNewFlow("sms.send", []idem.Phase[smsInput]{
 		{
 			Name: "message_saved",
-			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[smsInput]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[smsInput]) (idem.Result, error) {
 				var id int64
 				if err := tx.QueryRow(ctx, `INSERT INTO messages (to_number) VALUES ($1) RETURNING id`, run.Input().To).Scan(&id); err != nil {
 					return idem.Result{}, err
@@ -71,7 +71,7 @@ func setupSMS(t *testing.T) *smsBundle {
 		{
 			Name:    "sms_sent",
 			Foreign: idem.ForeignNotIdempotent,
-			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[smsInput]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[smsInput]) (idem.Result, error) {
 				b.counts.add("sms_sent")
 				ref := run.IdempotencyKey() // used here only as our own reference
 				if err := run.Foreign(ctx, "send_sms", func(context.Context, string) error { return b.gateway.send(ref) }); err != nil {
@@ -84,7 +84,7 @@ func setupSMS(t *testing.T) *smsBundle {
 				}
 				return idem.Advance(), markSent(ctx, tx, run)
 			},
-			Reconcile: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[smsInput]) (idem.Reconciliation, error) {
+			Reconcile: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[smsInput]) (idem.Reconciliation, error) {
 				b.counts.add("reconcile")
 				if b.gateway.unknown {
 					return idem.ReconcileUnknown("gateway lookup timed out"), nil
@@ -97,7 +97,7 @@ func setupSMS(t *testing.T) *smsBundle {
 		},
 		{
 			Name: "responded",
-			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[smsInput]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[smsInput]) (idem.Result, error) {
 				var id int64
 				if _, err := run.Checkpoint("message_id", &id); err != nil {
 					return idem.Result{}, err
@@ -109,7 +109,7 @@ func setupSMS(t *testing.T) *smsBundle {
 	return b
 }
 
-func markSent(ctx context.Context, tx pgx.Tx, run *idem.Attempt[smsInput]) error {
+func markSent(ctx context.Context, tx idem.Tx, run *idem.Attempt[smsInput]) error {
 	var id int64
 	if _, err := run.Checkpoint("message_id", &id); err != nil {
 		return err
@@ -127,7 +127,7 @@ func (b *smsBundle) req(key string) idem.Request {
 }
 
 func (b *smsBundle) ref(t *testing.T, key string) string {
-	return "idem-" + b.key(t, key).RequestID + "-sms_sent"
+	return b.key(t, key).DownstreamKey("sms_sent")
 }
 
 func TestNotIdempotentCallRunsOnceWhenNothingGoesWrong(t *testing.T) {
@@ -244,7 +244,7 @@ func TestNotIdempotentPhaseIsNotRetriedAfterItsCall(t *testing.T) {
 	b := setupSMS(t)
 	conflicts := 5
 	conflict := b.conflictOnce(t, &conflicts)
-	b.inSend = func(ctx context.Context, tx pgx.Tx, _ *idem.Attempt[smsInput]) error { return conflict(ctx, tx, nil) }
+	b.inSend = func(ctx context.Context, tx idem.Tx, _ *idem.Attempt[smsInput]) error { return conflict(ctx, tx, nil) }
 	r := b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Isolation: pgx.RepeatableRead})
 	out, err := r.Execute(context.Background(), b.flow, b.req("k1"))
 	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
@@ -260,7 +260,7 @@ func TestSecondForeignCallIsRefused(t *testing.T) {
 	var calls int
 	flow := idem.MustNewFlow("double", []idem.Phase[rideInput]{{
 		Name: "charged_twice",
-		Do: func(ctx context.Context, _ pgx.Tx, run *idem.Attempt[rideInput]) (idem.Result, error) {
+		Do: func(ctx context.Context, _ idem.Tx, run *idem.Attempt[rideInput]) (idem.Result, error) {
 			call := func(context.Context, string) error { calls++; return nil }
 			if err := run.Foreign(ctx, "charge", call); err != nil {
 				return idem.Result{}, err
@@ -314,7 +314,7 @@ func TestParamsAsJSONOrValueFingerprintAlike(t *testing.T) {
 	r := b.runner(t, nil)
 	_, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
-	out, err := r.Execute(ctx, b.flow, idem.Request{Scope: "user:1", Key: "k1", Params: []byte(` {"amount": 2e1, "origin":"SF"}`)})
+	out, err := r.Execute(ctx, b.flow, idem.Request{Scope: "user:1", Key: "k1", Method: "POST", Path: "/rides", Params: []byte(` {"amount": 2e1, "origin":"SF"}`)})
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeReplayed, out.Kind)
 }
@@ -324,7 +324,7 @@ func TestLastPhaseMustRespond(t *testing.T) {
 	b := setup(t)
 	flow := idem.MustNewFlow("no.answer", []idem.Phase[rideInput]{{
 		Name: "only",
-		Do: func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) (idem.Result, error) {
+		Do: func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.Result, error) {
 			return idem.Advance(), nil
 		},
 	}}, nil)
@@ -352,7 +352,7 @@ func TestUnknownRecoveryPointFailsClearly(t *testing.T) {
 
 	renamed := idem.MustNewFlow("rides.create", []idem.Phase[rideInput]{{
 		Name: "ride_made",
-		Do: func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) (idem.Result, error) {
+		Do: func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.Result, error) {
 			return idem.RespondJSON(http.StatusOK, "x"), nil
 		},
 	}}, nil)
@@ -367,7 +367,7 @@ func TestUnknownRecoveryPointFailsClearly(t *testing.T) {
 
 func TestFlowDeclarationIsChecked(t *testing.T) {
 	t.Parallel()
-	run := func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) (idem.Result, error) {
+	run := func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.Result, error) {
 		return idem.Advance(), nil
 	}
 	for name, tc := range map[string]struct {

@@ -35,6 +35,7 @@ func TestAcquisitionIsOneRoundTrip(t *testing.T) {
 	t.Cleanup(pool.Close)
 	store, err := pgstore.New(pool, &pgstore.Config{Schema: b.schema.Name})
 	require.NoError(t, err)
+	t.Cleanup(store.Close)
 
 	// writesAt records the socket writes seen at each hook point of the
 	// request being measured.

@@ -27,7 +27,7 @@ func TestNewKeyRunsEveryPhaseOnceInOrder(t *testing.T) {
 	b := setup(t)
 	var order []string
 	for _, p := range b.flow.PhaseNames() {
-		b.hooks[p] = func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[rideInput]) error {
+		b.hooks[p] = func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) error {
 			order = append(order, run.Phase())
 			return nil
 		}
@@ -138,7 +138,7 @@ func TestMismatchIsCheckedBeforeTheLock(t *testing.T) {
 	entered, proceed := make(chan struct{}), make(chan struct{})
 	letGo := sync.OnceFunc(func() { close(proceed) })
 	t.Cleanup(letGo) // a failing test must not leave the worker holding a connection
-	b.hooks["ride_created"] = func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) error {
+	b.hooks["ride_created"] = func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
 		close(entered)
 		<-proceed
 		return nil
@@ -187,7 +187,7 @@ func TestPhaseErrorRollsBackThatPhaseAndRetryResumes(t *testing.T) {
 	r := b.runner(t, nil)
 	boom := errors.New("receipt service hiccup")
 	fail := true
-	b.hooks["receipt_enqueued"] = func(ctx context.Context, tx pgx.Tx, _ *idem.Attempt[rideInput]) error {
+	b.hooks["receipt_enqueued"] = func(ctx context.Context, tx idem.Tx, _ *idem.Attempt[rideInput]) error {
 		// A write that must vanish with the rollback.
 		if _, err := tx.Exec(ctx, `INSERT INTO jobs (ride_id, kind) VALUES (0, 'leaked')`); err != nil {
 			return err
@@ -227,7 +227,7 @@ func TestPanicInPhaseReleasesAndRetryResumes(t *testing.T) {
 	ctx := context.Background()
 	r := b.runner(t, nil)
 	panicking := true
-	b.hooks["charge_created"] = func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) error {
+	b.hooks["charge_created"] = func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
 		if panicking {
 			panic("nil map somewhere")
 		}
@@ -298,7 +298,7 @@ func TestFencingStopsATakenOverWorker(t *testing.T) {
 	letGo := sync.OnceFunc(func() { close(resume) })
 	t.Cleanup(letGo)
 	first := true
-	b.hooks["ride_created"] = func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[rideInput]) error {
+	b.hooks["ride_created"] = func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) error {
 		if !first {
 			return nil
 		}
@@ -363,7 +363,7 @@ func TestHeartbeatKeepsASlowPhaseLease(t *testing.T) {
 	inside, finish := make(chan struct{}), make(chan struct{})
 	letGo := sync.OnceFunc(func() { close(finish) })
 	t.Cleanup(letGo)
-	b.hooks["charge_created"] = func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) error {
+	b.hooks["charge_created"] = func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
 		close(inside)
 		<-finish
 		return nil
@@ -465,10 +465,10 @@ func TestSerializationFailuresAndDeadlocksAreRetried(t *testing.T) {
 // conflictOnce makes the phase's transaction fail with a real serialization
 // failure while *remaining > 0: it reads a row in its snapshot, another
 // transaction updates and commits that row, then the phase updates it.
-func (b *testBundle) conflictOnce(t *testing.T, remaining *int) func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) error {
+func (b *testBundle) conflictOnce(t *testing.T, remaining *int) func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
 	_, err := b.pool.Exec(context.Background(), `CREATE TABLE IF NOT EXISTS counters (id int PRIMARY KEY, n int); INSERT INTO counters VALUES (1, 0) ON CONFLICT DO NOTHING`)
 	require.NoError(t, err)
-	return func(ctx context.Context, tx pgx.Tx, _ *idem.Attempt[rideInput]) error {
+	return func(ctx context.Context, tx idem.Tx, _ *idem.Attempt[rideInput]) error {
 		var n int
 		if err := tx.QueryRow(ctx, `SELECT n FROM counters WHERE id = 1`).Scan(&n); err != nil {
 			return err
@@ -488,10 +488,10 @@ func (b *testBundle) conflictOnce(t *testing.T, remaining *int) func(context.Con
 // while *remaining > 0: the phase locks row 1, an outside transaction locks
 // row 2 and waits for row 1, the phase then asks for row 2. The phase's
 // short deadlock_timeout makes it the one the detector aborts.
-func (b *testBundle) deadlockOnce(t *testing.T, remaining *int) func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) error {
+func (b *testBundle) deadlockOnce(t *testing.T, remaining *int) func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
 	_, err := b.pool.Exec(context.Background(), `CREATE TABLE IF NOT EXISTS locks (id int PRIMARY KEY); INSERT INTO locks VALUES (1), (2) ON CONFLICT DO NOTHING`)
 	require.NoError(t, err)
-	return func(ctx context.Context, tx pgx.Tx, _ *idem.Attempt[rideInput]) error {
+	return func(ctx context.Context, tx idem.Tx, _ *idem.Attempt[rideInput]) error {
 		if *remaining == 0 {
 			return nil
 		}
@@ -549,7 +549,7 @@ func TestCheckpointSurvivesACrashIntoANewRunner(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT id FROM rides`).Scan(&rideID))
 
 	var seen int64
-	b.hooks["charge_created"] = func(_ context.Context, _ pgx.Tx, run *idem.Attempt[rideInput]) error {
+	b.hooks["charge_created"] = func(_ context.Context, _ idem.Tx, run *idem.Attempt[rideInput]) error {
 		ok, err := run.Checkpoint("ride_id", &seen)
 		require.True(t, ok)
 		return err
@@ -623,6 +623,7 @@ func TestStoreUnavailableFailsClosed(t *testing.T) {
 	t.Cleanup(pool.Close)
 	store, err := pgstore.New(pool, nil)
 	require.NoError(t, err)
+	t.Cleanup(store.Close)
 	r, err := idem.NewRunner(store, nil)
 	require.NoError(t, err)
 
@@ -640,9 +641,13 @@ func TestStoreLostMidFlowResumesLater(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	r := b.runner(t, nil)
-	b.hooks["charge_created"] = func(ctx context.Context, tx pgx.Tx, _ *idem.Attempt[rideInput]) error {
+	b.hooks["charge_created"] = func(ctx context.Context, tx idem.Tx, _ *idem.Attempt[rideInput]) error {
 		// Kill this phase's own backend, as a database failover would.
-		_, err := b.pool.Exec(ctx, `SELECT pg_terminate_backend($1, 10000)`, tx.Conn().PgConn().PID())
+		var pid int
+		if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+			return err
+		}
+		_, err := b.pool.Exec(ctx, `SELECT pg_terminate_backend($1, 10000)`, pid)
 		return err
 	}
 	out, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
@@ -658,7 +663,8 @@ func TestStoreLostMidFlowResumesLater(t *testing.T) {
 }
 
 // A lost commit acknowledgement: the phase committed but the worker saw an
-// error. It must not re-run the phase; the retry resumes after it.
+// error. It must not re-run the phase: it re-reads the key under its fence,
+// finds the commit landed, and goes on.
 func TestLostCommitAcknowledgementIsNotReRun(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -670,13 +676,6 @@ func TestLostCommitAcknowledgementIsNotReRun(t *testing.T) {
 		return nil
 	}}})
 	out, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
-	require.ErrorIs(t, err, idem.ErrStoreUnavailable)
-	require.Equal(t, idem.OutcomeStoreUnavailable, out.Kind)
-	rec := b.key(t, "k1")
-	require.Equal(t, "ride_created", rec.RecoveryPoint)
-	require.Nil(t, rec.LockedAt)
-
-	out, err = r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.Equal(t, 1, b.counts.get()["ride_created"])
@@ -691,7 +690,7 @@ func TestProviderNetworkErrorIsAPhaseFailureNotAStoreOutage(t *testing.T) {
 	b := setup(t)
 	r := b.runner(t, nil)
 	dropped := &net.OpError{Op: "read", Net: "tcp", Err: io.ErrUnexpectedEOF}
-	b.hooks["charge_created"] = func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) error {
+	b.hooks["charge_created"] = func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
 		return fmt.Errorf("charge: %w", dropped)
 	}
 	out, err := r.Execute(context.Background(), b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -34,7 +33,7 @@ type testBundle struct {
 	flow     *idem.Flow[rideInput]
 	// hooks lets a test inject behaviour into the flow's phases by name;
 	// set it before running.
-	hooks map[string]func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[rideInput]) error
+	hooks map[string]func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) error
 }
 
 func setup(t *testing.T) *testBundle {
@@ -48,11 +47,12 @@ func setup(t *testing.T) *testBundle {
 	require.NoError(t, err)
 	store, err := pgstore.New(schema.Pool, &pgstore.Config{Schema: schema.Name})
 	require.NoError(t, err)
+	t.Cleanup(store.Close)
 	b := &testBundle{
 		schema: schema, pool: schema.Pool, store: store,
 		clock:    idemtest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)),
 		provider: newFakeProvider(), counts: &phaseCounts{},
-		hooks: map[string]func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) error{},
+		hooks: map[string]func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error{},
 	}
 	b.flow = b.rideFlow("rides.create")
 	return b
@@ -89,7 +89,7 @@ func (b *testBundle) request(key string, in rideInput) idem.Request {
 // idempotent provider, enqueue a receipt job and respond 201 (or store a
 // 402 when the provider declines).
 func (b *testBundle) rideFlow(name string) *idem.Flow[rideInput] {
-	hook := func(phase string, ctx context.Context, tx pgx.Tx, run *idem.Attempt[rideInput]) error {
+	hook := func(phase string, ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) error {
 		b.counts.add(phase)
 		if h := b.hooks[phase]; h != nil {
 			return h(ctx, tx, run)
@@ -99,7 +99,7 @@ func (b *testBundle) rideFlow(name string) *idem.Flow[rideInput] {
 	return idem.MustNewFlow(name, []idem.Phase[rideInput]{
 		{
 			Name: "ride_created",
-			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[rideInput]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) (idem.Result, error) {
 				if err := hook("ride_created", ctx, tx, run); err != nil {
 					return idem.Result{}, err
 				}
@@ -113,7 +113,7 @@ func (b *testBundle) rideFlow(name string) *idem.Flow[rideInput] {
 		},
 		{
 			Name: "charge_created",
-			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[rideInput]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) (idem.Result, error) {
 				if err := hook("charge_created", ctx, tx, run); err != nil {
 					return idem.Result{}, err
 				}
@@ -141,7 +141,7 @@ func (b *testBundle) rideFlow(name string) *idem.Flow[rideInput] {
 		},
 		{
 			Name: "receipt_enqueued",
-			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[rideInput]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) (idem.Result, error) {
 				if err := hook("receipt_enqueued", ctx, tx, run); err != nil {
 					return idem.Result{}, err
 				}

@@ -268,7 +268,7 @@ func (e *env) connect(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}
-	store, err := pgstore.New(pool, &pgstore.Config{Schema: e.schema})
+	store, err := pgstore.New(pool, &pgstore.Config{Schema: e.schema, ControlDB: pool})
 	if err != nil {
 		pool.Close()
 		return &exitError{code: ExitUsage, err: err}

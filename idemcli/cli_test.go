@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
@@ -61,7 +60,7 @@ func TestApplicationBuildNamesItselfAndItsFlows(t *testing.T) {
 	t.Parallel()
 	flow := idem.MustNewFlow("orders.create", []idem.Phase[struct{}]{{
 		Name: "responded",
-		Do: func(context.Context, pgx.Tx, *idem.Attempt[struct{}]) (idem.Result, error) {
+		Do: func(context.Context, idem.Tx, *idem.Attempt[struct{}]) (idem.Result, error) {
 			return idem.RespondJSON(201, "ok"), nil
 		},
 	}}, nil)

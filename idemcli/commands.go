@@ -142,17 +142,17 @@ var commands = []*command{
 		help: "States:\n" +
 			"  running          unfinished, held by a live lease: a worker is on it\n" +
 			"  stale            unfinished, nobody holds it: the next retry or the completer resumes it\n" +
-			"  needs-reconcile  a not-idempotent call is in doubt: waits for a reconcile run\n" +
+			"  needs_reconcile  a not-idempotent call is in doubt: waits for a reconcile run\n" +
 			"  finished         response stored, replayed until it expires\n" +
 			"  expired          finished and past its expiry: the reaper deletes it\n" +
 			"Page backwards with --before-id set to the last id printed.",
 		examples: []string{
 			"idem keys list --state stale",
-			"idem keys list --state needs-reconcile --flow rides.create --json | jq -r '.keys[].key'",
+			"idem keys list --state needs_reconcile --flow rides.create --json | jq -r '.keys[].key'",
 			"idem keys list --scope user:42 --limit 10",
 		},
 		setup: func(fs *flag.FlagSet) runFunc {
-			state := fs.String("state", "", "only keys in `state`: running, stale, needs-reconcile, finished or expired")
+			state := fs.String("state", "", "only keys in `state`: running, stale, needs_reconcile, finished or expired")
 			scope := fs.String("scope", "", "only keys of `scope`")
 			flow := fs.String("flow", "", "only keys of `flow`")
 			limit := fs.Int("limit", 50, fmt.Sprintf("print at most `n` keys (1-%d)", idem.MaxKeyListLimit))
@@ -262,7 +262,7 @@ var commands = []*command{
 		help: "Runs one completer pass: every unfinished key of a registered flow that nobody holds and that\n" +
 			"has not run for --idle-for is driven to its response from its stored params, through the flow's\n" +
 			"phases, exactly as a client retry would; the response is stored for the client's next retry.\n" +
-			"Keys in doubt go to needs-reconcile. Exits 1 if any key could not be finished.\n" +
+			"Keys in doubt go to needs_reconcile. Exits 1 if any key could not be finished.\n" +
 			"The generic idem binary has no flows: build your application's CLI with the idemcli package.",
 		examples: []string{"ridesctl complete", "ridesctl complete --idle-for 30m --max-keys 100 --json"},
 		setup: func(fs *flag.FlagSet) runFunc {
@@ -294,8 +294,8 @@ var commands = []*command{
 	},
 	{
 		name: "reconcile", args: "[KEY --scope SCOPE] [--idle-for DURATION] [flags]", maxArgs: 1, needsDB: true, needsFlows: true,
-		summary: "run reconcile hooks on needs-reconcile keys (needs the application's flows)",
-		help: "With KEY, reconciles that key now. Without, runs one pass over every needs-reconcile key of a\n" +
+		summary: "run reconcile hooks on needs_reconcile keys (needs the application's flows)",
+		help: "With KEY, reconciles that key now. Without, runs one pass over every needs_reconcile key of a\n" +
 			"registered flow that has been idle for --idle-for. A key whose hook gives a verdict is carried on\n" +
 			"to its stored response; a hook that cannot tell leaves the key for later. Exits 1 if any key is\n" +
 			"left unresolved or failed, 3 if KEY does not exist, 0 if KEY does not need reconciling.",
@@ -327,7 +327,7 @@ var commands = []*command{
 					return err
 				}
 				if res.Unresolved+res.Failed > 0 {
-					return &exitError{code: ExitFailure, err: fmt.Errorf("%d key(s) still need attention; see `keys list --state needs-reconcile`", res.Unresolved+res.Failed)}
+					return &exitError{code: ExitFailure, err: fmt.Errorf("%d key(s) still need attention; see `keys list --state needs_reconcile`", res.Unresolved+res.Failed)}
 				}
 				return nil
 			}

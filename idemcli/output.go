@@ -217,7 +217,7 @@ func (e *env) printReconcile(res *idem.ReconcileResult) error {
 	if e.json {
 		return e.printJSON(res)
 	}
-	_, err := fmt.Fprintf(e.out, "claimed %d needs-reconcile key(s): %d resolved, %d still unresolved, %d skipped, %d failed after the verdict\n",
+	_, err := fmt.Fprintf(e.out, "claimed %d needs_reconcile key(s): %d resolved, %d still unresolved, %d skipped, %d failed after the verdict\n",
 		res.Claimed, res.Resolved, res.Unresolved, res.Skipped, res.Failed)
 	return err
 }

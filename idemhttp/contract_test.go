@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -114,7 +113,7 @@ func phaseFails(name string, fail func() error) contractCase {
 		name: name,
 		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
 			failed := false
-			b.setHook("charge_created", func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) error {
+			b.setHook("charge_created", func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
 				if failed {
 					return nil
 				}
@@ -371,6 +370,7 @@ var contractCases = []contractCase{
 			t.Cleanup(pool.Close)
 			deadStore, err := pgstore.New(pool, nil)
 			require.NoError(t, err)
+			t.Cleanup(deadStore.Close)
 			dead, err := idem.NewRunner(deadStore, nil)
 			require.NoError(t, err)
 			return post(b.handlerOn(t, dead, b.flow, nil), "k-1", rideBody)

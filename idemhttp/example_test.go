@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idem/idem"
@@ -43,7 +42,7 @@ func Example() {
 	}
 	flow := idem.MustNewFlow("rides.create", []idem.Phase[rideRequest]{{
 		Name: "ride_created",
-		Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[rideRequest]) (idem.Result, error) {
+		Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideRequest]) (idem.Result, error) {
 			in := run.Input()
 			var id int64
 			err := tx.QueryRow(ctx, `INSERT INTO rides (user_email, origin) VALUES ($1, $2) RETURNING id`,
@@ -59,6 +58,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer store.Close()
 	runner, err := idem.NewRunner(store, &idem.Config{Flows: []idem.AnyFlow{flow}})
 	if err != nil {
 		log.Fatal(err)

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
@@ -296,7 +295,7 @@ func TestFlowSurvivesClientDisconnect(t *testing.T) {
 	type ctxKey struct{}
 	entered, release := b.blockPhase("charge_created")
 	var seen any
-	b.setHook("responded", func(ctx context.Context, _ pgx.Tx, _ *idem.Attempt[rideInput]) error {
+	b.setHook("responded", func(ctx context.Context, _ idem.Tx, _ *idem.Attempt[rideInput]) error {
 		seen = ctx.Value(ctxKey{})
 		return ctx.Err()
 	})

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -43,7 +42,7 @@ type bundle struct {
 	sms      *idem.Flow[smsInput]  // sms.send: a not-idempotent foreign call that fails
 
 	hooksMu sync.Mutex
-	hooks   map[string]func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[rideInput]) error
+	hooks   map[string]func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) error
 }
 
 const (
@@ -61,17 +60,18 @@ func setup(t testing.TB, profile idemhttp.Profile) *bundle {
 	require.NoError(t, err)
 	store, err := pgstore.New(schema.Pool, &pgstore.Config{Schema: schema.Name})
 	require.NoError(t, err)
+	t.Cleanup(store.Close)
 	b := &bundle{
 		schema: schema, pool: schema.Pool, store: store, profile: profile,
 		clock:    idemtest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)),
 		counts:   &phaseCounts{},
 		provider: &fakeProvider{charges: map[string]string{}},
-		hooks:    map[string]func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) error{},
+		hooks:    map[string]func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error{},
 	}
 	b.flow = b.rideFlow()
 	b.quote = idem.MustNewFlow("rides.quote", []idem.Phase[rideInput]{{
 		Name: "quoted",
-		Do: func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) (idem.Result, error) {
+		Do: func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.Result, error) {
 			b.counts.add("quoted")
 			return idem.RespondJSON(http.StatusOK, map[string]int{"price": 42}), nil
 		},
@@ -79,7 +79,7 @@ func setup(t testing.TB, profile idemhttp.Profile) *bundle {
 	b.sms = idem.MustNewFlow("sms.send", []idem.Phase[smsInput]{{
 		Name:    "sms_sent",
 		Foreign: idem.ForeignNotIdempotent,
-		Do: func(ctx context.Context, _ pgx.Tx, run *idem.Attempt[smsInput]) (idem.Result, error) {
+		Do: func(ctx context.Context, _ idem.Tx, run *idem.Attempt[smsInput]) (idem.Result, error) {
 			b.counts.add("sms_sent")
 			if err := run.Foreign(ctx, "send_sms", func(context.Context, string) error { return nil }); err != nil {
 				return idem.Result{}, err
@@ -88,7 +88,7 @@ func setup(t testing.TB, profile idemhttp.Profile) *bundle {
 			// whether the SMS went out is now unknown.
 			return idem.Result{}, errors.New("connection reset after the gateway accepted the message")
 		},
-		Reconcile: func(context.Context, pgx.Tx, *idem.Attempt[smsInput]) (idem.Reconciliation, error) {
+		Reconcile: func(context.Context, idem.Tx, *idem.Attempt[smsInput]) (idem.Reconciliation, error) {
 			return idem.ReconcileUnknown("the gateway cannot tell"), nil
 		},
 	}}, nil)
@@ -174,7 +174,7 @@ func (b *bundle) handlerOn(t testing.TB, r *idem.Runner, flow *idem.Flow[rideInp
 	return h
 }
 
-func (b *bundle) setHook(phase string, hook func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[rideInput]) error) {
+func (b *bundle) setHook(phase string, hook func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) error) {
 	b.hooksMu.Lock()
 	defer b.hooksMu.Unlock()
 	if hook == nil {
@@ -184,7 +184,7 @@ func (b *bundle) setHook(phase string, hook func(ctx context.Context, tx pgx.Tx,
 	b.hooks[phase] = hook
 }
 
-func (b *bundle) hook(phase string) func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[rideInput]) error {
+func (b *bundle) hook(phase string) func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) error {
 	b.hooksMu.Lock()
 	defer b.hooksMu.Unlock()
 	return b.hooks[phase]
@@ -194,7 +194,7 @@ func (b *bundle) hook(phase string) func(ctx context.Context, tx pgx.Tx, run *id
 // an idempotent provider, respond 201 with headers of every kind, some of
 // which must never reach a client.
 func (b *bundle) rideFlow() *idem.Flow[rideInput] {
-	run := func(phase string, ctx context.Context, tx pgx.Tx, run *idem.Attempt[rideInput]) error {
+	run := func(phase string, ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) error {
 		b.counts.add(phase)
 		if h := b.hook(phase); h != nil {
 			return h(ctx, tx, run)
@@ -204,7 +204,7 @@ func (b *bundle) rideFlow() *idem.Flow[rideInput] {
 	return idem.MustNewFlow("rides.create", []idem.Phase[rideInput]{
 		{
 			Name: "ride_created",
-			Do: func(ctx context.Context, tx pgx.Tx, r *idem.Attempt[rideInput]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx idem.Tx, r *idem.Attempt[rideInput]) (idem.Result, error) {
 				if err := run("ride_created", ctx, tx, r); err != nil {
 					return idem.Result{}, err
 				}
@@ -218,7 +218,7 @@ func (b *bundle) rideFlow() *idem.Flow[rideInput] {
 		},
 		{
 			Name: "charge_created",
-			Do: func(ctx context.Context, tx pgx.Tx, r *idem.Attempt[rideInput]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx idem.Tx, r *idem.Attempt[rideInput]) (idem.Result, error) {
 				if err := run("charge_created", ctx, tx, r); err != nil {
 					return idem.Result{}, err
 				}
@@ -234,7 +234,7 @@ func (b *bundle) rideFlow() *idem.Flow[rideInput] {
 		},
 		{
 			Name: "responded",
-			Do: func(ctx context.Context, tx pgx.Tx, r *idem.Attempt[rideInput]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx idem.Tx, r *idem.Attempt[rideInput]) (idem.Result, error) {
 				if err := run("responded", ctx, tx, r); err != nil {
 					return idem.Result{}, err
 				}
@@ -354,7 +354,7 @@ func decodeProblem(t testing.TB, res *httptest.ResponseRecorder) *problemJSON {
 func (b *bundle) blockPhase(phase string) (entered <-chan struct{}, release chan<- struct{}) {
 	in, out := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	b.setHook(phase, func(ctx context.Context, _ pgx.Tx, _ *idem.Attempt[rideInput]) error {
+	b.setHook(phase, func(ctx context.Context, _ idem.Tx, _ *idem.Attempt[rideInput]) error {
 		first := false
 		once.Do(func() { first = true })
 		if !first {

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -46,6 +45,7 @@ func setup(t *testing.T, spanScope bool) *bundle {
 	schema := pgtest.NewMigratedSchema(t)
 	store, err := pgstore.New(schema.Pool, &pgstore.Config{Schema: schema.Name})
 	require.NoError(t, err)
+	t.Cleanup(store.Close)
 
 	b := &bundle{reader: sdkmetric.NewManualReader(), spans: tracetest.NewSpanRecorder(), now: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
 	obs, err := idemotel.New(&idemotel.Config{
@@ -55,10 +55,10 @@ func setup(t *testing.T, spanScope bool) *bundle {
 	})
 	require.NoError(t, err)
 	b.flow = idem.MustNewFlow("orders.create", []idem.Phase[input]{
-		{Name: "reserved", Do: func(context.Context, pgx.Tx, *idem.Attempt[input]) (idem.Result, error) {
+		{Name: "reserved", Do: func(context.Context, idem.Tx, *idem.Attempt[input]) (idem.Result, error) {
 			return idem.Advance(), nil
 		}},
-		{Name: "responded", Do: func(_ context.Context, _ pgx.Tx, run *idem.Attempt[input]) (idem.Result, error) {
+		{Name: "responded", Do: func(_ context.Context, _ idem.Tx, run *idem.Attempt[input]) (idem.Result, error) {
 			if run.Input().Fail {
 				return idem.Result{}, errBoom
 			}

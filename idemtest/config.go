@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemdriver"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -37,7 +38,7 @@ type Config[In any] struct {
 	// that adds metrics, say). The paused worker of the takeover scenario
 	// always runs on a pgstore.Store the kit makes on Pool and Schema,
 	// because the kit must see which connection it holds.
-	Store idem.Store
+	Store idemdriver.Store
 
 	// Runner is the base configuration of every runner the kit makes: your
 	// Lease, Isolation, MaxPhaseRetries, Observer and so on. The kit adds
@@ -176,8 +177,8 @@ const (
 
 // withDefaults checks c and returns a copy with defaults filled in, the
 // store to use and the database handle for lock-wait queries.
-func (c Config[In]) withDefaults() (Config[In], idem.Store, pgstore.DB, error) {
-	fail := func(format string, args ...any) (Config[In], idem.Store, pgstore.DB, error) {
+func (c Config[In]) withDefaults() (Config[In], idemdriver.Store, pgstore.DB, error) {
+	fail := func(format string, args ...any) (Config[In], idemdriver.Store, pgstore.DB, error) {
 		return c, nil, nil, fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
 	}
 	if c.Flow == nil {
@@ -217,7 +218,10 @@ func (c Config[In]) withDefaults() (Config[In], idem.Store, pgstore.DB, error) {
 		if c.Pool == nil {
 			return fail("set Store, or Pool to reach the database")
 		}
-		s, err := pgstore.New(c.Pool, &pgstore.Config{Schema: c.Schema})
+		// The kit's runs are short: the store shares the pool for its
+		// control statements rather than opening a pool of its own. Size the
+		// pool for it (see minTakeoverConns).
+		s, err := pgstore.New(c.Pool, &pgstore.Config{Schema: c.Schema, ControlDB: c.Pool})
 		if err != nil {
 			return fail("%v", err)
 		}
@@ -236,7 +240,7 @@ func (c Config[In]) withDefaults() (Config[In], idem.Store, pgstore.DB, error) {
 	}
 	// The takeover scenario's paused worker runs on a pgstore.Store the kit
 	// makes on db and Schema; it must find the same table as Store.
-	own, err := pgstore.New(db, &pgstore.Config{Schema: c.Schema})
+	own, err := pgstore.New(db, &pgstore.Config{Schema: c.Schema, ControlDB: db})
 	if err != nil {
 		return fail("%v", err)
 	}

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"net/http"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemtest"
 )
@@ -29,7 +27,7 @@ func ExampleExploreContext() {
 	flow := idem.MustNewFlow("payments.create", []idem.Phase[payment]{
 		{
 			Name: "payment_recorded",
-			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[payment]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[payment]) (idem.Result, error) {
 				var id int64
 				err := tx.QueryRow(ctx, `INSERT INTO payments (key_id, amount) VALUES ($1, $2) RETURNING id`,
 					run.Key().ID, run.Input().Amount).Scan(&id)
@@ -38,7 +36,7 @@ func ExampleExploreContext() {
 		},
 		{
 			Name: "charged",
-			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[payment]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[payment]) (idem.Result, error) {
 				var charge idemtest.Effect
 				err := run.Foreign(ctx, "charge", func(ctx context.Context, downstreamKey string) error {
 					var err error

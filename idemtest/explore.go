@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemdriver"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -97,7 +98,7 @@ func ExploreContext[In any](ctx context.Context, cfg Config[In]) (*Report, error
 // explorer holds one exploration's settings and what the baseline taught it.
 type explorer[In any] struct {
 	cfg      Config[In]
-	store    idem.Store
+	store    idemdriver.Store
 	db       pgstore.DB
 	base     idem.Config
 	userHook func(context.Context, idem.HookPoint) error
@@ -203,7 +204,7 @@ func (x *explorer[In]) runScenario(ctx context.Context, kind Kind, phase, foreig
 // settle retries the scenario's key, as clients, the completer and
 // operators would, until it reaches a final response: a crashed worker's
 // lease is made to expire, a failed attempt is retried, a key in
-// needs-reconcile is reconciled. A nil out starts with a run.
+// needs_reconcile is reconciled. A nil out starts with a run.
 func (x *explorer[In]) settle(ctx context.Context, sc *scenario, out *idem.Outcome, err error) *idem.Response {
 	if out == nil {
 		out, err = x.call(ctx, sc, nil, opRun, x.store)
@@ -253,7 +254,7 @@ func (x *explorer[In]) takeover(ctx context.Context, sc *scenario, f *fault) *id
 	// The paused worker's store is the kit's own, on a handle that shows
 	// which connection its phase transaction holds.
 	conns := &connWatch{DB: x.db}
-	pausedStore, err := pgstore.New(conns, &pgstore.Config{Schema: x.cfg.Schema})
+	pausedStore, err := pgstore.New(conns, &pgstore.Config{Schema: x.cfg.Schema, ControlDB: conns})
 	if err != nil {
 		sc.violate("could not make the paused worker's store: %v", err)
 		return nil
@@ -346,7 +347,7 @@ const (
 // call makes one attempt on the scenario's key with a new runner, as a new
 // process would, and records what happened as a step. The outcome is never
 // nil.
-func (x *explorer[In]) call(ctx context.Context, sc *scenario, f *fault, o op, store idem.Store) (*idem.Outcome, error) {
+func (x *explorer[In]) call(ctx context.Context, sc *scenario, f *fault, o op, store idemdriver.Store) (*idem.Outcome, error) {
 	w := sc.newWorker(f)
 	now := sc.clock.Now
 	if f != nil && f.park != nil {

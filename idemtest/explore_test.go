@@ -61,6 +61,7 @@ func TestKindsNarrowTheExploration(t *testing.T) {
 	b := setup(t)
 	store, err := pgstore.New(b.pool, &pgstore.Config{Schema: b.schema})
 	require.NoError(t, err)
+	t.Cleanup(store.Close)
 	cfg := b.config(b.orderFlow("orders.create", nil))
 	cfg.Pool, cfg.Store = nil, store // a *pgstore.Store is enough on its own
 	cfg.Kinds = []idemtest.Kind{idemtest.CrashAfterForeign, idemtest.LostCommitAck}
@@ -95,6 +96,7 @@ func TestInvalidConfigIsRefused(t *testing.T) {
 	flow := b.orderFlow("orders.create", nil)
 	store, err := pgstore.New(b.pool, &pgstore.Config{Schema: b.schema})
 	require.NoError(t, err)
+	t.Cleanup(store.Close)
 	poolConfig := b.pool.Config()
 	poolConfig.MaxConns = 2
 	tiny, err := pgxpool.NewWithConfig(context.Background(), poolConfig)

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -61,7 +60,7 @@ func (b *bundle) orderFlow(name string, charge func(ctx context.Context, run *id
 	return idem.MustNewFlow(name, []idem.Phase[orderInput]{
 		{
 			Name: "order_created",
-			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[orderInput]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[orderInput]) (idem.Result, error) {
 				var id int64
 				err := tx.QueryRow(ctx, `INSERT INTO orders (key_id, item) VALUES ($1, $2) RETURNING id`, run.Key().ID, run.Input().Item).Scan(&id)
 				if err != nil {
@@ -72,7 +71,7 @@ func (b *bundle) orderFlow(name string, charge func(ctx context.Context, run *id
 		},
 		{
 			Name: "charged",
-			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[orderInput]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[orderInput]) (idem.Result, error) {
 				id, err := orderID(run)
 				if err != nil {
 					return idem.Result{}, err
@@ -95,7 +94,7 @@ func (b *bundle) orderFlow(name string, charge func(ctx context.Context, run *id
 		},
 		{
 			Name: "responded",
-			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[orderInput]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[orderInput]) (idem.Result, error) {
 				id, err := orderID(run)
 				if err != nil {
 					return idem.Result{}, err

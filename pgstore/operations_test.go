@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemdriver"
 )
 
 func TestOperationsQueriesAreFullyRendered(t *testing.T) {
@@ -34,14 +35,14 @@ func TestListKeysQueryHasOnlyTheFiltersAsked(t *testing.T) {
 	q := newQueries(`"s".`)
 	now := time.Now()
 
-	sql, args, err := q.listKeys(idem.ListKeysParams{KeyQuery: idem.KeyQuery{Limit: 5}})
+	sql, args, err := q.listKeys(idemdriver.ListKeysParams{KeyQuery: idem.KeyQuery{Limit: 5}})
 	require.NoError(t, err)
 	require.Equal(t, []any{(*time.Time)(nil), 5}, args)
 	require.Contains(t, sql, "WHERE true")
 	require.Contains(t, sql, "LIMIT $2")
 	require.Contains(t, sql, `FROM "s".idem_keys k`)
 
-	sql, args, err = q.listKeys(idem.ListKeysParams{
+	sql, args, err = q.listKeys(idemdriver.ListKeysParams{
 		KeyQuery: idem.KeyQuery{State: idem.KeyStateStale, Scope: "u", Key: "k", Flow: "f", BeforeID: 9, Limit: 3},
 		Now:      &now,
 	})
@@ -53,13 +54,13 @@ func TestListKeysQueryHasOnlyTheFiltersAsked(t *testing.T) {
 	require.NotContains(t, sql, "$?")
 
 	for _, st := range idem.KeyStates() {
-		sql, _, err := q.listKeys(idem.ListKeysParams{KeyQuery: idem.KeyQuery{State: st, Limit: 1}})
+		sql, _, err := q.listKeys(idemdriver.ListKeysParams{KeyQuery: idem.KeyQuery{State: st, Limit: 1}})
 		require.NoError(t, err, st)
 		require.Contains(t, sql, keyStateConditions[st])
 		if st != idem.KeyStateFinished && st != idem.KeyStateExpired {
 			require.True(t, strings.Contains(sql, "k.status <> 'finished'"), "%s uses the partial index", st)
 		}
 	}
-	_, _, err = q.listKeys(idem.ListKeysParams{KeyQuery: idem.KeyQuery{State: "asleep", Limit: 1}})
+	_, _, err = q.listKeys(idemdriver.ListKeysParams{KeyQuery: idem.KeyQuery{State: "asleep", Limit: 1}})
 	require.ErrorIs(t, err, idem.ErrInvalidRequest)
 }

@@ -2,16 +2,18 @@
 //
 // All of idem's SQL lives in this package (queries.go), and every error that
 // comes back from the driver passes through one function, mapError, which
-// turns connection failures into idem.ErrStoreUnavailable and serialization
-// failures and deadlocks into idem.ErrSerialization. The tables must exist:
+// turns connection failures into idemdriver.ErrStoreUnavailable and serialization
+// failures and deadlocks into idemdriver.ErrSerialization. The tables must exist:
 // apply the migrations package first.
 //
 //	pool, _ := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 //	store, _ := pgstore.New(pool, &pgstore.Config{Schema: "idem"})
 //	runner, _ := idem.NewRunner(store, nil)
 //
-// A running request holds up to two connections: its phase transaction and,
-// briefly, its heartbeat. Size the pool for that.
+// A running request holds one connection of the pool: its phase's
+// transaction. The statements a held key sends outside it (foreign marks,
+// heartbeats, releases) go through a small control pool of their own, so a
+// pool full of phases never waits on itself; close it with Store.Close.
 package pgstore
 
 import (
@@ -22,6 +24,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/georgysavva/scany/v2/pgxscan"
@@ -29,7 +32,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemdriver"
 	"github.com/go-idem/idem/migrations"
 )
 
@@ -39,7 +42,20 @@ type Config struct {
 	// were applied to. Empty (the default) leaves table names unqualified,
 	// so they resolve through the connection's search_path.
 	Schema string
+
+	// ControlDB carries the statements a held key makes outside its phase's
+	// transaction: foreign marks, heartbeats, releases, parking a key for
+	// reconcile, and re-reading a key whose commit reply was lost. They must
+	// never wait for a connection of the pool the phases hold, or a full
+	// pool of phases waiting on their own marks would wait forever. Default:
+	// when db is a *pgxpool.Pool, New opens a pool of ControlConnsDefault
+	// connections with db's configuration (close it with Store.Close);
+	// otherwise db itself, and sizing it is the caller's business.
+	ControlDB DB
 }
+
+// ControlConnsDefault is the size of the control pool New opens.
+const ControlConnsDefault = 2
 
 // DB is what the store needs from a connection pool. *pgxpool.Pool
 // implements it.
@@ -54,13 +70,16 @@ type DB interface {
 
 var _ DB = (*pgxpool.Pool)(nil)
 
-// Store implements idem.Store on Postgres.
+// Store implements idemdriver.Store on Postgres.
 type Store struct {
-	db DB
-	q  *queries
+	db      DB
+	control DB
+	// ownControl is the control pool New opened, which Close closes.
+	ownControl *pgxpool.Pool
+	q          *queries
 }
 
-var _ idem.Store = (*Store)(nil)
+var _ idemdriver.Store = (*Store)(nil)
 
 // New returns a store on db. A nil config means the defaults.
 func New(db DB, config *Config) (*Store, error) {
@@ -74,7 +93,27 @@ func New(db DB, config *Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %w", err)
 	}
-	return &Store{db: db, q: newQueries(prefix)}, nil
+	st := &Store{db: db, control: config.ControlDB, q: newQueries(prefix)}
+	if st.control == nil {
+		st.control = db
+		if pool, ok := db.(*pgxpool.Pool); ok {
+			cfg := pool.Config() // a copy
+			cfg.MaxConns, cfg.MinConns = ControlConnsDefault, 0
+			if st.ownControl, err = pgxpool.NewWithConfig(context.Background(), cfg); err != nil {
+				return nil, fmt.Errorf("pgstore: open the control pool: %w", err)
+			}
+			st.control = st.ownControl
+		}
+	}
+	return st, nil
+}
+
+// Close closes the control pool New opened, if it did. It does not close the
+// db the store was given.
+func (s *Store) Close() {
+	if s.ownControl != nil {
+		s.ownControl.Close()
+	}
 }
 
 // DB returns the handle the store runs on.
@@ -89,8 +128,8 @@ func (s *Store) Table() string { return s.q.table }
 // after the statement's snapshot was taken, which one more statement sees.
 const maxAcquireStatements = 4
 
-// Acquire implements idem.Store.
-func (s *Store) Acquire(ctx context.Context, p idem.AcquireParams) (*idem.AcquireResult, error) {
+// Acquire implements idemdriver.Store.
+func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemdriver.AcquireResult, error) {
 	for i := 0; i < maxAcquireStatements; i++ {
 		res, err := s.acquisition(ctx, s.q.acquire,
 			p.Now, p.Scope, p.Key, p.Flow, p.Method, p.Path, p.Fingerprint, json.RawMessage(p.Params), p.Lease.Microseconds())
@@ -98,15 +137,23 @@ func (s *Store) Acquire(ctx context.Context, p idem.AcquireParams) (*idem.Acquir
 			continue
 		}
 		if err != nil {
-			return nil, mapError(fmt.Errorf("pgstore: acquire: %w", err))
+			err = mapError(fmt.Errorf("pgstore: acquire: %w", err))
+			if errors.Is(err, idemdriver.ErrSerialization) {
+				// Under a server default of repeatable read or serializable,
+				// a concurrent insert of the same key that the statement's
+				// snapshot cannot see is a serialization failure, not a
+				// conflict: the next statement's snapshot sees it.
+				continue
+			}
+			return nil, err
 		}
 		res.Retried = i
-		if rec := res.Record; res.Acquired == idem.AcquiredNone && rec.Status == idem.StatusRunning &&
+		if rec := res.Record; res.Acquired == idemdriver.AcquiredNone && rec.Status == idemdriver.StatusRunning &&
 			rec.Flow == p.Flow && bytes.Equal(rec.Fingerprint, p.Fingerprint) && !rec.Locked(res.DBNow) {
 			// Nobody holds this unfinished key: take it over.
 			taken, err := s.acquisition(ctx, s.q.takeOver, p.Now, rec.ID, p.Flow, p.Fingerprint, p.Lease.Microseconds())
 			switch {
-			case errors.Is(err, pgx.ErrNoRows):
+			case errors.Is(err, pgx.ErrNoRows), errors.Is(mapError(err), idemdriver.ErrSerialization):
 				// Another worker took it (or finished it) first; report
 				// the row as it was, which reads as in progress.
 			case err != nil:
@@ -123,8 +170,8 @@ func (s *Store) Acquire(ctx context.Context, p idem.AcquireParams) (*idem.Acquir
 
 // acquisition runs a statement that returns (acquired, db_now, key
 // columns) and scans its one row; pgx.ErrNoRows when there is none.
-func (s *Store) acquisition(ctx context.Context, sql string, args ...any) (*idem.AcquireResult, error) {
-	res := &idem.AcquireResult{Record: &idem.KeyRecord{}}
+func (s *Store) acquisition(ctx context.Context, sql string, args ...any) (*idemdriver.AcquireResult, error) {
+	res := &idemdriver.AcquireResult{Record: &idemdriver.KeyRecord{}}
 	dest := append([]any{&res.Acquired, &res.DBNow}, recordDest(res.Record)...)
 	if err := s.db.QueryRow(ctx, sql, args...).Scan(dest...); err != nil {
 		return nil, err
@@ -132,11 +179,11 @@ func (s *Store) acquisition(ctx context.Context, sql string, args ...any) (*idem
 	return res, nil
 }
 
-// ClaimReconcile implements idem.Store.
-func (s *Store) ClaimReconcile(ctx context.Context, p idem.ClaimParams) (*idem.AcquireResult, error) {
+// ClaimReconcile implements idemdriver.Store.
+func (s *Store) ClaimReconcile(ctx context.Context, p idemdriver.ClaimParams) (*idemdriver.AcquireResult, error) {
 	res, err := s.acquisition(ctx, s.q.claimReconcile, p.Now, p.Scope, p.Key, p.Lease.Microseconds())
 	if errors.Is(err, pgx.ErrNoRows) {
-		return &idem.AcquireResult{Acquired: idem.AcquiredNone}, nil
+		return &idemdriver.AcquireResult{Acquired: idemdriver.AcquiredNone}, nil
 	}
 	if err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: claim for reconcile: %w", err))
@@ -144,76 +191,29 @@ func (s *Store) ClaimReconcile(ctx context.Context, p idem.ClaimParams) (*idem.A
 	return res, nil
 }
 
-// BeginPhase implements idem.Store.
+// BeginPhase implements idemdriver.Store.
 //
 // The transaction it returns sends BEGIN together with the phase's first
 // statement and its guarded commit in one round trip (see phaseTx), so a
 // phase costs one round trip beyond its own statements.
-func (s *Store) BeginPhase(ctx context.Context, iso pgx.TxIsoLevel) (pgx.Tx, error) {
+func (s *Store) BeginPhase(ctx context.Context, opts idemdriver.PhaseOptions) (idemdriver.PhaseTx, error) {
+	return s.beginPhase(ctx, opts)
+}
+
+func (s *Store) beginPhase(ctx context.Context, opts idemdriver.PhaseOptions) (*phaseTx, error) {
 	conn, err := s.db.Acquire(ctx)
 	if err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: begin phase: %w", err))
 	}
-	return &phaseTx{conn: conn, opts: pgx.TxOptions{IsoLevel: iso}}, nil
+	return &phaseTx{conn: conn, opts: pgx.TxOptions{IsoLevel: opts.Isolation}, q: s.q, stmtTimeout: opts.StatementTimeout}, nil
 }
 
-// CommitPhase implements idem.Store.
-func (s *Store) CommitPhase(ctx context.Context, tx pgx.Tx, p idem.CommitParams) error {
-	patch := []byte("{}")
-	if len(p.CheckpointPatch) > 0 {
-		var err error
-		if patch, err = json.Marshal(p.CheckpointPatch); err != nil {
-			_ = tx.Rollback(ctx)
-			return fmt.Errorf("pgstore: encode checkpoint: %w", err)
-		}
-	}
-	var sql string
-	var args []any
-	switch {
-	case p.Status == idem.StatusFinished && p.Response != nil:
-		body, header := p.Response.Body, p.Response.Header
-		if body == nil {
-			body = []byte{}
-		}
-		if header == nil {
-			header = map[string][]string{}
-		}
-		sql = s.q.finishPhase
-		args = []any{p.Ref.ID, p.Ref.Fence, json.RawMessage(patch), p.Response.Status, header, body, p.Retention.Microseconds(), p.Now}
-	case p.Status == idem.StatusRunning:
-		sql = s.q.advancePhase
-		args = []any{p.Ref.ID, p.Ref.Fence, p.RecoveryPoint, json.RawMessage(patch), p.Lease.Microseconds(), p.Now}
-	default:
-		_ = tx.Rollback(ctx)
-		return fmt.Errorf("pgstore: commit phase: status %q (with a response: %t) is neither an advance nor a finish", p.Status, p.Response != nil)
-	}
-	var err error
-	if ptx, ok := tx.(*phaseTx); ok {
-		err = ptx.commitGuarded(ctx, sql, args...)
-	} else {
-		// A transaction from elsewhere: the same guard, then its own COMMIT.
-		if _, err = tx.Exec(ctx, sql, args...); err == nil {
-			err = tx.Commit(ctx)
-		} else {
-			_ = tx.Rollback(ctx)
-			err = classifyGuard(err)
-		}
-	}
-	switch {
-	case errors.Is(err, errLockLost):
-		return fmt.Errorf("%w: fence %d of key %d moved on", idem.ErrLockLost, p.Ref.Fence, p.Ref.ID)
-	case err != nil:
-		return mapError(fmt.Errorf("pgstore: commit phase: %w", err))
-	}
-	return nil
-}
-
-// Heartbeat implements idem.Store.
-func (s *Store) Heartbeat(ctx context.Context, ref idem.LockRef, lease time.Duration, now *time.Time) (time.Time, error) {
+// Heartbeat implements idemdriver.Store.
+func (s *Store) Heartbeat(ctx context.Context, ref idemdriver.LockRef, lease time.Duration, now *time.Time) (time.Time, error) {
 	var expires time.Time
-	err := s.db.QueryRow(ctx, s.q.heartbeat, ref.ID, ref.Fence, lease.Microseconds(), now).Scan(&expires)
+	err := s.control.QueryRow(ctx, s.q.heartbeat, ref.ID, ref.Fence, lease.Microseconds(), now).Scan(&expires)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return time.Time{}, fmt.Errorf("%w: heartbeat found fence %d of key %d gone", idem.ErrLockLost, ref.Fence, ref.ID)
+		return time.Time{}, fmt.Errorf("%w: heartbeat found fence %d of key %d gone", idemdriver.ErrLockLost, ref.Fence, ref.ID)
 	}
 	if err != nil {
 		return time.Time{}, mapError(fmt.Errorf("pgstore: heartbeat: %w", err))
@@ -221,39 +221,39 @@ func (s *Store) Heartbeat(ctx context.Context, ref idem.LockRef, lease time.Dura
 	return expires, nil
 }
 
-// Release implements idem.Store.
-func (s *Store) Release(ctx context.Context, ref idem.LockRef, lastError string) error {
+// Release implements idemdriver.Store.
+func (s *Store) Release(ctx context.Context, ref idemdriver.LockRef, lastError string) error {
 	return s.guarded(ctx, "release", ref, s.q.release, ref.ID, ref.Fence, lastError)
 }
 
-// MarkForeign implements idem.Store.
-func (s *Store) MarkForeign(ctx context.Context, ref idem.LockRef, phase string) error {
+// MarkForeign implements idemdriver.Store.
+func (s *Store) MarkForeign(ctx context.Context, ref idemdriver.LockRef, phase string) error {
 	return s.guarded(ctx, "mark foreign call", ref, s.q.markForeign, ref.ID, ref.Fence, phase)
 }
 
-// SetNeedsReconcile implements idem.Store.
-func (s *Store) SetNeedsReconcile(ctx context.Context, ref idem.LockRef, reason string) error {
-	return s.guarded(ctx, "set needs-reconcile", ref, s.q.setNeedsReconcile, ref.ID, ref.Fence, reason)
+// SetNeedsReconcile implements idemdriver.Store.
+func (s *Store) SetNeedsReconcile(ctx context.Context, ref idemdriver.LockRef, reason string) error {
+	return s.guarded(ctx, "set needs_reconcile", ref, s.q.setNeedsReconcile, ref.ID, ref.Fence, reason)
 }
 
-func (s *Store) guarded(ctx context.Context, what string, ref idem.LockRef, sql string, args ...any) error {
-	tag, err := s.db.Exec(ctx, sql, args...)
+func (s *Store) guarded(ctx context.Context, what string, ref idemdriver.LockRef, sql string, args ...any) error {
+	tag, err := s.control.Exec(ctx, sql, args...)
 	if err != nil {
 		return mapError(fmt.Errorf("pgstore: %s: %w", what, err))
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("%w: %s: fence %d of key %d moved on", idem.ErrLockLost, what, ref.Fence, ref.ID)
+		return fmt.Errorf("%w: %s: fence %d of key %d moved on", idemdriver.ErrLockLost, what, ref.Fence, ref.ID)
 	}
 	return nil
 }
 
-// GetKey implements idem.Store.
-func (s *Store) GetKey(ctx context.Context, scope, key string) (*idem.KeyRecord, error) {
+// GetKey implements idemdriver.Store.
+func (s *Store) GetKey(ctx context.Context, scope, key string) (*idemdriver.KeyRecord, error) {
 	return s.getKey(ctx, s.db, scope, key)
 }
 
 // GetKeyTx is GetKey inside the caller's transaction.
-func (s *Store) GetKeyTx(ctx context.Context, tx pgx.Tx, scope, key string) (*idem.KeyRecord, error) {
+func (s *Store) GetKeyTx(ctx context.Context, tx pgx.Tx, scope, key string) (*idemdriver.KeyRecord, error) {
 	return s.getKey(ctx, tx, scope, key)
 }
 
@@ -262,11 +262,11 @@ type rowQuerier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-func (s *Store) getKey(ctx context.Context, db rowQuerier, scope, key string) (*idem.KeyRecord, error) {
-	var rec idem.KeyRecord
+func (s *Store) getKey(ctx context.Context, db rowQuerier, scope, key string) (*idemdriver.KeyRecord, error) {
+	var rec idemdriver.KeyRecord
 	err := db.QueryRow(ctx, s.q.getKey, scope, key).Scan(recordDest(&rec)...)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("%w: scope %q key %q", idem.ErrNotFound, scope, key)
+		return nil, fmt.Errorf("%w: scope %q key %q", idemdriver.ErrNotFound, scope, key)
 	}
 	if err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: get key: %w", err))
@@ -277,22 +277,22 @@ func (s *Store) getKey(ctx context.Context, db rowQuerier, scope, key string) (*
 // listRow is a key row plus the clock the listing was read at.
 type listRow struct {
 	DBNow time.Time `db:"db_now"`
-	idem.KeyRecord
+	idemdriver.KeyRecord
 }
 
-// ListKeys implements idem.Store.
-func (s *Store) ListKeys(ctx context.Context, p idem.ListKeysParams) (*idem.KeyList, error) {
+// ListKeys implements idemdriver.Store.
+func (s *Store) ListKeys(ctx context.Context, p idemdriver.ListKeysParams) (*idemdriver.KeyList, error) {
 	return s.listKeys(ctx, s.db, p)
 }
 
 // ListKeysTx is ListKeys inside the caller's transaction.
-func (s *Store) ListKeysTx(ctx context.Context, tx pgx.Tx, p idem.ListKeysParams) (*idem.KeyList, error) {
+func (s *Store) ListKeysTx(ctx context.Context, tx pgx.Tx, p idemdriver.ListKeysParams) (*idemdriver.KeyList, error) {
 	return s.listKeys(ctx, tx, p)
 }
 
-func (s *Store) listKeys(ctx context.Context, db pgxscan.Querier, p idem.ListKeysParams) (*idem.KeyList, error) {
-	if p.Limit <= 0 || p.Limit > idem.MaxKeyListLimit {
-		return nil, fmt.Errorf("%w: list limit %d is outside 1-%d", idem.ErrInvalidRequest, p.Limit, idem.MaxKeyListLimit)
+func (s *Store) listKeys(ctx context.Context, db pgxscan.Querier, p idemdriver.ListKeysParams) (*idemdriver.KeyList, error) {
+	if p.Limit <= 0 || p.Limit > idemdriver.MaxKeyListLimit {
+		return nil, fmt.Errorf("%w: list limit %d is outside 1-%d", idemdriver.ErrInvalidRequest, p.Limit, idemdriver.MaxKeyListLimit)
 	}
 	sql, args, err := s.q.listKeys(p)
 	if err != nil {
@@ -302,7 +302,7 @@ func (s *Store) listKeys(ctx context.Context, db pgxscan.Querier, p idem.ListKey
 	if err := pgxscan.Select(ctx, db, &rows, sql, args...); err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: list keys: %w", err))
 	}
-	list := &idem.KeyList{Keys: make([]*idem.KeyRecord, len(rows))}
+	list := &idemdriver.KeyList{Keys: make([]*idemdriver.KeyRecord, len(rows))}
 	for i, row := range rows {
 		list.Keys[i] = &row.KeyRecord
 		list.Now = row.DBNow
@@ -323,45 +323,45 @@ func (s *Store) listKeys(ctx context.Context, db pgxscan.Querier, p idem.ListKey
 // unlockRow is a key row plus whether the unlock statement changed it.
 type unlockRow struct {
 	Unlocked bool `db:"unlocked"`
-	idem.KeyRecord
+	idemdriver.KeyRecord
 }
 
-// UnlockKey implements idem.Store.
-func (s *Store) UnlockKey(ctx context.Context, p idem.UnlockParams) (*idem.UnlockResult, error) {
+// UnlockKey implements idemdriver.Store.
+func (s *Store) UnlockKey(ctx context.Context, p idemdriver.UnlockParams) (*idemdriver.UnlockResult, error) {
 	return s.unlockKey(ctx, s.db, p)
 }
 
 // UnlockKeyTx is UnlockKey inside the caller's transaction: the fence moves
 // on when the caller commits, and the row stays locked against acquisitions
 // until then.
-func (s *Store) UnlockKeyTx(ctx context.Context, tx pgx.Tx, p idem.UnlockParams) (*idem.UnlockResult, error) {
+func (s *Store) UnlockKeyTx(ctx context.Context, tx pgx.Tx, p idemdriver.UnlockParams) (*idemdriver.UnlockResult, error) {
 	return s.unlockKey(ctx, tx, p)
 }
 
-func (s *Store) unlockKey(ctx context.Context, db pgxscan.Querier, p idem.UnlockParams) (*idem.UnlockResult, error) {
+func (s *Store) unlockKey(ctx context.Context, db pgxscan.Querier, p idemdriver.UnlockParams) (*idemdriver.UnlockResult, error) {
 	var rows []*unlockRow
 	if err := pgxscan.Select(ctx, db, &rows, s.q.unlockKey, p.Scope, p.Key, p.Reason); err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: unlock key: %w", err))
 	}
 	if len(rows) == 0 {
-		return nil, fmt.Errorf("%w: scope %q key %q", idem.ErrNotFound, p.Scope, p.Key)
+		return nil, fmt.Errorf("%w: scope %q key %q", idemdriver.ErrNotFound, p.Scope, p.Key)
 	}
-	return &idem.UnlockResult{Record: &rows[0].KeyRecord, Unlocked: rows[0].Unlocked}, nil
+	return &idemdriver.UnlockResult{Record: &rows[0].KeyRecord, Unlocked: rows[0].Unlocked}, nil
 }
 
-// ClaimIdle implements idem.Store.
-func (s *Store) ClaimIdle(ctx context.Context, p idem.ClaimIdleParams) ([]*idem.KeyRecord, error) {
+// ClaimIdle implements idemdriver.Store.
+func (s *Store) ClaimIdle(ctx context.Context, p idemdriver.ClaimIdleParams) ([]*idemdriver.KeyRecord, error) {
 	switch {
-	case p.Status != idem.StatusRunning && p.Status != idem.StatusNeedsReconcile:
-		return nil, fmt.Errorf("%w: claim idle keys in status %q", idem.ErrInvalidRequest, p.Status)
+	case p.Status != idemdriver.StatusRunning && p.Status != idemdriver.StatusNeedsReconcile:
+		return nil, fmt.Errorf("%w: claim idle keys in status %q", idemdriver.ErrInvalidRequest, p.Status)
 	case p.IdleFor <= 0:
-		return nil, fmt.Errorf("%w: claim idle keys: IdleFor %s must be positive", idem.ErrInvalidRequest, p.IdleFor)
+		return nil, fmt.Errorf("%w: claim idle keys: IdleFor %s must be positive", idemdriver.ErrInvalidRequest, p.IdleFor)
 	case p.Limit <= 0:
-		return nil, fmt.Errorf("%w: claim idle keys: Limit %d must be positive", idem.ErrInvalidRequest, p.Limit)
+		return nil, fmt.Errorf("%w: claim idle keys: Limit %d must be positive", idemdriver.ErrInvalidRequest, p.Limit)
 	case len(p.Flows) == 0:
 		return nil, nil
 	}
-	var recs []*idem.KeyRecord
+	var recs []*idemdriver.KeyRecord
 	err := pgxscan.Select(ctx, s.db, &recs, s.q.claimIdle,
 		p.Now, string(p.Status), p.Flows, p.IdleFor.Microseconds(), p.MaxAttempts, p.Limit)
 	if err != nil {
@@ -370,11 +370,11 @@ func (s *Store) ClaimIdle(ctx context.Context, p idem.ClaimIdleParams) ([]*idem.
 	return recs, nil
 }
 
-// Reap implements idem.Store. The batch runs in a transaction of its own so
+// Reap implements idemdriver.Store. The batch runs in a transaction of its own so
 // that the statement timeout applies to it alone.
-func (s *Store) Reap(ctx context.Context, p idem.ReapParams) (int, error) {
+func (s *Store) Reap(ctx context.Context, p idemdriver.ReapParams) (int, error) {
 	if p.Limit <= 0 {
-		return 0, fmt.Errorf("%w: reap: Limit %d must be positive", idem.ErrInvalidRequest, p.Limit)
+		return 0, fmt.Errorf("%w: reap: Limit %d must be positive", idemdriver.ErrInvalidRequest, p.Limit)
 	}
 	tx, err := s.db.Begin(ctx)
 	if err != nil {
@@ -397,31 +397,13 @@ func (s *Store) Reap(ctx context.Context, p idem.ReapParams) (int, error) {
 	return int(tag.RowsAffected()), nil
 }
 
-// ClassifyPhaseError implements idem.Store. Only what certainly comes from
-// the database is classified: Postgres's error codes, a failed connect, and
-// the phase's own connection having closed. A phase's foreign call may fail
-// with network errors of its own, which are none of the store's business.
-func (s *Store) ClassifyPhaseError(tx pgx.Tx, err error) error {
-	if mapped, ok := mapPgError(err); ok {
-		return mapped
-	}
-	var connectErr *pgconn.ConnectError
-	if errors.As(err, &connectErr) {
-		return fmt.Errorf("%w: %w", idem.ErrStoreUnavailable, err)
-	}
-	if ptx, ok := tx.(*phaseTx); ok && ptx.connectionLost() {
-		return fmt.Errorf("%w: the phase's connection closed: %w", idem.ErrStoreUnavailable, err)
-	}
-	return err
-}
-
 // mapPgError classifies what Postgres itself said (or an error already
 // classified), reporting whether it did.
 func mapPgError(err error) (error, bool) {
 	if err == nil {
 		return nil, true
 	}
-	if errors.Is(err, idem.ErrStoreUnavailable) || errors.Is(err, idem.ErrSerialization) || errors.Is(err, idem.ErrInvalidRequest) {
+	if errors.Is(err, idemdriver.ErrStoreUnavailable) || errors.Is(err, idemdriver.ErrSerialization) || errors.Is(err, idemdriver.ErrInvalidRequest) {
 		return err, true
 	}
 	var pgErr *pgconn.PgError
@@ -430,16 +412,16 @@ func mapPgError(err error) (error, bool) {
 	}
 	switch {
 	case pgErr.Code == "40001" || pgErr.Code == "40P01": // serialization_failure, deadlock_detected
-		return fmt.Errorf("%w: %w", idem.ErrSerialization, err), true
+		return fmt.Errorf("%w: %w", idemdriver.ErrSerialization, err), true
 	case pgErr.Code == "22P05" || pgErr.Code == "22021": // untranslatable_character, character_not_in_repertoire
 		// Input Postgres cannot store (a NUL, invalid UTF-8) fails the
 		// same way on every retry: it is bad input, not a failure.
-		return fmt.Errorf("%w: %w", idem.ErrInvalidRequest, err), true
-	case pgErr.Code[:2] == "08", // connection exception
+		return fmt.Errorf("%w: %w", idemdriver.ErrInvalidRequest, err), true
+	case strings.HasPrefix(pgErr.Code, "08"), // connection exception
 		pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03", // shutdown, crash, starting up
 		pgErr.Code == "53300", // too_many_connections
 		pgErr.Code == "25006": // read_only_sql_transaction: a failover left us on a standby
-		return fmt.Errorf("%w: %w", idem.ErrStoreUnavailable, err), true
+		return fmt.Errorf("%w: %w", idemdriver.ErrStoreUnavailable, err), true
 	}
 	return err, true // a Postgres error that is the phase's own business
 }
@@ -458,11 +440,11 @@ func mapError(err error) error {
 	var netErr net.Error
 	if errors.As(err, &connectErr) || errors.As(err, &netErr) || errors.Is(err, io.EOF) ||
 		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) || pgconn.SafeToRetry(err) {
-		return fmt.Errorf("%w: %w", idem.ErrStoreUnavailable, err)
+		return fmt.Errorf("%w: %w", idemdriver.ErrStoreUnavailable, err)
 	}
 	var connErr interface{ SafeToRetry() bool }
 	if errors.As(err, &connErr) {
-		return fmt.Errorf("%w: %w", idem.ErrStoreUnavailable, err)
+		return fmt.Errorf("%w: %w", idemdriver.ErrStoreUnavailable, err)
 	}
 	return err
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/go-idem/idem/idemdriver"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -24,15 +25,22 @@ import (
 //   - a phase that sends no statement of its own (only a foreign call) has
 //     no transaction at all: its guarded update runs alone.
 //
-// The few methods that need the transaction open before they can do their
-// job (CopyFrom, Prepare, Begin, LargeObjects, Conn, and Exec without
-// arguments, which pgx sends over the simple protocol where several
-// statements may share one string) begin it with a round trip of its own.
+// The few statements that need the transaction open before they can run
+// (CopyFrom, and Exec without arguments, which pgx sends over the simple
+// protocol where several statements may share one string) begin it with a
+// round trip of its own.
+//
+// It is the store's own type (idemdriver.PhaseTx): the runner hands its
+// statement methods to the phase as idem.Tx and ends it with CommitPhase or
+// RollbackPhase; phases have no way to commit it.
 type phaseTx struct {
-	conn   *pgxpool.Conn
-	opts   pgx.TxOptions
-	tx     pgx.Tx // the real transaction once begun
-	closed bool
+	conn *pgxpool.Conn
+	opts pgx.TxOptions
+	q    *queries
+	// stmtTimeout bounds each of the phase's own statements (zero: none).
+	stmtTimeout time.Duration
+	tx          pgx.Tx // the real transaction once begun
+	closed      bool
 	// failed is the error of a first statement whose pipeline failed before
 	// BEGIN ran (a statement that does not prepare, say). In a transaction
 	// begun on its own, that statement would have aborted it; later
@@ -40,7 +48,7 @@ type phaseTx struct {
 	failed error
 }
 
-var _ pgx.Tx = (*phaseTx)(nil)
+var _ idemdriver.PhaseTx = (*phaseTx)(nil)
 
 // beginTimeout bounds the BEGIN sent by the methods that take no context.
 const beginTimeout = 30 * time.Second
@@ -79,6 +87,16 @@ func (t *phaseTx) beginWith(ctx context.Context, queued []*pgx.QueuedQuery) (pgx
 	return br, nil
 }
 
+// stmtContext bounds one of the phase's statements. cancel must run when the
+// statement's results are done with, not when the call returns: pgx reads
+// rows under the context the query was sent with.
+func (t *phaseTx) stmtContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if t.stmtTimeout <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, t.stmtTimeout)
+}
+
 // lazy reports whether the next statement can carry BEGIN.
 func (t *phaseTx) lazy() bool { return t.tx == nil && !t.closed && t.failed == nil }
 
@@ -100,6 +118,8 @@ func needsOwnBegin(exec bool, args []any) bool {
 }
 
 func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	ctx, cancel := t.stmtContext(ctx)
+	defer cancel()
 	if t.lazy() && !needsOwnBegin(true, args) {
 		br, err := t.beginWith(ctx, []*pgx.QueuedQuery{{SQL: sql, Arguments: args}})
 		if err != nil {
@@ -118,6 +138,16 @@ func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 }
 
 func (t *phaseTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	ctx, cancel := t.stmtContext(ctx)
+	rows, err := t.query(ctx, sql, args...)
+	if err != nil {
+		cancel()
+		return rows, err
+	}
+	return &boundedRows{Rows: rows, cancel: cancel}, nil
+}
+
+func (t *phaseTx) query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	if t.lazy() && !needsOwnBegin(false, args) {
 		br, err := t.beginWith(ctx, []*pgx.QueuedQuery{{SQL: sql, Arguments: args}})
 		if err != nil {
@@ -142,6 +172,11 @@ func (t *phaseTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 func (t *phaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	ctx, cancel := t.stmtContext(ctx)
+	return &boundedBatch{BatchResults: t.sendBatch(ctx, b), cancel: cancel}
+}
+
+func (t *phaseTx) sendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if t.lazy() {
 		br, err := t.beginWith(ctx, b.QueuedQueries)
 		if err != nil {
@@ -156,68 +191,18 @@ func (t *phaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults 
 }
 
 func (t *phaseTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	ctx, cancel := t.stmtContext(ctx)
+	defer cancel()
 	if err := t.begin(ctx); err != nil {
 		return 0, err
 	}
 	return t.tx.CopyFrom(ctx, table, columns, src)
 }
 
-func (t *phaseTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	if err := t.begin(ctx); err != nil {
-		return nil, err
-	}
-	return t.tx.Prepare(ctx, name, sql)
-}
-
-// Begin starts a pseudo nested transaction (a savepoint) in the phase's
-// transaction.
-func (t *phaseTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if err := t.begin(ctx); err != nil {
-		return nil, err
-	}
-	return t.tx.Begin(ctx)
-}
-
-// LargeObjects begins the transaction first, since large objects only work
-// inside one. It has no context, so that BEGIN is bounded by a timeout; if
-// it fails, every large-object call reports a closed transaction.
-func (t *phaseTx) LargeObjects() pgx.LargeObjects {
-	ctx, cancel := context.WithTimeout(context.Background(), beginTimeout)
-	defer cancel()
-	if err := t.begin(ctx); err != nil {
-		b := &pgx.Batch{}
-		b.BeginTx(t.opts)
-		return pgx.FailedBatchResults(b, err).(interface{ Tx() pgx.Tx }).Tx().LargeObjects()
-	}
-	return t.tx.LargeObjects()
-}
-
-// Conn returns the phase's connection. It begins the transaction first, so
-// that statements sent straight on the connection are still inside it.
-func (t *phaseTx) Conn() *pgx.Conn {
-	ctx, cancel := context.WithTimeout(context.Background(), beginTimeout)
-	defer cancel()
-	_ = t.begin(ctx) // a failure resurfaces on the next statement
-	return t.conn.Conn()
-}
-
-// Commit commits with its own round trip. The runner commits through
-// commitGuarded instead; Commit exists for the pgx.Tx contract.
-func (t *phaseTx) Commit(ctx context.Context) error {
+// RollbackPhase implements idemdriver.PhaseTx: it rolls back; a transaction that never began costs no round trip.
+func (t *phaseTx) RollbackPhase(ctx context.Context) error {
 	if t.closed {
-		return pgx.ErrTxClosed
-	}
-	defer t.release()
-	if t.tx == nil {
 		return nil
-	}
-	return t.tx.Commit(ctx)
-}
-
-// Rollback rolls back; a transaction that never began costs no round trip.
-func (t *phaseTx) Rollback(ctx context.Context) error {
-	if t.closed {
-		return pgx.ErrTxClosed
 	}
 	defer t.release()
 	if t.tx == nil {
@@ -365,4 +350,122 @@ func (r *row) Scan(dest ...any) error {
 // read, for callers that use the rows without checking the error.
 func failedRows(err error) (pgx.Rows, error) {
 	return pgx.FailedBatchResults(&pgx.Batch{}, err).Query()
+}
+
+// CommitPhase implements idemdriver.PhaseTx: the fenced recovery-point update
+// and COMMIT, in one round trip.
+func (t *phaseTx) CommitPhase(ctx context.Context, p idemdriver.CommitParams) error {
+	sql, args, err := t.q.commitStatement(p)
+	if err != nil {
+		_ = t.RollbackPhase(ctx)
+		return err
+	}
+	err = t.commitGuarded(ctx, sql, args...)
+	switch {
+	case errors.Is(err, errLockLost):
+		return fmt.Errorf("%w: fence %d of key %d moved on", idemdriver.ErrLockLost, p.Ref.Fence, p.Ref.ID)
+	case err != nil:
+		return mapError(fmt.Errorf("pgstore: commit phase: %w", err))
+	}
+	return nil
+}
+
+// ClassifyError implements idemdriver.PhaseTx. Only what certainly comes from
+// the database is classified: Postgres's error codes, a failed connect, and
+// the phase's own connection having closed. A phase's foreign call may fail
+// with network errors of its own, which are none of the store's business.
+func (t *phaseTx) ClassifyError(err error) error {
+	if mapped, ok := mapPgError(err); ok {
+		return mapped
+	}
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) {
+		return fmt.Errorf("%w: %w", idemdriver.ErrStoreUnavailable, err)
+	}
+	if t.connectionLost() {
+		return fmt.Errorf("%w: the phase's connection closed: %w", idemdriver.ErrStoreUnavailable, err)
+	}
+	return err
+}
+
+// boundedRows cancels the statement's deadline when the rows are done.
+type boundedRows struct {
+	pgx.Rows
+	cancel context.CancelFunc
+}
+
+func (r *boundedRows) Next() bool {
+	if r.Rows.Next() {
+		return true
+	}
+	r.cancel()
+	return false
+}
+
+func (r *boundedRows) Close() {
+	r.Rows.Close()
+	r.cancel()
+}
+
+// boundedBatch cancels the batch's deadline when its results are closed.
+type boundedBatch struct {
+	pgx.BatchResults
+	cancel context.CancelFunc
+}
+
+func (b *boundedBatch) Close() error {
+	defer b.cancel()
+	return b.BatchResults.Close()
+}
+
+// PgxTx implements idemdriver.PhaseTx: the phase's transaction with pgx.Tx's
+// full method set, Commit and Rollback disarmed.
+func (t *phaseTx) PgxTx() pgx.Tx { return pgxView{t} }
+
+// pgxView is PgxTx's view: the phase's transaction with pgx.Tx's full method
+// set and Commit and Rollback disarmed.
+type pgxView struct{ *phaseTx }
+
+var _ pgx.Tx = pgxView{}
+
+func (v pgxView) Commit(context.Context) error   { return idemdriver.ErrPhaseOwnsTx }
+func (v pgxView) Rollback(context.Context) error { return idemdriver.ErrPhaseOwnsTx }
+
+func (v pgxView) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := v.begin(ctx); err != nil {
+		return nil, err
+	}
+	return v.tx.Prepare(ctx, name, sql)
+}
+
+// Begin starts a pseudo nested transaction (a savepoint) in the phase's
+// transaction.
+func (v pgxView) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := v.begin(ctx); err != nil {
+		return nil, err
+	}
+	return v.tx.Begin(ctx)
+}
+
+// LargeObjects begins the transaction first, since large objects only work
+// inside one. It has no context, so that BEGIN is bounded by a timeout; if it
+// fails, every large-object call reports a closed transaction.
+func (v pgxView) LargeObjects() pgx.LargeObjects {
+	ctx, cancel := context.WithTimeout(context.Background(), beginTimeout)
+	defer cancel()
+	if err := v.begin(ctx); err != nil {
+		b := &pgx.Batch{}
+		b.BeginTx(v.opts)
+		return pgx.FailedBatchResults(b, err).(interface{ Tx() pgx.Tx }).Tx().LargeObjects()
+	}
+	return v.tx.LargeObjects()
+}
+
+// Conn returns the phase's connection. It begins the transaction first, so
+// that statements sent straight on the connection are still inside it.
+func (v pgxView) Conn() *pgx.Conn {
+	ctx, cancel := context.WithTimeout(context.Background(), beginTimeout)
+	defer cancel()
+	_ = v.begin(ctx) // a failure resurfaces on the next statement
+	return v.conn.Conn()
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/go-idem/idem/idemdriver"
 	"github.com/go-idem/idem/internal/pgtest"
 )
 
@@ -30,14 +31,13 @@ func setupTx(t *testing.T) *txBundle {
 
 func (b *txBundle) begin(t *testing.T) *phaseTx {
 	t.Helper()
-	tx, err := b.store.BeginPhase(context.Background(), pgx.ReadCommitted)
+	ptx, err := b.store.beginPhase(context.Background(), idemdriver.PhaseOptions{Isolation: pgx.ReadCommitted})
 	require.NoError(t, err)
-	ptx := tx.(*phaseTx)
 	// A failing test must still hand the connection back, or dropping the
 	// schema waits on it forever.
 	t.Cleanup(func() {
 		if !ptx.closed {
-			_ = ptx.Rollback(context.Background())
+			_ = ptx.RollbackPhase(context.Background())
 		}
 	})
 	return ptx
@@ -69,9 +69,9 @@ func TestPhaseTxBeginsWithTheFirstStatement(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(1), tag.RowsAffected())
 	require.Equal(t, 0, b.count(t), "uncommitted")
-	require.NoError(t, tx.Rollback(ctx))
+	require.NoError(t, tx.RollbackPhase(ctx))
 	require.Equal(t, 0, b.count(t))
-	require.ErrorIs(t, tx.Rollback(ctx), pgx.ErrTxClosed)
+	require.NoError(t, tx.RollbackPhase(ctx), "a second rollback is a no-op")
 }
 
 func TestPhaseTxEveryFirstStatementKind(t *testing.T) {
@@ -116,8 +116,8 @@ func TestPhaseTxEveryFirstStatementKind(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, int64(1), n)
 		},
-		"savepoint": func(t *testing.T, tx *phaseTx) {
-			sp, err := tx.Begin(ctx)
+		"savepoint (PgxTx view)": func(t *testing.T, tx *phaseTx) {
+			sp, err := pgxView{tx}.Begin(ctx)
 			require.NoError(t, err)
 			_, err = sp.Exec(ctx, `INSERT INTO items VALUES (99, 'rolled back')`)
 			require.NoError(t, err)
@@ -125,12 +125,12 @@ func TestPhaseTxEveryFirstStatementKind(t *testing.T) {
 			_, err = tx.Exec(ctx, `INSERT INTO items VALUES ($1, 'x')`, 1)
 			require.NoError(t, err)
 		},
-		"conn": func(t *testing.T, tx *phaseTx) {
-			_, err := tx.Conn().Exec(ctx, `INSERT INTO items VALUES ($1, 'x')`, 1)
+		"conn (PgxTx view)": func(t *testing.T, tx *phaseTx) {
+			_, err := pgxView{tx}.Conn().Exec(ctx, `INSERT INTO items VALUES ($1, 'x')`, 1)
 			require.NoError(t, err)
 		},
-		"large objects": func(t *testing.T, tx *phaseTx) {
-			los := tx.LargeObjects()
+		"large objects (PgxTx view)": func(t *testing.T, tx *phaseTx) {
+			los := pgxView{tx}.LargeObjects()
 			oid, err := los.Create(ctx, 0)
 			require.NoError(t, err)
 			require.NoError(t, los.Unlink(ctx, oid))
@@ -145,7 +145,7 @@ func TestPhaseTxEveryFirstStatementKind(t *testing.T) {
 			first(t, tx)
 			require.True(t, inTransaction(tx), "the statement ran inside the transaction")
 			require.Equal(t, 0, b.count(t), "and nothing is visible before the commit")
-			require.NoError(t, tx.Commit(ctx))
+			require.NoError(t, tx.commitGuarded(ctx, `SELECT 1`))
 			require.Equal(t, 1, b.count(t))
 		})
 	}
@@ -177,15 +177,16 @@ func TestPhaseTxFirstStatementErrors(t *testing.T) {
 	var n int
 	err := tx.QueryRow(ctx, `SELECT id FROM items WHERE id = $1`, 42).Scan(&n)
 	require.ErrorIs(t, err, pgx.ErrNoRows)
-	require.NoError(t, tx.Rollback(ctx))
+	require.NoError(t, tx.RollbackPhase(ctx))
 }
 
 func TestPhaseTxRollbackOfAnUnbegunTransactionSendsNothing(t *testing.T) {
 	t.Parallel()
 	b := setupTx(t)
 	tx := b.begin(t)
-	require.NoError(t, tx.Rollback(context.Background()))
-	require.ErrorIs(t, tx.Commit(context.Background()), pgx.ErrTxClosed)
+	require.NoError(t, tx.RollbackPhase(context.Background()))
+	require.ErrorIs(t, tx.commitGuarded(context.Background(), `SELECT 1`), pgx.ErrTxClosed)
+	require.NoError(t, tx.RollbackPhase(context.Background()), "a second rollback is a no-op")
 }
 
 // The guarded commit: a matching fence commits the phase's writes with the

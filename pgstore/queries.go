@@ -1,10 +1,11 @@
 package pgstore
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 
-	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemdriver"
 )
 
 // queries holds every statement of the store, rendered once for the
@@ -25,10 +26,10 @@ type queries struct {
 	unlockKey, claimIdle, reap, statementTimeout, clock string
 }
 
-// recordColumns renders the columns of idem.KeyRecord from a row alias,
+// recordColumns renders the columns of idemdriver.KeyRecord from a row alias,
 // mapping NULLs of text and int columns to zero values.
 func recordColumns(alias string) string {
-	cols := `{a}id, {a}request_id::text AS request_id, {a}scope, {a}key, {a}flow, {a}method, {a}path,
+	cols := `{a}id, {a}request_id::text AS request_id, {a}downstream_scheme, {a}scope, {a}key, {a}flow, {a}method, {a}path,
 		{a}fingerprint, {a}params, {a}status, {a}recovery_point, {a}checkpoint,
 		coalesce({a}foreign_mark, '') AS foreign_mark, {a}locked_at, {a}lease_expires_at, {a}fence,
 		coalesce({a}response_status, 0) AS response_status, coalesce({a}response_headers, '{}') AS response_headers,
@@ -44,8 +45,8 @@ func recordColumns(alias string) string {
 // order, so the hot paths (acquisition, reconcile claims, GetKey) scan rows
 // with pgx directly: scany's reflection costs more per row than the
 // acquisition statement itself. Keep the two lists in step; a test checks.
-func recordDest(rec *idem.KeyRecord) []any {
-	return []any{&rec.ID, &rec.RequestID, &rec.Scope, &rec.Key, &rec.Flow, &rec.Method, &rec.Path,
+func recordDest(rec *idemdriver.KeyRecord) []any {
+	return []any{&rec.ID, &rec.RequestID, &rec.DownstreamScheme, &rec.Scope, &rec.Key, &rec.Flow, &rec.Method, &rec.Path,
 		&rec.Fingerprint, &rec.Params, &rec.Status, &rec.RecoveryPoint, &rec.Checkpoint,
 		&rec.ForeignMark, &rec.LockedAt, &rec.LeaseExpiresAt, &rec.Fence,
 		&rec.ResponseStatus, &rec.ResponseHeaders,
@@ -268,20 +269,46 @@ WHERE id = ANY(ARRAY(
 	return q
 }
 
-// keyStateConditions are the WHERE conditions of each idem.KeyState, over
+// commitStatement is the guarded statement that records p on its key:
+// advancePhase for a phase that advances, finishPhase for one that responds.
+func (q *queries) commitStatement(p idemdriver.CommitParams) (string, []any, error) {
+	patch := []byte("{}")
+	if len(p.CheckpointPatch) > 0 {
+		var err error
+		if patch, err = json.Marshal(p.CheckpointPatch); err != nil {
+			return "", nil, fmt.Errorf("pgstore: encode checkpoint: %w", err)
+		}
+	}
+	switch {
+	case p.Status == idemdriver.StatusFinished && p.Response != nil:
+		body, header := p.Response.Body, p.Response.Header
+		if body == nil {
+			body = []byte{}
+		}
+		if header == nil {
+			header = map[string][]string{}
+		}
+		return q.finishPhase, []any{p.Ref.ID, p.Ref.Fence, json.RawMessage(patch), p.Response.Status, header, body, p.Retention.Microseconds(), p.Now}, nil
+	case p.Status == idemdriver.StatusRunning:
+		return q.advancePhase, []any{p.Ref.ID, p.Ref.Fence, p.RecoveryPoint, json.RawMessage(patch), p.Lease.Microseconds(), p.Now}, nil
+	}
+	return "", nil, fmt.Errorf("pgstore: commit phase: status %q (with a response: %t) is neither an advance nor a finish", p.Status, p.Response != nil)
+}
+
+// keyStateConditions are the WHERE conditions of each idemdriver.KeyState, over
 // alias k and the clock c. Unfinished states restate the partial index's
 // predicate so the planner can use it.
-var keyStateConditions = map[idem.KeyState]string{
-	idem.KeyStateRunning:        `k.status <> 'finished' AND k.status = 'running' AND k.locked_at IS NOT NULL AND k.lease_expires_at > c.t`,
-	idem.KeyStateStale:          `k.status <> 'finished' AND k.status = 'running' AND (k.locked_at IS NULL OR k.lease_expires_at <= c.t)`,
-	idem.KeyStateNeedsReconcile: `k.status <> 'finished' AND k.status = 'needs_reconcile'`,
-	idem.KeyStateFinished:       `k.status = 'finished' AND k.expires_at > c.t`,
-	idem.KeyStateExpired:        `k.status = 'finished' AND k.expires_at <= c.t`,
+var keyStateConditions = map[idemdriver.KeyState]string{
+	idemdriver.KeyStateRunning:        `k.status <> 'finished' AND k.status = 'running' AND k.locked_at IS NOT NULL AND k.lease_expires_at > c.t`,
+	idemdriver.KeyStateStale:          `k.status <> 'finished' AND k.status = 'running' AND (k.locked_at IS NULL OR k.lease_expires_at <= c.t)`,
+	idemdriver.KeyStateNeedsReconcile: `k.status <> 'finished' AND k.status = 'needs_reconcile'`,
+	idemdriver.KeyStateFinished:       `k.status = 'finished' AND k.expires_at > c.t`,
+	idemdriver.KeyStateExpired:        `k.status = 'finished' AND k.expires_at <= c.t`,
 }
 
 // listKeys renders the key listing for p: only the filters p sets appear,
 // so each combination gets a plan of its own.
-func (q *queries) listKeys(p idem.ListKeysParams) (string, []any, error) {
+func (q *queries) listKeys(p idemdriver.ListKeysParams) (string, []any, error) {
 	args := []any{p.Now}
 	var where []string
 	add := func(cond string, arg any) {
@@ -291,7 +318,7 @@ func (q *queries) listKeys(p idem.ListKeysParams) (string, []any, error) {
 	if p.State != "" {
 		cond, ok := keyStateConditions[p.State]
 		if !ok {
-			return "", nil, fmt.Errorf("%w: unknown key state %q", idem.ErrInvalidRequest, p.State)
+			return "", nil, fmt.Errorf("%w: unknown key state %q", idemdriver.ErrInvalidRequest, p.State)
 		}
 		where = append(where, cond)
 	}

@@ -67,6 +67,7 @@ func setup(t *testing.T, bins *binaries, migrate bool) *bundle {
 	}
 	store, err := pgstore.New(schema.Pool, &pgstore.Config{Schema: schema.Name})
 	require.NoError(t, err)
+	t.Cleanup(store.Close)
 	return &bundle{binaries: bins, schema: schema, store: store,
 		orders: testflows.Orders(schema.Pool), texts: testflows.Texts(schema.Pool)}
 }
@@ -146,7 +147,7 @@ func (b *bundle) abandonOrder(t *testing.T, key string) {
 	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
 }
 
-// doubtfulText leaves a text in needs-reconcile, idle for an hour: the
+// doubtfulText leaves a text in needs_reconcile, idle for an hour: the
 // message was sent, the phase never committed.
 func (b *bundle) doubtfulText(t *testing.T, key string, unknown bool) {
 	t.Helper()
@@ -245,10 +246,10 @@ func TestBinary(t *testing.T) {
 
 		res = b.run(t, bins.idem, "migrate", "up", "--schema", b.schema.Name)
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
-		require.Equal(t, "applied 0001: the schema went from version 0 to 1\n", res.stdout)
+		require.Equal(t, "applied 0001, 0002: the schema went from version 0 to 2\n", res.stdout)
 		res = b.run(t, bins.idem, "--json", "migrate", "up", "--schema", b.schema.Name)
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
-		require.JSONEq(t, `{"from": 1, "to": 1, "applied": []}`, res.stdout)
+		require.JSONEq(t, `{"from": 2, "to": 2, "applied": []}`, res.stdout)
 
 		status := decode[struct {
 			Current, Latest, Pending int
@@ -274,6 +275,9 @@ func TestBinary(t *testing.T) {
 
 		// Down reverts one version by default; the schema's search_path
 		// resolves the tables without --schema too.
+		res = b.run(t, bins.idem, "migrate", "down")
+		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
+		require.Equal(t, "reverted 0002: the schema went from version 2 to 1\n", res.stdout)
 		res = b.run(t, bins.idem, "migrate", "down")
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
 		require.Equal(t, "reverted 0001: the schema went from version 1 to 0\n", res.stdout)
@@ -303,7 +307,7 @@ func TestBinary(t *testing.T) {
 		require.Len(t, lines, 7, res.stdout) // header, five keys, paging hint
 		require.Regexp(t, `^ID\s+SCOPE\s+KEY\s+FLOW\s+STATE\s+RECOVERY POINT\s+ATTEMPTS\s+LAST RUN\s+EXPIRES$`, lines[0])
 		for _, want := range []string{
-			`doubtful-1\s+texts.send\s+needs-reconcile\s+started\s+2\s`,
+			`doubtful-1\s+texts.send\s+needs_reconcile\s+started\s+2\s`,
 			`stale-1\s+orders.create\s+stale\s+order_created\s+1\s`,
 			`running-1\s+orders.create\s+running\s+order_created\s`,
 			`expired-1\s+orders.create\s+expired\s+finished\s`,
@@ -313,7 +317,7 @@ func TestBinary(t *testing.T) {
 		}
 
 		for state, want := range map[string]string{
-			"running": "running-1", "stale": "stale-1", "needs-reconcile": "doubtful-1",
+			"running": "running-1", "stale": "stale-1", "needs_reconcile": "doubtful-1",
 			"finished": "finished-1", "expired": "expired-1",
 		} {
 			res := b.run(t, bins.idem, "keys", "list", "--state", state, "--json", "--schema", b.schema.Name)
@@ -356,7 +360,7 @@ func TestBinary(t *testing.T) {
 			ForeignMark        string `json:"foreign_mark"`
 		}](t, res.stdout)
 		require.Equal(t, "doubtful-1", shown.Key)
-		require.Equal(t, "needs-reconcile", shown.State)
+		require.Equal(t, "needs_reconcile", shown.State)
 		require.Equal(t, "sent", shown.ForeignMark)
 
 		res = b.run(t, bins.idem, "keys", "show", "missing", "--scope", "user:1")

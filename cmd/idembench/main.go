@@ -308,6 +308,7 @@ func measureLoad(ctx context.Context, e *env, o *options, logf func(string, ...a
 	if err != nil {
 		return nil, err
 	}
+	defer store.Close()
 	runner, err := idem.NewRunner(store, &idem.Config{Logger: quietLogger()})
 	if err != nil {
 		return nil, err

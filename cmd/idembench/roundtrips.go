@@ -73,6 +73,7 @@ func measureRoundTrips(ctx context.Context, e *env) (*roundTripReport, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer store.Close()
 
 	type mark struct {
 		where idem.HookWhere

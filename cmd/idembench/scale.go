@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemdriver"
 	"github.com/go-idem/idem/migrations"
 	"github.com/go-idem/idem/pgstore"
 )
@@ -77,6 +78,7 @@ func measureScale(ctx context.Context, e *env, cfg scaleConfig, logf func(string
 	if err != nil {
 		return nil, err
 	}
+	defer store.Close()
 	runner, err := idem.NewRunner(store, &idem.Config{Logger: quietLogger()})
 	if err != nil {
 		return nil, err
@@ -333,14 +335,14 @@ func measureAcquisitions(ctx context.Context, e *env, store *pgstore.Store, tabl
 	half := max(cfg.Concurrency/2, 1)
 	run := randomHex(4)
 	acquire := func(ctx context.Context, w, i int) error {
-		p := idem.AcquireParams{Flow: flowName, Method: "POST", Path: "/rides", Lease: 90 * time.Second}
-		want := idem.AcquiredNone
+		p := idemdriver.AcquireParams{Flow: flowName, Method: "POST", Path: "/rides", Lease: 90 * time.Second}
+		want := idemdriver.AcquiredNone
 		if w < half {
 			u := rand.Float64()
 			p.Scope = "user:" + strconv.Itoa(int(math.Exp(13.815510557964274*u)))
 			p.Key = "scale-" + tag + "-" + run + "-" + strconv.Itoa(w) + "-" + strconv.Itoa(i)
 			p.Fingerprint, p.Params = newFP, []byte(`{"amount":2000,"origin":"SF","user_id":7}`)
-			want = idem.AcquiredCreated
+			want = idemdriver.AcquiredCreated
 		} else {
 			t := targets[rand.IntN(len(targets))]
 			p.Scope, p.Key, p.Fingerprint, p.Params = t.scope, t.key, t.fingerprint, t.params
@@ -349,7 +351,7 @@ func measureAcquisitions(ctx context.Context, e *env, store *pgstore.Store, tabl
 		if err != nil {
 			return err
 		}
-		if res.Acquired != want || (want == idem.AcquiredNone && res.Record.Status != idem.StatusFinished) {
+		if res.Acquired != want || (want == idemdriver.AcquiredNone && res.Record.Status != idem.StatusFinished) {
 			return fmt.Errorf("acquire %s/%s: %s (%s), want %s", p.Scope, p.Key, res.Acquired, res.Record.Status, want)
 		}
 		return nil

@@ -32,6 +32,7 @@ func measureStorm(ctx context.Context, e *env, size, rounds int) (*stormReport, 
 	if err != nil {
 		return nil, err
 	}
+	defer store.Close()
 	// commits counts phase commits per key, from the runner's own events.
 	var mu sync.Mutex
 	commits := map[string]int{}

@@ -66,7 +66,7 @@ func newRunnerFlow() *idem.Flow[rideInput] {
 	return idem.MustNewFlow(flowName, []idem.Phase[rideInput]{
 		{
 			Name: "ride_created",
-			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[rideInput]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) (idem.Result, error) {
 				in := run.Input()
 				var rideID int64
 				if err := tx.QueryRow(ctx, insertRide, run.Key().ID, in.UserID, in.Origin, in.Amount).Scan(&rideID); err != nil {
@@ -77,7 +77,7 @@ func newRunnerFlow() *idem.Flow[rideInput] {
 		},
 		{
 			Name: "charge_created",
-			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[rideInput]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) (idem.Result, error) {
 				var rideID int64
 				if _, err := run.Checkpoint("ride_id", &rideID); err != nil {
 					return idem.Result{}, err
@@ -97,7 +97,7 @@ func newRunnerFlow() *idem.Flow[rideInput] {
 		},
 		{
 			Name: "receipt_enqueued",
-			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[rideInput]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) (idem.Result, error) {
 				var rideID int64
 				var chargeID string
 				if _, err := run.Checkpoint("ride_id", &rideID); err != nil {

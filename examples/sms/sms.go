@@ -8,7 +8,7 @@
 // a second message every time it is asked. So the send phase declares
 // idem.ForeignNotIdempotent: the runner records the attempt durably before
 // the call, and a request that finds the record without the phase committed
-// is never re-sent blindly. It goes to needs-reconcile, and the phase's
+// is never re-sent blindly. It goes to needs_reconcile, and the phase's
 // reconcile hook asks the gateway what it sent under our reference:
 //
 //   - found: done. The hook records the message, as the phase would have,
@@ -37,7 +37,6 @@ import (
 	"regexp"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idem/idem"
@@ -157,7 +156,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 // row, and what the reconcile hook looks it up by.
 func Reference(messageID int64) string { return fmt.Sprintf("msg-%d", messageID) }
 
-func (s *Sender) saveMessage(ctx context.Context, tx pgx.Tx, run *idem.Attempt[Params]) (idem.Result, error) {
+func (s *Sender) saveMessage(ctx context.Context, tx idem.Tx, run *idem.Attempt[Params]) (idem.Result, error) {
 	in := run.Input()
 	switch n := utf8.RuneCountInString(in.Text); {
 	case !e164.MatchString(in.To):
@@ -176,8 +175,8 @@ func (s *Sender) saveMessage(ctx context.Context, tx pgx.Tx, run *idem.Attempt[P
 
 // send makes the not-idempotent call. The runner has recorded the attempt
 // before the callback runs; if anything stops this phase from committing
-// after that, the key goes to needs-reconcile rather than sending again.
-func (s *Sender) send(ctx context.Context, tx pgx.Tx, run *idem.Attempt[Params]) (idem.Result, error) {
+// after that, the key goes to needs_reconcile rather than sending again.
+func (s *Sender) send(ctx context.Context, tx idem.Tx, run *idem.Attempt[Params]) (idem.Result, error) {
 	id, err := messageID(run)
 	if err != nil {
 		return idem.Result{}, err
@@ -208,7 +207,7 @@ func (s *Sender) send(ctx context.Context, tx pgx.Tx, run *idem.Attempt[Params])
 // reconcileSend asks the gateway what it sent under the message's reference.
 // It runs in a transaction of its own, so "done" records the message exactly
 // as send would have.
-func (s *Sender) reconcileSend(ctx context.Context, tx pgx.Tx, run *idem.Attempt[Params]) (idem.Reconciliation, error) {
+func (s *Sender) reconcileSend(ctx context.Context, tx idem.Tx, run *idem.Attempt[Params]) (idem.Reconciliation, error) {
 	id, err := messageID(run)
 	if err != nil {
 		return idem.Reconciliation{}, err
@@ -226,14 +225,14 @@ func (s *Sender) reconcileSend(ctx context.Context, tx pgx.Tx, run *idem.Attempt
 	return idem.ReconcileDone(idem.Advance()), nil
 }
 
-func (s *Sender) markSent(ctx context.Context, tx pgx.Tx, run *idem.Attempt[Params], id int64, gatewayID string) error {
+func (s *Sender) markSent(ctx context.Context, tx idem.Tx, run *idem.Attempt[Params], id int64, gatewayID string) error {
 	if _, err := tx.Exec(ctx, `UPDATE `+s.prefix+`sms_messages SET status = 'sent', gateway_id = $2 WHERE id = $1`, id, gatewayID); err != nil {
 		return fmt.Errorf("sms: mark message sent: %w", err)
 	}
 	return run.SetCheckpoint("gateway_id", gatewayID)
 }
 
-func (s *Sender) respond(_ context.Context, _ pgx.Tx, run *idem.Attempt[Params]) (idem.Result, error) {
+func (s *Sender) respond(_ context.Context, _ idem.Tx, run *idem.Attempt[Params]) (idem.Result, error) {
 	id, err := messageID(run)
 	if err != nil {
 		return idem.Result{}, err

@@ -38,6 +38,7 @@ func setup(t *testing.T) *bundle {
 	require.NoError(t, sms.Migrate(ctx, schema.Pool, schema.Name))
 	store, err := pgstore.New(schema.Pool, &pgstore.Config{Schema: schema.Name})
 	require.NoError(t, err)
+	t.Cleanup(store.Close)
 	gateway := &sms.FakeGateway{}
 	sender, err := sms.NewSender(gateway, schema.Name)
 	require.NoError(t, err)
@@ -165,7 +166,7 @@ func TestExploreAnInvalidNumber(t *testing.T) {
 	require.Empty(t, b.gateway.Sent())
 }
 
-// The needs-reconcile path step by step: the worker dies right after the
+// The needs_reconcile path step by step: the worker dies right after the
 // gateway accepted the message. Every retry is answered "needs reconcile"
 // and sends nothing; the reconcile run finds the message, records it and
 // finishes the request; retries then replay the response.
@@ -213,7 +214,7 @@ func TestACrashAfterSendingNeedsReconcileAndIsNeverResent(t *testing.T) {
 
 // Each reconcile verdict, from a gateway fault that leaves the send in
 // doubt. The phase's error after the recorded attempt sends the key to
-// needs-reconcile at once, without a crash.
+// needs_reconcile at once, without a crash.
 func TestReconcileVerdicts(t *testing.T) {
 	t.Parallel()
 

@@ -52,7 +52,7 @@ func Orders(provider Provider) *idem.Flow[Order] {
 	return idem.MustNewFlow("orders.create", []idem.Phase[Order]{
 		{
 			Name: "order_created",
-			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[Order]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[Order]) (idem.Result, error) {
 				var id int64
 				if err := tx.QueryRow(ctx, `INSERT INTO orders (key_id, item) VALUES ($1, $2) RETURNING id`,
 					run.Key().ID, run.Input().Item).Scan(&id); err != nil {
@@ -63,7 +63,7 @@ func Orders(provider Provider) *idem.Flow[Order] {
 		},
 		{
 			Name: "charged",
-			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[Order]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[Order]) (idem.Result, error) {
 				err := run.Foreign(ctx, "charge", func(ctx context.Context, key string) error {
 					_, err := provider.Exec(ctx, `INSERT INTO charges (downstream_key, amount) VALUES ($1, $2)
 						ON CONFLICT (downstream_key) DO UPDATE SET calls = charges.calls + 1`, key, run.Input().Amount)
@@ -74,7 +74,7 @@ func Orders(provider Provider) *idem.Flow[Order] {
 		},
 		{
 			Name: "responded",
-			Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[Order]) (idem.Result, error) {
+			Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[Order]) (idem.Result, error) {
 				var id int64
 				if _, err := run.Checkpoint("order_id", &id); err != nil {
 					return idem.Result{}, err
@@ -104,14 +104,14 @@ func Texts(gateway Provider) *idem.Flow[Text] {
 	return idem.MustNewFlow("texts.send", []idem.Phase[Text]{{
 		Name:    "sent",
 		Foreign: idem.ForeignNotIdempotent,
-		Do: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[Text]) (idem.Result, error) {
+		Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[Text]) (idem.Result, error) {
 			err := run.Foreign(ctx, "send_text", func(ctx context.Context, ref string) error {
 				_, err := gateway.Exec(ctx, `INSERT INTO texts_sent (ref) VALUES ($1)`, ref)
 				return err
 			})
 			return idem.RespondJSON(http.StatusCreated, map[string]any{"sent": true}), err
 		},
-		Reconcile: func(ctx context.Context, tx pgx.Tx, run *idem.Attempt[Text]) (idem.Reconciliation, error) {
+		Reconcile: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[Text]) (idem.Reconciliation, error) {
 			if run.Input().Unknown {
 				return idem.ReconcileUnknown("the gateway cannot tell"), nil
 			}

@@ -196,8 +196,9 @@ func (a *App) Start(ctx context.Context) error {
 }
 
 // Stop stops the receipt worker, letting running jobs finish until ctx is
-// done.
+// done, and closes the store's control pool.
 func (a *App) Stop(ctx context.Context) error {
+	defer a.store.Close()
 	if !a.work {
 		return nil
 	}

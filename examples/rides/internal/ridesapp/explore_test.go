@@ -3,7 +3,6 @@ package ridesapp_test
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 
 	"github.com/go-idem/idem"
@@ -89,7 +88,7 @@ func (b *testBundle) checkOneRide(ctx context.Context, key *idem.KeyRecord, stat
 	}
 	var charges []string
 	for _, c := range b.provider.Charges() {
-		if strings.HasPrefix(c.IdempotencyKey, "idem-"+key.RequestID+"-") || c.Description == ridesapp.ChargeDescription(rideID) {
+		if c.IdempotencyKey == key.DownstreamKey(ridesapp.PhaseChargeCreated) || c.Description == ridesapp.ChargeDescription(rideID) {
 			charges = append(charges, c.ID)
 		}
 	}

@@ -113,7 +113,7 @@ func (a *App) newFlow() (*idem.Flow[RideParams], error) {
 
 // createRide inserts the ride and its audit record. Both commit with the
 // recovery point ride_created, or neither does.
-func (a *App) createRide(ctx context.Context, tx pgx.Tx, run *idem.Attempt[RideParams]) (idem.Result, error) {
+func (a *App) createRide(ctx context.Context, tx idem.Tx, run *idem.Attempt[RideParams]) (idem.Result, error) {
 	in := run.Input()
 	if problems := in.Validate(); len(problems) > 0 {
 		// The HTTP layer validates first; this guards input that reached the
@@ -167,7 +167,7 @@ type rideOfKey struct {
 	ChargeID   *string
 }
 
-func (a *App) loadRide(ctx context.Context, tx pgx.Tx, keyID int64, phase string) (*rideOfKey, error) {
+func (a *App) loadRide(ctx context.Context, tx idem.Tx, keyID int64, phase string) (*rideOfKey, error) {
 	var r rideOfKey
 	err := tx.QueryRow(ctx, `SELECT r.id, r.user_id, u.email, u.customer_id, r.charge_id
 		FROM `+a.prefix+`rides r JOIN `+a.prefix+`users u ON u.id = r.user_id
@@ -191,7 +191,7 @@ func (a *App) loadRide(ctx context.Context, tx pgx.Tx, keyID int64, phase string
 // process dies, the commit fails), the phase runs again with the same
 // downstream key and the provider returns the original charge instead of
 // making a second one.
-func (a *App) chargeRide(ctx context.Context, tx pgx.Tx, run *idem.Attempt[RideParams]) (idem.Result, error) {
+func (a *App) chargeRide(ctx context.Context, tx idem.Tx, run *idem.Attempt[RideParams]) (idem.Result, error) {
 	ride, err := a.loadRide(ctx, tx, run.Key().ID, run.Phase())
 	if err != nil {
 		return idem.Result{}, err
@@ -242,7 +242,7 @@ func (a *App) chargeRide(ctx context.Context, tx pgx.Tx, run *idem.Attempt[RideP
 	return idem.Advance(), nil
 }
 
-func (a *App) setPaymentStatus(ctx context.Context, tx pgx.Tx, rideID int64, status string) error {
+func (a *App) setPaymentStatus(ctx context.Context, tx idem.Tx, rideID int64, status string) error {
 	if _, err := tx.Exec(ctx, `UPDATE `+a.prefix+`rides SET payment_status = $1 WHERE id = $2`, status, rideID); err != nil {
 		return fmt.Errorf("rides: mark ride %d %s: %w", rideID, status, err)
 	}
@@ -265,7 +265,7 @@ func ParseChargeDescription(description string) (int64, bool) {
 // job commits with the phase and the stored 201, or rolls back with them, so
 // a receipt is queued exactly once per ride and never for a ride whose
 // request did not finish.
-func (a *App) enqueueReceipt(ctx context.Context, tx pgx.Tx, run *idem.Attempt[RideParams]) (idem.Result, error) {
+func (a *App) enqueueReceipt(ctx context.Context, tx idem.Tx, run *idem.Attempt[RideParams]) (idem.Result, error) {
 	ride, err := a.loadRide(ctx, tx, run.Key().ID, run.Phase())
 	if err != nil {
 		return idem.Result{}, err
@@ -273,7 +273,9 @@ func (a *App) enqueueReceipt(ctx context.Context, tx pgx.Tx, run *idem.Attempt[R
 	if ride.ChargeID == nil {
 		return idem.Result{}, fmt.Errorf("rides: bug: ride %d is past charge_created without a charge", ride.ID)
 	}
-	_, err = a.river.InsertTx(ctx, tx, ReceiptArgs{
+	// River's InsertTx takes a pgx.Tx: PgxTx is the phase's transaction with
+	// Commit and Rollback disarmed, so the job commits with the phase.
+	_, err = a.river.InsertTx(ctx, run.PgxTx(), ReceiptArgs{
 		RideID:   ride.ID,
 		UserID:   ride.UserID,
 		Email:    ride.Email,

@@ -43,7 +43,7 @@ func requireOneRide(t *testing.T, b *testBundle, key string, ride ridesapp.RideR
 	require.Equal(t, ridesapp.RideAmount, charges[0].Amount)
 	require.Equal(t, ridesapp.ChargeDescription(ride.RideID), charges[0].Description)
 	rec := b.key(t, b.goodUserID, key)
-	require.Equal(t, "idem-"+rec.RequestID+"-"+ridesapp.PhaseChargeCreated, charges[0].IdempotencyKey)
+	require.Equal(t, rec.DownstreamKey(ridesapp.PhaseChargeCreated), charges[0].IdempotencyKey)
 	require.Equal(t, idem.StatusFinished, rec.Status)
 	require.Nil(t, rec.LockedAt)
 }

@@ -153,6 +153,9 @@ func (b *testBundle) crashAt(phase string, where idem.HookWhere) {
 
 const validBody = `{"origin_lat": 37.7749, "origin_lon": -122.4194, "target_lat": 37.8044, "target_lon": -122.2712}`
 
+// otherBody is a valid ride request other than validBody.
+const otherBody = `{"origin_lat": 37.7749, "origin_lon": -122.4194, "target_lat": 37.3382, "target_lon": -121.8863}`
+
 // newKey returns a fresh key, a UUID as real clients send.
 func newKey() string { return uuid.NewString() }
 

@@ -1,4 +1,4 @@
-package idem
+package idemdriver
 
 import (
 	"context"
@@ -6,18 +6,19 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Store is the persistence contract the runner is written against, in the
 // spirit of database/sql/driver: the runner holds the state machine, a store
 // holds the SQL. [github.com/go-idem/idem/pgstore] is the implementation;
-// applications construct one and hand it to [NewRunner] without calling these
-// methods themselves.
+// applications construct one and hand it to idem.NewRunner without calling
+// these methods themselves.
 //
 // Every method that changes a locked key is guarded by a [LockRef]: it
 // matches no row, and returns ErrLockLost, once the fence has moved on.
 // Implementations map driver errors to ErrStoreUnavailable and
-// ErrSerialization where they apply (see ClassifyPhaseError).
+// ErrSerialization where they apply (see PhaseTx.ClassifyError).
 type Store interface {
 	// Acquire inserts the key locked, or takes over an existing unfinished
 	// key with the same flow and fingerprint whose lease has expired or that
@@ -29,12 +30,10 @@ type Store interface {
 	// when the key does not need reconciling or another worker holds it.
 	ClaimReconcile(ctx context.Context, p ClaimParams) (*AcquireResult, error)
 
-	// BeginPhase starts a phase's transaction.
-	BeginPhase(ctx context.Context, iso pgx.TxIsoLevel) (pgx.Tx, error)
-
-	// CommitPhase records the phase's outcome on the key in tx, guarded by
-	// the fence, and commits tx. On ErrLockLost tx is rolled back.
-	CommitPhase(ctx context.Context, tx pgx.Tx, p CommitParams) error
+	// BeginPhase starts a phase's transaction. The store owns it: the runner
+	// hands its statement methods to the phase (as idem.Tx) and ends it with
+	// PhaseTx.CommitPhase or PhaseTx.RollbackPhase.
+	BeginPhase(ctx context.Context, opts PhaseOptions) (PhaseTx, error)
 
 	// Heartbeat extends a held lease and returns its new expiry.
 	Heartbeat(ctx context.Context, ref LockRef, lease time.Duration, now *time.Time) (time.Time, error)
@@ -52,16 +51,54 @@ type Store interface {
 	// GetKey returns one key, or ErrNotFound.
 	GetKey(ctx context.Context, scope, key string) (*KeyRecord, error)
 
-	// ClassifyPhaseError classifies the error a phase ended with, while its
-	// transaction tx is still open: it wraps ErrSerialization for
+	OperationsStore
+}
+
+// PhaseOptions configure a phase's transaction.
+type PhaseOptions struct {
+	// Isolation is the transaction's isolation level.
+	Isolation pgx.TxIsoLevel
+	// StatementTimeout bounds each statement the phase sends through the
+	// transaction (its context gets this deadline); zero means no bound.
+	StatementTimeout time.Duration
+}
+
+// PhaseTx is a phase's transaction as the store owns it. Its statement
+// methods are the shape sqlc-generated code takes (DBTX); they are all a
+// phase ever sees, as idem.Tx. Only the runner ends the transaction, with
+// CommitPhase or Rollback.
+type PhaseTx interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error)
+
+	// CommitPhase records the phase's outcome on the key, guarded by the
+	// fence, and commits, atomically. When the fence has moved on it rolls
+	// back and returns ErrLockLost. After it returns, with or without an
+	// error, the transaction is over.
+	CommitPhase(ctx context.Context, p CommitParams) error
+
+	// RollbackPhase ends the transaction without committing. It is a no-op
+	// on a transaction that is already over. (It is not named Rollback, so
+	// the value a phase gets as idem.Tx does not look like a pgx.Tx.)
+	RollbackPhase(ctx context.Context) error
+
+	// PgxTx returns the transaction as a pgx.Tx for libraries whose API
+	// takes one (River's InsertTx): its statements go to the phase's
+	// transaction, Begin makes a savepoint, and Commit and Rollback do
+	// nothing and return ErrPhaseOwnsTx.
+	PgxTx() pgx.Tx
+
+	// ClassifyError classifies the error a phase ended with, while the
+	// transaction is still open: it wraps ErrSerialization for
 	// serialization failures and deadlocks, ErrStoreUnavailable when the
 	// database went away under the phase (its connection is gone, or the
 	// server said so), and ErrInvalidRequest for input the database cannot
 	// store, and returns any other error unchanged. A network error from a
 	// foreign call is not the store's: it stays a phase failure.
-	ClassifyPhaseError(tx pgx.Tx, err error) error
-
-	OperationsStore
+	ClassifyError(err error) error
 }
 
 // LockRef identifies a held lock: the key row and the fence it was acquired

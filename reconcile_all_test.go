@@ -11,7 +11,7 @@ import (
 	"github.com/go-idem/idem"
 )
 
-// Reconcile runs over every idle needs-reconcile key: a hook that cannot
+// Reconcile runs over every idle needs_reconcile key: a hook that cannot
 // tell leaves them for the next run, IdleFor later; verdicts carry each
 // flow to its response, and each message is sent exactly once.
 func TestReconcileAllResolvesIdleKeys(t *testing.T) {
@@ -29,7 +29,7 @@ func TestReconcileAllResolvesIdleKeys(t *testing.T) {
 
 	res, err := r.ReconcileAll(ctx, cfg)
 	require.NoError(t, err)
-	require.Zero(t, res.Claimed, "just put in needs-reconcile: not idle yet")
+	require.Zero(t, res.Claimed, "just put in needs_reconcile: not idle yet")
 
 	obs := newCountingObserver()
 	observed := b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Observer: obs})

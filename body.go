@@ -1,0 +1,215 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime/debug"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/go-idem/idem/idemdriver"
+)
+
+// A body is a phase-like body: a phase's Do, or a reconcile hook speaking for
+// the phase. It runs inside the phase's transaction and returns the result to
+// hand back and what to record on the key with the commit.
+type body func(ctx context.Context, tx Tx) (Result, *idemdriver.CommitParams, error)
+
+// runBody is the one place a phase-like body runs: for the held key's current
+// phase it opens the store's transaction, runs the body with the test hooks,
+// a span and panics turned into *PanicError (with the stack), commits what
+// the body asks for guarded by the fence, and retries serialization failures
+// and deadlocks with backoff. It returns once the commit is known to have
+// landed, or with the error that ended the phase.
+func (r *Runner) runBody(ctx context.Context, h *held, b body) (Result, error) {
+	name, _, iso := h.flow.phaseMeta(h.phase)
+	if iso == "" {
+		iso = r.config.Isolation
+	}
+	backoff := r.config.PhaseRetryBackoff
+	for {
+		h.beginAttempt()
+		res, err := r.attemptBody(ctx, h, b, iso)
+		if err == nil || h.crashed || !errors.Is(err, ErrSerialization) {
+			return res, err
+		}
+		if h.foreignMarked {
+			// The not-idempotent call may have happened: re-running the
+			// body could repeat it. fail() sends the key to reconcile.
+			return res, err
+		}
+		if h.attempt > r.config.MaxPhaseRetries {
+			return res, fmt.Errorf("%w: phase %q failed %d times: %w", ErrRetriesExhausted, name, h.attempt, err)
+		}
+		r.emit(ctx, h.event(EventPhaseRetried, err))
+		r.log.DebugContext(ctx, "idem: retrying phase", "flow", h.flow.Name(), "phase", name, "attempt", h.attempt, "err", err)
+		wait := backoff/2 + rand.N(backoff/2+1)
+		backoff *= 2
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return res, context.Cause(ctx)
+		}
+	}
+}
+
+// attemptBody is one try of the body in its own transaction.
+func (r *Runner) attemptBody(ctx context.Context, h *held, b body, iso pgx.TxIsoLevel) (res Result, err error) {
+	name := h.phaseName()
+	ctx, end := r.startPhase(ctx, h.flow.Name(), name, h.attempt)
+	defer func() { end(err) }()
+	started := time.Now()
+
+	bctx, cancel := r.storeContext(ctx)
+	tx, err := r.store.BeginPhase(bctx, idemdriver.PhaseOptions{Isolation: iso, StatementTimeout: r.config.PhaseStatementTimeout})
+	cancel()
+	if err != nil {
+		return res, r.classify(ctx, h, nil, r.storeError(ctx, err))
+	}
+	over := false
+	defer func() {
+		if !over {
+			// A context detached from cancellation: the rollback must reach
+			// the server even when the request's context is done.
+			rctx, cancel := r.storeContext(context.WithoutCancel(ctx))
+			_ = tx.RollbackPhase(rctx)
+			cancel()
+		}
+	}()
+
+	h.tx = tx
+	defer func() { h.tx = nil }()
+	if err := r.hook(ctx, h, HookPhaseStart); err != nil {
+		return res, r.classify(ctx, h, tx, err)
+	}
+	res, cp, err := callBody(ctx, tx, b)
+	if err == nil {
+		err = r.hook(ctx, h, HookBeforeCommit)
+	}
+	if err != nil {
+		return res, r.classify(ctx, h, tx, err)
+	}
+
+	if cp.Status == StatusFinished {
+		h.lettingGo.Store(true)
+	}
+	cctx, cancel := r.storeContext(ctx)
+	sent := r.localNow()
+	err = tx.CommitPhase(cctx, *cp)
+	cancel()
+	over = true
+	switch {
+	case errors.Is(err, ErrLockLost):
+		h.lettingGo.Store(false)
+		return res, err
+	case err != nil:
+		// The reply was lost or refused: find out from the key itself
+		// whether the commit landed, never by guessing.
+		var landed bool
+		if landed, err = r.commitLanded(ctx, h, cp, err); !landed {
+			h.lettingGo.Store(false)
+			return res, err
+		}
+	}
+	h.renewed(sent)
+	h.committed(cp)
+	if cp.RecoveryPoint != name && cp.Status != StatusFinished {
+		// A reconcile verdict of not done: it cleared the mark and left the
+		// recovery point where it was; the phase itself has not committed.
+		return res, nil
+	}
+	r.emit(ctx, Event{Kind: EventPhaseCommitted, Flow: h.flow.Name(), Scope: h.rec.Scope, Key: h.rec.Key, Phase: name, Attempt: h.attempt, Duration: time.Since(started)})
+	if herr := r.hook(ctx, h, HookAfterCommit); herr != nil {
+		if h.crashed {
+			return res, herr
+		}
+		// A test playing a lost acknowledgement: this worker cannot know
+		// the commit landed, so it reads the key as it would for a real one.
+		if landed, err := r.commitLanded(ctx, h, cp, herr); !landed {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// callBody runs b, turning a panic into a *PanicError with its stack.
+func callBody(ctx context.Context, tx Tx, b body) (res Result, cp *idemdriver.CommitParams, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return b(ctx, tx)
+}
+
+// commitLanded re-reads the key after a commit whose outcome is unknown
+// (its reply was lost, its context ended, the connection broke) and reports
+// whether the commit landed: the key still carries this worker's fence and
+// records what the commit recorded. When the key cannot be read either, the
+// answer is unknown: the error says the store is unavailable, and the key,
+// with whatever it holds, is left to the next attempt, which reads it again.
+func (r *Runner) commitLanded(ctx context.Context, h *held, cp *idemdriver.CommitParams, commitErr error) (bool, error) {
+	rctx, cancel := r.storeContext(context.WithoutCancel(ctx))
+	defer cancel()
+	rec, err := r.store.GetKey(rctx, h.rec.Scope, h.rec.Key)
+	if err != nil {
+		return false, fmt.Errorf("%w: the commit of phase %q may or may not have landed (%w), and the key could not be read: %w",
+			ErrStoreUnavailable, h.phaseName(), commitErr, r.storeError(ctx, err))
+	}
+	switch {
+	case rec.Fence != h.ref.Fence:
+		return false, fmt.Errorf("%w: the key moved to fence %d while the commit of phase %q was in doubt", ErrLockLost, rec.Fence, h.phaseName())
+	case rec.Status == cp.Status && rec.RecoveryPoint == cp.RecoveryPoint && rec.ForeignMark == "":
+		r.log.InfoContext(ctx, "idem: a phase commit whose reply was lost had landed", "flow", h.flow.Name(), "key", h.rec.Key, "phase", h.phaseName(), "err", commitErr)
+		return true, nil
+	}
+	h.rec.ForeignMark = rec.ForeignMark
+	return false, r.storeError(ctx, commitErr)
+}
+
+// classify turns a body attempt's error into the error the runner acts on.
+// tx is the phase's transaction, still open, or nil before it exists.
+func (r *Runner) classify(ctx context.Context, h *held, tx idemdriver.PhaseTx, err error) error {
+	switch {
+	case h.crashed || errors.Is(err, ErrSimulatedCrash):
+		h.crashed = true
+		return ErrSimulatedCrash
+	case errors.Is(context.Cause(ctx), ErrLockLost):
+		// The heartbeat found the lease gone and cancelled the phase.
+		return fmt.Errorf("%w: phase %q", ErrLockLost, h.phaseName())
+	case errors.Is(err, ErrLockLost):
+		return err
+	}
+	mapped := err
+	if tx != nil {
+		mapped = r.storeError(ctx, tx.ClassifyError(err))
+	}
+	if errors.Is(mapped, ErrSerialization) || errors.Is(mapped, ErrStoreUnavailable) || errors.Is(mapped, ErrInvalidRequest) {
+		return mapped
+	}
+	var pe *PanicError
+	if errors.As(err, &pe) || errors.Is(err, ErrPhaseFailed) {
+		return err
+	}
+	return fmt.Errorf("%w: phase %q: %w", ErrPhaseFailed, h.phaseName(), err)
+}
+
+func (r *Runner) hook(ctx context.Context, h *held, where HookWhere) error {
+	return r.hookAt(ctx, h, HookPoint{Where: where})
+}
+
+func (r *Runner) hookAt(ctx context.Context, h *held, at HookPoint) error {
+	if r.config.Test.Hook == nil {
+		return nil
+	}
+	at.Flow, at.Phase, at.Attempt, at.Key = h.flow.Name(), h.phaseName(), h.attempt, h.rec.Clone()
+	_, at.ForeignKind, _ = h.flow.phaseMeta(h.phase)
+	err := r.config.Test.Hook(ctx, at)
+	if errors.Is(err, ErrSimulatedCrash) {
+		h.crashed = true
+	}
+	return err
+}

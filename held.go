@@ -1,0 +1,159 @@
+package idem
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-idem/idem/idemdriver"
+)
+
+// held is the runner's state for a key this worker holds the lock on, shared
+// by the phases (and the reconcile hook) it runs; the per-attempt fields are
+// reset by beginAttempt.
+type held struct {
+	runner *Runner
+	flow   AnyFlow
+	rec    *KeyRecord
+	ref    idemdriver.LockRef
+	input  any
+	// tookOver: this call resumed a key another attempt left unfinished.
+	tookOver bool
+
+	phase   int
+	attempt int
+	// tx is the running attempt's transaction, for Attempt.PgxTx.
+	tx            idemdriver.PhaseTx
+	patch         map[string]json.RawMessage
+	foreignCalled bool
+	// foreignMarked survives attempts: once a not-idempotent call may have
+	// happened, the request can only go forward by committing or reconcile.
+	foreignMarked bool
+	// reconciling: a reconcile hook runs for the phase; a failure leaves the
+	// key in needs_reconcile rather than releasing it.
+	reconciling bool
+	crashed     bool
+	// lettingGo tells the heartbeat that this worker is letting go of the
+	// key (finishing, releasing, handing it to reconcile), so a refused beat
+	// is expected rather than a lost lock.
+	lettingGo atomic.Bool
+
+	// leaseMu guards renewedAt: when this worker last sent a statement that
+	// renewed its lease (the acquisition, a heartbeat, a phase commit). The
+	// lease is good until renewedAt + Config.Lease by the local clock.
+	leaseMu   sync.Mutex
+	renewedAt time.Time
+}
+
+func (r *Runner) hold(flow AnyFlow, rec *KeyRecord, input any, tookOver bool, acquiredAt time.Time) *held {
+	return &held{runner: r, flow: flow, rec: rec, ref: idemdriver.LockRef{ID: rec.ID, Fence: rec.Fence}, input: input,
+		tookOver: tookOver, renewedAt: acquiredAt}
+}
+
+// enterPhase moves to phase i with a fresh attempt count.
+func (h *held) enterPhase(i int) {
+	if i != h.phase {
+		h.foreignMarked = false
+	}
+	h.phase, h.attempt = i, 0
+}
+
+func (h *held) beginAttempt() {
+	h.attempt++
+	h.patch, h.foreignCalled = nil, false
+}
+
+func (h *held) phaseName() string {
+	if h.flow == nil { // a reconcile run for a flow this runner does not know
+		return ""
+	}
+	name, _, _ := h.flow.phaseMeta(h.phase)
+	return name
+}
+
+// downstreamKey is the idempotency key the phase's foreign call sends (see
+// KeyRecord.DownstreamKey).
+func (h *held) downstreamKey() string { return h.rec.DownstreamKey(h.phaseName()) }
+
+// committed updates the in-memory record to what a phase commit wrote.
+func (h *held) committed(cp *idemdriver.CommitParams) {
+	h.rec.RecoveryPoint, h.rec.Status, h.rec.ForeignMark = cp.RecoveryPoint, cp.Status, ""
+	if h.rec.Checkpoint == nil {
+		h.rec.Checkpoint = map[string]json.RawMessage{}
+	}
+	for n, v := range cp.CheckpointPatch {
+		h.rec.Checkpoint[n] = v
+	}
+	if cp.Response != nil {
+		h.rec.ResponseStatus, h.rec.ResponseHeaders, h.rec.ResponseBody = cp.Response.Status, cp.Response.Header, cp.Response.Body
+		h.rec.LockedAt, h.rec.LeaseExpiresAt = nil, nil
+	}
+	h.foreignMarked = false
+}
+
+// renewed records that a statement sent at sent renewed the lease.
+func (h *held) renewed(sent time.Time) {
+	h.leaseMu.Lock()
+	defer h.leaseMu.Unlock()
+	if sent.After(h.renewedAt) {
+		h.renewedAt = sent
+	}
+}
+
+// leaseSafe reports whether the lease is certainly still this worker's:
+// less than the lease minus a safety margin has passed since the last
+// renewal this worker knows landed. After that, another worker may have
+// taken the key over without this one hearing of it yet.
+func (h *held) leaseSafe() bool {
+	h.leaseMu.Lock()
+	defer h.leaseMu.Unlock()
+	cfg := h.runner.config
+	return h.runner.localNow().Sub(h.renewedAt) < cfg.Lease-cfg.LeaseMargin
+}
+
+func (h *held) event(kind EventKind, err error) Event {
+	return Event{Kind: kind, Flow: h.rec.Flow, Scope: h.rec.Scope, Key: h.rec.Key, Phase: h.phaseName(), Attempt: h.attempt, Err: err}
+}
+
+// outcome is the outcome of a held request so far; resp is its response
+// when it responded.
+func (h *held) outcome(resp *Response) *Outcome {
+	return &Outcome{Response: resp, Record: h.rec.Clone(), TookOver: h.tookOver}
+}
+
+// foreign makes the phase's one foreign call (see [Attempt.Foreign]).
+func (h *held) foreign(ctx context.Context, name string, call func(ctx context.Context, idempotencyKey string) error) error {
+	r := h.runner
+	if h.foreignCalled {
+		return fmt.Errorf("%w: phase %q already made its foreign call; %q was not made", ErrSecondForeignCall, h.phaseName(), name)
+	}
+	h.foreignCalled = true
+	_, kind, _ := h.flow.phaseMeta(h.phase)
+	if kind == ForeignNotIdempotent && !h.foreignMarked {
+		mctx, cancel := r.storeContext(ctx)
+		err := r.store.MarkForeign(mctx, h.ref, h.phaseName())
+		cancel()
+		if err != nil {
+			return fmt.Errorf("idem: could not record the attempt of %q, so it was not made: %w", name, r.storeError(ctx, err))
+		}
+		h.foreignMarked = true
+	}
+	if err := r.hookAt(ctx, h, HookPoint{Where: HookBeforeForeign, Foreign: name}); err != nil {
+		return err
+	}
+	if !h.leaseSafe() {
+		// Self-fencing: the lease may have lapsed while this worker was
+		// paused (a GC, a stalled network), and another worker may own the
+		// key already. Its foreign call must not race theirs.
+		return fmt.Errorf("%w: the lease may have lapsed before %q; the call was not made", ErrLockLost, name)
+	}
+	key := h.downstreamKey()
+	err := call(ctx, key)
+	if herr := r.hookAt(ctx, h, HookPoint{Where: HookAfterForeign, Foreign: name, DownstreamKey: key}); herr != nil {
+		return herr
+	}
+	return err
+}

@@ -1,0 +1,235 @@
+package idemdriver
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// Status is where a key stands in its life.
+type Status string
+
+const (
+	// StatusRunning: the request has not produced its final response yet. The
+	// key may be locked by a live worker, or unlocked waiting for a retry (or
+	// the completer) to resume it from its recovery point.
+	StatusRunning Status = "running"
+	// StatusFinished: a phase responded; the response is stored and every
+	// retry replays it until the key expires.
+	StatusFinished Status = "finished"
+	// StatusNeedsReconcile: a not-idempotent foreign call may or may not have
+	// happened. The key never re-executes by itself; a reconcile run asks the
+	// flow's reconcile hook what the provider did.
+	StatusNeedsReconcile Status = "needs_reconcile"
+)
+
+// DownstreamScheme is how a key's downstream idempotency keys are derived.
+type DownstreamScheme int16
+
+const (
+	// DownstreamByRequestID: "idem-<request id>-<phase>", the scheme of keys
+	// created before downstream keys were derived from the request.
+	DownstreamByRequestID DownstreamScheme = 1
+	// DownstreamByRequest: a hash of scope, key, flow, fingerprint and
+	// phase, which survives the loss of the key row.
+	DownstreamByRequest DownstreamScheme = 2
+)
+
+// The two recovery points every flow has. Between them, a key's recovery point
+// is the name of the last phase that committed.
+const (
+	RecoveryPointStarted  = "started"
+	RecoveryPointFinished = "finished"
+)
+
+// KeyRecord is one persisted idempotency key: the request it guards, how far
+// its flow got, the lease protecting it and, once finished, the response.
+// Phases see it read-only through idem.Attempt.Key; operators see it through
+// the store and the CLI.
+type KeyRecord struct {
+	ID int64 `db:"id" json:"id"`
+	// RequestID is a random UUID, unique per key row.
+	RequestID string `db:"request_id" json:"request_id"`
+	// DownstreamScheme says how the downstream idempotency keys of this
+	// key's foreign calls are made: DownstreamByRequest for keys created by
+	// this version on, DownstreamByRequestID for keys that were in flight
+	// when it was deployed, which keep the keys their first attempt used.
+	DownstreamScheme DownstreamScheme `db:"downstream_scheme" json:"downstream_scheme"`
+	Scope            string           `db:"scope" json:"scope"`
+	Key              string           `db:"key" json:"key"`
+	Flow             string           `db:"flow" json:"flow"`
+	Method           string           `db:"method" json:"method"`
+	Path             string           `db:"path" json:"path"`
+	// Fingerprint is SHA-256 over the flow name and the canonical JSON of the
+	// input; see idem.Fingerprint.
+	Fingerprint []byte `db:"fingerprint" json:"fingerprint"`
+	// Params is the input as JSON, kept so the request can be re-driven
+	// server-side without the client.
+	Params json.RawMessage `db:"params" json:"params"`
+
+	Status        Status `db:"status" json:"status"`
+	RecoveryPoint string `db:"recovery_point" json:"recovery_point"`
+	// Checkpoint is what committed phases recorded for later ones.
+	Checkpoint map[string]json.RawMessage `db:"checkpoint" json:"checkpoint"`
+	// ForeignMark names the phase whose not-idempotent foreign call was
+	// attempted without the phase committing; empty otherwise.
+	ForeignMark string `db:"foreign_mark" json:"foreign_mark,omitempty"`
+
+	LockedAt       *time.Time `db:"locked_at" json:"locked_at"`
+	LeaseExpiresAt *time.Time `db:"lease_expires_at" json:"lease_expires_at"`
+	// Fence is the fencing token: it grows on every acquisition and forced
+	// unlock, and a phase commits only while it still matches.
+	Fence int64 `db:"fence" json:"fence"`
+
+	ResponseStatus  int         `db:"response_status" json:"response_status,omitempty"`
+	ResponseHeaders http.Header `db:"response_headers" json:"response_headers,omitempty"`
+	ResponseBody    []byte      `db:"response_body" json:"response_body,omitempty"`
+
+	Attempts   int        `db:"attempts" json:"attempts"`
+	LastError  string     `db:"last_error" json:"last_error,omitempty"`
+	CreatedAt  time.Time  `db:"created_at" json:"created_at"`
+	LastRunAt  time.Time  `db:"last_run_at" json:"last_run_at"`
+	FinishedAt *time.Time `db:"finished_at" json:"finished_at"`
+	ExpiresAt  *time.Time `db:"expires_at" json:"expires_at"`
+}
+
+// DownstreamKey is the idempotency key the foreign call of the given phase
+// sends to its provider (idem.Attempt.IdempotencyKey). It is derived from the
+// request itself: "idem-" and 32 hex digits of SHA-256 over the scope, key,
+// flow, fingerprint and phase, each length-prefixed so no two requests collide
+// by shifting bytes between fields. So it is stable across retries, crashes
+// and takeovers, distinct per phase, and the same after the key row is lost
+// and re-created (a failover to a standby that had not received it): the
+// provider recognises the retry. Hashing keeps tenant data from providers.
+//
+// Keys created before this derivation (DownstreamByRequestID) keep the keys
+// their first attempt sent, "idem-<request id>-<phase>", so a call already
+// made for a key in flight is still recognised.
+func (k *KeyRecord) DownstreamKey(phase string) string {
+	if k.DownstreamScheme == DownstreamByRequestID {
+		return "idem-" + k.RequestID + "-" + phase
+	}
+	sum := sha256.New()
+	for _, field := range [][]byte{[]byte(k.Scope), []byte(k.Key), []byte(k.Flow), k.Fingerprint, []byte(phase)} {
+		fmt.Fprintf(sum, "%d:", len(field))
+		sum.Write(field)
+	}
+	return "idem-" + hex.EncodeToString(sum.Sum(nil)[:16])
+}
+
+// Locked reports whether a live lease holds the key at time now.
+func (k *KeyRecord) Locked(now time.Time) bool {
+	return k.LockedAt != nil && k.LeaseExpiresAt != nil && k.LeaseExpiresAt.After(now)
+}
+
+// Response returns the stored response of a finished key, nil otherwise.
+func (k *KeyRecord) Response() *Response {
+	if k.Status != StatusFinished {
+		return nil
+	}
+	return &Response{Status: k.ResponseStatus, Header: k.ResponseHeaders.Clone(), Body: append([]byte(nil), k.ResponseBody...)}
+}
+
+// Clone returns a copy that shares nothing mutable with k.
+func (k *KeyRecord) Clone() *KeyRecord {
+	c := *k
+	c.Checkpoint = make(map[string]json.RawMessage, len(k.Checkpoint))
+	for n, v := range k.Checkpoint {
+		c.Checkpoint[n] = v
+	}
+	return &c
+}
+
+// Response is what a flow answers: a status, headers and the body bytes
+// exactly as first sent.
+type Response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// KeyState is how an operator sees a key: its status refined by its lease
+// and its expiry. [KeyRecord.State] computes it.
+type KeyState string
+
+const (
+	// KeyStateRunning: unfinished and held by a live lease; a worker is on it.
+	KeyStateRunning KeyState = "running"
+	// KeyStateStale: unfinished and nobody holds it (released after a failed
+	// attempt, or its holder died and the lease expired). The next client
+	// retry, or the completer, resumes it.
+	KeyStateStale KeyState = "stale"
+	// KeyStateFinished: a response is stored and is replayed until expiry.
+	KeyStateFinished KeyState = "finished"
+	// KeyStateNeedsReconcile: waits for a reconcile run to decide whether a
+	// not-idempotent foreign call happened.
+	KeyStateNeedsReconcile KeyState = "needs_reconcile"
+	// KeyStateExpired: finished and past expires_at; the reaper deletes it.
+	// Until then it is still replayed.
+	KeyStateExpired KeyState = "expired"
+)
+
+// KeyStates lists every KeyState, in the order a key usually goes through
+// them.
+func KeyStates() []KeyState {
+	return []KeyState{KeyStateRunning, KeyStateStale, KeyStateNeedsReconcile, KeyStateFinished, KeyStateExpired}
+}
+
+// ParseKeyState parses a state name as the CLI accepts it. The old spelling
+// "needs-reconcile" is still accepted for "needs_reconcile".
+func ParseKeyState(s string) (KeyState, error) {
+	if s == "needs-reconcile" {
+		return KeyStateNeedsReconcile, nil
+	}
+	for _, st := range KeyStates() {
+		if string(st) == s {
+			return st, nil
+		}
+	}
+	return "", fmt.Errorf("unknown key state %q (running, stale, needs_reconcile, finished or expired)", s)
+}
+
+// State classifies the key at time now (use the database clock where you
+// have it, as [KeyList.Now]).
+func (k *KeyRecord) State(now time.Time) KeyState {
+	switch k.Status {
+	case StatusFinished:
+		if k.ExpiresAt != nil && !k.ExpiresAt.After(now) {
+			return KeyStateExpired
+		}
+		return KeyStateFinished
+	case StatusNeedsReconcile:
+		return KeyStateNeedsReconcile
+	}
+	if k.Locked(now) {
+		return KeyStateRunning
+	}
+	return KeyStateStale
+}
+
+// KeyQuery selects keys for idem.Runner.ListKeys. Zero fields do not filter.
+type KeyQuery struct {
+	State KeyState
+	Scope string
+	Key   string
+	Flow  string
+	// Limit caps the number of keys returned: default 50, at most
+	// MaxKeyListLimit.
+	Limit int
+	// BeforeID pages backwards: only keys with a smaller id are returned.
+	// Pass the last id of the previous page.
+	BeforeID int64
+}
+
+// MaxKeyListLimit is the most keys one ListKeys call returns.
+const MaxKeyListLimit = 10000
+
+// KeyList is a page of keys and the database clock it was read at, against
+// which [KeyRecord.State] classifies them.
+type KeyList struct {
+	Keys []*KeyRecord
+	Now  time.Time
+}

@@ -1,0 +1,1 @@
+ALTER TABLE {{schema}}idem_keys DROP COLUMN downstream_scheme;
