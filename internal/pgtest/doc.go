@@ -65,4 +65,17 @@
 // Each test binary gets one server and one database, started on first use; each NewSchema is a
 // fresh schema in that database, dropped when the test ends, so parallel tests don't see each
 // other's tables.
+//
+// # A primary and a standby, for failover tests
+//
+// [NewPair] (or [StartPair]) starts a primary from the cached template and a streaming standby
+// made from it with pg_basebackup, both from the local binaries (a pair has no other source), with
+// the standby's replication connection running through a relay in the test process:
+//
+//	pair := pgtest.NewPair(t, &pgtest.PairOptions{Synchronous: false})
+//	db, _ := pgxpool.New(ctx, pair.URL()) // follows the primary across a failover
+//	pair.HoldReplication()                // the standby falls behind from here
+//	... commits that the standby never sees ...
+//	pair.KillPrimary()                    // SIGKILL, no shutdown
+//	pair.Promote(ctx)                     // the standby is the primary; pair.URL() finds it
 package pgtest
