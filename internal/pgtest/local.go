@@ -83,6 +83,7 @@ type localCluster struct {
 	port      int
 	password  string   // of the postgres role, this cluster's own
 	settings  []string // passed to postgres as -c name=value
+	copied    bool     // the data directory is a copy of the cached template
 
 	// Set while postgres runs.
 	cmd    *exec.Cmd
@@ -208,8 +209,9 @@ func (c *localCluster) fromTemplate(ctx context.Context) error {
 	if err := copyTree(c.env.templateDir, c.dataDir, c.env.account); err != nil {
 		return fmt.Errorf("pgtest: copy template %s: %w", c.env.templateDir, err)
 	}
+	c.copied = true
 	if err := c.setPassword(ctx); err != nil {
-		return c.env.withTemplateHint(err)
+		return c.withTemplateHint(err)
 	}
 	return nil
 }
@@ -242,13 +244,13 @@ func (c *localCluster) setPassword(ctx context.Context) error {
 	return nil
 }
 
-// withTemplateHint adds, to an error starting a cluster copied from a cached template, how to force
-// a fresh one.
-func (e *localEnv) withTemplateHint(err error) error {
-	if e.templateCreated {
+// withTemplateHint adds, to an error starting a cluster copied from a template that an earlier
+// start cached, how to force a fresh one.
+func (c *localCluster) withTemplateHint(err error) error {
+	if !c.copied || c.env.templateCreated {
 		return err
 	}
-	return fmt.Errorf("%w\n(the cluster was copied from the cached template %s; delete it to force a fresh initdb)", err, e.templateDir)
+	return fmt.Errorf("%w\n(the cluster was copied from the cached template %s; delete it to force a fresh initdb)", err, c.env.templateDir)
 }
 
 // start runs postgres on a free port, trying another when some other process takes ours first,
@@ -262,7 +264,7 @@ func (c *localCluster) start(ctx context.Context) error {
 		if errors.Is(err, errPortTaken) && attempt < portAttempts {
 			continue
 		}
-		return c.env.withTemplateHint(err)
+		return c.withTemplateHint(err)
 	}
 }
 
