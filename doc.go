@@ -53,8 +53,8 @@
 //
 // # Using it
 //
-// Declare the flow once, make one runner per process on a [Store] (package
-// pgstore), and call Run per request, or mount the flow as an http.Handler
+// Declare the flow once, make one runner per process on a store (package
+// pgstore), and call Execute per request, or mount the flow as an http.Handler
 // with package idemhttp, which adds the Idempotency-Key header contract:
 //
 //	flow := idem.MustNewFlow("rides.create", []idem.Phase[RideParams]{
@@ -66,8 +66,25 @@
 //	runner, err := idem.NewRunner(store, &idem.Config{Flows: []idem.AnyFlow{flow}})
 //	out, err := runner.Execute(ctx, flow, idem.Request{Scope: userID, Key: key, Params: params})
 //
-// The tables come from package migrations. Package idemtest crashes a flow at
-// every phase boundary and checks that nothing ran twice; the maintenance
-// services reap expired keys, complete abandoned requests and run
-// reconciliation. docs/design.md describes the state machine in full.
+// A phase's body has the shape
+//
+//	func(ctx context.Context, tx idem.Tx, a *idem.Attempt[RideParams]) (idem.Result, error)
+//
+// tx is the phase's transaction, with statements only (the DBTX shape sqlc
+// generates: db.New(tx) works): the runner commits it together with the
+// recovery point, so a phase never commits or rolls back. a is the phase's
+// handle on the request: its input, the key, checkpoints earlier phases left,
+// and the one foreign call (Attempt.Foreign), which receives the downstream
+// idempotency key.
+//
+// # The packages
+//
+// This package is what a flow author uses. Package idemdriver is the contract
+// a store implements (as database/sql/driver is for database/sql); pgstore is
+// the Postgres implementation and migrations its schema. idemhttp mounts a flow
+// as an http.Handler with the Idempotency-Key contract; idemtest crashes a flow
+// at every phase boundary and checks that nothing ran twice. The maintenance
+// services (Runner.Reap, Runner.Complete, Runner.ReconcileAll, Maintainer)
+// reap expired keys, complete abandoned requests and run reconciliation.
+// docs/design.md describes the state machine in full.
 package idem

@@ -14,7 +14,7 @@
 //     durability for speed (fsync=off and friends) and is removed by [Server.Close]. The first start
 //     runs initdb once into a template cached per PostgreSQL version (idem-pgtemplate-*); later
 //     starts copy it, which is several times faster. As root, initdb and postgres run as the postgres
-//     system user, because PostgreSQL refuses to run as root.
+//     system user, because PostgreSQL refuses to run as root. See "Who may connect" below.
 //  3. Docker: a postgres:15 container, when a Docker engine answers. It is removed by Close, and in
 //     any case stops an hour after it started, so a crashed run cannot leak it for longer.
 //
@@ -25,6 +25,23 @@
 // its parent dies, the next local Start removes directories whose owner and postmaster are both
 // gone, and the next external Start drops pgtest's databases whose creator, on the same host, is
 // gone, or which are more than a day old.
+//
+// # Who may connect to a local cluster
+//
+// Only whoever has its URL. Every connection needs the postgres role's password (scram-sha-256 in
+// pg_hba.conf, no trust lines), over TCP and over the Unix socket alike; without it, any account on
+// the machine could connect to 127.0.0.1 as a superuser. Each cluster gets a random password of its
+// own (16 bytes from crypto/rand), set in single-user mode before the server first listens, and
+// given to nobody else on a command line or in a log: it travels only in the URLs pgtest returns
+// ([Server.AdminURL], [Server.CreateDatabase], [DatabaseURL], [Schema].URL), so callers need do
+// nothing. The cached template's own password was random too, and thrown away when it was made:
+// no two clusters share a password, though they share a template. The Unix socket is in a socket
+// directory inside the cluster's directory, mode 0700 and owned by the user postgres runs as.
+// (Templates from before this, which trusted every local connection, are not reused: the template
+// format is part of the cache's name.)
+//
+// A container started from Docker uses the image's own settings (password "postgres"); it is meant
+// for machines with no local binaries.
 //
 // # Pointing the tests at your own server
 //
@@ -48,4 +65,17 @@
 // Each test binary gets one server and one database, started on first use; each NewSchema is a
 // fresh schema in that database, dropped when the test ends, so parallel tests don't see each
 // other's tables.
+//
+// # A primary and a standby, for failover tests
+//
+// [NewPair] (or [StartPair]) starts a primary from the cached template and a streaming standby
+// made from it with pg_basebackup, both from the local binaries (a pair has no other source), with
+// the standby's replication connection running through a relay in the test process:
+//
+//	pair := pgtest.NewPair(t, &pgtest.PairOptions{Synchronous: false})
+//	db, _ := pgxpool.New(ctx, pair.URL()) // follows the primary across a failover
+//	pair.HoldReplication()                // the standby falls behind from here
+//	... commits that the standby never sees ...
+//	pair.KillPrimary()                    // SIGKILL, no shutdown
+//	pair.Promote(ctx)                     // the standby is the primary; pair.URL() finds it
 package pgtest

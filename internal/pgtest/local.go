@@ -8,6 +8,7 @@ import (
 	"io"
 	"io/fs"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -29,7 +30,8 @@ const (
 	// clusterDirPrefix: templates outlive the runs that made them.
 	templateDirPrefix = "idem-pgtemplate-"
 	// templateFormat changes whenever the initdb arguments do, so old templates are not reused.
-	templateFormat = "v2"
+	// v3: password authentication instead of trust.
+	templateFormat = "v3"
 	// ownerFileName holds the pid of the process that made a directory.
 	ownerFileName = "idem-pgtest.owner"
 
@@ -61,21 +63,36 @@ type runAs struct {
 	uid, gid int
 }
 
-// localCluster is a postgres process we started, and the directory it lives in.
-type localCluster struct {
-	workDir         string // idem-pgtest-*: owner file, server.log, data/
-	dataDir         string
-	port            int
+// localEnv is what every cluster of a local start needs: the binaries, the account to run them
+// as, and the cached template.
+type localEnv struct {
+	cfg             *config
+	binDir          string
+	account         *runAs // nil: ourselves
 	version         string
 	templateDir     string
-	templateCreated bool     // this start ran initdb, rather than copying a cached template
-	settings        []string // passed to postgres as -c name=value
+	templateCreated bool // this start ran initdb, rather than finding a cached template
+}
 
+// localCluster is a postgres process we started, and the directory it lives in.
+type localCluster struct {
+	env       *localEnv
+	workDir   string // idem-pgtest-*: owner file, server.log, socket/, data/
+	dataDir   string
+	socketDir string // private to the cluster's OS user; empty when its path would be too long
+	port      int
+	password  string   // of the postgres role, this cluster's own
+	settings  []string // passed to postgres as -c name=value
+	copied    bool     // the data directory is a copy of the cached template
+
+	// Set while postgres runs.
 	cmd    *exec.Cmd
 	exited <-chan struct{}
 }
 
-func startLocal(ctx context.Context, cfg *config) (*Server, error) {
+// prepareLocal finds the binaries and the account to run them as, clears away what killed runs
+// left behind, and makes sure there is a template.
+func prepareLocal(ctx context.Context, cfg *config) (*localEnv, error) {
 	if !localSupported {
 		return nil, unavailable(KindLocal, "throwaway clusters need a Unix system")
 	}
@@ -90,8 +107,6 @@ func startLocal(ctx context.Context, cfg *config) (*Server, error) {
 	if err := checkReachable(cfg.tempDir, account); err != nil {
 		return nil, err
 	}
-	began := time.Now()
-
 	removeAbandonedDirs(cfg.tempDir, cfg.logf)
 
 	version, err := postgresVersion(binDir)
@@ -102,36 +117,32 @@ func startLocal(ctx context.Context, cfg *config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-
-	workDir, err := newWorkDir(cfg.tempDir, clusterDirPrefix, account)
-	if err != nil {
-		return nil, err
-	}
-	cluster := &localCluster{
-		workDir:         workDir,
-		dataDir:         filepath.Join(workDir, "data"),
+	return &localEnv{
+		cfg:             cfg,
+		binDir:          binDir,
+		account:         account,
 		version:         version,
 		templateDir:     templateDir,
 		templateCreated: templateCreated,
-		settings:        cfg.settings,
-	}
-	if err := copyTree(templateDir, cluster.dataDir, account); err != nil {
-		_ = os.RemoveAll(workDir)
-		return nil, fmt.Errorf("pgtest: copy template %s: %w", templateDir, err)
-	}
+	}, nil
+}
 
-	for attempt := 1; ; attempt++ {
-		err = cluster.run(ctx, binDir, account)
-		if err == nil {
-			break
-		}
-		if errors.Is(err, errPortTaken) && attempt < portAttempts {
-			continue
-		}
-		_ = os.RemoveAll(workDir)
-		if !templateCreated {
-			err = fmt.Errorf("%w\n(the cluster was copied from the cached template %s; delete it to force a fresh initdb)", err, templateDir)
-		}
+func startLocal(ctx context.Context, cfg *config) (*Server, error) {
+	began := time.Now()
+	env, err := prepareLocal(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	cluster, err := env.newCluster(cfg.settings)
+	if err != nil {
+		return nil, err
+	}
+	if err := cluster.fromTemplate(ctx); err != nil {
+		_ = os.RemoveAll(cluster.workDir)
+		return nil, err
+	}
+	if err := cluster.start(ctx); err != nil {
+		_ = os.RemoveAll(cluster.workDir)
 		return nil, err
 	}
 
@@ -143,20 +154,139 @@ func startLocal(ctx context.Context, cfg *config) (*Server, error) {
 	server.local = cluster
 	server.stop = cluster.stop
 	how := "copied the cached template"
-	if templateCreated {
+	if env.templateCreated {
 		how = "ran initdb and cached a template"
 	}
 	cfg.logf("pgtest: local PostgreSQL %s ready on 127.0.0.1:%d in %s (%s) in %s",
-		version, cluster.port, time.Since(began).Round(time.Millisecond), how, workDir)
+		env.version, cluster.port, time.Since(began).Round(time.Millisecond), how, cluster.workDir)
 	return server, nil
 }
 
+// newCluster makes the work directory of a cluster, and its socket directory, but not its data
+// directory.
+func (e *localEnv) newCluster(settings []string) (*localCluster, error) {
+	workDir, err := newWorkDir(e.cfg.tempDir, clusterDirPrefix, e.account)
+	if err != nil {
+		return nil, err
+	}
+	c := &localCluster{
+		env:      e,
+		workDir:  workDir,
+		dataDir:  filepath.Join(workDir, "data"),
+		settings: settings,
+	}
+	// A Unix socket path is limited to about 100 bytes; with a long TMPDIR we go without one, TCP
+	// being all we use.
+	socketDir := filepath.Join(workDir, "socket")
+	if len(socketDir)+len("/.s.PGSQL.65535") <= 100 {
+		if err := makePrivateDir(socketDir, e.account); err != nil {
+			_ = os.RemoveAll(workDir)
+			return nil, err
+		}
+		c.socketDir = socketDir
+	}
+	return c, nil
+}
+
+// makePrivateDir makes a directory only account (or we, when it is nil) may enter.
+func makePrivateDir(dir string, account *runAs) error {
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return fmt.Errorf("pgtest: make %s: %w", dir, err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil { // whatever the umask
+		return fmt.Errorf("pgtest: make %s private: %w", dir, err)
+	}
+	if account != nil {
+		if err := os.Chown(dir, account.uid, account.gid); err != nil {
+			return fmt.Errorf("pgtest: hand %s to user %s: %w", dir, account.name, err)
+		}
+	}
+	return nil
+}
+
+// fromTemplate makes the data directory a copy of the cached template, with a password of its own.
+func (c *localCluster) fromTemplate(ctx context.Context) error {
+	if err := copyTree(c.env.templateDir, c.dataDir, c.env.account); err != nil {
+		return fmt.Errorf("pgtest: copy template %s: %w", c.env.templateDir, err)
+	}
+	c.copied = true
+	if err := c.setPassword(ctx); err != nil {
+		return c.withTemplateHint(err)
+	}
+	return nil
+}
+
+// setPassword gives the postgres role a new random password, in single-user mode, before the
+// server first listens: every connection needs a password (see ensureTemplate), and the template's
+// is known to nobody, so until this runs nobody can connect at all. The password goes to postgres on
+// its standard input, never on a command line, where any local user could read it.
+func (c *localCluster) setPassword(ctx context.Context) error {
+	password := randomHex(16)
+	cmd := exec.CommandContext(ctx, filepath.Join(c.env.binDir, "postgres"), "--single",
+		"-D", c.dataDir, "-F", "-c", "password_encryption=scram-sha-256", "postgres")
+	cmd.Stdin = strings.NewReader("ALTER ROLE postgres PASSWORD " + quoteLiteral(password) + "\n")
+	var output bytes.Buffer
+	cmd.Stdout = &output
+	cmd.Stderr = &output
+	cmd.Dir = c.workDir
+	cmd.Env = childEnv()
+	configureChild(cmd, c.env.account)
+	err := runPinned(cmd)
+	// Single-user mode reports a failed statement and carries on to a successful exit.
+	out := strings.ReplaceAll(output.String(), password, "********")
+	if err == nil && (strings.Contains(out, "ERROR:") || strings.Contains(out, "FATAL:") || strings.Contains(out, "PANIC:")) {
+		err = errors.New("the statement failed")
+	}
+	if err != nil {
+		return fmt.Errorf("pgtest: set the cluster's password in single-user mode: %w\n%s", err, lastLines(out, 30))
+	}
+	c.password = password
+	return nil
+}
+
+// withTemplateHint adds, to an error starting a cluster copied from a template that an earlier
+// start cached, how to force a fresh one.
+func (c *localCluster) withTemplateHint(err error) error {
+	if !c.copied || c.env.templateCreated {
+		return err
+	}
+	return fmt.Errorf("%w\n(the cluster was copied from the cached template %s; delete it to force a fresh initdb)", err, c.env.templateDir)
+}
+
+// start runs postgres on a free port, trying another when some other process takes ours first,
+// and waits until it accepts connections.
+func (c *localCluster) start(ctx context.Context) error {
+	for attempt := 1; ; attempt++ {
+		err := c.run(ctx)
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, errPortTaken) && attempt < portAttempts {
+			continue
+		}
+		return c.withTemplateHint(err)
+	}
+}
+
 func (c *localCluster) adminURL() string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)
+	return c.url("127.0.0.1:" + strconv.Itoa(c.port))
+}
+
+// url is a superuser URL to the postgres database on host, which is one host:port or several
+// separated by commas.
+func (c *localCluster) url(host string) string {
+	u := url.URL{
+		Scheme:   "postgres",
+		User:     url.UserPassword("postgres", c.password),
+		Host:     host,
+		Path:     "/postgres",
+		RawQuery: "sslmode=disable",
+	}
+	return u.String()
 }
 
 // run starts postgres on a free port and waits until it accepts connections.
-func (c *localCluster) run(ctx context.Context, binDir string, account *runAs) error {
+func (c *localCluster) run(ctx context.Context) error {
 	port, err := freePort()
 	if err != nil {
 		return err
@@ -170,23 +300,20 @@ func (c *localCluster) run(ctx context.Context, binDir string, account *runAs) e
 	}
 	defer logFile.Close() // postgres has its own descriptor once started
 
-	// A Unix socket path is limited to about 100 bytes; with a long TMPDIR we go without one, TCP
-	// being all we use.
-	socketDir := c.dataDir
-	if len(socketDir)+len("/.s.PGSQL.65535") > 100 {
-		socketDir = ""
-	}
-	args := []string{"-D", c.dataDir, "-p", strconv.Itoa(port), "-h", "127.0.0.1", "-k", socketDir}
+	// The socket directory is the socket's protection; the mode on the socket itself says the
+	// same, in case it is ever elsewhere.
+	args := []string{"-D", c.dataDir, "-p", strconv.Itoa(port), "-h", "127.0.0.1",
+		"-k", c.socketDir, "-c", "unix_socket_permissions=0700"}
 	for _, setting := range c.settings {
 		args = append(args, "-c", setting)
 	}
 	// Not pg_ctl: postgres must be our own child for the parent-death signal to reach it.
-	cmd := exec.Command(filepath.Join(binDir, "postgres"), args...)
+	cmd := exec.Command(filepath.Join(c.env.binDir, "postgres"), args...)
 	cmd.Dir = c.workDir // postgres run as another user must be able to read its working directory
 	cmd.Env = childEnv()
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
-	configureChild(cmd, account)
+	configureChild(cmd, c.env.account)
 	exited, err := startPinned(cmd)
 	if err != nil {
 		return fmt.Errorf("pgtest: start %s: %w", cmd.Path, err)
@@ -323,10 +450,25 @@ func ensureTemplate(ctx context.Context, baseDir, binDir, version string, accoun
 	defer os.RemoveAll(buildDir)
 	dataDir := filepath.Join(buildDir, "data")
 
+	// Every connection, over TCP or the Unix socket, must give the postgres role's password: with
+	// trust, any local account could connect as superuser. initdb wants a password for that, so
+	// the template gets a random one that is thrown away here; each cluster sets its own before it
+	// first listens (setPassword), so no two clusters share one and nobody knows the template's.
+	pwFile := filepath.Join(buildDir, "pwfile")
+	if err := os.WriteFile(pwFile, []byte(randomHex(16)+"\n"), 0o600); err != nil {
+		return "", false, fmt.Errorf("pgtest: initdb password file: %w", err)
+	}
+	if account != nil {
+		if err := os.Chown(pwFile, account.uid, account.gid); err != nil {
+			return "", false, fmt.Errorf("pgtest: hand the initdb password file to user %s: %w", account.name, err)
+		}
+	}
+
 	// 1 MB WAL segments instead of 16: the first segment is preallocated, and it was 40% of the
 	// bytes every start copies.
 	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "initdb"),
-		"-D", dataDir, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync", "--wal-segsize=1")
+		"-D", dataDir, "-U", "postgres", "-A", "scram-sha-256", "--pwfile", pwFile,
+		"-E", "UTF8", "--locale=C", "--no-sync", "--wal-segsize=1")
 	var output bytes.Buffer
 	cmd.Stdout = &output
 	cmd.Stderr = &output

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 )
 
@@ -51,7 +53,7 @@ func TestLocalCluster(t *testing.T) {
 	require.NoError(t, err)
 	defer cold.Close()
 	require.Equal(t, KindLocal, cold.Kind())
-	require.True(t, cold.local.templateCreated, "the first start in an empty temp dir runs initdb")
+	require.True(t, cold.local.env.templateCreated, "the first start in an empty temp dir runs initdb")
 	requireTestSettings(t, cold.AdminURL())
 
 	dbURL, err := cold.CreateDatabase(ctx, "cold")
@@ -71,13 +73,13 @@ func TestLocalCluster(t *testing.T) {
 	warm, err := Start(ctx, opts)
 	require.NoError(t, err)
 	defer warm.Close()
-	require.False(t, warm.local.templateCreated, "the second start copies the cached template")
-	require.Equal(t, cold.local.templateDir, warm.local.templateDir)
+	require.False(t, warm.local.env.templateCreated, "the second start copies the cached template")
+	require.Equal(t, cold.local.env.templateDir, warm.local.env.templateDir)
 	require.NotEqual(t, workDir, warm.local.workDir)
 	requireTestSettings(t, warm.AdminURL())
 	require.NoError(t, warm.Close())
 	require.NoDirExists(t, warm.local.workDir)
-	require.DirExists(t, warm.local.templateDir, "the template outlives the clusters made from it")
+	require.DirExists(t, warm.local.env.templateDir, "the template outlives the clusters made from it")
 }
 
 // requireTestSettings checks the server runs with the speed-over-durability settings.
@@ -145,7 +147,7 @@ func TestLocalClustersStartConcurrentlyFromOneTemplate(t *testing.T) {
 	}
 	require.NoError(t, errs[0])
 	require.NoError(t, errs[1])
-	require.Equal(t, servers[0].local.templateDir, servers[1].local.templateDir)
+	require.Equal(t, servers[0].local.env.templateDir, servers[1].local.env.templateDir)
 	require.NotEqual(t, servers[0].local.port, servers[1].local.port)
 	for _, server := range servers {
 		conn, err := pgx.Connect(context.Background(), server.AdminURL())
@@ -315,4 +317,96 @@ func TestProcessAlive(t *testing.T) {
 	require.True(t, processAlive(os.Getpid()))
 	require.False(t, processAlive(deadPID(t)))
 	require.False(t, processAlive(0))
+}
+
+// TestLocalClusterRequiresPassword: a throwaway cluster lets in only those who have its URL, not
+// every account on the machine, and no two clusters share a password, though they share a template.
+func TestLocalClusterRequiresPassword(t *testing.T) {
+	t.Parallel()
+	requireLocalBinaries(t)
+	ctx := context.Background()
+	opts := &Options{Mode: ModeLocal} // the usual temp dir: this test is about the clusters, not the template
+	servers := make([]*Server, 2)
+	for i := range servers {
+		server, err := Start(ctx, opts)
+		require.NoError(t, err)
+		defer server.Close()
+		servers[i] = server
+	}
+	a, b := servers[0], servers[1]
+	passwordA, passwordB := urlPassword(t, a.AdminURL()), urlPassword(t, b.AdminURL())
+	require.Regexp(t, `^[0-9a-f]{32}$`, passwordA)
+	require.NotEqual(t, passwordA, passwordB, "every cluster has a password of its own")
+
+	// With the password, over TCP: the URLs pgtest hands out carry it.
+	dbURL, err := a.CreateDatabase(ctx, "auth")
+	require.NoError(t, err)
+	require.Equal(t, passwordA, urlPassword(t, dbURL))
+	conn, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	var method string
+	require.NoError(t, conn.QueryRow(ctx,
+		"SELECT string_agg(DISTINCT auth_method, ',') FROM pg_hba_file_rules WHERE error IS NULL").Scan(&method))
+	require.Equal(t, "scram-sha-256", method, "pg_hba.conf trusts no one")
+	var socketDirs string
+	require.NoError(t, conn.QueryRow(ctx, "SELECT current_setting('unix_socket_directories')").Scan(&socketDirs))
+	require.NoError(t, conn.Close(ctx))
+
+	// Without it, or with another cluster's, over TCP: refused.
+	requireAuthFails(t, a.AdminURL(), "")
+	requireAuthFails(t, a.AdminURL(), passwordB)
+
+	// The Unix socket lives in a directory only the cluster's OS user may enter, and even there,
+	// needs the password.
+	socketDir := a.local.socketDir
+	require.NotEmpty(t, socketDir)
+	require.Equal(t, socketDir, socketDirs)
+	info, err := os.Stat(socketDir)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o700), info.Mode().Perm())
+	wantUID := os.Geteuid()
+	if account := a.local.env.account; account != nil {
+		wantUID = account.uid
+	}
+	uid, _, ok := fileOwner(info)
+	require.True(t, ok)
+	require.Equal(t, wantUID, uid, "the socket directory belongs to the user postgres runs as")
+	socketURL := fmt.Sprintf("postgres://postgres@/postgres?host=%s&port=%d&sslmode=disable", url.QueryEscape(socketDir), a.local.port)
+	requireAuthFails(t, socketURL, "")
+	socketConn, err := pgx.ConnectConfig(ctx, withPassword(t, socketURL, passwordA))
+	require.NoError(t, err, "the socket works with the password")
+	require.NoError(t, socketConn.Close(ctx))
+}
+
+// urlPassword returns the password in a URL, failing the test when there is none.
+func urlPassword(t *testing.T, rawURL string) string {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	require.NoError(t, err)
+	password, ok := u.User.Password()
+	require.True(t, ok, "%s has no password", u.Redacted())
+	return password
+}
+
+// withPassword parses rawURL with exactly this password, whatever the URL, PGPASSWORD or a
+// ~/.pgpass say.
+func withPassword(t *testing.T, rawURL, password string) *pgx.ConnConfig {
+	t.Helper()
+	config, err := pgx.ParseConfig(rawURL)
+	require.NoError(t, err)
+	config.Password = password
+	config.Fallbacks = nil
+	return config
+}
+
+// requireAuthFails checks that the server refuses to authenticate with this password ("" for none).
+func requireAuthFails(t *testing.T, rawURL, password string) {
+	t.Helper()
+	conn, err := pgx.ConnectConfig(context.Background(), withPassword(t, rawURL, password))
+	if err == nil {
+		_ = conn.Close(context.Background())
+	}
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr, "connecting with password %q must fail at authentication", password)
+	require.Equal(t, "28P01", pgErr.Code, "invalid_password: %v", err)
 }

@@ -49,3 +49,16 @@ func fileOwner(info fs.FileInfo) (uid, gid int, ok bool) {
 	}
 	return int(st.Uid), int(st.Gid), true
 }
+
+// crashProcess kills p with SIGKILL, as a crash would, and each of its children the platform can
+// list, having first stopped p so that it cannot start another meanwhile. It returns the children,
+// which are not ours to wait for.
+func crashProcess(p *os.Process) []int {
+	_ = p.Signal(syscall.SIGSTOP)
+	children := childPIDs(p.Pid)
+	_ = p.Signal(syscall.SIGKILL)
+	for _, pid := range children {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	return children
+}

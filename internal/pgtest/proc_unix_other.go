@@ -10,3 +10,10 @@ import "syscall"
 func setParentDeathSignal(*syscall.SysProcAttr) {}
 
 func isZombie(int) bool { return false }
+
+// childPIDs lists nothing: there is no /proc to read. A killed postmaster's children notice its
+// death and exit on their own.
+func childPIDs(int) []int { return nil }
+
+// removeSysVSegment does nothing: a killed postmaster's segment is left for ipcrm.
+func removeSysVSegment(int) error { return nil }

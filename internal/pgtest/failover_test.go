@@ -1,0 +1,280 @@
+package pgtest
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+)
+
+// pairTestTimeout bounds a pair test once its pair has started.
+const pairTestTimeout = 2 * time.Minute
+
+// An asynchronous pair loses, on failover, what the standby had not received: the rows written
+// while replication was held are gone from the new primary, those written before are there, and the
+// multi-host URL finds the new primary.
+func TestPairAsyncFailoverLosesUnreplicatedCommits(t *testing.T) {
+	t.Parallel()
+	requireLocalBinaries(t)
+	pair := NewPair(t, &PairOptions{Logf: t.Logf})
+	ctx, cancel := context.WithTimeout(context.Background(), pairTestTimeout)
+	defer cancel()
+
+	primaryPort, standbyPort := urlPort(t, pair.PrimaryURL()), urlPort(t, pair.StandbyURL())
+	db := connect(t, pair.URL())
+	require.Equal(t, primaryPort, serverPort(t, db), "before a failover the multi-host URL is the primary")
+	var syncState string
+	require.NoError(t, db.QueryRow(ctx,
+		"SELECT sync_state FROM pg_stat_replication WHERE application_name = $1", StandbyApplicationName).Scan(&syncState))
+	require.Equal(t, "async", syncState)
+
+	_, err := db.Exec(ctx, "CREATE TABLE rides (id int PRIMARY KEY, written text NOT NULL)")
+	require.NoError(t, err)
+	_, err = db.Exec(ctx, "INSERT INTO rides SELECT n, 'before' FROM generate_series(1, 5) n")
+	require.NoError(t, err)
+	require.NoError(t, pair.WaitCaughtUp(ctx))
+
+	standby := connect(t, pair.StandbyURL())
+	require.Equal(t, map[string]int{"before": 5}, countRides(t, standby), "the standby has replayed the rows")
+	_, err = standby.Exec(ctx, "INSERT INTO rides VALUES (100, 'standby')")
+	requirePgError(t, err, "25006") // read_only_sql_transaction: a hot standby is read-only
+
+	pair.HoldReplication()
+	for i := 6; i <= 10; i++ {
+		_, err := db.Exec(ctx, "INSERT INTO rides VALUES ($1, 'after')", i)
+		require.NoError(t, err, "an asynchronous primary commits whatever the standby does")
+	}
+	require.Equal(t, map[string]int{"before": 5, "after": 5}, countRides(t, db))
+	lag, err := pair.Lag(ctx)
+	require.NoError(t, err)
+	require.Positive(t, lag, "the standby is behind by the held WAL")
+	require.Equal(t, map[string]int{"before": 5}, countRides(t, standby), "nothing reached the standby while held")
+
+	require.NoError(t, pair.KillPrimary())
+	_, err = pgx.Connect(ctx, pair.PrimaryURL())
+	require.Error(t, err, "the killed primary accepts no connections")
+	require.NoError(t, pair.Promote(ctx))
+
+	promoted := connect(t, pair.URL())
+	require.Equal(t, standbyPort, serverPort(t, promoted), "after the failover the multi-host URL is the promoted standby")
+	require.Equal(t, map[string]int{"before": 5}, countRides(t, promoted),
+		"the rows committed while replication was held died with the primary")
+	_, err = promoted.Exec(ctx, "INSERT INTO rides VALUES (6, 'promoted')")
+	require.NoError(t, err, "the new primary accepts writes, even the ids the lost rows had")
+	require.Equal(t, map[string]int{"before": 5, "promoted": 1}, countRides(t, promoted))
+}
+
+// On a synchronous pair a commit waits for the standby: held replication holds the commit, and
+// releasing it lets the commit return. After a failover the multi-host URL writes to the new
+// primary, which waits for no one.
+func TestPairSyncCommitWaitsForStandby(t *testing.T) {
+	t.Parallel()
+	requireLocalBinaries(t)
+	pair := NewPair(t, &PairOptions{Synchronous: true, Logf: t.Logf})
+	ctx, cancel := context.WithTimeout(context.Background(), pairTestTimeout)
+	defer cancel()
+
+	primary := connect(t, pair.PrimaryURL())
+	var syncState, names string
+	require.NoError(t, primary.QueryRow(ctx,
+		"SELECT sync_state FROM pg_stat_replication WHERE application_name = $1", StandbyApplicationName).Scan(&syncState))
+	require.Equal(t, "sync", syncState)
+	require.NoError(t, primary.QueryRow(ctx, "SELECT current_setting('synchronous_standby_names')").Scan(&names))
+	require.Equal(t, StandbyApplicationName, names)
+
+	_, err := primary.Exec(ctx, "CREATE TABLE rides (id int PRIMARY KEY)")
+	require.NoError(t, err)
+	_, err = primary.Exec(ctx, "INSERT INTO rides VALUES (1)")
+	require.NoError(t, err, "with the standby streaming, a commit returns")
+
+	pair.HoldReplication()
+	writer := connect(t, pair.URL())
+	var writerPID int
+	require.NoError(t, writer.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&writerPID))
+	committed := make(chan error, 1)
+	go func() {
+		_, err := writer.Exec(ctx, "INSERT INTO rides VALUES (2)")
+		committed <- err
+	}()
+
+	// The server says when the commit waits for the standby; until then there is nothing to check.
+	err = poll(ctx, func(ctx context.Context) (bool, error) {
+		var waitEvent *string
+		err := primary.QueryRow(ctx, "SELECT wait_event FROM pg_stat_activity WHERE pid = $1", writerPID).Scan(&waitEvent)
+		return waitEvent != nil && *waitEvent == "SyncRep", err
+	})
+	require.NoError(t, err, "the commit never waited for the standby")
+	select {
+	case err := <-committed:
+		t.Fatalf("the commit returned (%v) while replication was held", err)
+	default:
+	}
+
+	pair.ReleaseReplication()
+	select {
+	case err := <-committed:
+		require.NoError(t, err)
+	case <-ctx.Done():
+		t.Fatal("the commit did not return once replication was released")
+	}
+	require.NoError(t, pair.WaitCaughtUp(ctx))
+	standby := connect(t, pair.StandbyURL())
+	var count int
+	require.NoError(t, standby.QueryRow(ctx, "SELECT count(*) FROM rides").Scan(&count))
+	require.Equal(t, 2, count)
+
+	require.NoError(t, pair.KillPrimary())
+	require.NoError(t, pair.Promote(ctx))
+	promoted := connect(t, pair.URL())
+	require.Equal(t, urlPort(t, pair.StandbyURL()), serverPort(t, promoted))
+	_, err = promoted.Exec(ctx, "INSERT INTO rides VALUES (3)")
+	require.NoError(t, err, "the promoted standby has no synchronous standby to wait for")
+	require.NoError(t, promoted.QueryRow(ctx, "SELECT count(*) FROM rides").Scan(&count))
+	require.Equal(t, 3, count)
+}
+
+func TestRelayHoldsBothWays(t *testing.T) {
+	t.Parallel()
+	echo, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer echo.Close()
+	go func() {
+		for {
+			conn, err := echo.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				_, _ = io.Copy(conn, conn)
+			}()
+		}
+	}()
+
+	r, err := newRelay(echo.Addr().String())
+	require.NoError(t, err)
+	defer r.close()
+	conn, err := net.Dial("tcp", r.addr())
+	require.NoError(t, err)
+	defer conn.Close()
+	require.NoError(t, conn.SetDeadline(time.Now().Add(time.Minute)))
+
+	roundTrip := func(b byte) {
+		t.Helper()
+		_, err := conn.Write([]byte{b})
+		require.NoError(t, err)
+		got := make([]byte, 1)
+		_, err = io.ReadFull(conn, got)
+		require.NoError(t, err)
+		require.Equal(t, b, got[0])
+	}
+	roundTrip('a')
+	require.Equal(t, int64(2), r.forwardedBytes(), "one byte there, one back")
+
+	r.hold()
+	_, err = conn.Write([]byte{'b'})
+	require.NoError(t, err)
+	select {
+	case <-r.waiting:
+	case <-time.After(time.Minute):
+		t.Fatal("the relay never read the byte it was to hold")
+	}
+	require.Equal(t, int64(2), r.forwardedBytes(), "held: the byte went nowhere")
+
+	r.release()
+	got := make([]byte, 1)
+	_, err = io.ReadFull(conn, got)
+	require.NoError(t, err)
+	require.Equal(t, byte('b'), got[0], "released: the held byte arrives")
+	roundTrip('c')
+
+	require.NoError(t, r.close())
+	_, err = conn.Read(got)
+	require.Error(t, err, "closing the relay drops its connections")
+}
+
+func TestPairOptionsRejectMalformedSettings(t *testing.T) {
+	t.Parallel()
+	_, err := StartPair(context.Background(), &PairOptions{Settings: []string{"fsync"}})
+	require.ErrorContains(t, err, "not name=value")
+}
+
+func TestSysVSegment(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "postmaster.pid")
+	require.NoError(t, os.WriteFile(path,
+		[]byte("4242\n/data\n1700000000\n5432\n/socket\n127.0.0.1\n  5432001    131077\nready   \n"), 0o600))
+	id, err := sysVSegment(path)
+	require.NoError(t, err)
+	require.Equal(t, 131077, id)
+
+	require.NoError(t, os.WriteFile(path, []byte("4242\n/data\n"), 0o600))
+	_, err = sysVSegment(path)
+	require.Error(t, err)
+}
+
+func TestMajorVersion(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, 15, majorVersion("15.14"))
+	require.Equal(t, 16, majorVersion("16beta1"))
+	require.Equal(t, 9, majorVersion("9.6.24"))
+	require.Equal(t, 0, majorVersion("devel"))
+}
+
+// connect opens a connection for the rest of the test.
+func connect(t *testing.T, url string) *pgx.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return conn
+}
+
+// serverPort is the port of the server conn is connected to.
+func serverPort(t *testing.T, conn *pgx.Conn) int {
+	t.Helper()
+	var port int
+	require.NoError(t, conn.QueryRow(context.Background(), "SELECT inet_server_port()").Scan(&port))
+	return port
+}
+
+func urlPort(t *testing.T, url string) int {
+	t.Helper()
+	config, err := pgx.ParseConfig(url)
+	require.NoError(t, err)
+	require.Empty(t, config.Fallbacks, "%s names one server", url)
+	return int(config.Port)
+}
+
+// countRides counts the rides table's rows by their written column.
+func countRides(t *testing.T, conn *pgx.Conn) map[string]int {
+	t.Helper()
+	rows, err := conn.Query(context.Background(), "SELECT written, count(*) FROM rides GROUP BY written")
+	require.NoError(t, err)
+	counts := map[string]int{}
+	for rows.Next() {
+		var written string
+		var n int
+		require.NoError(t, rows.Scan(&written, &n))
+		counts[written] = n
+	}
+	require.NoError(t, rows.Err())
+	return counts
+}
+
+func requirePgError(t *testing.T, err error, code string) {
+	t.Helper()
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "want SQLSTATE %s, got %v", code, err)
+	require.Equal(t, code, pgErr.Code, "%v", err)
+}
