@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -22,8 +24,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/internal/pgtest"
+	"github.com/go-idem/idem/pgstore"
 )
 
 // waitLimit bounds waits for something that must happen (a fault firing, a
@@ -569,4 +573,90 @@ func TestFaultProxyCloseEndsEveryGoroutine(t *testing.T) {
 	_, err = net.Dial("tcp", p.Addr())
 	require.Error(t, err, "the proxy no longer listens")
 	require.NoError(t, p.Close(), "a second Close is a no-op")
+}
+
+type ticket struct {
+	Seat string `json:"seat"`
+}
+
+// TestFaultProxyLosesEachReplyOfAFlow is the proxy's purpose, and the
+// example of docs/testing.md: run a request of a two-phase flow through the
+// proxy, count its round trips, then lose the reply to each in turn, retry
+// like a client after the lease, and check the request took effect once.
+func TestFaultProxyLosesEachReplyOfAFlow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.NewMigratedSchema(t)
+	_, err := schema.Pool.Exec(ctx, `CREATE TABLE tickets (id bigserial PRIMARY KEY, key_id bigint NOT NULL, seat text NOT NULL)`)
+	require.NoError(t, err)
+	flow := idem.MustNewFlow("tickets.book", []idem.Phase[ticket]{
+		{
+			Name: "booked",
+			Run: func(ctx context.Context, tx pgx.Tx, run *idem.Run[ticket]) (idem.Result, error) {
+				var id int64
+				err := tx.QueryRow(ctx, `INSERT INTO tickets (key_id, seat) VALUES ($1, $2) RETURNING id`, run.Key().ID, run.Input().Seat).Scan(&id)
+				return idem.Advance(), errors.Join(err, run.SetCheckpoint("ticket_id", id))
+			},
+		},
+		{
+			Name: "responded",
+			Run: func(ctx context.Context, tx pgx.Tx, run *idem.Run[ticket]) (idem.Result, error) {
+				var id int64
+				_, err := run.Checkpoint("ticket_id", &id)
+				return idem.RespondJSON(http.StatusCreated, map[string]any{"ticket_id": id}), err
+			},
+		},
+	}, nil)
+
+	proxy, err := idemtest.StartFaultProxy(ctx, schema.URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, proxy.Close()) })
+	proxied, err := proxy.URL(schema.URL)
+	require.NoError(t, err)
+
+	clock := idemtest.NewClock(time.Now())
+	const lease = 10 * time.Second
+	run := func(databaseURL, key string) (*idem.Outcome, error) {
+		// A new pool each time: every run starts with empty statement
+		// caches, so round trip N is the same statement in every run.
+		pool, err := pgxpool.New(ctx, databaseURL)
+		require.NoError(t, err)
+		defer pool.Close()
+		store, err := pgstore.New(pool, &pgstore.Config{Schema: schema.Name})
+		require.NoError(t, err)
+		runner, err := idem.NewRunner(store, &idem.Config{
+			Flows:  []idem.AnyFlow{flow},
+			Lease:  lease,
+			Logger: slog.New(slog.DiscardHandler),
+			Test:   idem.TestConfig{Now: clock.Now},
+		})
+		require.NoError(t, err)
+		return runner.Run(ctx, flow, idem.Request{Scope: "test", Key: key, Params: ticket{Seat: "12A"}})
+	}
+
+	before := proxy.Commands()
+	_, err = run(proxied, "measure")
+	require.NoError(t, err)
+	trips := int(proxy.Commands() - before)
+	require.GreaterOrEqual(t, trips, 3)
+
+	for n := 1; n <= trips; n++ {
+		key := fmt.Sprint("lost-", n)
+		lost := proxy.LoseReply(idemtest.Rule{Nth: n})
+		_, err := run(proxied, key)
+		require.Error(t, err, "round trip %d of %d lost", n, trips)
+		waitFired(t, lost)
+
+		var out *idem.Outcome
+		for attempt := 0; attempt < 3 && (out == nil || errors.Is(err, idem.ErrInProgress)); attempt++ {
+			clock.Advance(lease + time.Second)
+			out, err = run(schema.URL, key)
+		}
+		require.NoError(t, err, "round trip %d of %d lost", n, trips)
+		require.Equal(t, http.StatusCreated, out.Response.Status)
+
+		var tickets int
+		require.NoError(t, schema.Pool.QueryRow(ctx, `SELECT count(*) FROM tickets t JOIN idem_keys k ON k.id = t.key_id WHERE k.key = $1`, key).Scan(&tickets))
+		require.Equal(t, 1, tickets, "round trip %d of %d lost", n, trips)
+	}
 }
