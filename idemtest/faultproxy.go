@@ -197,7 +197,10 @@ func (p *FaultProxy) Close() error {
 // So the server has executed the command when the fault acts; what came
 // before in the reply (parse and bind acknowledgements, rows, earlier
 // statements' results) has been forwarded already, and nothing after it
-// will be. The zero Rule matches the next round trip.
+// will be. Postgres sends results when a round trip ends (or its output
+// buffer fills, or a notice goes out), so a fault matched early in a
+// multi-statement round trip usually sees the whole round trip executed.
+// The zero Rule matches the next round trip.
 type Rule struct {
 	// Nth makes the fault act on the Nth round trip that matches the other
 	// fields, skipping the ones before. 0 means 1.

@@ -465,6 +465,61 @@ func TestFaultProxyStallReply(t *testing.T) {
 	require.NoError(t, err)
 }
 
+// TestFaultProxyRelaysCancelRequest cancels a statement through the proxy,
+// once a notice the statement raises says the server is running it.
+func TestFaultProxyRelaysCancelRequest(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupProxy(t)
+	config, err := pgx.ParseConfig(b.url)
+	require.NoError(t, err)
+	sleeping := make(chan struct{})
+	config.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		if n.Message == "sleeping" {
+			close(sleeping)
+		}
+	}
+	conn, err := pgx.ConnectConfig(ctx, config)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+
+	result := make(chan error, 1)
+	go func() {
+		_, err := conn.Exec(ctx, `DO $$ BEGIN RAISE NOTICE 'sleeping'; PERFORM pg_sleep(60); END $$`)
+		result <- err
+	}()
+	receive(t, sleeping)
+	require.NoError(t, conn.PgConn().CancelRequest(ctx))
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, receive(t, result), &pgErr)
+	require.Equal(t, "57014", pgErr.Code) // query_canceled
+}
+
+// TestFaultProxyRefusesEncryption answers SSLRequest itself, so a client
+// that prefers TLS carries on in plaintext.
+func TestFaultProxyRefusesEncryption(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupProxy(t)
+	u, err := url.Parse(b.url)
+	require.NoError(t, err)
+	q := u.Query()
+	q.Set("sslmode", "prefer")
+	u.RawQuery = q.Encode()
+
+	conn, err := pgx.Connect(ctx, u.String())
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var ssl bool
+	require.NoError(t, conn.QueryRow(ctx, `SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()`).Scan(&ssl))
+	require.False(t, ssl)
+
+	q.Set("sslmode", "require")
+	u.RawQuery = q.Encode()
+	_, err = pgx.Connect(ctx, u.String())
+	require.Error(t, err, "a client that requires TLS gives up")
+}
+
 // blockingReader is the data of a COPY FROM that is in flight: its first
 // Read says so, then waits for release.
 type blockingReader struct {
@@ -647,11 +702,9 @@ func TestFaultProxyLosesEachReplyOfAFlow(t *testing.T) {
 		require.Error(t, err, "round trip %d of %d lost", n, trips)
 		waitFired(t, lost)
 
-		var out *idem.Outcome
-		for attempt := 0; attempt < 3 && (out == nil || errors.Is(err, idem.ErrInProgress)); attempt++ {
-			clock.Advance(lease + time.Second)
-			out, err = run(schema.URL, key)
-		}
+		// Retry like a client, from a new process, once the lease ran out.
+		clock.Advance(lease + time.Second)
+		out, err := run(schema.URL, key)
 		require.NoError(t, err, "round trip %d of %d lost", n, trips)
 		require.Equal(t, http.StatusCreated, out.Response.Status)
 
