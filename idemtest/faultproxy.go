@@ -19,7 +19,7 @@ const dialTimeout = 30 * time.Second
 
 // FaultProxy is a TCP proxy in front of Postgres that injects network
 // faults: a reply lost after the server executed the command, a stall, a
-// reset, latency. Explore injects faults through the runner's hooks, which
+// reset, latency. [Explore] injects faults through the runner's hooks, which
 // is exact but only sees what the runner does; the proxy injects them
 // where they happen in production, between the process and the database,
 // so a test can check what any code path (a flow, a pool, a maintainer, a
@@ -30,9 +30,9 @@ const dialTimeout = 30 * time.Second
 // simple Query, or a group of extended-protocol messages ending with Sync
 // (a pgx batch, with all its statements, is one), or a FunctionCall; its
 // reply ends with the server's ReadyForQuery. Authentication, whatever the
-// method, is relayed untouched. It refuses SSL and GSS encryption on the
-// server's behalf so the stream stays readable, so connect with
-// sslmode=disable (URL does) or prefer.
+// method, and cancel requests are relayed untouched. The proxy refuses SSL
+// and GSS encryption on the server's behalf, to keep the stream readable:
+// connect with sslmode=disable (URL sets it) or prefer.
 //
 // Faults are armed with a Rule (LoseReply, StallReply) or applied at once
 // (Stall, ResetAll, SetLatency). A FaultProxy is safe for concurrent use.

@@ -13,6 +13,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -616,7 +618,20 @@ func TestFaultProxyCloseEndsEveryGoroutine(t *testing.T) {
 	require.NoError(t, err)
 
 	require.NoError(t, p.Close())
-	require.LessOrEqual(t, runtime.NumGoroutine(), baseline, "goroutines left after Close")
+	// Close has joined every goroutine of the proxy: right after it, none
+	// is still at work. One may still be on its way out, past its last
+	// deferred call (WaitGroup.Done), not yet reaped by the scheduler.
+	require.Empty(t, proxyGoroutinesAtWork(), "goroutines of the proxy still at work after Close")
+	// So the count is back to the baseline once those are reaped: yield
+	// (never sleep) until it is, or a goroutine leaked elsewhere.
+	for deadline := time.Now().Add(waitLimit); runtime.NumGoroutine() > baseline && time.Now().Before(deadline); {
+		runtime.Gosched()
+	}
+	if n := runtime.NumGoroutine(); n > baseline {
+		var stacks strings.Builder
+		_ = pprof.Lookup("goroutine").WriteTo(&stacks, 1)
+		t.Fatalf("%d goroutines after Close, %d before the proxy started:\n%s", n, baseline, stacks.String())
+	}
 
 	// The proxy closed its side of both (with a reset where it left the
 	// client's bytes unread).
@@ -628,6 +643,48 @@ func TestFaultProxyCloseEndsEveryGoroutine(t *testing.T) {
 	_, err = net.Dial("tcp", p.Addr())
 	require.Error(t, err, "the proxy no longer listens")
 	require.NoError(t, p.Close(), "a second Close is a no-op")
+}
+
+// proxyGoroutinesAtWork returns the stacks of the goroutines still running
+// the proxy's code. One whose only frame of the proxy is the function it
+// started in, with nothing but the runtime's above it, has returned from its
+// last deferred call: it is exiting, and not at work.
+func proxyGoroutinesAtWork() []string {
+	buf := make([]byte, 1<<16)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	const pkg = "github.com/go-idem/idem/idemtest."
+	var atWork []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		var funcs []string // innermost first
+		for _, line := range strings.Split(g, "\n")[1:] {
+			if line == "" || strings.HasPrefix(line, "\t") || strings.HasPrefix(line, "created by ") {
+				continue
+			}
+			if i := strings.LastIndex(line, "("); i > 0 {
+				line = line[:i]
+			}
+			funcs = append(funcs, line)
+		}
+		if !slices.ContainsFunc(funcs, func(f string) bool { return strings.HasPrefix(f, pkg) }) {
+			continue
+		}
+		i := 0
+		for i < len(funcs) && (strings.HasPrefix(funcs[i], "runtime.") || strings.HasPrefix(funcs[i], "sync.")) {
+			i++
+		}
+		if i == len(funcs)-1 && slices.Contains([]string{pkg + "(*FaultProxy).accept", pkg + "(*FaultProxy).serve", pkg + "(*FaultProxy).spawn.func1"}, funcs[i]) {
+			continue // exiting
+		}
+		atWork = append(atWork, g)
+	}
+	return atWork
 }
 
 type ticket struct {
