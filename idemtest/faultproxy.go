@@ -825,7 +825,8 @@ func proxyTarget(target string) (string, error) {
 		}
 	}
 	if _, _, err := net.SplitHostPort(target); err != nil {
-		return "", fmt.Errorf("idemtest: fault proxy: target %q is not host:port: %w", target, err)
+		// Not quoted: a keyword/value connection string would show its password.
+		return "", errors.New("idemtest: fault proxy: the target is not host:port or a postgres:// URL")
 	}
 	return target, nil
 }

@@ -129,8 +129,9 @@ func TestFaultProxyURL(t *testing.T) {
 
 	_, err = idemtest.StartFaultProxy(context.Background(), "postgres:///db?host=/var/run/postgresql")
 	require.ErrorContains(t, err, "exactly one TCP host")
-	_, err = idemtest.StartFaultProxy(context.Background(), "localhost")
+	_, err = idemtest.StartFaultProxy(context.Background(), "host=db password=hunter2")
 	require.ErrorContains(t, err, "not host:port")
+	require.NotContains(t, err.Error(), "hunter2")
 }
 
 func TestFaultProxyPassesTraffic(t *testing.T) {
@@ -171,6 +172,36 @@ func TestFaultProxyPassesTraffic(t *testing.T) {
 	require.Equal(t, int64(1), b.proxy.Commands()-before)
 	require.Equal(t, 7, n)
 	require.Equal(t, []int{1, 2, 3, 4, 5, 6, 7}, b.items(t))
+
+	// A pipeline: a result read before its Sync is sent (after a Flush),
+	// then two round trips sent together.
+	pipeline := conn.PgConn().StartPipeline(ctx)
+	next := func() string {
+		res, err := pipeline.GetResults()
+		require.NoError(t, err)
+		switch res := res.(type) {
+		case *pgconn.ResultReader:
+			r := res.Read()
+			require.NoError(t, r.Err)
+			return string(r.Rows[0][0])
+		case *pgconn.PipelineSync:
+			return "sync"
+		}
+		return fmt.Sprintf("%T", res)
+	}
+	before = b.proxy.Commands()
+	pipeline.SendQueryParams(`SELECT 1`, nil, nil, nil, nil)
+	pipeline.SendFlushRequest()
+	require.NoError(t, pipeline.Flush())
+	require.Equal(t, "1", next())
+	for _, sql := range []string{`SELECT 2`, `SELECT 3`} {
+		pipeline.SendQueryParams(sql, nil, nil, nil, nil)
+		pipeline.SendPipelineSync()
+	}
+	require.NoError(t, pipeline.Flush())
+	require.Equal(t, []string{"2", "sync", "3", "sync"}, []string{next(), next(), next(), next()})
+	require.NoError(t, pipeline.Close())
+	require.Equal(t, int64(2), b.proxy.Commands()-before)
 
 	// A COPY FROM of several MB, and back.
 	var data bytes.Buffer
@@ -447,14 +478,18 @@ func TestFaultProxyStallReply(t *testing.T) {
 	b := setupProxy(t)
 	conn := b.connect(t)
 
-	held := b.proxy.StallReply(idemtest.Rule{SQL: "hold-me"})
+	// Round trip 2: each statement is one (simple protocol, no arguments).
+	held := b.proxy.StallReply(idemtest.Rule{Nth: 2})
 	result := make(chan error, 1)
 	go func() {
-		_, err := conn.Exec(ctx, `INSERT INTO items /* hold-me */ VALUES (1, 'held')`)
+		_, err := conn.Exec(ctx, `INSERT INTO items VALUES (1, 'passes')`)
+		if err == nil {
+			_, err = conn.Exec(ctx, `INSERT INTO items VALUES (2, 'held')`)
+		}
 		result <- err
 	}()
 	waitFired(t, held)
-	require.Equal(t, []int{1}, b.items(t), "the server executed the statement")
+	require.Equal(t, []int{1, 2}, b.items(t), "the server executed both statements")
 	select {
 	case err := <-result:
 		t.Fatalf("the client got its reply during the stall (err %v)", err)
