@@ -250,7 +250,7 @@ func TestFaultProxyPassesTraffic(t *testing.T) {
 }
 
 // TestFaultProxyAuthentication runs a cluster of its own whose pg_hba.conf
-// asks for passwords, since the shared test server may trust everyone, and
+// asks for passwords, since the test binary's server may trust everyone, and
 // logs in through the proxy with SCRAM, MD5 and a cleartext password.
 func TestFaultProxyAuthentication(t *testing.T) {
 	t.Parallel()
