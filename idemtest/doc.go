@@ -69,6 +69,9 @@
 // and lets the first resume, as a paused process eventually would: its
 // commit is refused by the fence and rolls back, which frees the lock.
 //
+// For faults on the network instead (a reply lost after the server ran the
+// command, a stall, a reset, latency), run any code through a [FaultProxy].
+//
 // # What it cannot see
 //
 // The kit sees what the runner does: phases, commits, foreign calls made
