@@ -1,0 +1,135 @@
+package idem_test
+
+import (
+	"context"
+	"net/http"
+	"runtime"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/pgstore"
+)
+
+// proxiedStore is a store whose every connection (the phases' pool and the
+// control pool) goes through a fault proxy in front of the test's database.
+type proxiedStore struct {
+	proxy *idemtest.FaultProxy
+	pool  *pgxpool.Pool
+	store *pgstore.Store
+}
+
+func newProxiedStore(t *testing.T, b *testBundle) *proxiedStore {
+	t.Helper()
+	ctx := context.Background()
+	proxy, err := idemtest.StartFaultProxy(ctx, b.schema.URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, proxy.Close()) })
+	url, err := proxy.URL(b.schema.URL)
+	require.NoError(t, err)
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	store, err := pgstore.New(pool, &pgstore.Config{Schema: b.schema.Name})
+	require.NoError(t, err)
+	t.Cleanup(store.Close)
+	return &proxiedStore{proxy: proxy, pool: pool, store: store}
+}
+
+// The COMMIT of a not-idempotent phase succeeds on the server but its reply
+// is lost on the wire. The runner must find out from the key what happened:
+// on main it sent the committed key to needs_reconcile with no mark, where no
+// command could get it out, and the client never got an answer.
+func TestLostCommitReplyOfNotIdempotentPhase(t *testing.T) {
+	t.Parallel()
+	b := setupSMS(t)
+	ps := newProxiedStore(t, b.testBundle)
+	var lost *idemtest.Fault
+	r, err := idem.NewRunner(ps.store, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Test: idem.TestConfig{
+		Now: b.clock.Now,
+		Hook: func(_ context.Context, at idem.HookPoint) error {
+			if at.Where == idem.HookBeforeCommit && at.Phase == "sms_sent" && lost == nil {
+				lost = ps.proxy.LoseReply(idemtest.Rule{Tag: "COMMIT"})
+			}
+			return nil
+		},
+	}})
+	require.NoError(t, err)
+
+	out, err := r.Execute(context.Background(), b.flow, b.req("k1"))
+	require.NotNil(t, lost)
+	require.Equal(t, 1, lost.Fired(), "the COMMIT reply of sms_sent was lost")
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeExecuted, out.Kind)
+	require.Equal(t, http.StatusCreated, out.Response.Status)
+	require.Equal(t, 1, b.gateway.times(b.ref(t, "k1")), "sent exactly once")
+	rec := b.key(t, "k1")
+	require.Equal(t, idem.StatusFinished, rec.Status)
+	require.Empty(t, rec.ForeignMark)
+}
+
+// A database that stops answering (a partition, a hung server) instead of
+// refusing connections: every request is answered within the statement
+// bound as store unavailable, nothing piles up, and once the database
+// answers again the same keys resume and finish, each effect once. On main
+// no store operation had a deadline and every request hung.
+func TestStalledDatabaseFailsClosedWithinTheBound(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ps := newProxiedStore(t, b)
+	const timeout = 300 * time.Millisecond
+	r := func() *idem.Runner {
+		r, err := idem.NewRunner(ps.store, &idem.Config{Flows: []idem.AnyFlow{b.flow}, StatementTimeout: timeout,
+			Test: idem.TestConfig{Now: b.clock.Now}})
+		require.NoError(t, err)
+		return r
+	}()
+	ctx := context.Background()
+	_, err := r.Execute(ctx, b.flow, b.request("warm-up", rideInput{Origin: "SF", Amount: 20}))
+	require.NoError(t, err)
+	baseline := runtime.NumGoroutine()
+
+	ps.proxy.Stall()
+	const n = 20
+	errs := make([]error, n)
+	took := make([]time.Duration, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			started := time.Now()
+			_, errs[i] = r.Execute(ctx, b.flow, b.request("k"+strconv.Itoa(i), rideInput{Origin: "SF", Amount: 20}))
+			took[i] = time.Since(started)
+		})
+	}
+	wg.Wait()
+	for i := range n {
+		require.ErrorIs(t, errs[i], idem.ErrStoreUnavailable, "request %d", i)
+		// A correctness bound, not a performance target: a handful of
+		// bounded round trips (acquire, and at worst a release), never the
+		// TCP timeout.
+		require.Less(t, took[i], 20*timeout, "request %d answered after %s", i, took[i])
+	}
+	// Nothing is left waiting on the silent database.
+	for deadline := time.Now().Add(10 * time.Second); runtime.NumGoroutine() > baseline+2 && time.Now().Before(deadline); {
+		runtime.Gosched()
+	}
+	require.LessOrEqual(t, runtime.NumGoroutine(), baseline+2, "goroutines back to their baseline")
+
+	ps.proxy.Resume()
+	// Keys whose insert landed before the stall are held by a lease that
+	// never got released; once it runs out, the retries take them over.
+	b.clock.Advance(idem.LeaseDefault + time.Second)
+	for i := range n {
+		out, err := r.Execute(ctx, b.flow, b.request("k"+strconv.Itoa(i), rideInput{Origin: "SF", Amount: 20}))
+		require.NoError(t, err, "request %d", i)
+		require.Equal(t, http.StatusCreated, out.Response.Status)
+	}
+	require.Equal(t, n+1, b.countRows(t, "rides"))
+	require.Equal(t, n+1, b.provider.chargeCount())
+}
