@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -29,17 +30,18 @@ type CompleteConfig struct {
 	// (since its last_run_at) before the completer pushes it. Make it
 	// comfortably longer than your clients' retry window, so the completer
 	// picks up requests their clients gave up on rather than racing live
-	// retries. Default 5m.
+	// retries. Default CompleteIdleForDefault (5m).
 	IdleFor time.Duration
 
 	// BatchSize is how many keys are claimed at a time; they are run one
-	// after another. Default 10.
+	// after another. Default CompleteBatchSizeDefault (10).
 	BatchSize int
 
 	// MaxAttempts leaves keys that have been attempted this many times
 	// (by clients and the completer together) to an operator, so a request
 	// that fails every time is not retried forever. They stay visible as
-	// `idem keys list --state stale`. Default 10; negative means no limit.
+	// `idem keys list --state stale`. Default CompleteMaxAttemptsDefault (10);
+	// negative means no limit.
 	MaxAttempts int
 
 	// MaxKeys bounds one pass. Zero (the default) runs until no idle key is
@@ -47,21 +49,22 @@ type CompleteConfig struct {
 	MaxKeys int
 }
 
+// Defaults of [CompleteConfig]'s fields.
+const (
+	CompleteIdleForDefault     = 5 * time.Minute
+	CompleteBatchSizeDefault   = 10
+	CompleteMaxAttemptsDefault = 10
+)
+
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c *CompleteConfig) WithDefaults() *CompleteConfig {
 	out := &CompleteConfig{}
 	if c != nil {
 		*out = *c
 	}
-	if out.IdleFor == 0 {
-		out.IdleFor = 5 * time.Minute
-	}
-	if out.BatchSize == 0 {
-		out.BatchSize = 10
-	}
-	if out.MaxAttempts == 0 {
-		out.MaxAttempts = 10
-	}
+	out.IdleFor = cmp.Or(out.IdleFor, CompleteIdleForDefault)
+	out.BatchSize = cmp.Or(out.BatchSize, CompleteBatchSizeDefault)
+	out.MaxAttempts = cmp.Or(out.MaxAttempts, CompleteMaxAttemptsDefault)
 	return out
 }
 

@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -29,13 +30,13 @@ import (
 // MaintainerConfig configures a [Maintainer]. The zero value runs all three
 // services with their defaults.
 type MaintainerConfig struct {
-	// ReapInterval is the time between reaper passes. Default 5m; negative
+	// ReapInterval is the time between reaper passes. Default ReapIntervalDefault (5m); negative
 	// disables the reaper in this instance.
 	ReapInterval time.Duration
-	// CompleteInterval is the time between completer passes. Default 1m;
+	// CompleteInterval is the time between completer passes. Default CompleteIntervalDefault (1m);
 	// negative disables the completer.
 	CompleteInterval time.Duration
-	// ReconcileInterval is the time between reconcile passes. Default 1m;
+	// ReconcileInterval is the time between reconcile passes. Default ReconcileIntervalDefault (1m);
 	// negative disables reconcile runs.
 	ReconcileInterval time.Duration
 
@@ -46,21 +47,22 @@ type MaintainerConfig struct {
 	Reconcile ReconcileConfig
 }
 
+// Defaults of [MaintainerConfig]'s intervals.
+const (
+	ReapIntervalDefault      = 5 * time.Minute
+	CompleteIntervalDefault  = time.Minute
+	ReconcileIntervalDefault = time.Minute
+)
+
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c *MaintainerConfig) WithDefaults() *MaintainerConfig {
 	out := &MaintainerConfig{}
 	if c != nil {
 		*out = *c
 	}
-	if out.ReapInterval == 0 {
-		out.ReapInterval = 5 * time.Minute
-	}
-	if out.CompleteInterval == 0 {
-		out.CompleteInterval = time.Minute
-	}
-	if out.ReconcileInterval == 0 {
-		out.ReconcileInterval = time.Minute
-	}
+	out.ReapInterval = cmp.Or(out.ReapInterval, ReapIntervalDefault)
+	out.CompleteInterval = cmp.Or(out.CompleteInterval, CompleteIntervalDefault)
+	out.ReconcileInterval = cmp.Or(out.ReconcileInterval, ReconcileIntervalDefault)
 	out.Reap = *out.Reap.WithDefaults()
 	out.Complete = *out.Complete.WithDefaults()
 	out.Reconcile = *out.Reconcile.WithDefaults()

@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -190,10 +191,11 @@ type ReconcileConfig struct {
 	// IdleFor is how long a needs_reconcile key must have gone without a
 	// run or a reconcile attempt before it is tried (again). It paces the
 	// questions put to a provider that keeps answering "unknown".
-	// Default 1m.
+	// Default ReconcileIdleForDefault (1m).
 	IdleFor time.Duration
 
-	// BatchSize is how many keys are claimed at a time. Default 10.
+	// BatchSize is how many keys are claimed at a time. Default
+	// ReconcileBatchSizeDefault (10).
 	BatchSize int
 
 	// MaxKeys bounds one pass. Zero (the default) runs until no idle
@@ -201,18 +203,20 @@ type ReconcileConfig struct {
 	MaxKeys int
 }
 
+// Defaults of [ReconcileConfig]'s fields.
+const (
+	ReconcileIdleForDefault   = time.Minute
+	ReconcileBatchSizeDefault = 10
+)
+
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c *ReconcileConfig) WithDefaults() *ReconcileConfig {
 	out := &ReconcileConfig{}
 	if c != nil {
 		*out = *c
 	}
-	if out.IdleFor == 0 {
-		out.IdleFor = time.Minute
-	}
-	if out.BatchSize == 0 {
-		out.BatchSize = 10
-	}
+	out.IdleFor = cmp.Or(out.IdleFor, ReconcileIdleForDefault)
+	out.BatchSize = cmp.Or(out.BatchSize, ReconcileBatchSizeDefault)
 	return out
 }
 
