@@ -1,0 +1,2 @@
+// Package idemgrpc serves idem flows as gRPC unary methods.
+package idemgrpc
