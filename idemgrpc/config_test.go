@@ -60,8 +60,8 @@ func TestNewRefusesMisconfiguration(t *testing.T) {
 	t.Run("custom input needs Config.Input", func(t *testing.T) {
 		t.Parallel()
 		type custom struct {
-			idemgrpc.Input[*testpb.CreateOrderRequest]
-			UserID string `json:"user_id"`
+			Call   idemgrpc.Input[*testpb.CreateOrderRequest] `json:"call"`
+			UserID string                                     `json:"user_id"`
 		}
 		flow := idem.MustNewFlow("orders.custom", []idem.Phase[custom]{{Name: "p", Do: func(context.Context, phaseTx, *idem.Attempt[custom]) (idem.Result, error) {
 			return idemgrpc.Respond(&testpb.Order{})
@@ -70,7 +70,7 @@ func TestNewRefusesMisconfiguration(t *testing.T) {
 		_, err := idemgrpc.New(b.runner, flow, cfg)
 		require.ErrorContains(t, err, "Config.Input is required")
 		cfg.Input = func(_ context.Context, req *testpb.CreateOrderRequest) (custom, error) {
-			return custom{Input: idemgrpc.Input[*testpb.CreateOrderRequest]{Method: testpb.Orders_CreateOrder_FullMethodName, Message: req}}, nil
+			return custom{Call: idemgrpc.Input[*testpb.CreateOrderRequest]{Method: testpb.Orders_CreateOrder_FullMethodName, Message: req}}, nil
 		}
 		_, err = idemgrpc.New(b.runner, flow, cfg)
 		require.NoError(t, err)

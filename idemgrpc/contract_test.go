@@ -162,6 +162,11 @@ func TestKeyFromRequestField(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, replayed(header))
 	requireProtoEqual(t, first, again)
+	again, err, header = call(t, client, id, orderRequest())
+	require.NoError(t, err)
+	require.True(t, replayed(header), "a key moved from the field to the metadata is the same request")
+	requireProtoEqual(t, first, again)
+	require.Equal(t, 1, b.counts.get()["order_created"])
 
 	// Two different keys are refused, before anything is written.
 	_, err, _ = call(t, client, "3b241101-e2bb-4255-8caf-4136c566a962", req)

@@ -75,8 +75,10 @@ type Config[Req, Resp proto.Message, In any] struct {
 	// A custom input can add server-derived fields (the user id from
 	// authentication, say), which are fingerprinted with the rest: never put
 	// per-attempt data (a trace id, the time) there. It must survive a JSON
-	// round trip, and should include the method and the whole request
-	// (embed an Input[Req]), so the key is bound to both.
+	// round trip, and should include the method and the whole request, so
+	// the key is bound to both: hold an Input[Req] in a named field (not an
+	// embedded one, whose MarshalJSON would be promoted and drop the
+	// struct's other fields).
 	//
 	// An error answers INTERNAL (the text is logged, never sent), unless it
 	// is a gRPC status error, which is answered as it is.
@@ -280,11 +282,17 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 	if kst != nil {
 		return resp, kst
 	}
-	if !sent {
-		if !h.keyOptional {
-			return resp, h.keyMissing()
-		}
+	switch {
+	case !sent && !h.keyOptional:
+		return resp, h.keyMissing()
+	case !sent:
 		key = serverKey()
+	case h.source.field != nil && req.ProtoReflect().Get(h.source.field).String() != key:
+		// The key came in the metadata: the request as the flow sees it
+		// (and fingerprints it) carries it in the field all the same, so
+		// a retry may move the key from one to the other.
+		req = proto.CloneOf(req)
+		req.ProtoReflect().Set(h.source.field, protoreflect.ValueOfString(key))
 	}
 	if h.validate != nil {
 		if err := h.validate(ctx, req); err != nil {
