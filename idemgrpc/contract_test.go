@@ -589,3 +589,44 @@ func TestWrongResponseIsInternal(t *testing.T) {
 	_, err, _ = call(t, serveOrders(t, h, nil), "k-1", orderRequest())
 	requireStatus(t, err, codes.Internal, idemgrpc.ReasonInternal)
 }
+
+// stallingStore is a store whose acquisitions wait until the gate opens:
+// the database is reachable but does not answer.
+type stallingStore struct {
+	*pgstore.Store
+	gate chan struct{}
+}
+
+func (s *stallingStore) Acquire(ctx context.Context, p idem.AcquireParams) (*idem.AcquireResult, error) {
+	<-s.gate
+	return s.Store.Acquire(ctx, p)
+}
+
+// A store that stalls on a live connection never answers, and nothing in
+// the database times out: the call answers UNAVAILABLE with RetryInfo before
+// its deadline, the request goes on when the store does, and the retry gets
+// its answer.
+func TestStoreStallsBeforeTheDeadline(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	stalled := &stallingStore{Store: b.store, gate: make(chan struct{})}
+	client := serveOrders(t, b.handler(t, b.newRunner(t, stalled), nil), nil)
+
+	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(t.Context(),
+		"authorization", "Bearer "+testUser, idemgrpc.MetadataKey, "k-1"), 2*time.Second)
+	defer cancel()
+	_, err := client.CreateOrder(ctx, orderRequest())
+	st := requireStatus(t, err, codes.Unavailable, idemgrpc.ReasonUnfinished)
+	delay, ok := retryDelay(st)
+	require.True(t, ok, "UNAVAILABLE carries RetryInfo")
+	require.Equal(t, idemgrpc.DefaultFailedRetryDelay, delay)
+	require.Empty(t, b.counts.get())
+
+	close(stalled.gate)
+	require.Equal(t, "k-1", <-b.finished, "the request runs on when the store answers")
+	order, err, header := call(t, client, "k-1", orderRequest())
+	require.NoError(t, err)
+	require.True(t, replayed(header))
+	require.Equal(t, "ch_1", order.GetChargeId())
+	require.Equal(t, map[string]int{"order_created": 1, "charged": 1, "responded": 1}, b.counts.get())
+}

@@ -93,8 +93,19 @@ type Config[Req, Resp proto.Message, In any] struct {
 	ReconcileRetryDelay time.Duration
 
 	// FailedRetryDelay is the RetryInfo delay sent when a phase failed and
-	// the key was released for a retry. Default 1s.
+	// the key was released for a retry, or when the request did not finish
+	// before the call's deadline. Default 1s.
 	FailedRetryDelay time.Duration
+
+	// DeadlineMargin is how long before the call's deadline the handler
+	// stops waiting for the flow and answers UNAVAILABLE with RetryInfo
+	// (reason REQUEST_UNFINISHED), so that the client gets an answer it can
+	// act on, rather than DEADLINE_EXCEEDED, when the flow is slow or the
+	// key store stalls. The flow runs on; the retry gets ABORTED while it
+	// runs and its stored answer once it is done. Default 250ms; negative
+	// waits for the flow however long it takes. A call without a deadline
+	// waits for the flow.
+	DeadlineMargin time.Duration
 
 	// Logger receives the handler's logs. Default: the runner's logger.
 	Logger *slog.Logger
@@ -109,6 +120,7 @@ type core struct {
 	uuidKeys    bool
 	keyOptional bool
 	delays      delays
+	margin      time.Duration
 	log         *slog.Logger
 }
 
@@ -188,6 +200,10 @@ func New[Req, Resp proto.Message, In any](runner *idem.Runner, flow *idem.Flow[I
 		case d.v > 0:
 			*d.dst = d.v
 		}
+	}
+	h.margin = cfg.DeadlineMargin
+	if h.margin == 0 {
+		h.margin = DefaultDeadlineMargin
 	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("idemgrpc: invalid config for %s (flow %q): %w", cfg.FullMethod, flow.Name(), errors.Join(errs...))
@@ -270,6 +286,9 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 	if !validMessage(req) {
 		return resp, status.New(codes.InvalidArgument, "The request message is missing.")
 	}
+	// A copy of its own: the flow may outlive the call, and the key field
+	// may be filled in.
+	req = proto.CloneOf(req)
 	scope, err := h.scope(ctx)
 	if err != nil || scope == "" {
 		if s, ok := status.FromError(err); ok && err != nil {
@@ -291,7 +310,6 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 		// The key came in the metadata: the request as the flow sees it
 		// (and fingerprints it) carries it in the field all the same, so
 		// a retry may move the key from one to the other.
-		req = proto.CloneOf(req)
 		req.ProtoReflect().Set(h.source.field, protoreflect.ValueOfString(key))
 	}
 	if h.validate != nil {
@@ -311,10 +329,38 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 		return resp, internal()
 	}
 
-	out, err := h.runner.Execute(context.WithoutCancel(ctx), h.flow, idem.Request{
-		Scope: scope, Key: key, Method: "POST", Path: h.method, Params: in,
-	})
-	return h.answer(ctx, key, out, err)
+	// The flow runs detached from the call: a client that gives up, or
+	// whose deadline passes, must not stop a request half-way. The call
+	// waits for it until its deadline is near, and then answers that the
+	// request has not finished, rather than let the client see a bare
+	// DEADLINE_EXCEEDED, or wait without end on a stalled store.
+	type result struct {
+		out *idem.Outcome
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := h.runner.Execute(context.WithoutCancel(ctx), h.flow, idem.Request{
+			Scope: scope, Key: key, Method: "POST", Path: h.method, Params: in,
+		})
+		done <- result{out, err}
+	}()
+	var deadline <-chan time.Time
+	if dl, ok := ctx.Deadline(); ok && h.margin >= 0 {
+		timer := time.NewTimer(max(time.Until(dl)-h.margin, 0))
+		defer timer.Stop()
+		deadline = timer.C
+	}
+	select {
+	case r := <-done:
+		return h.answer(ctx, key, r.out, r.err)
+	case <-deadline:
+		h.log.WarnContext(ctx, "idemgrpc: the request did not finish before the call's deadline; it runs on", "method", h.method, "key", key)
+		return resp, unfinished(h.delays.failed)
+	case <-ctx.Done():
+		// The client is gone; nobody reads this answer.
+		return resp, status.FromContextError(ctx.Err())
+	}
 }
 
 // answer maps the runner's outcome to the response or status.

@@ -44,6 +44,10 @@ const (
 	// released, so a retry resumes. UNAVAILABLE with RetryInfo (ABORTED
 	// after repeated serialization failures, INTERNAL after a panic).
 	ReasonRequestFailed = "REQUEST_FAILED"
+	// ReasonUnfinished: the request did not finish before the call's
+	// deadline (the key store stalls, or the flow is slow); it runs on.
+	// UNAVAILABLE with RetryInfo.
+	ReasonUnfinished = "REQUEST_UNFINISHED"
 	// ReasonInvalidRequest: the request holds what the key store cannot keep
 	// (a NUL character in a string). INVALID_ARGUMENT.
 	ReasonInvalidRequest = "INVALID_REQUEST"
@@ -57,6 +61,7 @@ const (
 	DefaultUnavailableRetryDelay = 5 * time.Second
 	DefaultReconcileRetryDelay   = 60 * time.Second
 	DefaultFailedRetryDelay      = time.Second
+	DefaultDeadlineMargin        = 250 * time.Millisecond
 )
 
 // lockLostRetryDelay is the RetryInfo of a request another worker took over:
@@ -152,6 +157,13 @@ func reused(src keySource) *status.Status {
 			Subject:     src.name(),
 			Description: "the key is bound to the request it was first used with",
 		}}})
+}
+
+func unfinished(retry time.Duration) *status.Status {
+	return newStatus(codes.Unavailable, ReasonUnfinished,
+		"The request did not finish in time: the idempotency key store or the request's own work is slow. "+
+			"It goes on running; retry it with the same key to get its result, and nothing runs twice.",
+		retry)
 }
 
 func internal() *status.Status {
