@@ -68,7 +68,7 @@ func (h *core) requestKey(ctx context.Context, req proto.Message) (string, bool,
 		case v == "":
 			// An empty entry is no key, as an empty header field is.
 		case key != "" && v != key:
-			return "", true, h.keyMalformed(fmt.Sprintf("The request carries several %q metadata entries; send exactly one key.", MetadataKey))
+			return "", true, h.keyMalformed(fmt.Sprintf("The request carries several %q metadata entries; send exactly one key.", MetadataKey), "several keys")
 		default:
 			key = v
 		}
@@ -77,7 +77,7 @@ func (h *core) requestKey(ctx context.Context, req proto.Message) (string, bool,
 		if v := req.ProtoReflect().Get(h.source.field).String(); v != "" {
 			if key != "" && v != key {
 				return "", true, h.keyMalformed(fmt.Sprintf("The %q metadata entry and the %s field hold different keys; send one key, or the same in both.",
-					MetadataKey, h.source.field.Name()))
+					MetadataKey, h.source.field.Name()), "differs from the metadata entry")
 			}
 			key = v
 		}
@@ -86,9 +86,10 @@ func (h *core) requestKey(ctx context.Context, req proto.Message) (string, bool,
 	case key == "":
 		return "", false, nil
 	case !idem.ValidKey(key):
-		return "", true, h.keyMalformed(fmt.Sprintf("The idempotency key must be 1 to 255 printable ASCII characters; this one has %d bytes.", len(key)))
+		return "", true, h.keyMalformed(fmt.Sprintf("The idempotency key must be 1 to 255 printable ASCII characters; this one has %d bytes.", len(key)),
+			"must be 1 to 255 printable ASCII characters")
 	case h.uuidKeys && !isUUID(key):
-		return "", true, h.keyMalformed("The idempotency key must be a UUID, such as 8e03978e-40d5-43e8-bc93-6894a57f9324.")
+		return "", true, h.keyMalformed("The idempotency key must be a UUID, such as 8e03978e-40d5-43e8-bc93-6894a57f9324.", "must be a UUID")
 	}
 	return key, true, nil
 }

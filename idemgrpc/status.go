@@ -171,14 +171,16 @@ func internal() *status.Status {
 		"The server could not handle the request. Nothing was recorded for its idempotency key.", 0)
 }
 
-func (h *core) keyMalformed(msg string) *status.Status {
-	return newStatus(codes.InvalidArgument, ReasonKeyMalformed, msg, 0, h.keyViolation(msg))
+// keyMalformed is the INVALID_ARGUMENT for a key the client must fix: msg
+// says so in words, desc is the BadRequest field violation's description.
+func (h *core) keyMalformed(msg, desc string) *status.Status {
+	return newStatus(codes.InvalidArgument, ReasonKeyMalformed, msg, 0, h.keyViolation(desc))
 }
 
 func (h *core) keyMissing() *status.Status {
 	msg := "This method needs an idempotency key in " + h.source.where() +
 		": a UUID made up for this request and sent again with every retry of it."
-	return newStatus(codes.InvalidArgument, ReasonKeyMissing, msg, 0, h.keyViolation("missing"))
+	return newStatus(codes.InvalidArgument, ReasonKeyMissing, msg, 0, h.keyViolation("is required"))
 }
 
 func (h *core) keyViolation(desc string) *errdetails.BadRequest {
