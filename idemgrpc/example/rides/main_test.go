@@ -183,11 +183,11 @@ func TestBookCommand(t *testing.T) {
 
 	out, err = book("--key-in", "none")
 	require.Error(t, err)
-	require.Contains(t, out, `attempt 1: InvalidArgument reason=IDEMPOTENCY_KEY_MISSING field=request_id(missing): This method needs an idempotency key`)
+	require.Contains(t, out, `attempt 1: InvalidArgument reason=IDEMPOTENCY_KEY_MISSING field=request_id(is required): This method needs an idempotency key`)
 
 	out, err = book("--request-id", "not-a-uuid")
 	require.Error(t, err)
-	require.Contains(t, out, "attempt 1: InvalidArgument reason=IDEMPOTENCY_KEY_MALFORMED field=request_id(")
+	require.Contains(t, out, "attempt 1: InvalidArgument reason=IDEMPOTENCY_KEY_MALFORMED field=request_id(must be a UUID): ")
 
 	out, err = book("--origin", "91,0")
 	require.Error(t, err)
