@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -394,13 +395,17 @@ func TestInProgress(t *testing.T) {
 	}()
 	<-entered
 
-	_, err, header := call(t, client, "k-1", orderRequest())
+	var header, trailer metadata.MD
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+testUser, idemgrpc.MetadataKey, "k-1")
+	_, err := client.CreateOrder(ctx, orderRequest(), grpc.Header(&header), grpc.Trailer(&trailer))
 	st := requireStatus(t, err, codes.Aborted, idemgrpc.ReasonInProgress)
 	require.False(t, replayed(header))
 	delay, ok := retryDelay(st)
 	require.True(t, ok, "ABORTED carries RetryInfo")
 	require.GreaterOrEqual(t, delay, time.Second)
 	require.LessOrEqual(t, delay, b.runner.Config().MaxRetryAfter)
+	require.Equal(t, []string{strconv.FormatInt(delay.Milliseconds(), 10)}, trailer.Get(idemgrpc.PushbackTrailer),
+		"the delay goes to gRPC's retry policies too")
 
 	close(release)
 	first := <-done
@@ -629,4 +634,41 @@ func TestStoreStallsBeforeTheDeadline(t *testing.T) {
 	require.True(t, replayed(header))
 	require.Equal(t, "ch_1", order.GetChargeId())
 	require.Equal(t, map[string]int{"order_created": 1, "charged": 1, "responded": 1}, b.counts.get())
+}
+
+// gRPC's own retry policy, configured on the client's channel, retries an
+// in-progress key after the server's pushback and gets the answer: no
+// hand-written retry loop needed.
+func TestBuiltInRetryPolicy(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	conn := serve(t, b.handler(t, b.runner, nil), nil, grpc.WithDefaultServiceConfig(`{"methodConfig": [{
+		"name": [{"service": "idemgrpc.test.v1.Orders"}],
+		"retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2,
+		                "retryableStatusCodes": ["UNAVAILABLE", "ABORTED"]}}]}`))
+	client := testpb.NewOrdersClient(conn)
+	entered, release := b.blockPhase("charged")
+
+	first := make(chan error, 1)
+	go func() {
+		_, err, _ := call(t, client, "k-1", orderRequest())
+		first <- err
+	}()
+	<-entered
+	type answer struct {
+		order *testpb.Order
+		err   error
+	}
+	second := make(chan answer, 1)
+	go func() {
+		order, err, _ := call(t, client, "k-1", orderRequest())
+		second <- answer{order, err}
+	}()
+	require.Equal(t, "k-1", <-b.inProgress, "the second call's first attempt found the key in progress")
+	close(release)
+	require.NoError(t, <-first)
+	got := <-second
+	require.NoError(t, got.err, "the channel retries ABORTED until the stored answer")
+	require.Equal(t, "ch_1", got.order.GetChargeId())
+	require.Equal(t, 1, b.counts.get()["charged"])
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"strconv"
 	"strings"
 	"time"
 
@@ -270,6 +271,12 @@ func (h *Handler[Req, Resp, In]) Flow() *idem.Flow[In] { return h.flow }
 func (h *Handler[Req, Resp, In]) Handle(ctx context.Context, req Req) (Resp, error) {
 	resp, st := h.handle(ctx, req)
 	if st != nil {
+		if delay, ok := retryInfo(st); ok {
+			// gRPC's own retry policies wait this long before the next
+			// attempt (gRFC A6's server pushback); RetryInfo says the same
+			// to clients that retry by hand.
+			_ = grpc.SetTrailer(ctx, metadata.Pairs(PushbackTrailer, strconv.FormatInt(delay.Milliseconds(), 10)))
+		}
 		var zero Resp
 		return zero, st.Err()
 	}

@@ -49,14 +49,15 @@ const (
 // a runner on it, the orders flow whose phases count their runs and take
 // injected behaviour, and an idempotent payment provider.
 type bundle struct {
-	schema   *pgtest.Schema
-	store    *pgstore.Store
-	clock    *idemtest.Clock
-	runner   *idem.Runner
-	flow     *idem.Flow[orderInput]
-	provider *provider
-	counts   *phaseCounts
-	finished chan string // keys whose request finished, from the runner's observer
+	schema     *pgtest.Schema
+	store      *pgstore.Store
+	clock      *idemtest.Clock
+	runner     *idem.Runner
+	flow       *idem.Flow[orderInput]
+	provider   *provider
+	counts     *phaseCounts
+	finished   chan string // keys whose request finished, from the runner's observer
+	inProgress chan string // keys found in progress, from the runner's observer
 
 	hooksMu sync.Mutex
 	hooks   map[string]func(ctx context.Context) error
@@ -73,11 +74,12 @@ func setup(t *testing.T) *bundle {
 	require.NoError(t, err)
 	b := &bundle{
 		schema: schema, store: store,
-		clock:    idemtest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)),
-		provider: &provider{charges: map[string]string{}},
-		counts:   &phaseCounts{},
-		finished: make(chan string, 16),
-		hooks:    map[string]func(context.Context) error{},
+		clock:      idemtest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)),
+		provider:   &provider{charges: map[string]string{}},
+		counts:     &phaseCounts{},
+		finished:   make(chan string, 16),
+		inProgress: make(chan string, 16),
+		hooks:      map[string]func(context.Context) error{},
 	}
 	b.flow = b.orderFlow()
 	b.runner = b.newRunner(t, store)
@@ -89,9 +91,10 @@ func (b *bundle) newRunner(t *testing.T, store idem.Store) *idem.Runner {
 	r, err := idem.NewRunner(store, &idem.Config{
 		Flows: []idem.AnyFlow{b.flow},
 		Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) {
-			if e.Kind == idem.EventFinished {
+			ch := map[idem.EventKind]chan string{idem.EventFinished: b.finished, idem.EventInProgress: b.inProgress}[e.Kind]
+			if ch != nil {
 				select {
-				case b.finished <- e.Key:
+				case ch <- e.Key:
 				default:
 				}
 			}
@@ -225,7 +228,7 @@ func (b *bundle) handler(t *testing.T, runner *idem.Runner, adjust func(*orderCo
 // serve starts a gRPC server on an in-memory connection, CreateOrder served
 // by create through the interceptor and CancelOrder by cancel (if not nil)
 // through the per-method handler, and returns a connection to it.
-func serve(t *testing.T, create idemgrpc.Method, cancel *orderHandler) *grpc.ClientConn {
+func serve(t *testing.T, create idemgrpc.Method, cancel *orderHandler, opts ...grpc.DialOption) *grpc.ClientConn {
 	t.Helper()
 	var methods []idemgrpc.Method
 	if create != nil {
@@ -238,9 +241,10 @@ func serve(t *testing.T, create idemgrpc.Method, cancel *orderHandler) *grpc.Cli
 	lis := bufconn.Listen(1 << 20)
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient("passthrough:///orders",
+	conn, err := grpc.NewClient("passthrough:///orders", append([]grpc.DialOption{
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	return conn

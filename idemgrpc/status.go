@@ -64,6 +64,21 @@ const (
 	DefaultDeadlineMargin        = 250 * time.Millisecond
 )
 
+// PushbackTrailer is the trailer metadata entry that carries a retry delay
+// in milliseconds to gRPC's built-in retry policies (gRFC A6), set on every
+// status that carries a RetryInfo.
+const PushbackTrailer = "grpc-retry-pushback-ms"
+
+// retryInfo returns the RetryInfo delay of one of the adapter's statuses.
+func retryInfo(st *status.Status) (time.Duration, bool) {
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			return ri.GetRetryDelay().AsDuration(), true
+		}
+	}
+	return 0, false
+}
+
 // lockLostRetryDelay is the RetryInfo of a request another worker took over:
 // it is running, so the client looks again soon.
 const lockLostRetryDelay = time.Second
