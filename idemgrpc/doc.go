@@ -1,0 +1,90 @@
+// Package idemgrpc serves idem flows as gRPC unary methods, with the same
+// contract idemhttp gives HTTP endpoints: a retried call with the same
+// idempotency key resumes where the last attempt stopped, or gets the stored
+// answer, and never does anything twice.
+//
+// It is a module of its own (github.com/go-idem/idem/idemgrpc), so services
+// that do not use gRPC never depend on google.golang.org/grpc.
+//
+// # Wiring a method
+//
+// A [Handler] serves one unary method with one flow. Give it to
+// [UnaryServerInterceptor], which then runs the flow in place of the
+// service's implementation of the method:
+//
+//	createRide, err := idemgrpc.New(runner, flow, &idemgrpc.Config[*ridespb.CreateRideRequest, *ridespb.Ride, idemgrpc.Input[*ridespb.CreateRideRequest]]{
+//		FullMethod: ridespb.Rides_CreateRide_FullMethodName,
+//		Scope: func(ctx context.Context) (string, error) {
+//			user, ok := auth.User(ctx) // what the authentication interceptor found
+//			if !ok {
+//				return "", idemgrpc.ErrUnauthenticated
+//			}
+//			return "user:" + user.ID, nil
+//		},
+//		KeyField: "request_id", // AIP-155; the idempotency-key metadata entry always works
+//	})
+//	interceptor, err := idemgrpc.UnaryServerInterceptor(createRide)
+//	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(authInterceptor, interceptor))
+//
+// or call [Handler.Handle] from the service's own method:
+//
+//	func (s *server) CreateRide(ctx context.Context, req *ridespb.CreateRideRequest) (*ridespb.Ride, error) {
+//		return s.createRide.Handle(ctx, req)
+//	}
+//
+// The flow's phases read the request from their input ([Input] by default:
+// the method's name and the message) and end with [Respond] (the response
+// message) or [RespondStatus] (a final error status, such as a declined
+// card as FAILED_PRECONDITION). Either is stored with the phase's commit and
+// replayed to every retry:
+//
+//	{Name: "charge_created", Do: func(ctx context.Context, tx pgx.Tx, a *idem.Attempt[idemgrpc.Input[*ridespb.CreateRideRequest]]) (idem.Result, error) {
+//		...
+//		if declined {
+//			return idemgrpc.RespondStatus(status.New(codes.FailedPrecondition, "Your card was declined."))
+//		}
+//		return idemgrpc.Respond(&ridespb.Ride{RideId: id, ChargeId: charge.ID})
+//	}}
+//
+// # From call to runner
+//
+// For a configured method the handler does, in order, and stops at the first
+// refusal; every refusal happens before any key is written:
+//
+//  1. Scope: Config.Scope derives the key's owner from the authenticated
+//     caller, never from the request. An error is UNAUTHENTICATED.
+//  2. Key: the "idempotency-key" metadata entry, or the string field named
+//     by Config.KeyField (AIP-155's request_id); both may be sent if they
+//     agree. 1-255 printable ASCII characters, as over HTTP (idem.ValidKey),
+//     and a UUID with Config.UUIDKeys. Missing or malformed is
+//     INVALID_ARGUMENT. A key sent in the metadata is copied into the key
+//     field, so a retry may move it from one to the other.
+//  3. Config.Validate: an error is INVALID_ARGUMENT.
+//  4. Config.Input builds the flow's input; the runner fingerprints its
+//     JSON. The default input, [Input], holds the method's full name and
+//     the message as protojson: the key is bound to the method and to the
+//     message's value, not to its encoding (field order, unknown fields).
+//  5. Run: the flow runs detached from the call's cancellation, so a client
+//     that gives up does not stop a request half-way; the call answers
+//     UNAVAILABLE (REQUEST_UNFINISHED) shortly before its deadline if the
+//     flow has not finished, and the flow runs on.
+//
+// Methods not configured pass through the interceptor untouched.
+//
+// # From outcome to status
+//
+//	executed          the stored response message (OK) or stored status
+//	replayed          the same, and the header idempotent-replayed: true
+//	in progress       ABORTED + RetryInfo (the holder's remaining lease, at most the runner's MaxRetryAfter)
+//	lock lost         ABORTED + RetryInfo 1s
+//	key reused        FAILED_PRECONDITION + PreconditionFailure: another method or another message
+//	needs reconcile   UNAVAILABLE + RetryInfo (Config.ReconcileRetryDelay, 60s)
+//	store unavailable UNAVAILABLE + RetryInfo (Config.UnavailableRetryDelay, 5s); fail closed
+//	phase failed      UNAVAILABLE + RetryInfo (Config.FailedRetryDelay, 1s); nothing stored, key released.
+//	                  ABORTED after repeated serialization failures; INTERNAL after a panic
+//	not finished      UNAVAILABLE + RetryInfo (Config.FailedRetryDelay) at the call's deadline less Config.DeadlineMargin
+//
+// Every status of the adapter's own carries a google.rpc.ErrorInfo with
+// domain [ErrorDomain] and one of the Reason* constants. docs/grpc.md is
+// the reference for client teams.
+package idemgrpc

@@ -1,0 +1,426 @@
+package idemgrpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+
+	"github.com/go-idem/idem"
+)
+
+// ErrUnauthenticated is what a Config.Scope function returns when the call
+// carries no valid credentials. Any error from Scope answers
+// UNAUTHENTICATED, unless it is a gRPC status error, which is answered as it
+// is; returning this one says so plainly.
+var ErrUnauthenticated = errors.New("idemgrpc: unauthenticated")
+
+// Config configures a [Handler] for one unary method. Req and Resp are the
+// method's request and response message types (generated pointer types such
+// as *ridespb.CreateRideRequest); In is the flow's input type, by default
+// [Input][Req]. FullMethod and Scope are required.
+type Config[Req, Resp proto.Message, In any] struct {
+	// FullMethod is the method's full name, "/package.Service/Method", as
+	// the generated code's <Service>_<Method>_FullMethodName constant
+	// spells it. When the method's descriptor is registered (generated code
+	// registers it), New checks that Req and Resp are its types.
+	FullMethod string
+
+	// Scope derives the key's scope (the tenant or user that owns keys) from
+	// the authenticated call: typically from what an authentication
+	// interceptor put in ctx. Required: there is no silent global scope,
+	// because the same key sent by two callers must be two requests. Never
+	// derive it from the request message.
+	//
+	// An error answers UNAUTHENTICATED and nothing is recorded; a gRPC
+	// status error (say PERMISSION_DENIED) is answered as it is. An empty
+	// scope without an error is treated as unauthenticated.
+	Scope func(ctx context.Context) (string, error)
+
+	// KeyField names a string field of Req that may carry the key, as
+	// AIP-155's request_id does. Empty: only the "idempotency-key" metadata
+	// entry is read. With a field, a client may send either, or both with
+	// the same value.
+	KeyField string
+
+	// UUIDKeys accepts only UUIDs as keys (AIP-155 asks for them). By
+	// default any key of 1-255 printable ASCII characters is accepted, as
+	// over HTTP.
+	UUIDKeys bool
+
+	// KeyOptional runs a call without a key under a key the server makes
+	// up: it gets the atomic phases and server-side completion, but a retry
+	// of it is a new request. By default a missing key is INVALID_ARGUMENT.
+	KeyOptional bool
+
+	// Validate checks the request before anything is recorded. An error
+	// answers INVALID_ARGUMENT with its text as the message, unless it is a
+	// gRPC status error, which is answered as it is (add BadRequest details
+	// to name the fields at fault). Optional.
+	Validate func(ctx context.Context, req Req) error
+
+	// Input builds the flow's input from the request. Optional when In is
+	// Input[Req]: the default is Input[Req]{Method: FullMethod, Message: req}.
+	// A custom input can add server-derived fields (the user id from
+	// authentication, say), which are fingerprinted with the rest: never put
+	// per-attempt data (a trace id, the time) there. It must survive a JSON
+	// round trip, and should include the method and the whole request, so
+	// the key is bound to both: hold an Input[Req] in a named field (not an
+	// embedded one, whose MarshalJSON would be promoted and drop the
+	// struct's other fields).
+	//
+	// An error answers INTERNAL (the text is logged, never sent), unless it
+	// is a gRPC status error, which is answered as it is.
+	Input func(ctx context.Context, req Req) (In, error)
+
+	// UnavailableRetryDelay is the RetryInfo delay sent when the key store
+	// is unreachable. Default 5s.
+	UnavailableRetryDelay time.Duration
+
+	// ReconcileRetryDelay is the RetryInfo delay sent for a key that waits
+	// for reconciliation. Default 60s.
+	ReconcileRetryDelay time.Duration
+
+	// FailedRetryDelay is the RetryInfo delay sent when a phase failed and
+	// the key was released for a retry, or when the request did not finish
+	// before the call's deadline. Default 1s.
+	FailedRetryDelay time.Duration
+
+	// DeadlineMargin is how long before the call's deadline the handler
+	// stops waiting for the flow and answers UNAVAILABLE with RetryInfo
+	// (reason REQUEST_UNFINISHED), so that the client gets an answer it can
+	// act on, rather than DEADLINE_EXCEEDED, when the flow is slow or the
+	// key store stalls. The flow runs on; the retry gets ABORTED while it
+	// runs and its stored answer once it is done. Default 250ms; negative
+	// waits for the flow however long it takes. A call without a deadline
+	// waits for the flow.
+	DeadlineMargin time.Duration
+
+	// Logger receives the handler's logs. Default: the runner's logger.
+	Logger *slog.Logger
+}
+
+// core is what a Handler needs that does not depend on its type parameters.
+type core struct {
+	runner      *idem.Runner
+	flowName    string
+	method      string
+	source      keySource
+	uuidKeys    bool
+	keyOptional bool
+	delays      delays
+	margin      time.Duration
+	log         *slog.Logger
+}
+
+// Handler serves one unary method with an idem flow. Call [Handler.Handle]
+// from the service's method, or give the handler to
+// [UnaryServerInterceptor]. It is safe for concurrent use.
+type Handler[Req, Resp proto.Message, In any] struct {
+	core
+	flow     *idem.Flow[In]
+	scope    func(ctx context.Context) (string, error)
+	validate func(ctx context.Context, req Req) error
+	input    func(ctx context.Context, req Req) (In, error)
+	respName string
+}
+
+// New returns a handler that serves cfg.FullMethod with flow, run by
+// runner.
+func New[Req, Resp proto.Message, In any](runner *idem.Runner, flow *idem.Flow[In], cfg *Config[Req, Resp, In]) (*Handler[Req, Resp, In], error) {
+	if runner == nil {
+		return nil, errors.New("idemgrpc: New needs a runner")
+	}
+	if flow == nil {
+		return nil, errors.New("idemgrpc: New needs a flow")
+	}
+	if cfg == nil || cfg.Scope == nil {
+		return nil, errors.New("idemgrpc: Config.Scope is required: derive the key's scope (tenant or user) from the authenticated caller; there is no global scope")
+	}
+	h := &Handler[Req, Resp, In]{
+		core: core{
+			runner: runner, flowName: flow.Name(), method: cfg.FullMethod,
+			uuidKeys: cfg.UUIDKeys, keyOptional: cfg.KeyOptional,
+			delays: delays{unavailable: DefaultUnavailableRetryDelay, reconcile: DefaultReconcileRetryDelay, failed: DefaultFailedRetryDelay},
+			log:    cfg.Logger,
+		},
+		flow: flow, scope: cfg.Scope, validate: cfg.Validate, input: cfg.Input,
+	}
+	var errs []error
+	reqName, err := messageName[Req]()
+	if err != nil {
+		errs = append(errs, fmt.Errorf("request type: %w", err))
+	}
+	respName, err := messageName[Resp]()
+	if err != nil {
+		errs = append(errs, fmt.Errorf("response type: %w", err))
+	}
+	h.respName = string(respName)
+	if err := checkMethod(cfg.FullMethod, reqName, respName); err != nil {
+		errs = append(errs, err)
+	}
+	if cfg.KeyField != "" && reqName != "" {
+		req, _ := newMessage[Req]()
+		fd, err := keyFieldOf(req.ProtoReflect().Descriptor(), cfg.KeyField)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		h.source.field = fd
+	}
+	if h.input == nil {
+		def, ok := any(defaultInput[Req](cfg.FullMethod)).(func(context.Context, Req) (In, error))
+		if !ok {
+			errs = append(errs, fmt.Errorf("Config.Input is required: the flow's input is %s, not idemgrpc.Input[%s]", reflect.TypeFor[In](), reflect.TypeFor[Req]()))
+		}
+		h.input = def
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+		dst  *time.Duration
+	}{
+		{"UnavailableRetryDelay", cfg.UnavailableRetryDelay, &h.delays.unavailable},
+		{"ReconcileRetryDelay", cfg.ReconcileRetryDelay, &h.delays.reconcile},
+		{"FailedRetryDelay", cfg.FailedRetryDelay, &h.delays.failed},
+	} {
+		switch {
+		case d.v < 0:
+			errs = append(errs, fmt.Errorf("%s %s is negative", d.name, d.v))
+		case d.v > 0:
+			*d.dst = d.v
+		}
+	}
+	h.margin = cfg.DeadlineMargin
+	if h.margin == 0 {
+		h.margin = DefaultDeadlineMargin
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("idemgrpc: invalid config for %s (flow %q): %w", cfg.FullMethod, flow.Name(), errors.Join(errs...))
+	}
+	if h.log == nil {
+		h.log = runner.Config().Logger
+	}
+	return h, nil
+}
+
+func defaultInput[Req proto.Message](method string) func(context.Context, Req) (Input[Req], error) {
+	return func(_ context.Context, req Req) (Input[Req], error) {
+		return Input[Req]{Method: method, Message: req}, nil
+	}
+}
+
+// checkMethod checks that fullMethod is a well-formed method name and, when
+// the method is registered, that it is unary and takes req and answers resp.
+func checkMethod(fullMethod string, req, resp protoreflect.FullName) error {
+	service, method, ok := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
+	if !strings.HasPrefix(fullMethod, "/") || !ok || service == "" || method == "" || strings.Contains(method, "/") {
+		return fmt.Errorf("FullMethod %q is not a method name such as /package.Service/Method", fullMethod)
+	}
+	desc, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(service))
+	if err != nil {
+		return nil // not registered: nothing to check against
+	}
+	sd, ok := desc.(protoreflect.ServiceDescriptor)
+	if !ok {
+		return fmt.Errorf("FullMethod %q: %s is not a service", fullMethod, service)
+	}
+	md := sd.Methods().ByName(protoreflect.Name(method))
+	switch {
+	case md == nil:
+		return fmt.Errorf("FullMethod %q: service %s has no method %s", fullMethod, service, method)
+	case md.IsStreamingClient() || md.IsStreamingServer():
+		return fmt.Errorf("FullMethod %q is a streaming method; idemgrpc serves unary methods", fullMethod)
+	case req != "" && md.Input().FullName() != req:
+		return fmt.Errorf("FullMethod %q takes %s, not %s", fullMethod, md.Input().FullName(), req)
+	case resp != "" && md.Output().FullName() != resp:
+		return fmt.Errorf("FullMethod %q answers %s, not %s", fullMethod, md.Output().FullName(), resp)
+	}
+	return nil
+}
+
+// FullMethod returns the method the handler serves.
+func (h *Handler[Req, Resp, In]) FullMethod() string { return h.method }
+
+// Flow returns the flow the handler runs.
+func (h *Handler[Req, Resp, In]) Flow() *idem.Flow[In] { return h.flow }
+
+// Handle runs the flow for one call of the method and returns what the
+// client gets: the response message, or a status error. Call it from the
+// service's implementation of the method:
+//
+//	func (s *server) CreateRide(ctx context.Context, req *ridespb.CreateRideRequest) (*ridespb.Ride, error) {
+//		return s.createRide.Handle(ctx, req)
+//	}
+//
+// ctx must be the call's context: the key and the replay header travel in
+// its metadata. The flow runs with the context's values but without its
+// cancellation, so a client that gives up (or whose deadline passes) does not
+// interrupt a request half-way; its retry then gets the stored answer.
+func (h *Handler[Req, Resp, In]) Handle(ctx context.Context, req Req) (Resp, error) {
+	resp, st := h.handle(ctx, req)
+	if st != nil {
+		if delay, ok := retryInfo(st); ok {
+			// gRPC's own retry policies wait this long before the next
+			// attempt (gRFC A6's server pushback); RetryInfo says the same
+			// to clients that retry by hand.
+			_ = grpc.SetTrailer(ctx, metadata.Pairs(PushbackTrailer, strconv.FormatInt(delay.Milliseconds(), 10)))
+		}
+		var zero Resp
+		return zero, st.Err()
+	}
+	return resp, nil
+}
+
+func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp, st *status.Status) {
+	defer func() {
+		if v := recover(); v != nil {
+			h.log.ErrorContext(ctx, "idemgrpc: panic before the flow ran", "method", h.method, "panic", v)
+			st = internal()
+		}
+	}()
+	if !validMessage(req) {
+		return resp, status.New(codes.InvalidArgument, "The request message is missing.")
+	}
+	// A copy of its own: the flow may outlive the call, and the key field
+	// may be filled in.
+	req = proto.CloneOf(req)
+	scope, err := h.scope(ctx)
+	if err != nil || scope == "" {
+		if s, ok := status.FromError(err); ok && err != nil {
+			return resp, s
+		}
+		h.log.DebugContext(ctx, "idemgrpc: unauthenticated", "method", h.method, "err", err)
+		return resp, status.New(codes.Unauthenticated, "This method requires an authenticated caller.")
+	}
+	key, sent, kst := h.requestKey(ctx, req)
+	if kst != nil {
+		return resp, kst
+	}
+	switch {
+	case !sent && !h.keyOptional:
+		return resp, h.keyMissing()
+	case !sent:
+		key = serverKey()
+	case h.source.field != nil && req.ProtoReflect().Get(h.source.field).String() != key:
+		// The key came in the metadata: the request as the flow sees it
+		// (and fingerprints it) carries it in the field all the same, so
+		// a retry may move the key from one to the other.
+		req.ProtoReflect().Set(h.source.field, protoreflect.ValueOfString(key))
+	}
+	if h.validate != nil {
+		if err := h.validate(ctx, req); err != nil {
+			if s, ok := status.FromError(err); ok {
+				return resp, s
+			}
+			return resp, status.New(codes.InvalidArgument, err.Error())
+		}
+	}
+	in, err := h.input(ctx, req)
+	if err != nil {
+		if s, ok := status.FromError(err); ok {
+			return resp, s
+		}
+		h.log.ErrorContext(ctx, "idemgrpc: Config.Input failed", "method", h.method, "err", err)
+		return resp, internal()
+	}
+
+	// The flow runs detached from the call: a client that gives up, or
+	// whose deadline passes, must not stop a request half-way. The call
+	// waits for it until its deadline is near, and then answers that the
+	// request has not finished, rather than let the client see a bare
+	// DEADLINE_EXCEEDED, or wait without end on a stalled store.
+	type result struct {
+		out *idem.Outcome
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := h.runner.Execute(context.WithoutCancel(ctx), h.flow, idem.Request{
+			Scope: scope, Key: key, Method: "POST", Path: h.method, Params: in,
+		})
+		done <- result{out, err}
+	}()
+	var deadline <-chan time.Time
+	if dl, ok := ctx.Deadline(); ok && h.margin >= 0 {
+		timer := time.NewTimer(max(time.Until(dl)-h.margin, 0))
+		defer timer.Stop()
+		deadline = timer.C
+	}
+	select {
+	case r := <-done:
+		return h.answer(ctx, key, r.out, r.err)
+	case <-deadline:
+		h.log.WarnContext(ctx, "idemgrpc: the request did not finish before the call's deadline; it runs on", "method", h.method, "key", key)
+		return resp, unfinished(h.delays.failed)
+	case <-ctx.Done():
+		// The client is gone; nobody reads this answer.
+		return resp, status.FromContextError(ctx.Err())
+	}
+}
+
+// answer maps the runner's outcome to the response or status.
+func (h *Handler[Req, Resp, In]) answer(ctx context.Context, key string, out *idem.Outcome, err error) (Resp, *status.Status) {
+	var zero Resp
+	switch out.Kind {
+	case idem.OutcomeReplayed, idem.OutcomeInProgress, idem.OutcomeNeedsReconcile:
+		if out.Record != nil && out.Record.Path != h.method {
+			// The key was first used with another method that runs the
+			// same flow and made the same input (a custom Config.Input
+			// that leaves the method out): it is bound to that method all
+			// the same.
+			return zero, reused(h.source)
+		}
+	}
+	if st, ok := outcomeStatus(out, err, h.delays, h.source); ok {
+		switch out.Kind {
+		case idem.OutcomeInvalid:
+			if !errors.Is(err, idem.ErrInvalidParams) {
+				h.log.ErrorContext(ctx, "idemgrpc: the runner refused the request; check Config.Scope and the input type",
+					"method", h.method, "flow", h.flowName, "key", key, "err", err)
+			}
+		case idem.OutcomeFailed, idem.OutcomeStoreUnavailable:
+			h.log.WarnContext(ctx, "idemgrpc: request not completed", "method", h.method, "key", key, "outcome", out.Kind, "err", err)
+		}
+		return zero, st
+	}
+	resp, st, derr := decodeStored[Resp](out.Response, h.respName)
+	if derr != nil {
+		h.log.ErrorContext(ctx, "idemgrpc: the flow's stored response cannot be answered", "method", h.method, "flow", h.flowName, "key", key, "err", derr)
+		return zero, internal()
+	}
+	if out.Kind == idem.OutcomeReplayed {
+		// Outside a gRPC server (a direct call in a test) there is no
+		// stream to set the header on; the answer is the same.
+		_ = grpc.SetHeader(ctx, metadata.Pairs(ReplayedHeader, "true"))
+	}
+	return resp, st
+}
+
+// serve is the interceptor's entry: req is the decoded request of the
+// method.
+func (h *Handler[Req, Resp, In]) serve(ctx context.Context, req any) (any, error) {
+	r, ok := req.(Req)
+	if !ok {
+		h.log.ErrorContext(ctx, "idemgrpc: the interceptor got a request of another type", "method", h.method, "got", fmt.Sprintf("%T", req), "want", reflect.TypeFor[Req]())
+		return nil, internal().Err()
+	}
+	resp, err := h.Handle(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+func (h *Handler[Req, Resp, In]) flowKey() string { return h.flowName }
