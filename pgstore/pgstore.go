@@ -432,13 +432,18 @@ func mapError(err error) error {
 	if mapped, ok := mapPgError(err); ok {
 		return mapped
 	}
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) {
+		// No connection could be made, whatever ended the attempt (a
+		// connect_timeout is a context deadline too): the store is away.
+		return fmt.Errorf("%w: %w", idemdriver.ErrStoreUnavailable, err)
+	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		// The caller gave up; the database may be fine.
 		return err
 	}
-	var connectErr *pgconn.ConnectError
 	var netErr net.Error
-	if errors.As(err, &connectErr) || errors.As(err, &netErr) || errors.Is(err, io.EOF) ||
+	if errors.As(err, &netErr) || errors.Is(err, io.EOF) ||
 		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) || pgconn.SafeToRetry(err) {
 		return fmt.Errorf("%w: %w", idemdriver.ErrStoreUnavailable, err)
 	}
