@@ -432,14 +432,18 @@ func mapError(err error) error {
 	if mapped, ok := mapPgError(err); ok {
 		return mapped
 	}
+	if errors.Is(err, context.Canceled) {
+		// The caller gave up; the database may be fine.
+		return err
+	}
 	var connectErr *pgconn.ConnectError
 	if errors.As(err, &connectErr) {
-		// No connection could be made, whatever ended the attempt (a
-		// connect_timeout is a context deadline too): the store is away.
+		// No connection could be made in time (a connect_timeout is a
+		// context deadline too): the store is away.
 		return fmt.Errorf("%w: %w", idemdriver.ErrStoreUnavailable, err)
 	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		// The caller gave up; the database may be fine.
+	if errors.Is(err, context.DeadlineExceeded) {
+		// A deadline ended the statement; whose it was, the caller knows.
 		return err
 	}
 	var netErr net.Error
