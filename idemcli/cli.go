@@ -252,22 +252,10 @@ func lookup(args []string) (*command, []string, error) {
 // A request being completed holds two connections (its phase and its
 // heartbeat): four is plenty.
 func (e *env) connect(ctx context.Context) error {
-	url := e.cfg.Getenv("DATABASE_URL")
-	if url == "" {
-		return &exitError{code: ExitUsage, err: errors.New("DATABASE_URL is not set; export it, e.g. DATABASE_URL=postgres://user@host:5432/db")}
+	if err := e.connectPool(ctx); err != nil {
+		return err
 	}
-	if _, err := migrations.QualifiedPrefix(e.schema); err != nil {
-		return &exitError{code: ExitUsage, err: fmt.Errorf("--schema: %w", err)}
-	}
-	pcfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return &exitError{code: ExitUsage, err: fmt.Errorf("DATABASE_URL: %w", err)}
-	}
-	pcfg.MaxConns = 4
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return fmt.Errorf("connect: %w", err)
-	}
+	pool := e.pool
 	store, err := pgstore.New(pool, &pgstore.Config{Schema: e.schema, ControlDB: pool})
 	if err != nil {
 		pool.Close()
@@ -290,7 +278,30 @@ func (e *env) connect(ctx context.Context) error {
 		pool.Close()
 		return err
 	}
-	e.pool, e.runner = pool, runner
+	e.runner = runner
+	return nil
+}
+
+// connectPool opens the pool alone: the migrate commands need no store, whose
+// construction checks that the schema is migrated.
+func (e *env) connectPool(ctx context.Context) error {
+	url := e.cfg.Getenv("DATABASE_URL")
+	if url == "" {
+		return &exitError{code: ExitUsage, err: errors.New("DATABASE_URL is not set; export it, e.g. DATABASE_URL=postgres://user@host:5432/db")}
+	}
+	if _, err := migrations.QualifiedPrefix(e.schema); err != nil {
+		return &exitError{code: ExitUsage, err: fmt.Errorf("--schema: %w", err)}
+	}
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return &exitError{code: ExitUsage, err: fmt.Errorf("DATABASE_URL: %w", err)}
+	}
+	pcfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	e.pool = pool
 	return nil
 }
 
@@ -308,7 +319,7 @@ func (e *env) migrator() (*migrations.Migrator, error) {
 
 // connectedMigrator connects and returns the migrator on that connection.
 func (e *env) connectedMigrator(ctx context.Context) (*migrations.Migrator, error) {
-	if err := e.connect(ctx); err != nil {
+	if err := e.connectPool(ctx); err != nil {
 		return nil, err
 	}
 	return e.migrator()

@@ -769,9 +769,11 @@ func TestFaultProxyLosesEachReplyOfAFlow(t *testing.T) {
 		pool, err := pgxpool.New(ctx, databaseURL)
 		require.NoError(t, err)
 		defer pool.Close()
-		store, err := pgstore.New(pool, &pgstore.Config{Schema: schema.Name})
+		// The control statements (the schema check, marks, heartbeats,
+		// re-reads) go straight to the database: the proxy breaks only
+		// the request's own round trips.
+		store, err := pgstore.New(pool, &pgstore.Config{Schema: schema.Name, ControlDB: schema.Pool})
 		require.NoError(t, err)
-		defer store.Close()
 		runner, err := idem.NewRunner(store, &idem.Config{
 			Flows:  []idem.AnyFlow{flow},
 			Lease:  lease,

@@ -105,7 +105,46 @@ func New(db DB, config *Config) (*Store, error) {
 			st.control = st.ownControl
 		}
 	}
+	if err := st.checkSchema(prefix); err != nil {
+		st.Close()
+		return nil, err
+	}
 	return st, nil
+}
+
+// ErrSchema is wrapped by the error New returns for a schema the migrations
+// were not applied to, or one older than this code.
+var ErrSchema = errors.New("pgstore: the idem schema is missing or out of date")
+
+// schemaCheckTimeout bounds New's look at the schema.
+const schemaCheckTimeout = 5 * time.Second
+
+// checkSchema fails a store whose tables are missing or older than this
+// code, at construction rather than on the first request. A database that
+// cannot be reached is not checked: the runner reports it unavailable, per
+// request, until it is back.
+func (s *Store) checkSchema(prefix string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), schemaCheckTimeout)
+	defer cancel()
+	var found bool
+	err := s.control.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, prefix+"idem_migrations").Scan(&found)
+	if err != nil {
+		if errors.Is(mapError(err), idemdriver.ErrStoreUnavailable) || errors.Is(err, context.DeadlineExceeded) {
+			return nil
+		}
+		return fmt.Errorf("pgstore: look for the idem schema: %w", err)
+	}
+	if !found {
+		return fmt.Errorf("%w: %sidem_migrations does not exist; apply the migrations first (migrations.Up, or `idem migrate up`)", ErrSchema, prefix)
+	}
+	var version int
+	if err := s.control.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+prefix+`idem_migrations`).Scan(&version); err != nil {
+		return fmt.Errorf("pgstore: read the schema version: %w", err)
+	}
+	if version < migrations.Latest() {
+		return fmt.Errorf("%w: the schema is at version %d and this code needs %d; run the migrations (`idem migrate up`)", ErrSchema, version, migrations.Latest())
+	}
+	return nil
 }
 
 // Close closes the control pool New opened, if it did. It does not close the

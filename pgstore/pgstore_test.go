@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/internal/pgtest"
+	"github.com/go-idem/idem/migrations"
 )
 
 func TestMapError(t *testing.T) {
@@ -68,9 +69,9 @@ func TestNewValidatesSchema(t *testing.T) {
 	require.Error(t, err)
 	_, err = New(fakeDB{}, &Config{Schema: `a"b`})
 	require.ErrorContains(t, err, "invalid schema")
-	s, err := New(fakeDB{}, &Config{Schema: "Billing"})
+	prefix, err := migrations.QualifiedPrefix("Billing")
 	require.NoError(t, err)
-	require.True(t, strings.HasPrefix(s.Table(), `"Billing".`))
+	require.True(t, strings.HasPrefix((&Store{q: newQueries(prefix)}).Table(), `"Billing".`))
 }
 
 // fakeDB only satisfies the interface for constructor tests; no query runs.

@@ -21,7 +21,7 @@ type txBundle struct {
 
 func setupTx(t *testing.T) *txBundle {
 	t.Helper()
-	schema := pgtest.NewSchema(t)
+	schema := pgtest.NewMigratedSchema(t)
 	_, err := schema.Pool.Exec(context.Background(), `CREATE TABLE items (id int PRIMARY KEY, name text)`)
 	require.NoError(t, err)
 	store, err := New(schema.Pool, &Config{Schema: schema.Name})

@@ -65,11 +65,16 @@ func setup(t *testing.T, bins *binaries, migrate bool) *bundle {
 		_, err = schema.Pool.Exec(ctx, testflows.Schema)
 		require.NoError(t, err)
 	}
-	store, err := pgstore.New(schema.Pool, &pgstore.Config{Schema: schema.Name})
-	require.NoError(t, err)
-	t.Cleanup(store.Close)
-	return &bundle{binaries: bins, schema: schema, store: store,
-		orders: testflows.Orders(schema.Pool), texts: testflows.Texts(schema.Pool)}
+	b := &bundle{binaries: bins, schema: schema, orders: testflows.Orders(schema.Pool), texts: testflows.Texts(schema.Pool)}
+	if migrate {
+		// A store checks the schema it is given, so only a migrated one
+		// gets a store.
+		store, err := pgstore.New(schema.Pool, &pgstore.Config{Schema: schema.Name})
+		require.NoError(t, err)
+		t.Cleanup(store.Close)
+		b.store = store
+	}
+	return b
 }
 
 type result struct {
