@@ -23,8 +23,8 @@ var (
 	// was executed or stored; retry after Outcome.RetryAfter.
 	ErrInProgress = errors.New("idem: request in progress")
 
-	// ErrMismatch: the key was first used with a different flow or different
-	// params. Checked before any lock is taken.
+	// ErrMismatch: the key was first used with a different flow, method,
+	// path or params. Checked before any lock is taken.
 	ErrMismatch = errors.New("idem: key reused with a different request")
 
 	// ErrNeedsReconcile: a not-idempotent foreign call may have happened

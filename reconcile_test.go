@@ -314,7 +314,7 @@ func TestParamsAsJSONOrValueFingerprintAlike(t *testing.T) {
 	r := b.runner(t, nil)
 	_, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
-	out, err := r.Execute(ctx, b.flow, idem.Request{Scope: "user:1", Key: "k1", Params: []byte(` {"amount": 2e1, "origin":"SF"}`)})
+	out, err := r.Execute(ctx, b.flow, idem.Request{Scope: "user:1", Key: "k1", Path: "/rides", Params: []byte(` {"amount": 2e1, "origin":"SF"}`)})
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeReplayed, out.Kind)
 }

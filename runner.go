@@ -65,7 +65,11 @@ type Request struct {
 	Scope string
 	// Key is the client's idempotency key: 1-255 printable ASCII characters.
 	Key string
-	// Method and Path are recorded for operators. Method defaults to POST.
+	// Method and Path name the endpoint (Path is its route, such as a
+	// ServeMux pattern, or the request path). Like the flow and the params,
+	// they are bound to the key: the same key sent with another method or
+	// path is a mismatch (ErrMismatch), and an unfinished key is never taken
+	// over from another endpoint. Method defaults to POST.
 	Method string
 	Path   string
 	// Params is the flow's input: a value of its In type (or a pointer to
@@ -164,10 +168,10 @@ func (r *Runner) run(ctx context.Context, flow AnyFlow, req Request) (*Outcome, 
 
 	// Nothing was locked: report what is there. The mismatch check comes
 	// first, so a different request learns nothing about this key's state.
-	if rec.Flow != flow.Name() || !bytes.Equal(rec.Fingerprint, p.fingerprint) {
+	if rec.Flow != flow.Name() || rec.Method != req.Method || rec.Path != req.Path || !bytes.Equal(rec.Fingerprint, p.fingerprint) {
 		ev.Kind = EventMismatch
 		r.emit(ctx, ev)
-		return &Outcome{Kind: OutcomeMismatch}, fmt.Errorf("%w: key %q was first used for flow %q with other params", ErrMismatch, req.Key, rec.Flow)
+		return &Outcome{Kind: OutcomeMismatch}, fmt.Errorf("%w: key %q was first used for flow %q at %s %s with other params", ErrMismatch, req.Key, rec.Flow, rec.Method, rec.Path)
 	}
 	switch rec.Status {
 	case StatusFinished:

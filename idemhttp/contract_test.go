@@ -285,6 +285,85 @@ var contractCases = []contractCase{
 		},
 	},
 
+	// A key is bound to the method and route of its first request, not only
+	// to the flow: the same flow mounted twice is two endpoints.
+	{
+		name: "same key and flow, another route",
+		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
+			h := b.handler(t, nil)
+			mux := http.NewServeMux()
+			mux.Handle("POST /stripe", h)
+			mux.Handle("PATCH /ietf", h)
+			first := serve(mux, requestTo(http.MethodPost, "/stripe", "k-1", rideBody))
+			require.Equal(t, http.StatusCreated, first.Code, first.Body.String())
+			return serve(mux, requestTo(http.MethodPatch, "/ietf", "k-1", rideBody))
+		},
+		status: http.StatusUnprocessableEntity, stripeStatus: http.StatusBadRequest,
+		problem: idemhttp.ProblemKeyReused, stripeType: idemhttp.StripeIdempotencyError,
+		header: map[string]string{"Idempotent-Replayed": ""},
+		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
+			row := b.keyRow(t, "k-1")
+			require.Equal(t, "POST", row.Method)
+			require.Equal(t, "/stripe", row.Path, "the route is the mux pattern, without its method")
+			require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "responded": 1}, b.counts.get())
+		},
+	},
+	{
+		name: "same key and route, another method",
+		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
+			mux := http.NewServeMux()
+			mux.Handle("/rides", b.handler(t, nil).Middleware(http.NotFoundHandler()))
+			first := serve(mux, requestTo(http.MethodPost, "/rides", "k-1", rideBody))
+			require.Equal(t, http.StatusCreated, first.Code, first.Body.String())
+			return serve(mux, requestTo(http.MethodPatch, "/rides", "k-1", rideBody))
+		},
+		status: http.StatusUnprocessableEntity, stripeStatus: http.StatusBadRequest,
+		problem: idemhttp.ProblemKeyReused, stripeType: idemhttp.StripeIdempotencyError,
+		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
+			row := b.keyRow(t, "k-1")
+			require.Equal(t, "POST", row.Method)
+			require.Equal(t, idem.StatusFinished, row.Status)
+			require.Equal(t, 1, b.countRows(t, "rides"))
+		},
+	},
+	{
+		name: "an unfinished key is not taken over from another route",
+		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
+			h := b.handler(t, nil)
+			mux := http.NewServeMux()
+			mux.Handle("POST /stripe", h)
+			mux.Handle("POST /ietf", h)
+			failed := false
+			b.setHook("charge_created", func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) error {
+				if failed {
+					return nil
+				}
+				failed = true
+				return errors.New("provider timed out")
+			})
+			first := serve(mux, requestTo(http.MethodPost, "/stripe", "k-1", rideBody))
+			require.Equal(t, http.StatusInternalServerError, first.Code, first.Body.String())
+			return serve(mux, requestTo(http.MethodPost, "/ietf", "k-1", rideBody))
+		},
+		status: http.StatusUnprocessableEntity, stripeStatus: http.StatusBadRequest,
+		problem: idemhttp.ProblemKeyReused, stripeType: idemhttp.StripeIdempotencyError,
+		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
+			row := b.keyRow(t, "k-1")
+			require.Equal(t, idem.StatusRunning, row.Status)
+			require.Equal(t, "ride_created", row.RecoveryPoint)
+			require.Equal(t, int64(1), row.Fence, "nobody took the key over")
+			require.Equal(t, 1, row.Attempts)
+			require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1}, b.counts.get())
+
+			h := b.handler(t, nil)
+			mux := http.NewServeMux()
+			mux.Handle("POST /stripe", h)
+			retry := serve(mux, requestTo(http.MethodPost, "/stripe", "k-1", rideBody))
+			require.Equal(t, http.StatusCreated, retry.Code, retry.Body.String())
+			require.Equal(t, 1, b.countRows(t, "rides"))
+		},
+	},
+
 	// Same key, first still running: 409 + Retry-After, not stored.
 	{
 		name: "same key while the first is running",
@@ -557,14 +636,12 @@ var contractCases = []contractCase{
 		},
 	},
 	{
-		name: "PATCH through the middleware records the path as sent",
+		name: "PATCH through the middleware, without a mux pattern, records the path as sent",
 		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
-			mux := http.NewServeMux()
-			mux.Handle("/rides/", b.handler(t, nil).Middleware(http.NotFoundHandler()))
 			r := httptest.NewRequest(http.MethodPatch, "/rides/a%00b%2Fc%C3%A9", strings.NewReader(rideBody))
 			r.Header.Set("Authorization", testAuth)
 			r.Header.Set("Idempotency-Key", "k-1")
-			return serve(mux, r)
+			return serve(b.handler(t, nil).Middleware(http.NotFoundHandler()), r)
 		},
 		status: http.StatusCreated,
 		check: func(t *testing.T, b *bundle, res *httptest.ResponseRecorder) {

@@ -39,8 +39,9 @@ const (
 // never sent: it is the server's business.
 const internalDetail = "The server could not handle the request. Nothing was recorded for its Idempotency-Key."
 
-// maxPathLength is the longest request path recorded with a key; longer
-// paths are cut, since the path is only there for operators.
+// maxPathLength is the longest route recorded with a key, as long as the key
+// store keeps; a longer one is cut, so routes alike in their first 2048
+// bytes are one route.
 const maxPathLength = 2048
 
 // Config configures a [Handler]. Scope is required; every other field has
@@ -362,13 +363,28 @@ func (h *Handler[In]) admit(w http.ResponseWriter, r *http.Request) (idem.Reques
 		}
 	}
 
-	// The escaped path: a decoded one may hold bytes (%00, invalid UTF-8)
-	// that a text column refuses, and it is what the client sent.
-	path := r.URL.EscapedPath()
+	return idem.Request{Scope: scope, Key: key, Method: r.Method, Path: route(r), Params: in}, nil
+}
+
+// route names the endpoint a request reached, which the key is bound to
+// along with the method: the ServeMux pattern that matched, without its
+// method ("/rides/{id}"), or, when no pattern is known (another router, the
+// handler alone), the escaped path, which is what the client sent and
+// holds no bytes (%00, invalid UTF-8) that a text column refuses.
+func route(r *http.Request) string {
+	path := r.Pattern
+	if path != "" {
+		// "[METHOD ][HOST]/[PATH]": the method is stored on its own.
+		if i := strings.IndexAny(path, " \t"); i >= 0 {
+			path = strings.TrimLeft(path[i+1:], " \t")
+		}
+	} else {
+		path = r.URL.EscapedPath()
+	}
 	if len(path) > maxPathLength {
 		path = path[:maxPathLength]
 	}
-	return idem.Request{Scope: scope, Key: key, Method: r.Method, Path: path, Params: in}, nil
+	return path
 }
 
 // checkContentType refuses bodies the handler cannot read: a media type

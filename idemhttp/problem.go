@@ -49,8 +49,8 @@ const (
 	// (empty, too long or too short, not printable ASCII, a bad sf-string,
 	// several keys). 400.
 	ProblemKeyMalformed = "idempotency-key-malformed"
-	// ProblemKeyReused: the key was first used with another endpoint or
-	// other parameters. 422 (IETF), 400 idempotency_error (Stripe).
+	// ProblemKeyReused: the key was first used with another endpoint (method,
+	// route or flow) or other parameters. 422 (IETF), 400 idempotency_error (Stripe).
 	ProblemKeyReused = "idempotency-key-reused"
 	// ProblemInProgress: another attempt with this key is running. 409 with
 	// Retry-After.

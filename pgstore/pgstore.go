@@ -102,9 +102,10 @@ func (s *Store) Acquire(ctx context.Context, p idem.AcquireParams) (*idem.Acquir
 		}
 		res.Retried = i
 		if rec := res.Record; res.Acquired == idem.AcquiredNone && rec.Status == idem.StatusRunning &&
-			rec.Flow == p.Flow && bytes.Equal(rec.Fingerprint, p.Fingerprint) && !rec.Locked(res.DBNow) {
+			rec.Flow == p.Flow && bytes.Equal(rec.Fingerprint, p.Fingerprint) && rec.Method == p.Method && rec.Path == p.Path &&
+			!rec.Locked(res.DBNow) {
 			// Nobody holds this unfinished key: take it over.
-			taken, err := s.acquisition(ctx, s.q.takeOver, p.Now, rec.ID, p.Flow, p.Fingerprint, p.Lease.Microseconds())
+			taken, err := s.acquisition(ctx, s.q.takeOver, p.Now, rec.ID, p.Flow, p.Fingerprint, p.Lease.Microseconds(), p.Method, p.Path)
 			switch {
 			case errors.Is(err, pgx.ErrNoRows):
 				// Another worker took it (or finished it) first; report
