@@ -179,6 +179,12 @@ var contractCases = []contractCase{
 	badKey("sf-string with a bad escape", `"a\nb"`),
 	badKey("two keys", "abc", "def"),
 	badKey("a list of keys", `"abc", "def"`),
+	// A comma outside a quoted key is a list, or two field lines a proxy
+	// merged (RFC 9110 section 5.3): never one key.
+	badKey("a bare key, then a quoted one", `first-key-aaaa, "second-key-bbbb"`),
+	badKey("a list of bare keys", "k1, k2"),
+	badKey("a bare key with a comma", "k1,k2"),
+	badKey("a quoted key, then a bare one", `"k1", k2`),
 	{
 		name: "key shorter than MinKeyLength",
 		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {

@@ -35,15 +35,17 @@ var (
 //   - a bare key, as Stripe's clients send it: abc-123, taken verbatim. It
 //     must not start with a double quote (such a value is read as an
 //     sf-string and must be a valid one) and may contain spaces, but not at
-//     either end.
+//     either end, and no comma.
 //
 // Optional whitespace (SP, HTAB) around the value is ignored. Either way the
 // key must be 1 to 255 characters of printable ASCII (0x20-0x7E).
 //
-// A request that sends more than one non-empty value, or one value holding a
-// comma-separated list of more than one sf-string member, is refused as
-// ambiguous: no key is guessed. The error wraps ErrKeyMissing or
-// ErrKeyMalformed.
+// A request that sends more than one non-empty value, or one value with a
+// comma outside a quoted key, is refused as ambiguous: no key is guessed. A
+// comma there makes a list ("a", "b"), or is how an intermediary merges two
+// field lines into one (RFC 9110 section 5.3), which must not silently make
+// another key. A key with a comma is sent quoted: "a,b". The error wraps
+// ErrKeyMissing or ErrKeyMalformed.
 func ParseKey(values []string) (string, error) {
 	value, found := "", false
 	for _, v := range values {
@@ -104,9 +106,13 @@ func trimOWS(s string) string {
 	return s
 }
 
-// parseBareKey accepts value verbatim. It returns a substring of value, so
-// the common path does not allocate.
+// parseBareKey accepts value verbatim, unless it holds a comma. It returns
+// a substring of value, so the common path does not allocate.
 func parseBareKey(value string) (string, error) {
+	if i := strings.IndexByte(value, ','); i >= 0 {
+		return "", malformed("comma outside a quoted key at position %d: the value is a list of keys, "+
+			"or two Idempotency-Key fields merged into one; send exactly one key (quote a key that holds a comma)", i)
+	}
 	if len(value) > maxKeyLength {
 		return "", malformed("key is %d characters long, the limit is %d", len(value), maxKeyLength)
 	}
