@@ -473,6 +473,35 @@ var contractCases = []contractCase{
 	phaseFails("phase returns an error, then the retry resumes", func() error { return errors.New("provider timed out") }),
 	phaseFails("phase panics, then the retry resumes", func() error { panic("nil map in the charge phase") }),
 
+	// A response with a status outside 200-599 is the phase's error, not
+	// the request's stored outcome.
+	{
+		name: "a phase responding with status 100 fails and stores nothing",
+		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
+			flow := idem.MustNewFlow("rides.odd", []idem.Phase[rideInput]{{
+				Name: "responded",
+				Do: func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) (idem.Result, error) {
+					b.counts.add("responded")
+					return idem.Respond(http.StatusContinue, nil, nil), nil
+				},
+			}}, nil)
+			h := b.handlerOn(t, b.runner, flow, nil)
+			first := post(h, "k-1", rideBody)
+			require.Equal(t, http.StatusInternalServerError, first.Code, first.Body.String())
+			return post(h, "k-1", rideBody)
+		},
+		status: http.StatusInternalServerError, problem: idemhttp.ProblemRequestFailed, stripeType: idemhttp.StripeAPIError,
+		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
+			row := b.keyRow(t, "k-1")
+			require.Equal(t, idem.StatusRunning, row.Status, "the key did not finish")
+			require.Equal(t, idem.RecoveryPointStarted, row.RecoveryPoint)
+			require.Zero(t, row.ResponseStatus, "nothing is stored")
+			require.Nil(t, row.LockedAt)
+			require.Contains(t, row.LastError, "100")
+			require.Equal(t, map[string]int{"responded": 2}, b.counts.get(), "the retry ran the phase again")
+		},
+	},
+
 	// GET, HEAD, PUT, DELETE, OPTIONS: pass through, no key needed.
 	passThrough(http.MethodGet),
 	passThrough(http.MethodHead),
