@@ -46,7 +46,9 @@
 //     releases it, in its own transaction.
 //
 // A phase that returns an error (or panics) rolls back, releases the key and
-// stores nothing: the client gets a retryable failure and its retry resumes.
+// stores no response: the client gets a retryable failure and its retry
+// resumes. The phases that committed before it stay, and the key stays
+// bound to its request.
 // A worker that dies releases nothing; its lease (Config.Lease, 90 s by
 // default) expires and the next retry takes over. A live worker renews its
 // lease with a heartbeat, however slow its phase.

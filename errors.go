@@ -42,8 +42,8 @@ var (
 	ErrStoreUnavailable = errors.New("idem: store unavailable")
 
 	// ErrPhaseFailed: a phase returned an error or panicked. Its transaction
-	// rolled back, the lock was released and nothing was stored, so a retry
-	// resumes at the same phase.
+	// rolled back, the lock was released and no response was stored, so a
+	// retry resumes at the same phase; earlier phases stay committed.
 	ErrPhaseFailed = errors.New("idem: phase failed")
 
 	// ErrRetriesExhausted: a phase kept failing with serialization failures

@@ -26,8 +26,10 @@ const (
 	// (ErrStoreUnavailable).
 	OutcomeStoreUnavailable OutcomeKind = "store_unavailable"
 	// OutcomeFailed: a phase failed (ErrPhaseFailed, ErrRetriesExhausted,
-	// ErrUnknownRecoveryPoint); nothing was stored and the lock was released,
-	// so a retry resumes. Maps to a retryable 500.
+	// ErrUnknownRecoveryPoint); its work rolled back, no response was stored
+	// and the lock was released, so a retry resumes after the phases that
+	// committed, which stay, as does the key's binding to its request. Maps
+	// to a retryable 500.
 	OutcomeFailed OutcomeKind = "failed"
 	// OutcomeInvalid: the request was rejected before anything was written
 	// (ErrInvalidRequest).

@@ -502,6 +502,47 @@ var contractCases = []contractCase{
 		},
 	},
 
+	// What a 500 leaves behind: the key, bound to its payload, with the
+	// phases that committed. A corrected body needs a new key.
+	{
+		name: "after a 500 the key stays bound to its payload",
+		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
+			failed := false
+			b.setHook("charge_created", func(context.Context, pgx.Tx, *idem.Attempt[rideInput]) error {
+				if failed {
+					return nil
+				}
+				failed = true
+				return errors.New("provider timed out")
+			})
+			h := b.handler(t, nil)
+			first := post(h, "k-1", rideBody)
+			require.Equal(t, http.StatusInternalServerError, first.Code, first.Body.String())
+			p := decodeProblem(t, first)
+			require.Equal(t, idemhttp.DefaultProblemTypeBase+idemhttp.ProblemRequestFailed, p.Type)
+			require.NotContains(t, p.Detail, "Nothing was stored", "the key and the committed phases are kept")
+			require.Contains(t, p.Detail, "the same key and the same body")
+			return post(h, "k-1", `{"origin": "SFO", "amount": 21}`)
+		},
+		status: http.StatusUnprocessableEntity, stripeStatus: http.StatusBadRequest,
+		problem: idemhttp.ProblemKeyReused, stripeType: idemhttp.StripeIdempotencyError,
+		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
+			row := b.keyRow(t, "k-1")
+			require.Equal(t, idem.StatusRunning, row.Status)
+			require.Equal(t, "ride_created", row.RecoveryPoint, "the committed phase is kept")
+			require.Nil(t, row.LockedAt, "the key is released")
+			require.Zero(t, row.ResponseStatus, "no response is stored")
+			require.Contains(t, row.LastError, "provider timed out", "the error is recorded for operators")
+			require.JSONEq(t, `{"user_id": "alice", "origin": "SFO", "amount": 20}`, string(row.Params))
+			require.Equal(t, 1, b.countRows(t, "rides"), "the committed phase's writes are kept")
+			require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1}, b.counts.get())
+
+			retry := post(b.handler(t, nil), "k-1", rideBody)
+			require.Equal(t, http.StatusCreated, retry.Code, retry.Body.String())
+			require.Equal(t, 1, b.countRows(t, "rides"))
+		},
+	},
+
 	// GET, HEAD, PUT, DELETE, OPTIONS: pass through, no key needed.
 	passThrough(http.MethodGet),
 	passThrough(http.MethodHead),

@@ -55,18 +55,20 @@
 //	mismatch           422 (Stripe: 400 idempotency_error): the key was used for another request
 //	needs reconcile    503 + Retry-After (Config.ReconcileRetryAfter, 60 s)
 //	store unavailable  503 + Retry-After (Config.UnavailableRetryAfter, 5 s); fail closed
-//	failed             500: a phase returned an error or panicked; nothing stored, key released
+//	failed             500: a phase returned an error or panicked; no response stored, committed phases kept, key released
 //
 // A replay is byte-identical to the first response in status, body and the
 // allowed headers: Content-Type and Config.ReplayHeaders. Any other header
 // a phase sets is dropped from the first response too, and credentials,
 // cookies and hop-by-hop headers can never be allowed.
 //
-// Nothing about a 409, 5xx or 4xx answer is stored: only a phase's response
-// is. So a client retries a 409, 500 or 503 with the same key and the same
-// body, and gets either the stored response or the request resumed from
-// its last committed phase; a client that got a 4xx fixes the request
-// first. A key waiting for reconciliation is 503 rather than 409 because
+// No 409, 5xx or 4xx answer is stored as the key's response: only a
+// phase's response is. A 500 or 503 leaves the key bound to its endpoint and
+// payload with the phases that committed, so a client retries a 409, 500 or
+// 503 with the same key and the same body, and gets either the stored
+// response or the request resumed from its last committed phase; the same
+// key with another body is refused. A client that got a 4xx fixes the
+// request first. A key waiting for reconciliation is 503 rather than 409 because
 // no worker is running it: it needs the reconcile service or an operator,
 // which is a server-side condition a client can only wait out, and a 5xx
 // makes it visible to monitoring.

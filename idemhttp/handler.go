@@ -577,8 +577,8 @@ func (h *Handler[In]) writeOutcome(w http.ResponseWriter, r *http.Request, req i
 		p.Header = retryAfter(h.cfg.UnavailableRetryAfter)
 		h.writeProblem(w, p)
 	case idem.OutcomeFailed:
-		h.writeProblem(w, h.problem(specRequestFailed, "The request failed before it completed. Nothing was stored for its Idempotency-Key: "+
-			"retry it with the same key and it resumes where it stopped."))
+		h.writeProblem(w, h.problem(specRequestFailed, "The request failed before it completed. Its Idempotency-Key stays bound to this request "+
+			"and keeps the steps that completed: retry it with the same key and the same body, and it resumes where it stopped."))
 	case idem.OutcomeAbandoned:
 		// A test hook simulated a crash. A dead server sends nothing, so the
 		// client sees the connection drop, as it would.

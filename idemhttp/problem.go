@@ -61,8 +61,12 @@ const (
 	// ProblemStoreUnavailable: the key store could not be reached; the
 	// request was not completed. 503 with Retry-After.
 	ProblemStoreUnavailable = "store-unavailable"
-	// ProblemRequestFailed: a phase returned an error or panicked. Nothing
-	// was stored and the key was released; a retry resumes. 500.
+	// ProblemRequestFailed: a phase returned an error or panicked. 500. The
+	// phase's own work rolled back, no response was stored and the key was
+	// released, but the key stays bound to the request's endpoint and
+	// payload and keeps the phases that committed before the failure: a
+	// retry with the same body resumes at the failed phase, and the same
+	// key with another body is ProblemKeyReused.
 	ProblemRequestFailed = "request-failed"
 	// ProblemUnauthenticated: Config.Scope found no authenticated caller. 401.
 	ProblemUnauthenticated = "unauthenticated"
