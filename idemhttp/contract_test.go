@@ -3,6 +3,7 @@ package idemhttp_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -830,6 +831,37 @@ var contractCases = []contractCase{
 		},
 		status: http.StatusInternalServerError, problem: idemhttp.ProblemInternal, stripeType: idemhttp.StripeAPIError,
 		check: nothingWritten,
+	},
+	// A hook whose own database lookup fails says so by wrapping
+	// idem.ErrStoreUnavailable: the answer is the adapter's own 503.
+	{
+		name: "Scope cannot reach the database",
+		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
+			h := b.handler(t, func(c *idemhttp.Config[rideInput]) {
+				c.Scope = func(*http.Request) (string, error) {
+					return "", fmt.Errorf("look up the session: %w: connection refused", idem.ErrStoreUnavailable)
+				}
+			})
+			return post(h, "k-1", rideBody)
+		},
+		status: http.StatusServiceUnavailable, problem: idemhttp.ProblemStoreUnavailable, stripeType: idemhttp.StripeAPIError,
+		header: map[string]string{"Retry-After": "5"},
+		check:  nothingWritten,
+	},
+	{
+		name: "Prepare cannot reach the database",
+		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
+			h := b.handler(t, func(c *idemhttp.Config[rideInput]) {
+				c.UnavailableRetryAfter = 7 * time.Second
+				c.Prepare = func(*http.Request, *rideInput) error {
+					return fmt.Errorf("look up the user: %w", idem.ErrStoreUnavailable)
+				}
+			})
+			return post(h, "k-1", rideBody)
+		},
+		status: http.StatusServiceUnavailable, problem: idemhttp.ProblemStoreUnavailable, stripeType: idemhttp.StripeAPIError,
+		header: map[string]string{"Retry-After": "7"},
+		check:  nothingWritten,
 	},
 	{
 		name: "Prepare fails",

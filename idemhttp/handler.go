@@ -53,7 +53,10 @@ type Config[In any] struct {
 	//
 	// An error answers 401 Unauthenticated and nothing is recorded: return
 	// ErrUnauthenticated (or any error; the text is logged, never sent). A
-	// *Problem is written as it is instead, e.g. a 403. An empty scope
+	// *Problem is written as it is instead, e.g. a 403. An error wrapping
+	// idem.ErrStoreUnavailable (a session or user lookup in the database
+	// that holds the keys, which did not answer) answers the adapter's own
+	// 503 ProblemStoreUnavailable with UnavailableRetryAfter. An empty scope
 	// without an error is treated as unauthenticated. A scope is 1-255 bytes.
 	Scope func(r *http.Request) (string, error)
 
@@ -70,7 +73,8 @@ type Config[In any] struct {
 	// handler passes through.
 	//
 	// An error answers 500 (ProblemInternal), unless it is a *Problem, which
-	// is written as it is.
+	// is written as it is, or wraps idem.ErrStoreUnavailable, which answers
+	// 503 ProblemStoreUnavailable as for Scope.
 	Prepare func(r *http.Request, in *In) error
 
 	// Validate checks the prepared input. Field errors answer 422 (400 in
@@ -315,6 +319,10 @@ func (h *Handler[In]) admit(w http.ResponseWriter, r *http.Request) (idem.Reques
 		if errors.As(err, &p) {
 			return idem.Request{}, p
 		}
+		if errors.Is(err, idem.ErrStoreUnavailable) {
+			h.log.ErrorContext(ctx, "idemhttp: Config.Scope could not reach the database; nothing was recorded", "flow", h.flow.Name(), "err", err)
+			return idem.Request{}, h.storeUnavailable(storeUnavailableBeforeDetail)
+		}
 		h.log.DebugContext(ctx, "idemhttp: unauthenticated request", "flow", h.flow.Name(), "err", err)
 		return idem.Request{}, h.unauthenticated()
 	}
@@ -352,6 +360,10 @@ func (h *Handler[In]) admit(w http.ResponseWriter, r *http.Request) (idem.Reques
 			var p *Problem
 			if errors.As(err, &p) {
 				return idem.Request{}, p
+			}
+			if errors.Is(err, idem.ErrStoreUnavailable) {
+				h.log.ErrorContext(ctx, "idemhttp: Config.Prepare could not reach the database; nothing was recorded", "flow", h.flow.Name(), "err", err)
+				return idem.Request{}, h.storeUnavailable(storeUnavailableBeforeDetail)
 			}
 			h.log.ErrorContext(ctx, "idemhttp: Config.Prepare failed; nothing was recorded", "flow", h.flow.Name(), "err", err)
 			return idem.Request{}, h.problem(specInternal, internalDetail)
@@ -572,10 +584,8 @@ func (h *Handler[In]) writeOutcome(w http.ResponseWriter, r *http.Request, req i
 		p.Header = retryAfter(h.cfg.ReconcileRetryAfter)
 		h.writeProblem(w, p)
 	case idem.OutcomeStoreUnavailable:
-		p := h.problem(specStoreUnavailable, "The idempotency key store could not be reached, so the request could not be completed. "+
-			"Retry it with the same Idempotency-Key: it resumes where it stopped, and nothing runs twice.")
-		p.Header = retryAfter(h.cfg.UnavailableRetryAfter)
-		h.writeProblem(w, p)
+		h.writeProblem(w, h.storeUnavailable("The idempotency key store could not be reached, so the request could not be completed. "+
+			"Retry it with the same Idempotency-Key: it resumes where it stopped, and nothing runs twice."))
 	case idem.OutcomeFailed:
 		h.writeProblem(w, h.problem(specRequestFailed, "The request failed before it completed. Its Idempotency-Key stays bound to this request "+
 			"and keeps the steps that completed: retry it with the same key and the same body, and it resumes where it stopped."))
@@ -661,6 +671,18 @@ func (h *Handler[In]) problem(spec problemSpec, detail string) *Problem {
 
 func (h *Handler[In]) writeProblem(w http.ResponseWriter, p *Problem) {
 	WriteProblem(w, h.cfg.Profile, p)
+}
+
+// storeUnavailableBeforeDetail is the detail of a 503 from Config.Scope or
+// Config.Prepare, before the request reached its key.
+const storeUnavailableBeforeDetail = "The database could not be reached, so the request was not run and nothing was recorded. " +
+	"Retry it with the same Idempotency-Key."
+
+// storeUnavailable is the 503 with Config.UnavailableRetryAfter.
+func (h *Handler[In]) storeUnavailable(detail string) *Problem {
+	p := h.problem(specStoreUnavailable, detail)
+	p.Header = retryAfter(h.cfg.UnavailableRetryAfter)
+	return p
 }
 
 func (h *Handler[In]) unauthenticated() *Problem {

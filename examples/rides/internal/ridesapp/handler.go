@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemhttp"
 )
 
@@ -77,14 +78,9 @@ func (a *App) scope(r *http.Request) (string, error) {
 		return "", unauthenticated(DetailAuthInvalid)
 	}
 	if err != nil {
-		a.logger.ErrorContext(r.Context(), "rides: look up user", "err", err)
-		return "", &idemhttp.Problem{
-			Type:   idemhttp.DefaultProblemTypeBase + idemhttp.ProblemStoreUnavailable,
-			Title:  "Database unavailable",
-			Status: http.StatusServiceUnavailable,
-			Detail: "The caller could not be authenticated because the database did not answer. Retry with the same Idempotency-Key.",
-			Header: http.Header{"Retry-After": {"1"}},
-		}
+		// The users live in the database that holds the keys: idemhttp
+		// answers its own 503 store-unavailable, with its Retry-After.
+		return "", fmt.Errorf("rides: look up user: %w: %w", idem.ErrStoreUnavailable, err)
 	}
 	if holder, ok := r.Context().Value(authKey{}).(*user); ok {
 		*holder = *u
@@ -103,8 +99,11 @@ func (a *App) prepare(r *http.Request, in *RideParams) error {
 	}
 	email, _ := bearerEmail(r.Header.Get("Authorization"))
 	u, err := a.lookupUser(r.Context(), email)
-	if err != nil {
-		return fmt.Errorf("rides: look up user: %w", err)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("rides: user %q is gone: %w", email, err)
+	case err != nil:
+		return fmt.Errorf("rides: look up user: %w: %w", idem.ErrStoreUnavailable, err)
 	}
 	in.UserID = u.ID
 	return nil
