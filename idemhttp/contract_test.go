@@ -555,6 +555,30 @@ var contractCases = []contractCase{
 	notAllowed(http.MethodPut),
 	notAllowed(http.MethodDelete),
 	notAllowed(http.MethodOptions),
+	{
+		name: "other methods of a POST-only route are 405 through MethodNotAllowed",
+		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
+			h := b.handler(t, nil)
+			mux := http.NewServeMux()
+			mux.Handle("POST /rides", h)
+			mux.Handle("/rides", h.MethodNotAllowed(http.MethodPost))
+			for _, method := range []string{http.MethodGet, http.MethodPut, http.MethodDelete} {
+				res := serve(mux, requestTo(method, "/rides", "k-1", rideBody))
+				require.Equal(t, http.StatusMethodNotAllowed, res.Code, method)
+				require.Equal(t, "application/problem+json", res.Header().Get("Content-Type"), method)
+				require.Equal(t, "POST", res.Header().Get("Allow"), method)
+			}
+			require.Equal(t, http.StatusCreated, serve(mux, requestTo(http.MethodPost, "/rides", "k-2", rideBody)).Code)
+			return serve(mux, requestTo(http.MethodPatch, "/rides", "k-1", rideBody))
+		},
+		status: http.StatusMethodNotAllowed, problem: idemhttp.ProblemMethodNotAllowed, stripeType: idemhttp.StripeInvalidRequestError,
+		header: map[string]string{"Allow": "POST"},
+		check: func(t *testing.T, b *bundle, res *httptest.ResponseRecorder) {
+			require.Equal(t, "PATCH is not supported here: use POST.", decodeProblem(t, res).Detail)
+			require.Nil(t, b.keyRow(t, "k-1"), "a refused method records nothing")
+			require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "responded": 1}, b.counts.get(), "only the POST ran")
+		},
+	},
 
 	// Body over the limit / malformed JSON: 413 / 400 before any key is
 	// written.

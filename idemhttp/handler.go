@@ -231,12 +231,39 @@ var neverReplayed = map[string]bool{
 // of the same path with another handler.
 func (h *Handler[In]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !runsFlow(r.Method) {
-		p := h.problem(specMethodNotAllowed, fmt.Sprintf("%s is not supported here: use POST or PATCH.", r.Method))
-		p.Header = http.Header{"Allow": {"POST, PATCH"}}
-		h.writeProblem(w, p)
+		h.writeProblem(w, h.methodNotAllowed(r.Method, []string{http.MethodPost, http.MethodPatch}))
 		return
 	}
 	h.serveFlow(w, r)
+}
+
+// MethodNotAllowed returns a handler that answers every request 405
+// ProblemMethodNotAllowed, in the handler's profile, with Allow listing
+// allow. Mount it beside a method pattern, so that the route's other
+// methods get a problem rather than ServeMux's plain-text 405:
+//
+//	mux.Handle("POST /rides", rides)
+//	mux.Handle("/rides", rides.MethodNotAllowed(http.MethodPost))
+func (h *Handler[In]) MethodNotAllowed(allow ...string) http.Handler {
+	allow = slices.Clone(allow)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.writeProblem(w, h.methodNotAllowed(r.Method, allow))
+	})
+}
+
+func (h *Handler[In]) methodNotAllowed(method string, allow []string) *Problem {
+	detail := fmt.Sprintf("%s is not supported here.", method)
+	switch len(allow) {
+	case 0:
+	case 1:
+		detail = fmt.Sprintf("%s is not supported here: use %s.", method, allow[0])
+	default:
+		detail = fmt.Sprintf("%s is not supported here: use %s or %s.", method,
+			strings.Join(allow[:len(allow)-1], ", "), allow[len(allow)-1])
+	}
+	p := h.problem(specMethodNotAllowed, detail)
+	p.Header = http.Header{"Allow": {strings.Join(allow, ", ")}}
+	return p
 }
 
 // Middleware runs the flow for POST and PATCH and passes every other method

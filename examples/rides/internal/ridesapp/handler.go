@@ -37,6 +37,8 @@ type authKey struct{}
 //
 //	POST /rides    create a ride (Authorization: Bearer <email>, Idempotency-Key)
 //	GET  /healthz  200 when the database answers
+//
+// Other methods on those paths answer 405 as a problem, with Allow.
 func (a *App) newHandler() (http.Handler, error) {
 	rides, err := idemhttp.New(a.runner, a.flow, &idemhttp.Config[RideParams]{
 		Scope:         a.scope,
@@ -58,6 +60,9 @@ func (a *App) newHandler() (http.Handler, error) {
 		rides.ServeHTTP(w, r.WithContext(ctx))
 	}))
 	mux.HandleFunc("GET /healthz", a.healthz)
+	// Without these, ServeMux answers other methods with a plain-text 405.
+	mux.Handle("/rides", rides.MethodNotAllowed(http.MethodPost))
+	mux.Handle("/healthz", rides.MethodNotAllowed(http.MethodGet, http.MethodHead))
 	return mux, nil
 }
 
