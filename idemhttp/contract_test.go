@@ -171,8 +171,21 @@ var contractCases = []contractCase{
 		check: nothingWritten,
 	},
 
-	// Key empty, > 255 chars, non-printable, bad sf-string: 400.
+	{
+		name: "an empty key field beside a key is ignored",
+		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
+			r := request("", rideBody)
+			r.Header["Idempotency-Key"] = []string{"", "k-1", " "}
+			return serve(b.handler(t, nil), r)
+		},
+		status: http.StatusCreated,
+		check:  func(t *testing.T, b *bundle, res *httptest.ResponseRecorder) { b.requireFinished(t, "k-1", res) },
+	},
+
+	// Key empty, > 255 chars, non-printable, bad sf-string: 400. An empty
+	// field is no key (missing, above); "" is a key, and an empty one.
 	badKey("empty sf-string key", `""`),
+	badKey("an empty field and an empty sf-string", "", `""`),
 	badKey("key of 256 characters", strings.Repeat("k", 256)),
 	badKey("key with a control character", "abc\x01def"),
 	badKey("key with a non-ASCII character", "caf\u00e9"),
@@ -659,7 +672,7 @@ var contractCases = []contractCase{
 		problem: idemhttp.ProblemInvalidInput, stripeType: idemhttp.StripeInvalidRequestError,
 		check: func(t *testing.T, b *bundle, res *httptest.ResponseRecorder) {
 			b.requireNothingWritten(t)
-			require.Equal(t, []idemhttp.FieldError{{Field: "amount", Detail: "must be an integer in the range of int, not 1.5"}},
+			require.Equal(t, []idemhttp.FieldError{{Field: "amount", Detail: "must be an integer from -9223372036854775808 to 9223372036854775807, not 1.5"}},
 				decodeProblem(t, res).Errors)
 		},
 	},
@@ -682,7 +695,51 @@ var contractCases = []contractCase{
 		},
 		status: http.StatusUnprocessableEntity, stripeStatus: http.StatusBadRequest,
 		problem: idemhttp.ProblemInvalidInput, stripeType: idemhttp.StripeInvalidRequestError,
-		check: nothingWritten,
+		check: func(t *testing.T, b *bundle, res *httptest.ResponseRecorder) {
+			b.requireNothingWritten(t)
+			require.Equal(t, "The request body must be an object, not an array.", decodeProblem(t, res).Detail)
+		},
+	},
+	{
+		name: "numbers out of range name the range",
+		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
+			type place struct {
+				Lat  float64 `json:"lat"`
+				Seat uint8   `json:"seat"`
+			}
+			type quote struct {
+				Lat   float64 `json:"lat"`
+				Scale float32 `json:"scale"`
+				Count int64   `json:"count"`
+				From  place   `json:"from"`
+			}
+			flow := idem.MustNewFlow("rides.numbers", []idem.Phase[quote]{{
+				Name: "responded",
+				Do: func(context.Context, pgx.Tx, *idem.Attempt[quote]) (idem.Result, error) {
+					return idem.RespondJSON(http.StatusOK, nil), nil
+				},
+			}}, nil)
+			h, err := idemhttp.New(b.runner, flow, &idemhttp.Config[quote]{Scope: bearerScope, Profile: b.profile})
+			require.NoError(t, err)
+			for body, want := range map[string]idemhttp.FieldError{
+				`{"scale": 1e39}`:        {Field: "scale", Detail: "must be a number from -3.4028235e+38 to 3.4028235e+38, not 1e39"},
+				`{"count": 1.5}`:         {Field: "count", Detail: "must be an integer from -9223372036854775808 to 9223372036854775807, not 1.5"},
+				`{"from": {"seat": -1}}`: {Field: "from.seat", Detail: "must be an integer from 0 to 255, not -1"},
+				`{"from": 7}`:            {Field: "from", Detail: "must be an object, not a number"},
+				`{"from": [7]}`:          {Field: "from", Detail: "must be an object, not an array"},
+			} {
+				res := post(h, "k-1", body)
+				require.Equal(t, []idemhttp.FieldError{want}, decodeProblem(t, res).Errors, body)
+			}
+			return post(h, "k-1", `{"lat": 1e400}`)
+		},
+		status: http.StatusUnprocessableEntity, stripeStatus: http.StatusBadRequest,
+		problem: idemhttp.ProblemInvalidInput, stripeType: idemhttp.StripeInvalidRequestError,
+		check: func(t *testing.T, b *bundle, res *httptest.ResponseRecorder) {
+			require.Zero(t, b.countRows(t, "idem_keys"))
+			require.Equal(t, []idemhttp.FieldError{{Field: "lat", Detail: "must be a number from -1.7976931348623157e+308 to 1.7976931348623157e+308, not 1e400"}},
+				decodeProblem(t, res).Errors)
+		},
 	},
 	{
 		name: "a null body",

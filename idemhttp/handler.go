@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"mime"
 	"net/http"
 	"net/url"
@@ -514,9 +515,12 @@ func decodeBody[In any](h *Handler[In], body []byte) (In, *Problem) {
 		return in, h.problem(specMalformedJSON, fmt.Sprintf("The request body is not valid JSON: %s (at byte %d).", syntaxErr.Error(), syntaxErr.Offset))
 	}
 	if typeErr, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
-		want := "a " + jsonKind(typeErr.Type)
-		if typeErr.Type != nil && isInteger(typeErr.Type.Kind()) && strings.HasPrefix(typeErr.Value, "number") {
-			want = "an integer in the range of " + typeErr.Type.Kind().String()
+		want := withArticle(jsonKind(typeErr.Type))
+		if strings.HasPrefix(typeErr.Value, "number") {
+			// A number that does not fit: a fraction or out of range.
+			if r, ok := numberRange(typeErr.Type); ok {
+				want = r
+			}
 		}
 		if typeErr.Field == "" {
 			return in, h.problem(specInvalidInput, fmt.Sprintf("The request body must be %s, not %s.", want, describeJSONValue(typeErr.Value)))
@@ -555,6 +559,40 @@ func jsonKind(t reflect.Type) string {
 		return "object"
 	}
 	return "value"
+}
+
+// withArticle puts "a" or "an" before a JSON kind.
+func withArticle(kind string) string {
+	switch kind {
+	case "object", "array":
+		return "an " + kind
+	}
+	return "a " + kind
+}
+
+// numberRange says which numbers a Go number type holds, in words: "an
+// integer from 0 to 255", "a number from -3.4028235e+38 to 3.4028235e+38".
+func numberRange(t reflect.Type) (string, bool) {
+	if t == nil {
+		return "", false
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch k := t.Kind(); {
+	case k >= reflect.Int && k <= reflect.Int64:
+		bits := uint(t.Bits())
+		return fmt.Sprintf("an integer from %d to %d", int64(-1)<<(bits-1), int64(1)<<(bits-1)-1), true
+	case isInteger(k): // unsigned
+		return fmt.Sprintf("an integer from 0 to %d", uint64(1)<<(uint(t.Bits())-1)<<1-1), true
+	case k == reflect.Float32:
+		limit := strconv.FormatFloat(math.MaxFloat32, 'g', -1, 32)
+		return "a number from -" + limit + " to " + limit, true
+	case k == reflect.Float64:
+		limit := strconv.FormatFloat(math.MaxFloat64, 'g', -1, 64)
+		return "a number from -" + limit + " to " + limit, true
+	}
+	return "", false
 }
 
 func isInteger(k reflect.Kind) bool {

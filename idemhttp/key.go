@@ -13,12 +13,14 @@ const maxKeyLength = 255
 
 var (
 	// ErrKeyMissing means the request carried no Idempotency-Key header, or
-	// only empty values of it.
+	// only empty values of it: an empty field value holds no structured-field
+	// Item (RFC 9651 section 4.2), so it is no key at all.
 	ErrKeyMissing = errors.New("idemhttp: missing Idempotency-Key header")
 
 	// ErrKeyMalformed means the Idempotency-Key header is present but unusable:
-	// not a valid sf-string or bare key, a key that is empty, longer than 255
-	// characters or not printable ASCII, or more than one key. The wrapping
+	// not a valid sf-string or bare key, a key that is empty (the sf-string
+	// ""), longer than 255 characters or not printable ASCII, or more than
+	// one key (a comma outside a quoted key, or two non-empty values). The wrapping
 	// error says which, in words fit for a 400 response.
 	ErrKeyMalformed = errors.New("idemhttp: malformed Idempotency-Key header")
 )

@@ -43,11 +43,12 @@ const DefaultProblemTypeBase = "https://github.com/go-idem/idem/blob/main/docs/h
 // Config.ProblemTypeBase followed by one of these; docs/http.md describes
 // each with an example response.
 const (
-	// ProblemKeyMissing: a POST or PATCH without an Idempotency-Key. 400.
+	// ProblemKeyMissing: a POST or PATCH without an Idempotency-Key, or with
+	// only empty ones. 400.
 	ProblemKeyMissing = "idempotency-key-missing"
 	// ProblemKeyMalformed: an Idempotency-Key that is not a valid key
-	// (empty, too long or too short, not printable ASCII, a bad sf-string,
-	// several keys). 400.
+	// (the empty sf-string "", too long or too short, not printable ASCII, a
+	// bad sf-string, several keys). 400.
 	ProblemKeyMalformed = "idempotency-key-malformed"
 	// ProblemKeyReused: the key was first used with another endpoint (method,
 	// route or flow) or other parameters. 422 (IETF), 400 idempotency_error (Stripe).
