@@ -492,7 +492,7 @@ func (r *Runner) startPhase(ctx context.Context, flow, phase string, attempt int
 func storableResponse(resp *Response) *Response {
 	out := &Response{Status: resp.Status, Body: resp.Body, Header: http.Header{}}
 	for name, values := range resp.Header {
-		if neverStored[http.CanonicalHeaderKey(name)] {
+		if !ReplayableHeader(name) {
 			continue
 		}
 		out.Header[http.CanonicalHeaderKey(name)] = append([]string(nil), values...)

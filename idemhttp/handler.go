@@ -98,8 +98,9 @@ type Config[In any] struct {
 	// ReplayHeaders names response headers that are sent, and replayed,
 	// besides Content-Type (e.g. Location). Every other header a phase sets
 	// is dropped, from the first response as from replays, so both carry
-	// the same headers. Set-Cookie, Authorization, hop-by-hop headers and
-	// the like are refused by New: they belong to one exchange.
+	// the same headers. Headers that belong to one exchange (Set-Cookie,
+	// Authorization, hop-by-hop headers and the like: those for which
+	// idem.ReplayableHeader is false) are refused by New.
 	ReplayHeaders []string
 
 	// AllowUnknownFields makes the decoder ignore body members that the
@@ -178,7 +179,7 @@ func New[In any](runner *idem.Runner, flow *idem.Flow[In], cfg *Config[In]) (*Ha
 		switch {
 		case !validHeaderName(name):
 			errs = append(errs, fmt.Errorf("ReplayHeaders: %q is not a header name", name))
-		case neverReplayed[canonical]:
+		case !idem.ReplayableHeader(canonical):
 			errs = append(errs, fmt.Errorf("ReplayHeaders: %s is never replayed: it belongs to one exchange, not to the stored response", canonical))
 		case !slices.Contains(h.replay, canonical):
 			h.replay = append(h.replay, canonical)
@@ -213,18 +214,6 @@ func New[In any](runner *idem.Runner, flow *idem.Flow[In], cfg *Config[In]) (*Ha
 		h.log = runner.Config().Logger
 	}
 	return h, nil
-}
-
-// neverReplayed are the headers that must never be sent from a stored
-// response: credentials and cookies belong to one exchange, hop-by-hop
-// headers to one connection, and the framing headers are computed for each
-// response.
-var neverReplayed = map[string]bool{
-	"Set-Cookie": true, "Set-Cookie2": true, "Authorization": true, "Proxy-Authorization": true,
-	"Www-Authenticate": true, "Proxy-Authenticate": true, "Cookie": true,
-	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Te": true, "Trailer": true,
-	"Transfer-Encoding": true, "Upgrade": true, "Content-Length": true, "Date": true,
-	"Idempotent-Replayed": true,
 }
 
 // ServeHTTP runs the flow for POST and PATCH. Any other method answers 405
