@@ -1,20 +1,34 @@
 package idemhttp
 
 import (
+	"cmp"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
+	"slices"
+	"strings"
 	"time"
+
+	"github.com/go-idem/idem"
 )
 
-// Defaults of [Config].
+// Defaults of [Config], which [New] applies to the fields left zero.
+// ProblemTypeBaseDefault is the fifth.
 const (
-	DefaultMaxBodyBytes          = 1 << 20
-	DefaultUnavailableRetryAfter = 5 * time.Second
-	DefaultReconcileRetryAfter   = 60 * time.Second
+	// MaxBodyBytesDefault is the default Config.MaxBodyBytes: 1 MiB.
+	MaxBodyBytesDefault = 1 << 20
+	// MinKeyLengthDefault is the default Config.MinKeyLength.
+	MinKeyLengthDefault = 1
+	// UnavailableRetryAfterDefault is the default Config.UnavailableRetryAfter.
+	UnavailableRetryAfterDefault = 5 * time.Second
+	// ReconcileRetryAfterDefault is the default Config.ReconcileRetryAfter.
+	ReconcileRetryAfterDefault = 60 * time.Second
 )
 
-// Config configures a [Handler]. Scope is required; every other field has
-// a documented default.
+// Config configures a [Handler]. Scope is required; every other field
+// names its default, which [New] applies when the field is left zero.
 type Config[In any] struct {
 	// Scope derives the key's scope (the tenant or user that owns keys)
 	// from the authenticated request. Required: there is no silent global
@@ -31,7 +45,7 @@ type Config[In any] struct {
 
 	// Prepare sets server-derived fields of the decoded input (the user id
 	// from auth, say) after decoding and before validation and
-	// fingerprinting. Optional. It must overwrite such fields, so that a
+	// fingerprinting. Default none. It must overwrite such fields, so that a
 	// client cannot set them through the body, and keep them serialisable:
 	// the input is stored as JSON to fingerprint it and to re-drive the
 	// request without the client.
@@ -47,19 +61,20 @@ type Config[In any] struct {
 	Prepare func(r *http.Request, in *In) error
 
 	// Validate checks the prepared input. Field errors answer 422 (400 in
-	// the Stripe profile) listing them, before any key is written. Optional.
+	// the Stripe profile) listing them, before any key is written. Default
+	// none.
 	Validate func(in *In) []FieldError
 
-	// Profile selects the IETF (default) or Stripe status codes and error
-	// shape.
+	// Profile selects the IETF or Stripe status codes and error shape.
+	// Default ProfileIETF.
 	Profile Profile
 
 	// MaxBodyBytes limits the request body; a larger one answers 413.
-	// Default 1 MiB (DefaultMaxBodyBytes).
+	// Default MaxBodyBytesDefault, 1 MiB.
 	MaxBodyBytes int64
 
 	// MinKeyLength is the shortest Idempotency-Key accepted, 1-255.
-	// Default 1. Raise it (to 16, say) to refuse keys too short to be
+	// Default MinKeyLengthDefault, 1. Raise it (to 16, say) to refuse keys too short to be
 	// unique.
 	MinKeyLength int
 
@@ -68,17 +83,19 @@ type Config[In any] struct {
 	// is dropped, from the first response as from replays, so both carry
 	// the same headers. Headers that belong to one exchange (Set-Cookie,
 	// Authorization, hop-by-hop headers and the like: those for which
-	// idem.ReplayableHeader is false) are refused by New.
+	// idem.ReplayableHeader is false) are refused by New. Default none:
+	// Content-Type alone.
 	ReplayHeaders []string
 
 	// AllowUnknownFields makes the decoder ignore body members that the
-	// input type does not have. By default they answer 422 naming the
+	// input type does not have. Default false: they answer 422 naming the
 	// member, so a typo ("amout") is reported instead of silently ignored.
 	// Ignored members are not part of the fingerprint.
 	AllowUnknownFields bool
 
 	// ProblemTypeBase prefixes the names of problem types (the Problem*
-	// constants) to make their type URIs. Default DefaultProblemTypeBase.
+	// constants) to make their type URIs. Default ProblemTypeBaseDefault,
+	// which leads to docs/http.md.
 	ProblemTypeBase string
 
 	// AuthChallenge is sent as WWW-Authenticate with a 401, as RFC 9110
@@ -86,16 +103,67 @@ type Config[In any] struct {
 	AuthChallenge string
 
 	// UnavailableRetryAfter is the Retry-After sent when the key store is
-	// unreachable. Default 5s.
+	// unreachable. Default UnavailableRetryAfterDefault, 5s.
 	UnavailableRetryAfter time.Duration
 
 	// ReconcileRetryAfter is the Retry-After sent for a key that waits for
-	// reconciliation. Default 60s.
+	// reconciliation. Default ReconcileRetryAfterDefault, 60s.
 	ReconcileRetryAfter time.Duration
 
 	// Logger receives the handler's logs (panics, misconfiguration; client
 	// errors at debug level). Default: the runner's logger.
 	Logger *slog.Logger
+}
+
+// apply checks c and sets the defaults of the fields left zero. It returns
+// the canonical names of the headers sent and replayed, Content-Type first.
+func (c *Config[In]) apply() (replay []string, err error) {
+	var errs []error
+	switch c.Profile {
+	case ProfileIETF, ProfileStripe:
+	default:
+		errs = append(errs, fmt.Errorf("unknown Profile %d", int(c.Profile)))
+	}
+	if c.MaxBodyBytes < 0 {
+		errs = append(errs, fmt.Errorf("MaxBodyBytes %d is negative", c.MaxBodyBytes))
+	}
+	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, MaxBodyBytesDefault)
+	c.MinKeyLength = cmp.Or(c.MinKeyLength, MinKeyLengthDefault)
+	if c.MinKeyLength < 1 || c.MinKeyLength > maxKeyLength {
+		errs = append(errs, fmt.Errorf("MinKeyLength %d is not between 1 and %d", c.MinKeyLength, maxKeyLength))
+	}
+	replay = []string{"Content-Type"}
+	for _, name := range c.ReplayHeaders {
+		canonical := http.CanonicalHeaderKey(name)
+		switch {
+		case !validHeaderName(name):
+			errs = append(errs, fmt.Errorf("ReplayHeaders: %q is not a header name", name))
+		case !idem.ReplayableHeader(canonical):
+			errs = append(errs, fmt.Errorf("ReplayHeaders: %s is never replayed: it belongs to one exchange, not to the stored response", canonical))
+		case !slices.Contains(replay, canonical):
+			replay = append(replay, canonical)
+		}
+	}
+	c.ProblemTypeBase = cmp.Or(c.ProblemTypeBase, ProblemTypeBaseDefault)
+	if _, err := url.Parse(c.ProblemTypeBase); err != nil {
+		errs = append(errs, fmt.Errorf("ProblemTypeBase: %w", err))
+	}
+	if strings.ContainsAny(c.AuthChallenge, "\r\n") {
+		errs = append(errs, errors.New("AuthChallenge contains a line break"))
+	}
+	if c.UnavailableRetryAfter < 0 {
+		errs = append(errs, fmt.Errorf("UnavailableRetryAfter %s is negative", c.UnavailableRetryAfter))
+	}
+	c.UnavailableRetryAfter = cmp.Or(c.UnavailableRetryAfter, UnavailableRetryAfterDefault)
+	if c.ReconcileRetryAfter < 0 {
+		errs = append(errs, fmt.Errorf("ReconcileRetryAfter %s is negative", c.ReconcileRetryAfter))
+	}
+	c.ReconcileRetryAfter = cmp.Or(c.ReconcileRetryAfter, ReconcileRetryAfterDefault)
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	c.ReplayHeaders = slices.Clone(replay[1:])
+	return replay, nil
 }
 
 // validHeaderName reports whether name is an RFC 9110 token.

@@ -533,7 +533,7 @@ var contractCases = []contractCase{
 			first := post(h, "k-1", rideBody)
 			require.Equal(t, http.StatusInternalServerError, first.Code, first.Body.String())
 			p := decodeProblem(t, first)
-			require.Equal(t, idemhttp.DefaultProblemTypeBase+idemhttp.ProblemRequestFailed, p.Type)
+			require.Equal(t, idemhttp.ProblemTypeBaseDefault+idemhttp.ProblemRequestFailed, p.Type)
 			require.NotContains(t, p.Detail, "Nothing was stored", "the key and the committed phases are kept")
 			require.Contains(t, p.Detail, "the same key and the same body")
 			return post(h, "k-1", `{"origin": "SFO", "amount": 21}`)
@@ -994,7 +994,7 @@ func TestContract(t *testing.T) {
 
 				if tc.problem != "" {
 					p := decodeProblem(t, res)
-					require.Equal(t, idemhttp.DefaultProblemTypeBase+tc.problem, p.Type)
+					require.Equal(t, idemhttp.ProblemTypeBaseDefault+tc.problem, p.Type)
 					require.Equal(t, wantTitles[tc.problem], p.Title)
 					require.Equal(t, want, p.Status)
 					require.NotEmpty(t, p.Detail)

@@ -1,15 +1,14 @@
 package idemhttp
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"runtime/debug"
 	"slices"
-	"strings"
 
 	"github.com/go-idem/idem"
 )
@@ -44,65 +43,12 @@ func New[In any](runner *idem.Runner, flow *idem.Flow[In], cfg *Config[In]) (*Ha
 		return nil, errors.New("idemhttp: Config.Scope is required: derive the key's scope (tenant or user) from the authenticated request; there is no global scope")
 	}
 	h := &Handler[In]{runner: runner, flow: flow, cfg: *cfg}
-	c := &h.cfg
-	var errs []error
-	switch c.Profile {
-	case ProfileIETF, ProfileStripe:
-	default:
-		errs = append(errs, fmt.Errorf("unknown Profile %d", int(c.Profile)))
+	replay, err := h.cfg.apply()
+	if err != nil {
+		return nil, fmt.Errorf("idemhttp: invalid config for flow %q: %w", flow.Name(), err)
 	}
-	switch {
-	case c.MaxBodyBytes == 0:
-		c.MaxBodyBytes = DefaultMaxBodyBytes
-	case c.MaxBodyBytes < 0:
-		errs = append(errs, fmt.Errorf("MaxBodyBytes %d is negative", c.MaxBodyBytes))
-	}
-	switch {
-	case c.MinKeyLength == 0:
-		c.MinKeyLength = 1
-	case c.MinKeyLength < 0 || c.MinKeyLength > maxKeyLength:
-		errs = append(errs, fmt.Errorf("MinKeyLength %d is not between 1 and %d", c.MinKeyLength, maxKeyLength))
-	}
-	h.replay = []string{"Content-Type"}
-	for _, name := range c.ReplayHeaders {
-		canonical := http.CanonicalHeaderKey(name)
-		switch {
-		case !validHeaderName(name):
-			errs = append(errs, fmt.Errorf("ReplayHeaders: %q is not a header name", name))
-		case !idem.ReplayableHeader(canonical):
-			errs = append(errs, fmt.Errorf("ReplayHeaders: %s is never replayed: it belongs to one exchange, not to the stored response", canonical))
-		case !slices.Contains(h.replay, canonical):
-			h.replay = append(h.replay, canonical)
-		}
-	}
-	if c.ProblemTypeBase == "" {
-		c.ProblemTypeBase = DefaultProblemTypeBase
-	} else if _, err := url.Parse(c.ProblemTypeBase); err != nil {
-		errs = append(errs, fmt.Errorf("ProblemTypeBase: %w", err))
-	}
-	if strings.ContainsAny(c.AuthChallenge, "\r\n") {
-		errs = append(errs, errors.New("AuthChallenge contains a line break"))
-	}
-	switch {
-	case c.UnavailableRetryAfter == 0:
-		c.UnavailableRetryAfter = DefaultUnavailableRetryAfter
-	case c.UnavailableRetryAfter < 0:
-		errs = append(errs, fmt.Errorf("UnavailableRetryAfter %s is negative", c.UnavailableRetryAfter))
-	}
-	switch {
-	case c.ReconcileRetryAfter == 0:
-		c.ReconcileRetryAfter = DefaultReconcileRetryAfter
-	case c.ReconcileRetryAfter < 0:
-		errs = append(errs, fmt.Errorf("ReconcileRetryAfter %s is negative", c.ReconcileRetryAfter))
-	}
-	if len(errs) > 0 {
-		return nil, fmt.Errorf("idemhttp: invalid config for flow %q: %w", flow.Name(), errors.Join(errs...))
-	}
-	c.ReplayHeaders = append([]string(nil), h.replay[1:]...)
-	h.log = c.Logger
-	if h.log == nil {
-		h.log = runner.Config().Logger
-	}
+	h.replay = replay
+	h.log = cmp.Or(h.cfg.Logger, runner.Config().Logger)
 	return h, nil
 }
 

@@ -6,11 +6,11 @@ import (
 	"strings"
 )
 
-// DefaultProblemTypeBase is the default Config.ProblemTypeBase. A problem's
+// ProblemTypeBaseDefault is the default Config.ProblemTypeBase. A problem's
 // type URI is the base followed by its name (one of the Problem* constants),
 // so the default URIs resolve to the section of docs/http.md that describes
 // each problem. The URIs are stable: clients may compare them.
-const DefaultProblemTypeBase = "https://github.com/go-idem/idem/blob/main/docs/http.md#"
+const ProblemTypeBaseDefault = "https://github.com/go-idem/idem/blob/main/docs/http.md#"
 
 // Problem type names. The "type" member of a problem is
 // Config.ProblemTypeBase followed by one of these; docs/http.md describes

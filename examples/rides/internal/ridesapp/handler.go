@@ -124,7 +124,7 @@ func validate(in *RideParams) []idemhttp.FieldError {
 
 func unauthenticated(detail string) *idemhttp.Problem {
 	return &idemhttp.Problem{
-		Type:   idemhttp.DefaultProblemTypeBase + idemhttp.ProblemUnauthenticated,
+		Type:   idemhttp.ProblemTypeBaseDefault + idemhttp.ProblemUnauthenticated,
 		Title:  "Authentication required",
 		Status: http.StatusUnauthorized,
 		Detail: detail,

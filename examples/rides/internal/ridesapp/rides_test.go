@@ -21,7 +21,7 @@ import (
 // (named after the Ruby examples), then add what the Ruby suite never
 // checked.
 
-const problemBase = idemhttp.DefaultProblemTypeBase
+const problemBase = idemhttp.ProblemTypeBaseDefault
 
 // requireOneRide checks the database and the ledger after a request that
 // answered 201: one ride, charged with the charge the answer names, one
