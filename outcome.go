@@ -48,7 +48,8 @@ type Outcome struct {
 	// never reached or the request was invalid.
 	Record *KeyRecord
 	// RetryAfter suggests when to retry an OutcomeInProgress: the time left
-	// on the holder's lease, at least one second.
+	// on the holder's lease, rounded up to whole seconds, at least one and
+	// at most Config.MaxRetryAfter.
 	RetryAfter time.Duration
 	// TookOver is true when this call resumed a key another attempt left
 	// unfinished (a crash, a stale lease, an earlier failure).

@@ -103,11 +103,13 @@ type Config[In any] struct {
 	AuthChallenge string
 
 	// UnavailableRetryAfter is the Retry-After sent when the key store is
-	// unreachable. Default UnavailableRetryAfterDefault, 5s.
+	// unreachable, rounded up to whole seconds. Default
+	// UnavailableRetryAfterDefault, 5s.
 	UnavailableRetryAfter time.Duration
 
 	// ReconcileRetryAfter is the Retry-After sent for a key that waits for
-	// reconciliation. Default ReconcileRetryAfterDefault, 60s.
+	// reconciliation, rounded up to whole seconds. Default
+	// ReconcileRetryAfterDefault, 60s.
 	ReconcileRetryAfter time.Duration
 
 	// Logger receives the handler's logs (panics, misconfiguration; client
@@ -154,16 +156,22 @@ func (c *Config[In]) apply() (replay []string, err error) {
 	if c.UnavailableRetryAfter < 0 {
 		errs = append(errs, fmt.Errorf("UnavailableRetryAfter %s is negative", c.UnavailableRetryAfter))
 	}
-	c.UnavailableRetryAfter = cmp.Or(c.UnavailableRetryAfter, UnavailableRetryAfterDefault)
+	c.UnavailableRetryAfter = wholeSeconds(cmp.Or(c.UnavailableRetryAfter, UnavailableRetryAfterDefault))
 	if c.ReconcileRetryAfter < 0 {
 		errs = append(errs, fmt.Errorf("ReconcileRetryAfter %s is negative", c.ReconcileRetryAfter))
 	}
-	c.ReconcileRetryAfter = cmp.Or(c.ReconcileRetryAfter, ReconcileRetryAfterDefault)
+	c.ReconcileRetryAfter = wholeSeconds(cmp.Or(c.ReconcileRetryAfter, ReconcileRetryAfterDefault))
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
 	c.ReplayHeaders = slices.Clone(replay[1:])
 	return replay, nil
+}
+
+// wholeSeconds rounds a positive d up to whole seconds, as Retry-After
+// sends it: the one rounding a configured Retry-After gets.
+func wholeSeconds(d time.Duration) time.Duration {
+	return (d + time.Second - 1) / time.Second * time.Second
 }
 
 // validHeaderName reports whether name is an RFC 9110 token.

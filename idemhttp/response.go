@@ -113,9 +113,10 @@ func bodyAllowed(status int) bool {
 	return status != http.StatusNoContent && status != http.StatusNotModified
 }
 
-// retryAfter renders d as a Retry-After header: whole seconds, rounded up,
-// at least one.
+// retryAfter renders d as a Retry-After header. d is whole seconds, at
+// least one, where it comes from: the runner rounds Outcome.RetryAfter up,
+// and Config.apply rounds the configured durations up. So it is formatted,
+// never rounded a second time.
 func retryAfter(d time.Duration) http.Header {
-	secs := max((d+time.Second-1)/time.Second, 1)
-	return http.Header{"Retry-After": {strconv.FormatInt(int64(secs), 10)}}
+	return http.Header{"Retry-After": {strconv.FormatInt(int64(d/time.Second), 10)}}
 }
