@@ -16,6 +16,7 @@
 //		},
 //	})
 //	mux.Handle("POST /rides", rides)
+//	mux.Handle("/rides", rides.MethodNotAllowed(http.MethodPost)) // GET, PATCH...: a 405 problem
 //	// or, sharing the path with the resource's other methods:
 //	mux.Handle("/rides", rides.Middleware(listRides))
 //
@@ -26,8 +27,9 @@
 // leaves no trace in the key store:
 //
 //  1. Scope: Config.Scope derives the owner of the key (tenant or user)
-//     from the authenticated request; an error is a 401. There is no
-//     default: the same key sent by two callers must be two requests.
+//     from the authenticated request; an error is a 401 (one wrapping
+//     idem.ErrStoreUnavailable a 503). There is no default: the same key
+//     sent by two callers must be two requests.
 //  2. Key: the Idempotency-Key header, as an RFC 9651 sf-string ("abc") or
 //     a bare token (abc, as Stripe's clients send it); see [ParseKey]. A
 //     missing or malformed key is a 400.
@@ -38,7 +40,10 @@
 //  4. Config.Prepare sets server-derived fields; Config.Validate returns
 //     field errors, a 422 listing them.
 //  5. Run: the runner fingerprints the flow name and the canonical JSON of
-//     the prepared input, acquires the key and resumes or replays.
+//     the prepared input, acquires the key and resumes or replays. The key
+//     is bound to the fingerprint and to the endpoint: the method and the
+//     route (the ServeMux pattern that matched, else the path), so the same
+//     key elsewhere is a mismatch.
 //
 // GET, HEAD, PUT, DELETE, OPTIONS and every other method need no key:
 // [Handler.Middleware] hands them to the next handler untouched, and the
