@@ -171,7 +171,7 @@ func (r *Runner) run(ctx context.Context, flow AnyFlow, req Request) (*Outcome, 
 	if rec.Flow != flow.Name() || rec.Method != req.Method || rec.Path != req.Path || !bytes.Equal(rec.Fingerprint, p.fingerprint) {
 		ev.Kind = EventMismatch
 		r.emit(ctx, ev)
-		return &Outcome{Kind: OutcomeMismatch}, fmt.Errorf("%w: key %q was first used for flow %q at %s %s with other params", ErrMismatch, req.Key, rec.Flow, rec.Method, rec.Path)
+		return &Outcome{Kind: OutcomeMismatch}, fmt.Errorf("%w: key %q was first used by flow %q at %s %s, with its own params", ErrMismatch, req.Key, rec.Flow, rec.Method, rec.Path)
 	}
 	switch rec.Status {
 	case StatusFinished:

@@ -99,9 +99,9 @@ UNION ALL
 SELECT 'none', (SELECT t FROM clock), {cols:existing} FROM existing`)
 
 	// takeOver locks an unfinished key of the same flow, fingerprint, method
-	// and path that nobody holds (unlocked, or lease expired), with a new fence. Its WHERE
-	// is re-checked against the latest row version under the row lock, so of
-	// two workers racing for one stale key exactly one wins.
+	// and path that nobody holds (unlocked, or lease expired), with a new
+	// fence. Its WHERE is re-checked against the latest row version under the
+	// row lock, so of two workers racing for one stale key exactly one wins.
 	q.takeOver = render(`
 WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
