@@ -35,10 +35,10 @@
 //
 //  1. Acquire the key in one statement: insert it locked, or take over an
 //     unfinished key whose lease has expired, or report what is there.
-//  2. Decide: a different payload under the same key is a mismatch
-//     ([ErrMismatch]); a finished key is replayed; a key held by a live lease
-//     is in progress ([ErrInProgress], with a Retry-After); a key waiting for
-//     reconciliation says so ([ErrNeedsReconcile]).
+//  2. Decide: a different payload, flow, method or path under the same key
+//     is a mismatch ([ErrMismatch]); a finished key is replayed; a key held
+//     by a live lease is in progress ([ErrInProgress], with a Retry-After);
+//     a key waiting for reconciliation says so ([ErrNeedsReconcile]).
 //  3. Resume: run each remaining phase in its transaction, recording the new
 //     recovery point guarded by the fencing token taken at acquisition, so a
 //     worker that was taken over can never commit ([ErrLockLost]).
@@ -46,7 +46,9 @@
 //     releases it, in its own transaction.
 //
 // A phase that returns an error (or panics) rolls back, releases the key and
-// stores nothing: the client gets a retryable failure and its retry resumes.
+// stores no response: the client gets a retryable failure and its retry
+// resumes. The phases that committed before it stay, and the key stays
+// bound to its request.
 // A worker that dies releases nothing; its lease (Config.Lease, 90 s by
 // default) expires and the next retry takes over. A live worker renews its
 // lease with a heartbeat, however slow its phase.

@@ -27,8 +27,8 @@ var (
 	// was executed or stored; retry after Outcome.RetryAfter.
 	ErrInProgress = errors.New("idem: request in progress")
 
-	// ErrMismatch: the key was first used with a different flow or different
-	// params. Checked before any lock is taken.
+	// ErrMismatch: the key was first used with a different flow, method,
+	// path or params. Checked before any lock is taken.
 	ErrMismatch = errors.New("idem: key reused with a different request")
 
 	// ErrNeedsReconcile: a not-idempotent foreign call may have happened
@@ -46,8 +46,8 @@ var (
 	ErrStoreUnavailable = idemdriver.ErrStoreUnavailable
 
 	// ErrPhaseFailed: a phase returned an error or panicked. Its transaction
-	// rolled back, the lock was released and nothing was stored, so a retry
-	// resumes at the same phase.
+	// rolled back, the lock was released and no response was stored, so a
+	// retry resumes at the same phase; earlier phases stay committed.
 	ErrPhaseFailed = errors.New("idem: phase failed")
 
 	// ErrRetriesExhausted: a phase kept failing with serialization failures

@@ -30,9 +30,10 @@ const (
 	// (ErrStoreUnavailable).
 	OutcomeStoreUnavailable OutcomeKind = "store_unavailable"
 	// OutcomeFailed: a phase failed (ErrPhaseFailed, ErrRetriesExhausted,
-	// ErrUnknownRecoveryPoint, ErrUnknownFlow, or any other error); nothing
-	// was stored and the lock was released, so a retry resumes. Maps to a
-	// retryable 500.
+	// ErrUnknownRecoveryPoint, ErrUnknownFlow, or any other error); its work
+	// rolled back, no response was stored and the lock was released, so a
+	// retry resumes after the phases that committed, which stay, as does the
+	// key's binding to its request. Maps to a retryable 500.
 	OutcomeFailed OutcomeKind = "failed"
 	// OutcomeInvalid: the request was rejected before anything was written
 	// (ErrInvalidRequest, or ErrNotFound for a key that does not exist).
@@ -93,7 +94,8 @@ type Outcome struct {
 	// never reached or the request was invalid.
 	Record *KeyRecord
 	// RetryAfter suggests when to retry an OutcomeInProgress: the time left
-	// on the holder's lease, at least one second.
+	// on the holder's lease, rounded up to whole seconds, at least one and
+	// at most Config.MaxRetryAfter.
 	RetryAfter time.Duration
 	// TookOver is true when this call resumed a key another attempt left
 	// unfinished (a crash, a stale lease, an earlier failure).

@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 
 	"github.com/jackc/pgx/v5"
@@ -86,13 +87,22 @@ func Advance() Result { return Result{} }
 // replayed to every retry: a success, or a permanent failure such as a 402
 // card decline. Responding with a 5xx is allowed but is stored like anything
 // else; to have the client retry instead, return an error from the phase.
+//
+// status must be a final HTTP status, 200 to 599; any other fails the phase
+// like an error it returned, and nothing is stored.
 func Respond(status int, header http.Header, body []byte) Result {
+	if err := checkStatus(status); err != nil {
+		return Result{err: err}
+	}
 	return Result{response: &Response{Status: status, Header: header.Clone(), Body: append([]byte(nil), body...)}}
 }
 
 // RespondJSON is Respond with v encoded as JSON and Content-Type set. An
-// encoding error fails the phase.
+// encoding error, or a status outside 200-599, fails the phase.
 func RespondJSON(status int, v any) Result {
+	if err := checkStatus(status); err != nil {
+		return Result{err: err}
+	}
 	body, err := json.Marshal(v)
 	if err != nil {
 		return Result{err: err}
@@ -102,6 +112,15 @@ func RespondJSON(status int, v any) Result {
 		Header: http.Header{"Content-Type": []string{"application/json"}},
 		Body:   body,
 	}}
+}
+
+// checkStatus refuses what cannot be a request's stored outcome: a 1xx is
+// interim, and codes outside 100-599 are not HTTP's.
+func checkStatus(status int) error {
+	if status < 200 || status > 599 {
+		return fmt.Errorf("idem: response status %d is not between 200 and 599", status)
+	}
+	return nil
 }
 
 // Responds reports whether the result ends the flow.

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -68,11 +67,11 @@ type Request struct {
 	Scope string
 	// Key is the client's idempotency key: 1-255 printable ASCII characters.
 	Key string
-	// Method and Path name the endpoint, and the key is bound to them as it
-	// is to the flow and the params: the same key sent with another method
-	// or path is a mismatch. Path is best the route pattern (the
-	// http.ServeMux pattern, the gRPC method) when the raw path carries ids.
-	// Method defaults to POST.
+	// Method and Path name the endpoint (Path is its route, such as a
+	// ServeMux pattern, or the request path). Like the flow and the params,
+	// they are bound to the key: the same key sent with another method or
+	// path is a mismatch (ErrMismatch), and an unfinished key is never taken
+	// over from another endpoint. Method defaults to POST.
 	Method string
 	Path   string
 	// Params is the flow's input: a value of its In type (or a pointer to
@@ -171,10 +170,10 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request) (*Outco
 
 	// Nothing was locked: report what is there. The mismatch check comes
 	// first, so a different request learns nothing about this key's state.
-	if rec.Flow != flow.Name() || !bytes.Equal(rec.Fingerprint, p.fingerprint) || rec.Method != req.Method || rec.Path != req.Path {
+	if rec.Flow != flow.Name() || rec.Method != req.Method || rec.Path != req.Path || !bytes.Equal(rec.Fingerprint, p.fingerprint) {
 		ev.Kind = EventMismatch
 		r.emit(ctx, ev)
-		return &Outcome{}, fmt.Errorf("%w: key %q was first used for another endpoint or with other params", ErrMismatch, req.Key)
+		return &Outcome{}, fmt.Errorf("%w: key %q was first used by flow %q at %s %s, with its own params", ErrMismatch, req.Key, rec.Flow, rec.Method, rec.Path)
 	}
 	switch rec.Status {
 	case StatusFinished:
@@ -281,27 +280,6 @@ func (r *Runner) commitFor(h *held, res Result) *idemdriver.CommitParams {
 		cp.RecoveryPoint, cp.Status, cp.Response = RecoveryPointFinished, StatusFinished, res.response
 	}
 	return cp
-}
-
-// storableResponse drops headers that must never be replayed: credentials,
-// cookies and hop-by-hop headers belong to one exchange, not to the stored
-// outcome of a request. It is applied before the first answer too, so the
-// first caller gets exactly what every replay gets.
-func storableResponse(resp *Response) *Response {
-	out := &Response{Status: resp.Status, Body: resp.Body, Header: http.Header{}}
-	for name, values := range resp.Header {
-		if neverStored[http.CanonicalHeaderKey(name)] {
-			continue
-		}
-		out.Header[http.CanonicalHeaderKey(name)] = append([]string(nil), values...)
-	}
-	return out
-}
-
-var neverStored = map[string]bool{
-	"Set-Cookie": true, "Authorization": true, "Proxy-Authorization": true, "Www-Authenticate": true,
-	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Te": true, "Trailer": true,
-	"Transfer-Encoding": true, "Upgrade": true, "Content-Length": true, "Date": true,
 }
 
 // fail ends a held request that could not finish.

@@ -21,8 +21,9 @@ import (
 // ErrSerialization where they apply (see PhaseTx.ClassifyError).
 type Store interface {
 	// Acquire inserts the key locked, or takes over an existing unfinished
-	// key with the same flow and fingerprint whose lease has expired or that
-	// is unlocked, or reports the row as it is, in one statement.
+	// key with the same flow, fingerprint, method and path whose lease has
+	// expired or that is unlocked, or reports the row as it is, in one
+	// statement.
 	Acquire(ctx context.Context, p AcquireParams) (*AcquireResult, error)
 
 	// ClaimReconcile locks a key in StatusNeedsReconcile for a reconcile run,

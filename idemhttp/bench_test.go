@@ -21,7 +21,7 @@ func (w *discardWriter) WriteHeader(int)             {}
 
 func benchHandler(profile Profile) *Handler[struct{}] {
 	return &Handler[struct{}]{
-		cfg:    Config[struct{}]{Profile: profile, ProblemTypeBase: DefaultProblemTypeBase, MaxBodyBytes: DefaultMaxBodyBytes},
+		cfg:    Config[struct{}]{Profile: profile, ProblemTypeBase: ProblemTypeBaseDefault, MaxBodyBytes: MaxBodyBytesDefault},
 		replay: []string{"Content-Type", "Location"},
 		log:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
@@ -79,7 +79,7 @@ func BenchmarkDecodeBody(b *testing.B) {
 		TargetLat float64 `json:"target_lat"`
 		TargetLon float64 `json:"target_lon"`
 	}
-	h := &Handler[rideInput]{cfg: Config[rideInput]{ProblemTypeBase: DefaultProblemTypeBase, MaxBodyBytes: DefaultMaxBodyBytes}}
+	h := &Handler[rideInput]{cfg: Config[rideInput]{ProblemTypeBase: ProblemTypeBaseDefault, MaxBodyBytes: MaxBodyBytesDefault}}
 	body := []byte(`{"origin_lat": 37.6213, "origin_lon": -122.3790, "target_lat": 37.7749, "target_lon": -122.4194}`)
 	b.ReportAllocs()
 	for b.Loop() {

@@ -3,6 +3,7 @@ package idemhttp_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -169,8 +170,21 @@ var contractCases = []contractCase{
 		check: nothingWritten,
 	},
 
-	// Key empty, > 255 chars, non-printable, bad sf-string: 400.
+	{
+		name: "an empty key field beside a key is ignored",
+		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
+			r := request("", rideBody)
+			r.Header["Idempotency-Key"] = []string{"", "k-1", " "}
+			return serve(b.handler(t, nil), r)
+		},
+		status: http.StatusCreated,
+		check:  func(t *testing.T, b *bundle, res *httptest.ResponseRecorder) { b.requireFinished(t, "k-1", res) },
+	},
+
+	// Key empty, > 255 chars, non-printable, bad sf-string: 400. An empty
+	// field is no key (missing, above); "" is a key, and an empty one.
 	badKey("empty sf-string key", `""`),
+	badKey("an empty field and an empty sf-string", "", `""`),
 	badKey("key of 256 characters", strings.Repeat("k", 256)),
 	badKey("key with a control character", "abc\x01def"),
 	badKey("key with a non-ASCII character", "caf\u00e9"),
@@ -178,6 +192,12 @@ var contractCases = []contractCase{
 	badKey("sf-string with a bad escape", `"a\nb"`),
 	badKey("two keys", "abc", "def"),
 	badKey("a list of keys", `"abc", "def"`),
+	// A comma outside a quoted key is a list, or two field lines a proxy
+	// merged (RFC 9110 section 5.3): never one key.
+	badKey("a bare key, then a quoted one", `first-key-aaaa, "second-key-bbbb"`),
+	badKey("a list of bare keys", "k1, k2"),
+	badKey("a bare key with a comma", "k1,k2"),
+	badKey("a quoted key, then a bare one", `"k1", k2`),
 	{
 		name: "key shorter than MinKeyLength",
 		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
@@ -281,6 +301,85 @@ var contractCases = []contractCase{
 		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
 			require.Equal(t, "rides.create", b.keyRow(t, "k-1").Flow)
 			require.Zero(t, b.counts.get()["quoted"])
+		},
+	},
+
+	// A key is bound to the method and route of its first request, not only
+	// to the flow: the same flow mounted twice is two endpoints.
+	{
+		name: "same key and flow, another route",
+		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
+			h := b.handler(t, nil)
+			mux := http.NewServeMux()
+			mux.Handle("POST /stripe", h)
+			mux.Handle("PATCH /ietf", h)
+			first := serve(mux, requestTo(http.MethodPost, "/stripe", "k-1", rideBody))
+			require.Equal(t, http.StatusCreated, first.Code, first.Body.String())
+			return serve(mux, requestTo(http.MethodPatch, "/ietf", "k-1", rideBody))
+		},
+		status: http.StatusUnprocessableEntity, stripeStatus: http.StatusBadRequest,
+		problem: idemhttp.ProblemKeyReused, stripeType: idemhttp.StripeIdempotencyError,
+		header: map[string]string{"Idempotent-Replayed": ""},
+		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
+			row := b.keyRow(t, "k-1")
+			require.Equal(t, "POST", row.Method)
+			require.Equal(t, "/stripe", row.Path, "the route is the mux pattern, without its method")
+			require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "responded": 1}, b.counts.get())
+		},
+	},
+	{
+		name: "same key and route, another method",
+		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
+			mux := http.NewServeMux()
+			mux.Handle("/rides", b.handler(t, nil).Middleware(http.NotFoundHandler()))
+			first := serve(mux, requestTo(http.MethodPost, "/rides", "k-1", rideBody))
+			require.Equal(t, http.StatusCreated, first.Code, first.Body.String())
+			return serve(mux, requestTo(http.MethodPatch, "/rides", "k-1", rideBody))
+		},
+		status: http.StatusUnprocessableEntity, stripeStatus: http.StatusBadRequest,
+		problem: idemhttp.ProblemKeyReused, stripeType: idemhttp.StripeIdempotencyError,
+		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
+			row := b.keyRow(t, "k-1")
+			require.Equal(t, "POST", row.Method)
+			require.Equal(t, idem.StatusFinished, row.Status)
+			require.Equal(t, 1, b.countRows(t, "rides"))
+		},
+	},
+	{
+		name: "an unfinished key is not taken over from another route",
+		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
+			h := b.handler(t, nil)
+			mux := http.NewServeMux()
+			mux.Handle("POST /stripe", h)
+			mux.Handle("POST /ietf", h)
+			failed := false
+			b.setHook("charge_created", func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
+				if failed {
+					return nil
+				}
+				failed = true
+				return errors.New("provider timed out")
+			})
+			first := serve(mux, requestTo(http.MethodPost, "/stripe", "k-1", rideBody))
+			require.Equal(t, http.StatusInternalServerError, first.Code, first.Body.String())
+			return serve(mux, requestTo(http.MethodPost, "/ietf", "k-1", rideBody))
+		},
+		status: http.StatusUnprocessableEntity, stripeStatus: http.StatusBadRequest,
+		problem: idemhttp.ProblemKeyReused, stripeType: idemhttp.StripeIdempotencyError,
+		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
+			row := b.keyRow(t, "k-1")
+			require.Equal(t, idem.StatusRunning, row.Status)
+			require.Equal(t, "ride_created", row.RecoveryPoint)
+			require.Equal(t, int64(1), row.Fence, "nobody took the key over")
+			require.Equal(t, 1, row.Attempts)
+			require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1}, b.counts.get())
+
+			h := b.handler(t, nil)
+			mux := http.NewServeMux()
+			mux.Handle("POST /stripe", h)
+			retry := serve(mux, requestTo(http.MethodPost, "/stripe", "k-1", rideBody))
+			require.Equal(t, http.StatusCreated, retry.Code, retry.Body.String())
+			require.Equal(t, 1, b.countRows(t, "rides"))
 		},
 	},
 
@@ -388,6 +487,76 @@ var contractCases = []contractCase{
 	phaseFails("phase returns an error, then the retry resumes", func() error { return errors.New("provider timed out") }),
 	phaseFails("phase panics, then the retry resumes", func() error { panic("nil map in the charge phase") }),
 
+	// A response with a status outside 200-599 is the phase's error, not
+	// the request's stored outcome.
+	{
+		name: "a phase responding with status 100 fails and stores nothing",
+		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
+			flow := idem.MustNewFlow("rides.odd", []idem.Phase[rideInput]{{
+				Name: "responded",
+				Do: func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.Result, error) {
+					b.counts.add("responded")
+					return idem.Respond(http.StatusContinue, nil, nil), nil
+				},
+			}}, nil)
+			h := b.handlerOn(t, b.runner, flow, nil)
+			first := post(h, "k-1", rideBody)
+			require.Equal(t, http.StatusInternalServerError, first.Code, first.Body.String())
+			return post(h, "k-1", rideBody)
+		},
+		status: http.StatusInternalServerError, problem: idemhttp.ProblemRequestFailed, stripeType: idemhttp.StripeAPIError,
+		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
+			row := b.keyRow(t, "k-1")
+			require.Equal(t, idem.StatusRunning, row.Status, "the key did not finish")
+			require.Equal(t, idem.RecoveryPointStarted, row.RecoveryPoint)
+			require.Zero(t, row.ResponseStatus, "nothing is stored")
+			require.Nil(t, row.LockedAt)
+			require.Contains(t, row.LastError, "100")
+			require.Equal(t, map[string]int{"responded": 2}, b.counts.get(), "the retry ran the phase again")
+		},
+	},
+
+	// What a 500 leaves behind: the key, bound to its payload, with the
+	// phases that committed. A corrected body needs a new key.
+	{
+		name: "after a 500 the key stays bound to its payload",
+		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
+			failed := false
+			b.setHook("charge_created", func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
+				if failed {
+					return nil
+				}
+				failed = true
+				return errors.New("provider timed out")
+			})
+			h := b.handler(t, nil)
+			first := post(h, "k-1", rideBody)
+			require.Equal(t, http.StatusInternalServerError, first.Code, first.Body.String())
+			p := decodeProblem(t, first)
+			require.Equal(t, idemhttp.ProblemTypeBaseDefault+idemhttp.ProblemRequestFailed, p.Type)
+			require.NotContains(t, p.Detail, "Nothing was stored", "the key and the committed phases are kept")
+			require.Contains(t, p.Detail, "the same key and the same body")
+			return post(h, "k-1", `{"origin": "SFO", "amount": 21}`)
+		},
+		status: http.StatusUnprocessableEntity, stripeStatus: http.StatusBadRequest,
+		problem: idemhttp.ProblemKeyReused, stripeType: idemhttp.StripeIdempotencyError,
+		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
+			row := b.keyRow(t, "k-1")
+			require.Equal(t, idem.StatusRunning, row.Status)
+			require.Equal(t, "ride_created", row.RecoveryPoint, "the committed phase is kept")
+			require.Nil(t, row.LockedAt, "the key is released")
+			require.Zero(t, row.ResponseStatus, "no response is stored")
+			require.Contains(t, row.LastError, "provider timed out", "the error is recorded for operators")
+			require.JSONEq(t, `{"user_id": "alice", "origin": "SFO", "amount": 20}`, string(row.Params))
+			require.Equal(t, 1, b.countRows(t, "rides"), "the committed phase's writes are kept")
+			require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1}, b.counts.get())
+
+			retry := post(b.handler(t, nil), "k-1", rideBody)
+			require.Equal(t, http.StatusCreated, retry.Code, retry.Body.String())
+			require.Equal(t, 1, b.countRows(t, "rides"))
+		},
+	},
+
 	// GET, HEAD, PUT, DELETE, OPTIONS: pass through, no key needed.
 	passThrough(http.MethodGet),
 	passThrough(http.MethodHead),
@@ -399,6 +568,30 @@ var contractCases = []contractCase{
 	notAllowed(http.MethodPut),
 	notAllowed(http.MethodDelete),
 	notAllowed(http.MethodOptions),
+	{
+		name: "other methods of a POST-only route are 405 through MethodNotAllowed",
+		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
+			h := b.handler(t, nil)
+			mux := http.NewServeMux()
+			mux.Handle("POST /rides", h)
+			mux.Handle("/rides", h.MethodNotAllowed(http.MethodPost))
+			for _, method := range []string{http.MethodGet, http.MethodPut, http.MethodDelete} {
+				res := serve(mux, requestTo(method, "/rides", "k-1", rideBody))
+				require.Equal(t, http.StatusMethodNotAllowed, res.Code, method)
+				require.Equal(t, "application/problem+json", res.Header().Get("Content-Type"), method)
+				require.Equal(t, "POST", res.Header().Get("Allow"), method)
+			}
+			require.Equal(t, http.StatusCreated, serve(mux, requestTo(http.MethodPost, "/rides", "k-2", rideBody)).Code)
+			return serve(mux, requestTo(http.MethodPatch, "/rides", "k-1", rideBody))
+		},
+		status: http.StatusMethodNotAllowed, problem: idemhttp.ProblemMethodNotAllowed, stripeType: idemhttp.StripeInvalidRequestError,
+		header: map[string]string{"Allow": "POST"},
+		check: func(t *testing.T, b *bundle, res *httptest.ResponseRecorder) {
+			require.Equal(t, "PATCH is not supported here: use POST.", decodeProblem(t, res).Detail)
+			require.Nil(t, b.keyRow(t, "k-1"), "a refused method records nothing")
+			require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "responded": 1}, b.counts.get(), "only the POST ran")
+		},
+	},
 
 	// Body over the limit / malformed JSON: 413 / 400 before any key is
 	// written.
@@ -479,7 +672,7 @@ var contractCases = []contractCase{
 		problem: idemhttp.ProblemInvalidInput, stripeType: idemhttp.StripeInvalidRequestError,
 		check: func(t *testing.T, b *bundle, res *httptest.ResponseRecorder) {
 			b.requireNothingWritten(t)
-			require.Equal(t, []idemhttp.FieldError{{Field: "amount", Detail: "must be an integer in the range of int, not 1.5"}},
+			require.Equal(t, []idemhttp.FieldError{{Field: "amount", Detail: "must be an integer from -9223372036854775808 to 9223372036854775807, not 1.5"}},
 				decodeProblem(t, res).Errors)
 		},
 	},
@@ -502,7 +695,51 @@ var contractCases = []contractCase{
 		},
 		status: http.StatusUnprocessableEntity, stripeStatus: http.StatusBadRequest,
 		problem: idemhttp.ProblemInvalidInput, stripeType: idemhttp.StripeInvalidRequestError,
-		check: nothingWritten,
+		check: func(t *testing.T, b *bundle, res *httptest.ResponseRecorder) {
+			b.requireNothingWritten(t)
+			require.Equal(t, "The request body must be an object, not an array.", decodeProblem(t, res).Detail)
+		},
+	},
+	{
+		name: "numbers out of range name the range",
+		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
+			type place struct {
+				Lat  float64 `json:"lat"`
+				Seat uint8   `json:"seat"`
+			}
+			type quote struct {
+				Lat   float64 `json:"lat"`
+				Scale float32 `json:"scale"`
+				Count int64   `json:"count"`
+				From  place   `json:"from"`
+			}
+			flow := idem.MustNewFlow("rides.numbers", []idem.Phase[quote]{{
+				Name: "responded",
+				Do: func(context.Context, idem.Tx, *idem.Attempt[quote]) (idem.Result, error) {
+					return idem.RespondJSON(http.StatusOK, nil), nil
+				},
+			}}, nil)
+			h, err := idemhttp.New(b.runner, flow, &idemhttp.Config[quote]{Scope: bearerScope, Profile: b.profile})
+			require.NoError(t, err)
+			for body, want := range map[string]idemhttp.FieldError{
+				`{"scale": 1e39}`:        {Field: "scale", Detail: "must be a number from -3.4028235e+38 to 3.4028235e+38, not 1e39"},
+				`{"count": 1.5}`:         {Field: "count", Detail: "must be an integer from -9223372036854775808 to 9223372036854775807, not 1.5"},
+				`{"from": {"seat": -1}}`: {Field: "from.seat", Detail: "must be an integer from 0 to 255, not -1"},
+				`{"from": 7}`:            {Field: "from", Detail: "must be an object, not a number"},
+				`{"from": [7]}`:          {Field: "from", Detail: "must be an object, not an array"},
+			} {
+				res := post(h, "k-1", body)
+				require.Equal(t, []idemhttp.FieldError{want}, decodeProblem(t, res).Errors, body)
+			}
+			return post(h, "k-1", `{"lat": 1e400}`)
+		},
+		status: http.StatusUnprocessableEntity, stripeStatus: http.StatusBadRequest,
+		problem: idemhttp.ProblemInvalidInput, stripeType: idemhttp.StripeInvalidRequestError,
+		check: func(t *testing.T, b *bundle, res *httptest.ResponseRecorder) {
+			require.Zero(t, b.countRows(t, "idem_keys"))
+			require.Equal(t, []idemhttp.FieldError{{Field: "lat", Detail: "must be a number from -1.7976931348623157e+308 to 1.7976931348623157e+308, not 1e400"}},
+				decodeProblem(t, res).Errors)
+		},
 	},
 	{
 		name: "a null body",
@@ -557,14 +794,12 @@ var contractCases = []contractCase{
 		},
 	},
 	{
-		name: "PATCH through the middleware records the path as sent",
+		name: "PATCH through the middleware, without a mux pattern, records the path as sent",
 		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
-			mux := http.NewServeMux()
-			mux.Handle("/rides/", b.handler(t, nil).Middleware(http.NotFoundHandler()))
 			r := httptest.NewRequest(http.MethodPatch, "/rides/a%00b%2Fc%C3%A9", strings.NewReader(rideBody))
 			r.Header.Set("Authorization", testAuth)
 			r.Header.Set("Idempotency-Key", "k-1")
-			return serve(mux, r)
+			return serve(b.handler(t, nil).Middleware(http.NotFoundHandler()), r)
 		},
 		status: http.StatusCreated,
 		check: func(t *testing.T, b *bundle, res *httptest.ResponseRecorder) {
@@ -678,6 +913,37 @@ var contractCases = []contractCase{
 		status: http.StatusInternalServerError, problem: idemhttp.ProblemInternal, stripeType: idemhttp.StripeAPIError,
 		check: nothingWritten,
 	},
+	// A hook whose own database lookup fails says so by wrapping
+	// idem.ErrStoreUnavailable: the answer is the adapter's own 503.
+	{
+		name: "Scope cannot reach the database",
+		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
+			h := b.handler(t, func(c *idemhttp.Config[rideInput]) {
+				c.Scope = func(*http.Request) (string, error) {
+					return "", fmt.Errorf("look up the session: %w: connection refused", idem.ErrStoreUnavailable)
+				}
+			})
+			return post(h, "k-1", rideBody)
+		},
+		status: http.StatusServiceUnavailable, problem: idemhttp.ProblemStoreUnavailable, stripeType: idemhttp.StripeAPIError,
+		header: map[string]string{"Retry-After": "5"},
+		check:  nothingWritten,
+	},
+	{
+		name: "Prepare cannot reach the database",
+		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
+			h := b.handler(t, func(c *idemhttp.Config[rideInput]) {
+				c.UnavailableRetryAfter = 7 * time.Second
+				c.Prepare = func(*http.Request, *rideInput) error {
+					return fmt.Errorf("look up the user: %w", idem.ErrStoreUnavailable)
+				}
+			})
+			return post(h, "k-1", rideBody)
+		},
+		status: http.StatusServiceUnavailable, problem: idemhttp.ProblemStoreUnavailable, stripeType: idemhttp.StripeAPIError,
+		header: map[string]string{"Retry-After": "7"},
+		check:  nothingWritten,
+	},
 	{
 		name: "Prepare fails",
 		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
@@ -728,7 +994,7 @@ func TestContract(t *testing.T) {
 
 				if tc.problem != "" {
 					p := decodeProblem(t, res)
-					require.Equal(t, idemhttp.DefaultProblemTypeBase+tc.problem, p.Type)
+					require.Equal(t, idemhttp.ProblemTypeBaseDefault+tc.problem, p.Type)
 					require.Equal(t, wantTitles[tc.problem], p.Title)
 					require.Equal(t, want, p.Status)
 					require.NotEmpty(t, p.Detail)

@@ -16,6 +16,7 @@
 //		},
 //	})
 //	mux.Handle("POST /rides", rides)
+//	mux.Handle("/rides", rides.MethodNotAllowed(http.MethodPost)) // GET, PATCH...: a 405 problem
 //	// or, sharing the path with the resource's other methods:
 //	mux.Handle("/rides", rides.Middleware(listRides))
 //
@@ -26,8 +27,9 @@
 // leaves no trace in the key store:
 //
 //  1. Scope: Config.Scope derives the owner of the key (tenant or user)
-//     from the authenticated request; an error is a 401. There is no
-//     default: the same key sent by two callers must be two requests.
+//     from the authenticated request; an error is a 401 (one wrapping
+//     idem.ErrStoreUnavailable a 503). There is no default: the same key
+//     sent by two callers must be two requests.
 //  2. Key: the Idempotency-Key header, as an RFC 9651 sf-string ("abc") or
 //     a bare token (abc, as Stripe's clients send it); see [ParseKey]. A
 //     missing or malformed key is a 400.
@@ -38,7 +40,10 @@
 //  4. Config.Prepare sets server-derived fields; Config.Validate returns
 //     field errors, a 422 listing them.
 //  5. Run: the runner fingerprints the flow name and the canonical JSON of
-//     the prepared input, acquires the key and resumes or replays.
+//     the prepared input, acquires the key and resumes or replays. The key
+//     is bound to the fingerprint and to the endpoint: the method and the
+//     route (the ServeMux pattern that matched, else the path), so the same
+//     key elsewhere is a mismatch.
 //
 // GET, HEAD, PUT, DELETE, OPTIONS and every other method need no key:
 // [Handler.Middleware] hands them to the next handler untouched, and the
@@ -55,18 +60,20 @@
 //	mismatch           422 (Stripe: 400 idempotency_error): the key was used for another request
 //	needs reconcile    503 + Retry-After (Config.ReconcileRetryAfter, 60 s)
 //	store unavailable  503 + Retry-After (Config.UnavailableRetryAfter, 5 s); fail closed
-//	failed             500: a phase returned an error or panicked; nothing stored, key released
+//	failed             500: a phase returned an error or panicked; no response stored, committed phases kept, key released
 //
 // A replay is byte-identical to the first response in status, body and the
 // allowed headers: Content-Type and Config.ReplayHeaders. Any other header
 // a phase sets is dropped from the first response too, and credentials,
 // cookies and hop-by-hop headers can never be allowed.
 //
-// Nothing about a 409, 5xx or 4xx answer is stored: only a phase's response
-// is. So a client retries a 409, 500 or 503 with the same key and the same
-// body, and gets either the stored response or the request resumed from
-// its last committed phase; a client that got a 4xx fixes the request
-// first. A key waiting for reconciliation is 503 rather than 409 because
+// No 409, 5xx or 4xx answer is stored as the key's response: only a
+// phase's response is. A 500 or 503 leaves the key bound to its endpoint and
+// payload with the phases that committed, so a client retries a 409, 500 or
+// 503 with the same key and the same body, and gets either the stored
+// response or the request resumed from its last committed phase; the same
+// key with another body is refused. A client that got a 4xx fixes the
+// request first. A key waiting for reconciliation is 503 rather than 409 because
 // no worker is running it: it needs the reconcile service or an operator,
 // which is a server-side condition a client can only wait out, and a 5xx
 // makes it visible to monitoring.

@@ -280,9 +280,38 @@ func TestServeMuxWiring(t *testing.T) {
 	require.Equal(t, http.StatusOK, res.Code)
 	require.Equal(t, "quotes", strings.Trim(b.keyRow(t, "k-2").Path, "/"))
 
-	// ServeMux answers other methods on a method pattern itself.
-	res = serve(mux, httptest.NewRequest(http.MethodGet, "/quotes", nil))
+	// ServeMux answers other methods on a method pattern itself, PATCH
+	// included, in plain text: the handler never sees them.
+	for _, method := range []string{http.MethodGet, http.MethodPatch} {
+		res = serve(mux, requestTo(method, "/quotes", "k-3", rideBody))
+		require.Equal(t, http.StatusMethodNotAllowed, res.Code)
+		require.Equal(t, "text/plain; charset=utf-8", res.Header().Get("Content-Type"))
+	}
+}
+
+// docs/http.md's ServeMux wiring: the handler mounted for each method it
+// runs, and MethodNotAllowed for the route's other methods.
+func TestServeMuxWiringForPOSTAndPATCH(t *testing.T) {
+	t.Parallel()
+	b := setup(t, idemhttp.ProfileIETF)
+	rides := b.handler(t, nil)
+	mux := http.NewServeMux()
+	mux.Handle("POST /rides", rides)
+	mux.Handle("PATCH /rides", rides)
+	mux.Handle("/rides", rides.MethodNotAllowed(http.MethodPost, http.MethodPatch))
+
+	res := serve(mux, requestTo(http.MethodPatch, "/rides", "k-1", rideBody))
+	require.Equal(t, http.StatusCreated, res.Code, res.Body.String())
+	require.Equal(t, "PATCH", b.keyRow(t, "k-1").Method)
+	res = serve(mux, requestTo(http.MethodPost, "/rides", "k-2", rideBody))
+	require.Equal(t, http.StatusCreated, res.Code, res.Body.String())
+
+	res = serve(mux, requestTo(http.MethodGet, "/rides", "", ""))
 	require.Equal(t, http.StatusMethodNotAllowed, res.Code)
+	require.Equal(t, "POST, PATCH", res.Header().Get("Allow"))
+	p := decodeProblem(t, res)
+	require.Equal(t, rides.ProblemType(idemhttp.ProblemMethodNotAllowed), p.Type)
+	require.Equal(t, "GET is not supported here: use POST or PATCH.", p.Detail)
 }
 
 // The flow keeps running when the client goes away, so its retry replays

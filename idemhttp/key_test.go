@@ -37,8 +37,7 @@ func TestParseKey(t *testing.T) {
 		{"BareTrailingQuote", []string{`abc"`}, `abc"`},
 		{"BareBackslash", []string{`a\b`}, `a\b`},
 		{"BareSemicolonIsPartOfKey", []string{"abc;v=1"}, "abc;v=1"},
-		{"BareCommaIsPartOfKey", []string{"abc,def"}, "abc,def"},
-		{"BareAllPunctuation", []string{"!#$%&'()*+,-./:;<=>?@[]^_`{|}~"}, "!#$%&'()*+,-./:;<=>?@[]^_`{|}~"},
+		{"BareAllPunctuationButComma", []string{"!#$%&'()*+-./:;<=>?@[]^_`{|}~"}, "!#$%&'()*+-./:;<=>?@[]^_`{|}~"},
 		{"BareTildeAndDigits", []string{"~0123456789"}, "~0123456789"},
 
 		// sf-strings, as the IETF draft specifies.
@@ -51,6 +50,7 @@ func TestParseKey(t *testing.T) {
 		{"StringOnlySpaces", []string{`"   "`}, "   "},
 		{"StringAllPrintable", []string{idemhttp.FormatKey(printable)}, printable},
 		{"StringLooksLikeList", []string{`"a, b"`}, "a, b"},
+		{"StringWithComma", []string{`"abc,def"`}, "abc,def"},
 
 		// Parameters are parsed and ignored.
 		{"ParamBoolean", []string{`"abc";flag`}, "abc"},
@@ -114,6 +114,12 @@ func TestParseKeyMalformed(t *testing.T) {
 		{"StringListWithTab", []string{"\"abc\"\t,\t\"def\""}, "value is a list of 2 members"},
 		{"StringListOfThree", []string{`"a";p=1, tok, (1 "x");q`}, "value is a list of 3 members"},
 		{"StringListOfEmpties", []string{`"", ""`}, "value is a list of 2 members"},
+		{"BareList", []string{"k1, k2"}, "comma outside a quoted key at position 2"},
+		{"BareComma", []string{"abc,def"}, "comma outside a quoted key at position 3"},
+		{"BareThenString", []string{`first-key-aaaa, "second-key-bbbb"`}, "comma outside a quoted key at position 14"},
+		{"BareTrailingComma", []string{"abc,"}, "comma outside a quoted key"},
+		{"BareLeadingComma", []string{",abc"}, "comma outside a quoted key at position 0"},
+		{"BareLongList", []string{strings.Repeat("k", 200) + ", " + strings.Repeat("k", 200)}, "comma outside a quoted key"},
 		{"StringListTrailingComma", []string{`"abc",`}, "list ends with a comma at position 6"},
 		{"StringListBadMember", []string{`"abc", $x`}, `unexpected '$', expected a value at position 7`},
 		{"StringListMissingComma", []string{`"abc", "d" "e"`}, `unexpected '"' in list, expected ','`},
@@ -242,6 +248,7 @@ func FuzzParseKey(f *testing.F) {
 		require.Len(t, nonEmpty, 1)
 		if nonEmpty[0][0] != '"' {
 			require.Equal(t, nonEmpty[0], key)
+			require.NotContains(t, key, ",", "a comma outside a quoted key is never part of one")
 		}
 	})
 }

@@ -263,7 +263,12 @@ func (b *bundle) rideFlow() *idem.Flow[rideInput] {
 // request builds a POST to /rides with the given Idempotency-Key ("" sends
 // none) and body, as alice.
 func request(key, body string) *http.Request {
-	r := httptest.NewRequest(http.MethodPost, "/rides", strings.NewReader(body))
+	return requestTo(http.MethodPost, "/rides", key, body)
+}
+
+// requestTo is request with another method and target.
+func requestTo(method, target, key, body string) *http.Request {
+	r := httptest.NewRequest(method, target, strings.NewReader(body))
 	r.Header.Set("Content-Type", "application/json")
 	r.Header.Set("Authorization", testAuth)
 	if key != "" {

@@ -51,7 +51,8 @@ type Config[In any] struct {
 	// Scope is the scope of every key the kit uses. Default "idemtest".
 	Scope string
 
-	// Path is recorded on the keys, for operators. Optional.
+	// Path is the route recorded on the keys, and bound to them like the
+	// flow and the input. Optional.
 	Path string
 
 	// Compare decides whether a scenario's final response is the one the

@@ -99,10 +99,10 @@ SELECT 'created' AS acquired, (SELECT t FROM clock) AS db_now, {cols:inserted} F
 UNION ALL
 SELECT 'none', (SELECT t FROM clock), {cols:existing} FROM existing`)
 
-	// takeOver locks an unfinished key of the same flow and fingerprint that
-	// nobody holds (unlocked, or lease expired), with a new fence. Its WHERE
-	// is re-checked against the latest row version under the row lock, so of
-	// two workers racing for one stale key exactly one wins.
+	// takeOver locks an unfinished key of the same flow, fingerprint, method
+	// and path that nobody holds (unlocked, or lease expired), with a new
+	// fence. Its WHERE is re-checked against the latest row version under the
+	// row lock, so of two workers racing for one stale key exactly one wins.
 	q.takeOver = render(`
 WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
@@ -112,6 +112,7 @@ SET fence = k.fence + 1, locked_at = clock.t, lease_expires_at = clock.t + $5::b
     last_run_at = clock.t, attempts = k.attempts + 1
 FROM clock
 WHERE k.id = $2 AND k.status = 'running' AND k.flow = $3 AND k.fingerprint = $4
+  AND k.method = $6 AND k.path = $7
   AND (k.locked_at IS NULL OR k.lease_expires_at <= clock.t)
 RETURNING 'taken_over' AS acquired, clock.t AS db_now, {cols:k}`)
 

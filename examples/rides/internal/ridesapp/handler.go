@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemhttp"
 )
 
@@ -36,6 +37,8 @@ type authKey struct{}
 //
 //	POST /rides    create a ride (Authorization: Bearer <email>, Idempotency-Key)
 //	GET  /healthz  200 when the database answers
+//
+// Other methods on those paths answer 405 as a problem, with Allow.
 func (a *App) newHandler() (http.Handler, error) {
 	rides, err := idemhttp.New(a.runner, a.flow, &idemhttp.Config[RideParams]{
 		Scope:         a.scope,
@@ -57,6 +60,9 @@ func (a *App) newHandler() (http.Handler, error) {
 		rides.ServeHTTP(w, r.WithContext(ctx))
 	}))
 	mux.HandleFunc("GET /healthz", a.healthz)
+	// Without these, ServeMux answers other methods with a plain-text 405.
+	mux.Handle("/rides", rides.MethodNotAllowed(http.MethodPost))
+	mux.Handle("/healthz", rides.MethodNotAllowed(http.MethodGet, http.MethodHead))
 	return mux, nil
 }
 
@@ -77,14 +83,9 @@ func (a *App) scope(r *http.Request) (string, error) {
 		return "", unauthenticated(DetailAuthInvalid)
 	}
 	if err != nil {
-		a.logger.ErrorContext(r.Context(), "rides: look up user", "err", err)
-		return "", &idemhttp.Problem{
-			Type:   idemhttp.DefaultProblemTypeBase + idemhttp.ProblemStoreUnavailable,
-			Title:  "Database unavailable",
-			Status: http.StatusServiceUnavailable,
-			Detail: "The caller could not be authenticated because the database did not answer. Retry with the same Idempotency-Key.",
-			Header: http.Header{"Retry-After": {"1"}},
-		}
+		// The users live in the database that holds the keys: idemhttp
+		// answers its own 503 store-unavailable, with its Retry-After.
+		return "", fmt.Errorf("rides: look up user: %w: %w", idem.ErrStoreUnavailable, err)
 	}
 	if holder, ok := r.Context().Value(authKey{}).(*user); ok {
 		*holder = *u
@@ -103,8 +104,11 @@ func (a *App) prepare(r *http.Request, in *RideParams) error {
 	}
 	email, _ := bearerEmail(r.Header.Get("Authorization"))
 	u, err := a.lookupUser(r.Context(), email)
-	if err != nil {
-		return fmt.Errorf("rides: look up user: %w", err)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("rides: user %q is gone: %w", email, err)
+	case err != nil:
+		return fmt.Errorf("rides: look up user: %w: %w", idem.ErrStoreUnavailable, err)
 	}
 	in.UserID = u.ID
 	return nil
@@ -120,7 +124,7 @@ func validate(in *RideParams) []idemhttp.FieldError {
 
 func unauthenticated(detail string) *idemhttp.Problem {
 	return &idemhttp.Problem{
-		Type:   idemhttp.DefaultProblemTypeBase + idemhttp.ProblemUnauthenticated,
+		Type:   idemhttp.ProblemTypeBaseDefault + idemhttp.ProblemUnauthenticated,
 		Title:  "Authentication required",
 		Status: http.StatusUnauthorized,
 		Detail: detail,
@@ -139,7 +143,12 @@ func bearerEmail(header string) (string, bool) {
 	return credentials, credentials != ""
 }
 
+// lookupUser reads a user under the runner's statement bound, so a database
+// that stops answering gets the request a 503 in that time, as the runner's
+// own statements do, never a hang.
 func (a *App) lookupUser(ctx context.Context, email string) (*user, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.runner.Config().StatementTimeout)
+	defer cancel()
 	var u user
 	err := a.pool.QueryRow(ctx, `SELECT id, email FROM `+a.prefix+`users WHERE email = $1`, email).Scan(&u.ID, &u.Email)
 	if err != nil {

@@ -2,6 +2,7 @@ package ridesapp_test
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"sync"
 	"testing"
@@ -20,7 +21,7 @@ import (
 // (named after the Ruby examples), then add what the Ruby suite never
 // checked.
 
-const problemBase = idemhttp.DefaultProblemTypeBase
+const problemBase = idemhttp.ProblemTypeBaseDefault
 
 // requireOneRide checks the database and the ledger after a request that
 // answered 201: one ride, charged with the charge the answer names, one
@@ -567,11 +568,37 @@ func TestHealthz(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 
-	// Other methods on /rides are not the flow's business.
-	resp, err = b.api.Client().Get(b.api.URL + "/rides")
-	require.NoError(t, err)
-	resp.Body.Close()
-	require.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
+}
+
+// Other methods on the API's paths are a 405 problem with Allow, like every
+// other error of the API, not ServeMux's plain-text 405.
+func TestMethodNotAllowedIsAProblem(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	for _, tc := range []struct{ method, path, allow string }{
+		{http.MethodGet, "/rides", "POST"},
+		{http.MethodPut, "/rides", "POST"},
+		{http.MethodPatch, "/rides", "POST"},
+		{http.MethodDelete, "/rides", "POST"},
+		{http.MethodPost, "/healthz", "GET, HEAD"},
+	} {
+		req, err := http.NewRequest(tc.method, b.api.URL+tc.path, nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+ridesapp.GoodUserEmail)
+		req.Header.Set("Idempotency-Key", newKey())
+		resp, err := b.api.Client().Do(req)
+		require.NoError(t, err)
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		r := &response{status: resp.StatusCode, header: resp.Header, body: body}
+		require.Equal(t, http.StatusMethodNotAllowed, r.status, "%s %s", tc.method, tc.path)
+		require.Equal(t, tc.allow, r.header.Get("Allow"), "%s %s", tc.method, tc.path)
+		p := r.problem(t)
+		require.Equal(t, problemBase+idemhttp.ProblemMethodNotAllowed, p["type"])
+		require.EqualValues(t, http.StatusMethodNotAllowed, p["status"])
+	}
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM idem_keys`))
 }
 
 func TestChargeDescriptionRoundTrips(t *testing.T) {

@@ -51,6 +51,8 @@ type testBundle struct {
 	api      *httptest.Server
 	clock    *idemtest.Clock
 	hook     atomic.Pointer[func(context.Context, idem.HookPoint) error]
+	// proxy stands between the app and the database when options.proxied.
+	proxy *idemtest.FaultProxy
 
 	goodUserID, badUserID int64
 }
@@ -60,6 +62,10 @@ type options struct {
 	fakepay *fakepay.Config
 	// work runs the receipt worker in-process.
 	work bool
+	// proxied puts a fault proxy (testBundle.proxy) between the app and
+	// the database, and bounds the runner's statements by statementTimeout.
+	proxied          bool
+	statementTimeout time.Duration
 }
 
 func setup(t *testing.T, opts *options) *testBundle {
@@ -90,12 +96,24 @@ func setup(t *testing.T, opts *options) *testBundle {
 		clock:    idemtest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)),
 	}
 	b.payments = &payments{inner: b.ledger}
+	appPool := schema.Pool
+	if opts.proxied {
+		b.proxy, err = idemtest.StartFaultProxy(ctx, schema.URL)
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, b.proxy.Close()) })
+		url, err := b.proxy.URL(schema.URL)
+		require.NoError(t, err)
+		appPool, err = pgxpool.New(ctx, url)
+		require.NoError(t, err)
+		t.Cleanup(appPool.Close)
+	}
 	b.app, err = ridesapp.New(&ridesapp.Config{
-		Pool:     schema.Pool,
+		Pool:     appPool,
 		Schema:   schema.Name,
 		Payments: b.payments,
 		Runner: &idem.Config{
 			PhaseRetryBackoff: time.Millisecond,
+			StatementTimeout:  opts.statementTimeout,
 			Test: idem.TestConfig{
 				Now: b.clock.Now,
 				Hook: func(ctx context.Context, at idem.HookPoint) error {
@@ -112,12 +130,12 @@ func setup(t *testing.T, opts *options) *testBundle {
 	require.NoError(t, err)
 	if opts.work {
 		require.NoError(t, b.app.Start(ctx))
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			require.NoError(t, b.app.Stop(ctx))
-		})
 	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, b.app.Stop(ctx))
+	})
 	b.api = httptest.NewServer(b.app.Handler())
 	t.Cleanup(b.api.Close)
 

@@ -1,0 +1,147 @@
+package idemhttp
+
+import (
+	"errors"
+	"fmt"
+	"mime"
+	"net/http"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/go-idem/idem"
+)
+
+// maxPathLength is the longest route recorded with a key, as long as the key
+// store keeps; a longer one is cut, so routes alike in their first 2048
+// bytes are one route.
+const maxPathLength = 2048
+
+// admit turns an HTTP request into a runner request, or into the problem
+// that refuses it. Nothing is written to the key store here: all bad input
+// is refused before the runner sees it.
+func (h *Handler[In]) admit(w http.ResponseWriter, r *http.Request) (idem.Request, *Problem) {
+	ctx := r.Context()
+	scope, err := h.cfg.Scope(r)
+	if err != nil {
+		var p *Problem
+		if errors.As(err, &p) {
+			return idem.Request{}, p
+		}
+		if errors.Is(err, idem.ErrStoreUnavailable) {
+			h.log.ErrorContext(ctx, "idemhttp: Config.Scope could not reach the database; nothing was recorded", "flow", h.flow.Name(), "err", err)
+			return idem.Request{}, h.storeUnavailable(storeUnavailableBeforeDetail)
+		}
+		h.log.DebugContext(ctx, "idemhttp: unauthenticated request", "flow", h.flow.Name(), "err", err)
+		return idem.Request{}, h.unauthenticated()
+	}
+	if scope == "" {
+		h.log.WarnContext(ctx, "idemhttp: Config.Scope returned an empty scope without an error; answering 401", "flow", h.flow.Name())
+		return idem.Request{}, h.unauthenticated()
+	}
+	if len(scope) > 255 || !utf8.ValidString(scope) || strings.IndexByte(scope, 0) >= 0 {
+		h.log.ErrorContext(ctx, "idemhttp: Config.Scope returned a scope that is not 1-255 bytes of UTF-8 without NUL", "flow", h.flow.Name(), "length", len(scope))
+		return idem.Request{}, h.problem(specInternal, internalDetail)
+	}
+
+	key, err := ParseKey(r.Header.Values("Idempotency-Key"))
+	switch {
+	case errors.Is(err, ErrKeyMissing):
+		return idem.Request{}, h.problem(specKeyMissing, "This operation is idempotent and requires an Idempotency-Key header: "+
+			"send a new unique key (a UUID, say) with each request, and the same key with every retry of it.")
+	case err != nil:
+		detail := strings.TrimPrefix(err.Error(), ErrKeyMalformed.Error()+": ")
+		return idem.Request{}, h.problem(specKeyMalformed, "The Idempotency-Key header is malformed: "+detail+".")
+	case len(key) < h.cfg.MinKeyLength:
+		return idem.Request{}, h.problem(specKeyMalformed, fmt.Sprintf(
+			"The Idempotency-Key header is malformed: key is %d characters long, this endpoint requires at least %d.", len(key), h.cfg.MinKeyLength))
+	}
+
+	if p := h.checkContentType(r); p != nil {
+		return idem.Request{}, p
+	}
+	in, p := h.decode(w, r)
+	if p != nil {
+		return idem.Request{}, p
+	}
+	if h.cfg.Prepare != nil {
+		if err := h.cfg.Prepare(r, &in); err != nil {
+			var p *Problem
+			if errors.As(err, &p) {
+				return idem.Request{}, p
+			}
+			if errors.Is(err, idem.ErrStoreUnavailable) {
+				h.log.ErrorContext(ctx, "idemhttp: Config.Prepare could not reach the database; nothing was recorded", "flow", h.flow.Name(), "err", err)
+				return idem.Request{}, h.storeUnavailable(storeUnavailableBeforeDetail)
+			}
+			h.log.ErrorContext(ctx, "idemhttp: Config.Prepare failed; nothing was recorded", "flow", h.flow.Name(), "err", err)
+			return idem.Request{}, h.problem(specInternal, internalDetail)
+		}
+	}
+	if h.cfg.Validate != nil {
+		if errs := h.cfg.Validate(&in); len(errs) > 0 {
+			return idem.Request{}, h.invalidInput(errs...)
+		}
+	}
+
+	return idem.Request{Scope: scope, Key: key, Method: r.Method, Path: route(r), Params: in}, nil
+}
+
+// route names the endpoint a request reached, which the key is bound to
+// along with the method: the ServeMux pattern that matched, without its
+// method ("/rides/{id}"), or, when no pattern is known (another router, the
+// handler alone), the escaped path, which is what the client sent and
+// holds no bytes (%00, invalid UTF-8) that a text column refuses.
+func route(r *http.Request) string {
+	path := r.Pattern
+	if path != "" {
+		// "[METHOD ][HOST]/[PATH]": the method is stored on its own.
+		if i := strings.IndexAny(path, " \t"); i >= 0 {
+			path = strings.TrimLeft(path[i+1:], " \t")
+		}
+	} else {
+		path = r.URL.EscapedPath()
+	}
+	if len(path) > maxPathLength {
+		path = path[:maxPathLength]
+	}
+	return path
+}
+
+// checkContentType refuses bodies the handler cannot read: a media type
+// other than JSON (application/json or any +json type, in UTF-8), or a
+// content coding. A request without Content-Type is read as JSON.
+func (h *Handler[In]) checkContentType(r *http.Request) *Problem {
+	for _, coding := range r.Header.Values("Content-Encoding") {
+		for c := range strings.SplitSeq(coding, ",") {
+			if c = strings.TrimSpace(c); c != "" && !strings.EqualFold(c, "identity") {
+				p := h.problem(specUnsupportedMediaType, fmt.Sprintf("Content-Encoding %q is not supported: send the body uncompressed.", c))
+				p.Header = http.Header{"Accept-Encoding": {"identity"}}
+				return p
+			}
+		}
+	}
+	ct := r.Header.Get("Content-Type")
+	if ct == "" {
+		return nil
+	}
+	mediaType, params, err := mime.ParseMediaType(ct)
+	detail := ""
+	switch {
+	case err != nil:
+		detail = fmt.Sprintf("Content-Type %q cannot be parsed: send application/json.", ct)
+	case mediaType != "application/json" && !strings.HasSuffix(mediaType, "+json"):
+		detail = fmt.Sprintf("Content-Type %s is not supported: send application/json.", mediaType)
+	case params["charset"] != "" && !strings.EqualFold(params["charset"], "utf-8"):
+		detail = fmt.Sprintf("charset %s is not supported: JSON is sent in UTF-8.", params["charset"])
+	default:
+		return nil
+	}
+	p := h.problem(specUnsupportedMediaType, detail)
+	// RFC 5789 and the W3C's Accept-Post tell the client what to send.
+	accept := "Accept-Post"
+	if r.Method == http.MethodPatch {
+		accept = "Accept-Patch"
+	}
+	p.Header = http.Header{accept: {"application/json"}}
+	return p
+}

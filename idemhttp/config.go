@@ -1,0 +1,188 @@
+package idemhttp
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/go-idem/idem"
+)
+
+// Defaults of [Config], which [New] applies to the fields left zero.
+// ProblemTypeBaseDefault is the fifth.
+const (
+	// MaxBodyBytesDefault is the default Config.MaxBodyBytes: 1 MiB.
+	MaxBodyBytesDefault = 1 << 20
+	// MinKeyLengthDefault is the default Config.MinKeyLength.
+	MinKeyLengthDefault = 1
+	// UnavailableRetryAfterDefault is the default Config.UnavailableRetryAfter.
+	UnavailableRetryAfterDefault = 5 * time.Second
+	// ReconcileRetryAfterDefault is the default Config.ReconcileRetryAfter.
+	ReconcileRetryAfterDefault = 60 * time.Second
+)
+
+// Config configures a [Handler]. Scope is required; every other field
+// names its default, which [New] applies when the field is left zero.
+type Config[In any] struct {
+	// Scope derives the key's scope (the tenant or user that owns keys)
+	// from the authenticated request. Required: there is no silent global
+	// scope, because the same key sent by two callers must be two requests.
+	//
+	// An error answers 401 Unauthenticated and nothing is recorded: return
+	// ErrUnauthenticated (or any error; the text is logged, never sent). A
+	// *Problem is written as it is instead, e.g. a 403. An error wrapping
+	// idem.ErrStoreUnavailable (a session or user lookup in the database
+	// that holds the keys, which did not answer) answers the adapter's own
+	// 503 ProblemStoreUnavailable with UnavailableRetryAfter. An empty scope
+	// without an error is treated as unauthenticated. A scope is 1-255 bytes.
+	Scope func(r *http.Request) (string, error)
+
+	// Prepare sets server-derived fields of the decoded input (the user id
+	// from auth, say) after decoding and before validation and
+	// fingerprinting. Default none. It must overwrite such fields, so that a
+	// client cannot set them through the body, and keep them serialisable:
+	// the input is stored as JSON to fingerprint it and to re-drive the
+	// request without the client.
+	//
+	// Never put per-attempt data (client IP, time, a trace id) in the input:
+	// it is fingerprinted, so a retry would no longer match its first
+	// attempt. Phases get such data from the request's context, which the
+	// handler passes through.
+	//
+	// An error answers 500 (ProblemInternal), unless it is a *Problem, which
+	// is written as it is, or wraps idem.ErrStoreUnavailable, which answers
+	// 503 ProblemStoreUnavailable as for Scope.
+	Prepare func(r *http.Request, in *In) error
+
+	// Validate checks the prepared input. Field errors answer 422 (400 in
+	// the Stripe profile) listing them, before any key is written. Default
+	// none.
+	Validate func(in *In) []FieldError
+
+	// Profile selects the IETF or Stripe status codes and error shape.
+	// Default ProfileIETF.
+	Profile Profile
+
+	// MaxBodyBytes limits the request body; a larger one answers 413.
+	// Default MaxBodyBytesDefault, 1 MiB.
+	MaxBodyBytes int64
+
+	// MinKeyLength is the shortest Idempotency-Key accepted, 1-255.
+	// Default MinKeyLengthDefault, 1. Raise it (to 16, say) to refuse keys too short to be
+	// unique.
+	MinKeyLength int
+
+	// ReplayHeaders names response headers that are sent, and replayed,
+	// besides Content-Type (e.g. Location). Every other header a phase sets
+	// is dropped, from the first response as from replays, so both carry
+	// the same headers. Headers that belong to one exchange (Set-Cookie,
+	// Authorization, hop-by-hop headers and the like: those for which
+	// idem.ReplayableHeader is false) are refused by New. Default none:
+	// Content-Type alone.
+	ReplayHeaders []string
+
+	// AllowUnknownFields makes the decoder ignore body members that the
+	// input type does not have. Default false: they answer 422 naming the
+	// member, so a typo ("amout") is reported instead of silently ignored.
+	// Ignored members are not part of the fingerprint.
+	AllowUnknownFields bool
+
+	// ProblemTypeBase prefixes the names of problem types (the Problem*
+	// constants) to make their type URIs. Default ProblemTypeBaseDefault,
+	// which leads to docs/http.md.
+	ProblemTypeBase string
+
+	// AuthChallenge is sent as WWW-Authenticate with a 401, as RFC 9110
+	// asks (e.g. `Bearer realm="rides"`). Default none.
+	AuthChallenge string
+
+	// UnavailableRetryAfter is the Retry-After sent when the key store is
+	// unreachable, rounded up to whole seconds. Default
+	// UnavailableRetryAfterDefault, 5s.
+	UnavailableRetryAfter time.Duration
+
+	// ReconcileRetryAfter is the Retry-After sent for a key that waits for
+	// reconciliation, rounded up to whole seconds. Default
+	// ReconcileRetryAfterDefault, 60s.
+	ReconcileRetryAfter time.Duration
+
+	// Logger receives the handler's logs (panics, misconfiguration; client
+	// errors at debug level). Default: the runner's logger.
+	Logger *slog.Logger
+}
+
+// apply checks c and sets the defaults of the fields left zero. It returns
+// the canonical names of the headers sent and replayed, Content-Type first.
+func (c *Config[In]) apply() (replay []string, err error) {
+	var errs []error
+	switch c.Profile {
+	case ProfileIETF, ProfileStripe:
+	default:
+		errs = append(errs, fmt.Errorf("unknown Profile %d", int(c.Profile)))
+	}
+	if c.MaxBodyBytes < 0 {
+		errs = append(errs, fmt.Errorf("MaxBodyBytes %d is negative", c.MaxBodyBytes))
+	}
+	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, MaxBodyBytesDefault)
+	c.MinKeyLength = cmp.Or(c.MinKeyLength, MinKeyLengthDefault)
+	if c.MinKeyLength < 1 || c.MinKeyLength > maxKeyLength {
+		errs = append(errs, fmt.Errorf("MinKeyLength %d is not between 1 and %d", c.MinKeyLength, maxKeyLength))
+	}
+	replay = []string{"Content-Type"}
+	for _, name := range c.ReplayHeaders {
+		canonical := http.CanonicalHeaderKey(name)
+		switch {
+		case !validHeaderName(name):
+			errs = append(errs, fmt.Errorf("ReplayHeaders: %q is not a header name", name))
+		case !idem.ReplayableHeader(canonical):
+			errs = append(errs, fmt.Errorf("ReplayHeaders: %s is never replayed: it belongs to one exchange, not to the stored response", canonical))
+		case !slices.Contains(replay, canonical):
+			replay = append(replay, canonical)
+		}
+	}
+	c.ProblemTypeBase = cmp.Or(c.ProblemTypeBase, ProblemTypeBaseDefault)
+	if _, err := url.Parse(c.ProblemTypeBase); err != nil {
+		errs = append(errs, fmt.Errorf("ProblemTypeBase: %w", err))
+	}
+	if strings.ContainsAny(c.AuthChallenge, "\r\n") {
+		errs = append(errs, errors.New("AuthChallenge contains a line break"))
+	}
+	if c.UnavailableRetryAfter < 0 {
+		errs = append(errs, fmt.Errorf("UnavailableRetryAfter %s is negative", c.UnavailableRetryAfter))
+	}
+	c.UnavailableRetryAfter = wholeSeconds(cmp.Or(c.UnavailableRetryAfter, UnavailableRetryAfterDefault))
+	if c.ReconcileRetryAfter < 0 {
+		errs = append(errs, fmt.Errorf("ReconcileRetryAfter %s is negative", c.ReconcileRetryAfter))
+	}
+	c.ReconcileRetryAfter = wholeSeconds(cmp.Or(c.ReconcileRetryAfter, ReconcileRetryAfterDefault))
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	c.ReplayHeaders = slices.Clone(replay[1:])
+	return replay, nil
+}
+
+// wholeSeconds rounds a positive d up to whole seconds, as Retry-After
+// sends it: the one rounding a configured Retry-After gets.
+func wholeSeconds(d time.Duration) time.Duration {
+	return (d + time.Second - 1) / time.Second * time.Second
+}
+
+// validHeaderName reports whether name is an RFC 9110 token.
+func validHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := range len(name) {
+		if !isTChar(name[i]) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,197 @@
+package idemhttp
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+)
+
+// ProblemTypeBaseDefault is the default Config.ProblemTypeBase. A problem's
+// type URI is the base followed by its name (one of the Problem* constants),
+// so the default URIs resolve to the section of docs/http.md that describes
+// each problem. The URIs are stable: clients may compare them.
+const ProblemTypeBaseDefault = "https://github.com/go-idem/idem/blob/main/docs/http.md#"
+
+// Problem type names. The "type" member of a problem is
+// Config.ProblemTypeBase followed by one of these; docs/http.md describes
+// each with an example response.
+const (
+	// ProblemKeyMissing: a POST or PATCH without an Idempotency-Key, or with
+	// only empty ones. 400.
+	ProblemKeyMissing = "idempotency-key-missing"
+	// ProblemKeyMalformed: an Idempotency-Key that is not a valid key
+	// (the empty sf-string "", too long or too short, not printable ASCII, a
+	// bad sf-string, several keys). 400.
+	ProblemKeyMalformed = "idempotency-key-malformed"
+	// ProblemKeyReused: the key was first used with another endpoint (method,
+	// route or flow) or other parameters. 422 (IETF), 400 idempotency_error (Stripe).
+	ProblemKeyReused = "idempotency-key-reused"
+	// ProblemInProgress: another attempt with this key is running. 409 with
+	// Retry-After.
+	ProblemInProgress = "request-in-progress"
+	// ProblemNeedsReconcile: the request made a foreign call whose outcome
+	// is unknown and waits for reconciliation. 503 with Retry-After.
+	ProblemNeedsReconcile = "request-needs-reconcile"
+	// ProblemStoreUnavailable: the key store could not be reached; the
+	// request was not completed. 503 with Retry-After.
+	ProblemStoreUnavailable = "store-unavailable"
+	// ProblemRequestFailed: a phase returned an error or panicked. 500. The
+	// phase's own work rolled back, no response was stored and the key was
+	// released, but the key stays bound to the request's endpoint and
+	// payload and keeps the phases that committed before the failure: a
+	// retry with the same body resumes at the failed phase, and the same
+	// key with another body is ProblemKeyReused.
+	ProblemRequestFailed = "request-failed"
+	// ProblemUnauthenticated: Config.Scope found no authenticated caller. 401.
+	ProblemUnauthenticated = "unauthenticated"
+	// ProblemMethodNotAllowed: the Handler got a method other than POST or
+	// PATCH. 405 with Allow.
+	ProblemMethodNotAllowed = "method-not-allowed"
+	// ProblemUnsupportedMediaType: a body that is not JSON, or is
+	// compressed. 415.
+	ProblemUnsupportedMediaType = "unsupported-media-type"
+	// ProblemBodyTooLarge: a body over Config.MaxBodyBytes. 413.
+	ProblemBodyTooLarge = "body-too-large"
+	// ProblemMalformedJSON: a body that is not one well-formed JSON value. 400.
+	ProblemMalformedJSON = "malformed-json"
+	// ProblemInvalidInput: well-formed JSON that does not fit the input: a
+	// field of the wrong type, an unknown field, a failed Config.Validate.
+	// 422 (IETF), 400 invalid_request_error (Stripe), with the fields at
+	// fault in "errors".
+	ProblemInvalidInput = "invalid-input"
+	// ProblemInternal: the server failed before the request reached its key
+	// (a panic in a Config hook, a misconfiguration). Nothing was recorded.
+	// 500.
+	ProblemInternal = "internal-error"
+)
+
+// Stripe error types, the "type" of the Stripe profile's "error" member.
+const (
+	StripeInvalidRequestError = "invalid_request_error"
+	StripeIdempotencyError    = "idempotency_error"
+	StripeAPIError            = "api_error"
+)
+
+// problemSpec is one of the adapter's own problem types: its status in each
+// profile and what the Stripe profile calls it.
+type problemSpec struct {
+	name         string
+	title        string
+	status       int
+	stripeStatus int
+	stripeType   string
+	stripeCode   string
+}
+
+var (
+	specKeyMissing = problemSpec{ProblemKeyMissing, "Idempotency-Key is missing",
+		http.StatusBadRequest, http.StatusBadRequest, StripeInvalidRequestError, ""}
+	specKeyMalformed = problemSpec{ProblemKeyMalformed, "Idempotency-Key is malformed",
+		http.StatusBadRequest, http.StatusBadRequest, StripeInvalidRequestError, ""}
+	specKeyReused = problemSpec{ProblemKeyReused, "Idempotency-Key is already used",
+		http.StatusUnprocessableEntity, http.StatusBadRequest, StripeIdempotencyError, ""}
+	specInProgress = problemSpec{ProblemInProgress, "A request is outstanding for this Idempotency-Key",
+		http.StatusConflict, http.StatusConflict, StripeIdempotencyError, "idempotency_key_in_use"}
+	specNeedsReconcile = problemSpec{ProblemNeedsReconcile, "The outcome of this request is being reconciled",
+		http.StatusServiceUnavailable, http.StatusServiceUnavailable, StripeAPIError, ""}
+	specStoreUnavailable = problemSpec{ProblemStoreUnavailable, "Idempotency key store unavailable",
+		http.StatusServiceUnavailable, http.StatusServiceUnavailable, StripeAPIError, ""}
+	specRequestFailed = problemSpec{ProblemRequestFailed, "Request failed before it completed",
+		http.StatusInternalServerError, http.StatusInternalServerError, StripeAPIError, ""}
+	specUnauthenticated = problemSpec{ProblemUnauthenticated, "Authentication required",
+		http.StatusUnauthorized, http.StatusUnauthorized, StripeInvalidRequestError, ""}
+	specMethodNotAllowed = problemSpec{ProblemMethodNotAllowed, "Method not allowed",
+		http.StatusMethodNotAllowed, http.StatusMethodNotAllowed, StripeInvalidRequestError, ""}
+	specUnsupportedMediaType = problemSpec{ProblemUnsupportedMediaType, "Unsupported media type",
+		http.StatusUnsupportedMediaType, http.StatusUnsupportedMediaType, StripeInvalidRequestError, ""}
+	specBodyTooLarge = problemSpec{ProblemBodyTooLarge, "Request body too large",
+		http.StatusRequestEntityTooLarge, http.StatusRequestEntityTooLarge, StripeInvalidRequestError, ""}
+	specMalformedJSON = problemSpec{ProblemMalformedJSON, "Request body is not valid JSON",
+		http.StatusBadRequest, http.StatusBadRequest, StripeInvalidRequestError, ""}
+	specInvalidInput = problemSpec{ProblemInvalidInput, "Request body is invalid",
+		http.StatusUnprocessableEntity, http.StatusBadRequest, StripeInvalidRequestError, ""}
+	specInternal = problemSpec{ProblemInternal, "Internal server error",
+		http.StatusInternalServerError, http.StatusInternalServerError, StripeAPIError, ""}
+)
+
+// problem builds the adapter's problem of kind spec in profile.
+func (s problemSpec) problem(base string, profile Profile, detail string) *Problem {
+	p := &Problem{Type: base + s.name, Title: s.title, Status: s.status, Detail: detail}
+	if profile == ProfileStripe {
+		p.Status = s.stripeStatus
+		p.Stripe = &StripeError{Type: s.stripeType, Code: s.stripeCode, Message: detail}
+	}
+	return p
+}
+
+// internalDetail is the detail of ProblemInternal. The cause is logged,
+// never sent: it is the server's business.
+const internalDetail = "The server could not handle the request. Nothing was recorded for its Idempotency-Key."
+
+func (h *Handler[In]) methodNotAllowed(method string, allow []string) *Problem {
+	detail := fmt.Sprintf("%s is not supported here.", method)
+	switch len(allow) {
+	case 0:
+	case 1:
+		detail = fmt.Sprintf("%s is not supported here: use %s.", method, allow[0])
+	default:
+		detail = fmt.Sprintf("%s is not supported here: use %s or %s.", method,
+			strings.Join(allow[:len(allow)-1], ", "), allow[len(allow)-1])
+	}
+	p := h.problem(specMethodNotAllowed, detail)
+	p.Header = http.Header{"Allow": {strings.Join(allow, ", ")}}
+	return p
+}
+
+func (h *Handler[In]) problem(spec problemSpec, detail string) *Problem {
+	return spec.problem(h.cfg.ProblemTypeBase, h.cfg.Profile, detail)
+}
+
+func (h *Handler[In]) writeProblem(w http.ResponseWriter, p *Problem) {
+	WriteProblem(w, h.cfg.Profile, p)
+}
+
+// storeUnavailableBeforeDetail is the detail of a 503 from Config.Scope or
+// Config.Prepare, before the request reached its key.
+const storeUnavailableBeforeDetail = "The database could not be reached, so the request was not run and nothing was recorded. " +
+	"Retry it with the same Idempotency-Key."
+
+// storeUnavailable is the 503 with Config.UnavailableRetryAfter.
+func (h *Handler[In]) storeUnavailable(detail string) *Problem {
+	p := h.problem(specStoreUnavailable, detail)
+	p.Header = retryAfter(h.cfg.UnavailableRetryAfter)
+	return p
+}
+
+func (h *Handler[In]) unauthenticated() *Problem {
+	p := h.problem(specUnauthenticated, "This endpoint requires an authenticated caller.")
+	if h.cfg.AuthChallenge != "" {
+		p.Header = http.Header{"Www-Authenticate": {h.cfg.AuthChallenge}}
+	}
+	return p
+}
+
+func (h *Handler[In]) tooLarge() *Problem {
+	return h.problem(specBodyTooLarge, fmt.Sprintf("The request body is larger than the limit of %d bytes.", h.cfg.MaxBodyBytes))
+}
+
+// invalidInput is the 422 (Stripe: 400) listing the fields at fault.
+func (h *Handler[In]) invalidInput(errs ...FieldError) *Problem {
+	var b strings.Builder
+	for i, e := range errs {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		if e.Field != "" {
+			b.WriteString(e.Field)
+			b.WriteString(" ")
+		}
+		b.WriteString(e.Detail)
+	}
+	p := h.problem(specInvalidInput, "The request body is invalid: "+b.String()+".")
+	p.Errors = append([]FieldError(nil), errs...)
+	if p.Stripe != nil {
+		p.Stripe.Param = errs[0].Field
+	}
+	return p
+}

@@ -1,0 +1,122 @@
+package idemhttp
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-idem/idem"
+)
+
+// writeOutcome maps the runner's outcome to the response.
+func (h *Handler[In]) writeOutcome(w http.ResponseWriter, r *http.Request, req idem.Request, out *idem.Outcome, err error) {
+	ctx := r.Context()
+	switch out.Kind {
+	case idem.OutcomeExecuted:
+		h.writeResponse(w, r, out.Response, false)
+	case idem.OutcomeReplayed:
+		h.writeResponse(w, r, out.Response, true)
+	case idem.OutcomeInProgress:
+		p := h.problem(specInProgress, "A request with this Idempotency-Key is still being processed. "+
+			"Retry after the time in Retry-After to get its result.")
+		p.Header = retryAfter(out.RetryAfter)
+		h.writeProblem(w, p)
+	case idem.OutcomeLockLost:
+		// Another worker took the key over (this one was presumed dead) and
+		// owns the request now: for the client it is in progress.
+		p := h.problem(specInProgress, "Another attempt of this request took it over while this one ran. "+
+			"Retry after the time in Retry-After to get its result.")
+		p.Header = retryAfter(time.Second)
+		h.writeProblem(w, p)
+	case idem.OutcomeMismatch:
+		h.writeProblem(w, h.problem(specKeyReused, "This Idempotency-Key was already used for a different request "+
+			"(another endpoint or other parameters). Use a new key for a new request, and the same key only to retry the same request."))
+	case idem.OutcomeNeedsReconcile:
+		p := h.problem(specNeedsReconcile, "This request called an outside system, and whether that call took effect is not known yet. "+
+			"The request will not run again until that is settled; retry after the time in Retry-After to get its final result.")
+		p.Header = retryAfter(h.cfg.ReconcileRetryAfter)
+		h.writeProblem(w, p)
+	case idem.OutcomeStoreUnavailable:
+		h.writeProblem(w, h.storeUnavailable("The idempotency key store could not be reached, so the request could not be completed. "+
+			"Retry it with the same Idempotency-Key: it resumes where it stopped, and nothing runs twice."))
+	case idem.OutcomeFailed:
+		h.writeProblem(w, h.problem(specRequestFailed, "The request failed before it completed. Its Idempotency-Key stays bound to this request "+
+			"and keeps the steps that completed: retry it with the same key and the same body, and it resumes where it stopped."))
+	case idem.OutcomeAbandoned:
+		// A test hook simulated a crash. A dead server sends nothing, so the
+		// client sees the connection drop, as it would.
+		panic(http.ErrAbortHandler)
+	case idem.OutcomeInvalid:
+		if errors.Is(err, idem.ErrInvalidParams) {
+			// Input that decoded but cannot be kept, such as a NUL
+			// character in a string.
+			h.writeProblem(w, h.problem(specInvalidInput, "The request body is invalid: "+strings.TrimPrefix(err.Error(), idem.ErrInvalidParams.Error()+": ")+"."))
+			return
+		}
+		fallthrough
+	default: // a scope the runner refuses, or a kind this adapter does not know
+		h.log.ErrorContext(ctx, "idemhttp: the runner refused the request; check Config.Scope and the input type",
+			"flow", h.flow.Name(), "outcome", out.Kind, "key", req.Key, "err", err)
+		h.writeProblem(w, h.problem(specInternal, internalDetail))
+	}
+}
+
+// writeResponse writes a flow's response: the stored status and body, and
+// of its headers only Content-Type and Config.ReplayHeaders, so the first
+// response and every replay are the same.
+func (h *Handler[In]) writeResponse(w http.ResponseWriter, r *http.Request, resp *idem.Response, replayed bool) {
+	if resp == nil || resp.Status < 200 || resp.Status > 599 {
+		status := 0
+		if resp != nil {
+			status = resp.Status
+		}
+		h.log.ErrorContext(r.Context(), "idemhttp: the flow's response has an invalid status code", "flow", h.flow.Name(), "status", status)
+		h.writeProblem(w, h.problem(specInternal, "The server produced an invalid response."))
+		return
+	}
+	copyAllowed(w.Header(), resp.Header, h.replay)
+	if replayed {
+		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	if bodyAllowed(resp.Status) {
+		w.Header().Set("Content-Length", strconv.Itoa(len(resp.Body)))
+	}
+	w.WriteHeader(resp.Status)
+	if bodyAllowed(resp.Status) {
+		_, _ = w.Write(resp.Body)
+	}
+}
+
+// copyAllowed copies the allowed headers of src to dst. A phase may have
+// built its header map by hand with non-canonical names, so names are
+// matched canonically; the canonical spelling wins over others.
+func copyAllowed(dst, src http.Header, allowed []string) {
+	for _, name := range allowed {
+		values, ok := src[name]
+		if !ok {
+			for k, v := range src {
+				if http.CanonicalHeaderKey(k) == name {
+					values, ok = v, true
+					break
+				}
+			}
+		}
+		if ok && len(values) > 0 {
+			dst[name] = append([]string(nil), values...)
+		}
+	}
+}
+
+func bodyAllowed(status int) bool {
+	return status != http.StatusNoContent && status != http.StatusNotModified
+}
+
+// retryAfter renders d as a Retry-After header. d is whole seconds, at
+// least one, where it comes from: the runner rounds Outcome.RetryAfter up,
+// and Config.apply rounds the configured durations up. So it is formatted,
+// never rounded a second time.
+func retryAfter(d time.Duration) http.Header {
+	return http.Header{"Retry-After": {strconv.FormatInt(int64(d/time.Second), 10)}}
+}
