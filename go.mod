@@ -1,6 +1,6 @@
 module github.com/go-idem/idem
 
-go 1.26.8
+go 1.26.0
 
 require (
 	github.com/georgysavva/scany/v2 v2.1.4
