@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/internal/testfixture"
 )
 
 func TestFingerprint(t *testing.T) {
@@ -84,27 +85,27 @@ func TestFingerprint(t *testing.T) {
 		t.Parallel()
 
 		got, err := idem.Fingerprint("rides", []byte(`{"a":1,"a":2}`))
-		require.ErrorIs(t, err, idem.ErrInvalidJSON)
+		require.ErrorIs(t, err, idem.ErrInvalidParams)
 		require.ErrorContains(t, err, "duplicate member name")
 		require.Nil(t, got)
 
 		_, err = idem.Fingerprint("rides", nil)
-		require.ErrorIs(t, err, idem.ErrInvalidJSON)
+		require.ErrorIs(t, err, idem.ErrInvalidParams)
 	})
 }
 
 func BenchmarkFingerprint(b *testing.B) {
 	b.Run("Rides", func(b *testing.B) {
 		b.ReportAllocs()
-		b.SetBytes(int64(len(canonRidesBody)))
+		b.SetBytes(int64(len(testfixture.RidesParams)))
 		for b.Loop() {
-			if _, err := idem.Fingerprint("rides", canonRidesBody); err != nil {
+			if _, err := idem.Fingerprint("rides", testfixture.RidesParams); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
 	b.Run("Nested4KiB", func(b *testing.B) {
-		doc := []byte(canonNestedBody(b))
+		doc := testfixture.NestedParams(b)
 		b.ReportAllocs()
 		b.SetBytes(int64(len(doc)))
 		for b.Loop() {
