@@ -95,23 +95,8 @@ func TestFingerprint(t *testing.T) {
 }
 
 func BenchmarkFingerprint(b *testing.B) {
-	b.Run("Rides", func(b *testing.B) {
-		b.ReportAllocs()
-		b.SetBytes(int64(len(testfixture.RidesParams)))
-		for b.Loop() {
-			if _, err := idem.Fingerprint("rides", testfixture.RidesParams); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("Nested4KiB", func(b *testing.B) {
-		doc := testfixture.NestedParams(b)
-		b.ReportAllocs()
-		b.SetBytes(int64(len(doc)))
-		for b.Loop() {
-			if _, err := idem.Fingerprint("orders", doc); err != nil {
-				b.Fatal(err)
-			}
-		}
+	testfixture.BenchmarkParams(b, func(params []byte) error {
+		_, err := idem.Fingerprint("rides", params)
+		return err
 	})
 }

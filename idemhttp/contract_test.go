@@ -136,7 +136,7 @@ func phaseFails(name string, fail func() error) contractCase {
 			retry := post(b.handler(t, nil), "k-1", rideBody)
 			require.Equal(t, http.StatusCreated, retry.Code, retry.Body.String())
 			require.Empty(t, retry.Header().Get("Idempotent-Replayed"))
-			require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 2, "responded": 1}, b.counts.get(),
+			require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 2, "responded": 1}, b.counts.Get(),
 				"the retry resumes after the committed phase")
 			require.Equal(t, 1, b.countRows(t, "rides"))
 		},
@@ -281,7 +281,7 @@ var contractCases = []contractCase{
 		problem: idemhttp.ProblemKeyReused, stripeType: idemhttp.StripeIdempotencyError,
 		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
 			require.Equal(t, "rides.create", b.keyRow(t, "k-1").Flow)
-			require.Zero(t, b.counts.get()["quoted"])
+			require.Zero(t, b.counts.Get()["quoted"])
 		},
 	},
 
@@ -310,7 +310,7 @@ var contractCases = []contractCase{
 		// The clock stands still: the whole 90 s lease is left.
 		header: map[string]string{"Retry-After": "2"}, // the lease's 90 s, capped by Config.MaxRetryAfter
 		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
-			require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "responded": 1}, b.counts.get())
+			require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "responded": 1}, b.counts.Get())
 			replay := post(b.handler(t, nil), "k-1", rideBody)
 			require.Equal(t, http.StatusCreated, replay.Code)
 			require.Equal(t, "true", replay.Header().Get("Idempotent-Replayed"))
@@ -356,7 +356,7 @@ var contractCases = []contractCase{
 		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
 			row := b.keyRow(t, "k-1")
 			require.Equal(t, idem.StatusNeedsReconcile, row.Status)
-			require.Equal(t, 1, b.counts.get()["sms_sent"], "a call of unknown outcome is never re-run blindly")
+			require.Equal(t, 1, b.counts.Get()["sms_sent"], "a call of unknown outcome is never re-run blindly")
 		},
 	},
 
@@ -378,8 +378,8 @@ var contractCases = []contractCase{
 		status: http.StatusServiceUnavailable, problem: idemhttp.ProblemStoreUnavailable, stripeType: idemhttp.StripeAPIError,
 		header: map[string]string{"Retry-After": "5"},
 		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
-			require.Empty(t, b.counts.get(), "no phase may run when the store is unreachable")
-			require.Zero(t, b.provider.count())
+			require.Empty(t, b.counts.Get(), "no phase may run when the store is unreachable")
+			require.Zero(t, b.provider.Charges())
 		},
 	},
 

@@ -827,23 +827,8 @@ func TestCanonRefDecoder(t *testing.T) {
 }
 
 func BenchmarkCanonicalJSON(b *testing.B) {
-	b.Run("Rides", func(b *testing.B) {
-		b.ReportAllocs()
-		b.SetBytes(int64(len(testfixture.RidesParams)))
-		for b.Loop() {
-			if _, err := canonical.JSON(testfixture.RidesParams); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("Nested4KiB", func(b *testing.B) {
-		doc := testfixture.NestedParams(b)
-		b.ReportAllocs()
-		b.SetBytes(int64(len(doc)))
-		for b.Loop() {
-			if _, err := canonical.JSON(doc); err != nil {
-				b.Fatal(err)
-			}
-		}
+	testfixture.BenchmarkParams(b, func(params []byte) error {
+		_, err := canonical.JSON(params)
+		return err
 	})
 }

@@ -32,3 +32,27 @@ func NestedParams(tb testing.TB) []byte {
 	require.InDelta(tb, 4096, len(doc), 512)
 	return []byte(doc)
 }
+
+// BenchmarkParams benchmarks fn over RidesParams and NestedParams, as the
+// sub-benchmarks Rides and Nested4KiB, reporting bytes per second and
+// allocations.
+func BenchmarkParams(b *testing.B, fn func(params []byte) error) {
+	b.Helper()
+	for _, bench := range []struct {
+		name   string
+		params []byte
+	}{
+		{"Rides", RidesParams},
+		{"Nested4KiB", NestedParams(b)},
+	} {
+		b.Run(bench.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(bench.params)))
+			for b.Loop() {
+				if err := fn(bench.params); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
