@@ -36,7 +36,7 @@ var (
 )
 
 // NewFlow declares a flow. It checks the declaration: a valid unique name per
-// phase, a Run function on each, a Reconcile hook on every not-idempotent
+// phase, a Do function on each, a Reconcile hook on every not-idempotent
 // phase. Flow names are stored with each key, so a name must keep meaning
 // the same endpoint across deploys.
 func NewFlow[In any](name string, phases []Phase[In], config *FlowConfig) (*Flow[In], error) {
@@ -60,7 +60,7 @@ func NewFlow[In any](name string, phases []Phase[In], config *FlowConfig) (*Flow
 		case p.Name == RecoveryPointStarted || p.Name == RecoveryPointFinished:
 			return nil, fmt.Errorf("idem: flow %q: %q is a reserved recovery point, not a phase name", name, p.Name)
 		case p.Do == nil:
-			return nil, fmt.Errorf("idem: flow %q phase %q has no Run function", name, p.Name)
+			return nil, fmt.Errorf("idem: flow %q phase %q has no Do function", name, p.Name)
 		case p.Foreign == ForeignNotIdempotent && p.Reconcile == nil:
 			return nil, fmt.Errorf("idem: flow %q phase %q makes a not-idempotent foreign call and needs a Reconcile hook", name, p.Name)
 		case p.Foreign != ForeignIdempotent && p.Foreign != ForeignNotIdempotent:
