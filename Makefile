@@ -1,7 +1,7 @@
 # Conveniences; the scripts are the source of truth.
 .PHONY: test demo fuzz bench
 
-test: ## vet, gofmt check, go test -race ./...
+test: ## gofmt check, tidy go.mod files, go vet and go test -race over every module in go.work
 	bash scripts/test
 
 demo: ## the rides demo against a throwaway Postgres

@@ -66,5 +66,5 @@ func TestKeyIsBoundToMethodAndPath(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.True(t, out.TookOver)
-	require.Equal(t, map[string]int{"ride_created": 2, "charge_created": 3, "receipt_enqueued": 2}, b.counts.get())
+	require.Equal(t, map[string]int{"ride_created": 2, "charge_created": 3, "receipt_enqueued": 2}, b.counts.Get())
 }

@@ -13,7 +13,7 @@ import (
 // not charged, a charge made but no receipt. The completer finds such keys
 // (status running, nobody holding them, no run for IdleFor) and drives each
 // to its response server-side, from the params stored with the key, through
-// the same runner and flow as a client retry would: runner.Run takes the key
+// the same runner and flow as a client retry would: Runner.Execute takes the key
 // over and resumes after its recovery point. The response is stored, so a
 // client that comes back later gets the replay.
 //

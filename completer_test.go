@@ -44,7 +44,7 @@ func TestCompleterFinishesAnAbandonedRequestWithOneCharge(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	b.abandon(t, "k1")
-	require.Equal(t, 1, b.provider.chargeCount())
+	require.Equal(t, 1, b.provider.Charges())
 	rec := b.key(t, "k1")
 	require.Equal(t, "ride_created", rec.RecoveryPoint)
 	require.NotNil(t, rec.LockedAt)
@@ -75,10 +75,10 @@ func TestCompleterFinishesAnAbandonedRequestWithOneCharge(t *testing.T) {
 	rec = b.key(t, "k1")
 	require.Equal(t, idem.StatusFinished, rec.Status)
 	require.Equal(t, http.StatusCreated, rec.ResponseStatus)
-	require.Equal(t, 1, b.provider.chargeCount(), "exactly one charge")
+	require.Equal(t, 1, b.provider.Charges(), "exactly one charge")
 	require.Equal(t, 1, b.countRows(t, "rides"))
 	require.Equal(t, 1, b.countRows(t, "jobs"))
-	require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 2, "receipt_enqueued": 1}, b.counts.get(),
+	require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 2, "receipt_enqueued": 1}, b.counts.Get(),
 		"the charge phase re-ran with the same downstream key; the ride was not created again")
 
 	// The client comes back: it gets the stored response, byte for byte.
@@ -130,7 +130,7 @@ func TestCompleterPicksOnlyIdleRunningKeysOfItsFlows(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, &idem.CompleteResult{Claimed: 1, Completed: 1}, res)
 	require.Equal(t, idem.StatusFinished, b.key(t, "released").Status)
-	require.Equal(t, 1, b.provider.chargeCount())
+	require.Equal(t, 1, b.provider.Charges())
 
 	require.Equal(t, idem.StatusRunning, b.key(t, "other-flow").Status, "a flow this runner does not have is left alone")
 	require.Equal(t, idem.StatusRunning, b.key(t, "tried-1").Status, "MaxAttempts leaves it for an operator")
@@ -175,7 +175,7 @@ func TestCompleterHandsDoubtfulKeysToReconcile(t *testing.T) {
 	require.Equal(t, &idem.ReconcileResult{Claimed: 1, Resolved: 1}, rres)
 	require.Equal(t, idem.StatusFinished, b.key(t, "k1").Status)
 	require.Equal(t, 1, b.gateway.times(b.ref(t, "k1")))
-	require.Equal(t, 1, b.counts.get()["sms_sent"])
+	require.Equal(t, 1, b.counts.Get()["sms_sent"])
 }
 
 func TestCompleteAndReconcileNeedFlowsAndValidConfig(t *testing.T) {

@@ -17,10 +17,11 @@ var (
 	// into the flow's input). Nothing was written.
 	ErrInvalidRequest = idemdriver.ErrInvalidRequest
 
-	// ErrInvalidParams: the params do not decode into the flow's input, or
-	// hold what the key store cannot keep (the NUL character, which JSON
-	// allows and Postgres refuses). It wraps ErrInvalidRequest. Nothing was
-	// written; an HTTP adapter answers it as invalid input.
+	// ErrInvalidParams: the params do not decode into the flow's input, are
+	// JSON that Fingerprint refuses, or hold what the key store cannot keep
+	// (the NUL character, which JSON allows and Postgres refuses). It wraps
+	// ErrInvalidRequest. Nothing was written; an HTTP adapter answers it as
+	// invalid input.
 	ErrInvalidParams = fmt.Errorf("%w: params", ErrInvalidRequest)
 
 	// ErrInProgress: another worker holds a live lease on the key. Nothing

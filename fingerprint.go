@@ -1,30 +1,51 @@
 package idem
 
-import "crypto/sha256"
+import (
+	"crypto/sha256"
+	"fmt"
+	"sync"
+
+	"github.com/go-idem/idem/internal/canonical"
+)
 
 // Fingerprint identifies a request by what it asks for, so that a key reused
 // for a different request is caught (and answered 422) instead of replaying a
 // response that belongs to another payload. It is SHA-256 over the flow name,
-// a 0x00 separator, and CanonicalJSON(params): key order, whitespace, escapes
-// and the spelling of numbers do not change it, any change of value does.
+// a 0x00 separator, and the canonical JSON of params (RFC 8785 style, with
+// numbers kept exact): key order, whitespace, escapes and the spelling of
+// numbers do not change it, any change of value does.
 //
 // The encoding is unambiguous even for a flow name that contains 0x00,
 // because canonical JSON never contains a 0x00 byte: the last 0x00 of the
 // hashed bytes is always the separator.
 //
-// An error wraps ErrInvalidJSON and means params is not a JSON document
-// CanonicalJSON accepts.
+// An error wraps ErrInvalidParams and means params is not one JSON value in
+// valid UTF-8, or is one with duplicate member names, unpaired escaped
+// surrogates, nesting deeper than 512 or a number whose exponent exceeds
+// ±1,000,000; the message says what is wrong and at which byte offset.
 func Fingerprint(flow string, params []byte) ([]byte, error) {
-	c := canonGet(params)
-	defer canonPut(c)
+	bufp := fingerprintBuffers.Get().(*[]byte) //nolint:forcetypeassert // the pool only holds *[]byte
+	defer func() {
+		if cap(*bufp) <= fingerprintMaxBuffer {
+			fingerprintBuffers.Put(bufp)
+		}
+	}()
 
 	// Canonicalise straight after the prefix in the pooled buffer, so the
 	// canonical bytes are never copied and the hash needs no streaming state.
-	c.out = append(c.out, flow...)
-	c.out = append(c.out, 0)
-	if err := c.canonicalize(); err != nil {
-		return nil, err
+	buf := append((*bufp)[:0], flow...)
+	buf = append(buf, 0)
+	buf, err := canonical.Append(buf, params)
+	*bufp = buf
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidParams, err)
 	}
-	sum := sha256.Sum256(c.out)
+	sum := sha256.Sum256(buf)
 	return sum[:], nil
 }
+
+// fingerprintMaxBuffer is the largest buffer returned to the pool, so that
+// one huge request does not pin its memory for the life of the process.
+const fingerprintMaxBuffer = 1 << 20
+
+var fingerprintBuffers = sync.Pool{New: func() any { return new([]byte) }}

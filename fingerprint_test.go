@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/internal/testfixture"
 )
 
 func TestFingerprint(t *testing.T) {
@@ -84,33 +85,18 @@ func TestFingerprint(t *testing.T) {
 		t.Parallel()
 
 		got, err := idem.Fingerprint("rides", []byte(`{"a":1,"a":2}`))
-		require.ErrorIs(t, err, idem.ErrInvalidJSON)
+		require.ErrorIs(t, err, idem.ErrInvalidParams)
 		require.ErrorContains(t, err, "duplicate member name")
 		require.Nil(t, got)
 
 		_, err = idem.Fingerprint("rides", nil)
-		require.ErrorIs(t, err, idem.ErrInvalidJSON)
+		require.ErrorIs(t, err, idem.ErrInvalidParams)
 	})
 }
 
 func BenchmarkFingerprint(b *testing.B) {
-	b.Run("Rides", func(b *testing.B) {
-		b.ReportAllocs()
-		b.SetBytes(int64(len(canonRidesBody)))
-		for b.Loop() {
-			if _, err := idem.Fingerprint("rides", canonRidesBody); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("Nested4KiB", func(b *testing.B) {
-		doc := []byte(canonNestedBody(b))
-		b.ReportAllocs()
-		b.SetBytes(int64(len(doc)))
-		for b.Loop() {
-			if _, err := idem.Fingerprint("orders", doc); err != nil {
-				b.Fatal(err)
-			}
-		}
+	testfixture.BenchmarkParams(b, func(params []byte) error {
+		_, err := idem.Fingerprint("rides", params)
+		return err
 	})
 }

@@ -168,9 +168,9 @@ func (f *Flow[In]) prepare(params any) (*prepared, error) {
 		// input would fail at the store on every retry.
 		return nil, fmt.Errorf(`%w: strings must not contain the NUL character (\u0000)`, ErrInvalidParams)
 	}
-	fp, err := Fingerprint(f.name, js)
+	fp, err := Fingerprint(f.name, js) // an error wraps ErrInvalidParams
 	if err != nil {
-		return nil, fmt.Errorf("%w: fingerprint: %w", ErrInvalidParams, err)
+		return nil, err
 	}
 	return &prepared{input: in, params: js, fingerprint: fp}, nil
 }

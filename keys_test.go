@@ -146,7 +146,7 @@ func TestUnlockKeyStopsALiveHolder(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.True(t, out.TookOver)
-	require.Equal(t, 1, b.provider.chargeCount())
+	require.Equal(t, 1, b.provider.Charges())
 
 	// A finished key has nothing to unlock; an unknown one is not found.
 	res, err = b.runner(t, nil).UnlockKey(ctx, "user:1", "k1", "")

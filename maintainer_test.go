@@ -68,7 +68,7 @@ func TestTwoMaintainersDoNoDoubleWork(t *testing.T) {
 		_, err := b.runner(t, nil).Execute(ctx, b.flow, b.req(fmt.Sprint("sms-", i)))
 		require.ErrorIs(t, err, idem.ErrNeedsReconcile)
 	}
-	require.Equal(t, abandoned, b.provider.chargeCount())
+	require.Equal(t, abandoned, b.provider.Charges())
 	b.clock.Advance(10 * time.Minute)
 
 	tally := &workTally{completedKeys: map[string]int{}, want: [3]int{expired, abandoned, doubtful}, done: make(chan struct{})}
@@ -119,7 +119,7 @@ func TestTwoMaintainersDoNoDoubleWork(t *testing.T) {
 	require.Equal(t, abandoned, b.countRows(t, "idem_keys WHERE key LIKE 'ab-%' AND status = 'finished'"))
 	require.Equal(t, abandoned, b.countRows(t, "rides"))
 	require.Equal(t, abandoned, b.countRows(t, "jobs"), "one receipt per ride")
-	require.Equal(t, abandoned, b.provider.chargeCount())
+	require.Equal(t, abandoned, b.provider.Charges())
 	for i := range doubtful {
 		key := fmt.Sprint("sms-", i)
 		require.Equal(t, idem.StatusFinished, b.key(t, key).Status)

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Phase is one atomic step of a flow. Its Do function executes inside its
+// Phase is one atomic step of a flow. Its Do function runs inside its
 // own transaction (tx); whatever it writes through tx commits together with
 // the key's new recovery point, or not at all. A phase may make at most one
 // foreign call, through [Attempt.Foreign].

@@ -72,7 +72,7 @@ func setupSMS(t *testing.T) *smsBundle {
 			Name:    "sms_sent",
 			Foreign: idem.ForeignNotIdempotent,
 			Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[smsInput]) (idem.Result, error) {
-				b.counts.add("sms_sent")
+				b.counts.Add("sms_sent")
 				ref := run.IdempotencyKey() // used here only as our own reference
 				if err := run.Foreign(ctx, "send_sms", func(context.Context, string) error { return b.gateway.send(ref) }); err != nil {
 					return idem.Result{}, err
@@ -85,7 +85,7 @@ func setupSMS(t *testing.T) *smsBundle {
 				return idem.Advance(), markSent(ctx, tx, run)
 			},
 			Reconcile: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[smsInput]) (idem.Reconciliation, error) {
-				b.counts.add("reconcile")
+				b.counts.Add("reconcile")
 				if b.gateway.unknown {
 					return idem.ReconcileUnknown("gateway lookup timed out"), nil
 				}
@@ -182,7 +182,7 @@ func TestNotIdempotentCrashGoesToReconcileNotToASecondSend(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeReplayed, replay.Kind)
 	require.Equal(t, out.Response.Body, replay.Response.Body)
-	require.Equal(t, 1, b.counts.get()["sms_sent"])
+	require.Equal(t, 1, b.counts.Get()["sms_sent"])
 }
 
 // A send that failed before reaching the gateway: the phase errs with the
@@ -204,7 +204,7 @@ func TestNotIdempotentNotDoneRunsThePhaseAgain(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.Equal(t, 1, b.gateway.times(ref))
-	require.Equal(t, 2, b.counts.get()["sms_sent"])
+	require.Equal(t, 2, b.counts.Get()["sms_sent"])
 }
 
 // Unknown leaves the key for later, unlocked, with the reason recorded.
@@ -249,7 +249,7 @@ func TestNotIdempotentPhaseIsNotRetriedAfterItsCall(t *testing.T) {
 	out, err := r.Execute(context.Background(), b.flow, b.req("k1"))
 	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
 	require.Equal(t, idem.OutcomeNeedsReconcile, out.Kind)
-	require.Equal(t, 1, b.counts.get()["sms_sent"], "no automatic retry")
+	require.Equal(t, 1, b.counts.Get()["sms_sent"], "no automatic retry")
 	require.Equal(t, 1, b.gateway.times(b.ref(t, "k1")))
 }
 
@@ -303,7 +303,7 @@ func TestInvalidRequestsWriteNothing(t *testing.T) {
 		require.Equal(t, idem.OutcomeInvalid, out.Kind, name)
 	}
 	require.Equal(t, 0, b.countRows(t, "idem_keys"))
-	require.Empty(t, b.counts.get())
+	require.Empty(t, b.counts.Get())
 }
 
 // JSON params and typed params of equal value are the same request.

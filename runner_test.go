@@ -36,7 +36,7 @@ func TestNewKeyRunsEveryPhaseOnceInOrder(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.Equal(t, []string{"ride_created", "charge_created", "receipt_enqueued"}, order)
-	require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "receipt_enqueued": 1}, b.counts.get())
+	require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "receipt_enqueued": 1}, b.counts.Get())
 	require.Equal(t, http.StatusCreated, out.Response.Status)
 
 	rec := b.key(t, "k1")
@@ -49,7 +49,7 @@ func TestNewKeyRunsEveryPhaseOnceInOrder(t *testing.T) {
 	require.Equal(t, b.clock.Now().Add(24*time.Hour), rec.ExpiresAt.UTC())
 	require.Equal(t, 1, b.countRows(t, "rides"))
 	require.Equal(t, 1, b.countRows(t, "jobs"))
-	require.Equal(t, 1, b.provider.chargeCount())
+	require.Equal(t, 1, b.provider.Charges())
 }
 
 // Semantics 2: a retry of a finished key returns the stored status, headers
@@ -60,13 +60,13 @@ func TestReplayReturnsStoredResponseByteForByte(t *testing.T) {
 	ctx := context.Background()
 	first, err := b.runner(t, nil).Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
-	before := b.counts.get()
+	before := b.counts.Get()
 
 	// A different runner (another process) replays it too.
 	again, err := b.runner(t, nil).Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeReplayed, again.Kind)
-	require.Equal(t, before, b.counts.get(), "a replay must not run any phase")
+	require.Equal(t, before, b.counts.Get(), "a replay must not run any phase")
 	require.Equal(t, first.Response.Status, again.Response.Status)
 	require.Equal(t, first.Response.Body, again.Response.Body, "body must be byte-identical, odd spacing included")
 	require.Contains(t, string(again.Response.Body), `,  "charge_id"`)
@@ -119,9 +119,9 @@ func TestConcurrentSameKeyRunsEachPhaseOnce(t *testing.T) {
 	}
 	require.Equal(t, 1, kinds[idem.OutcomeExecuted], "outcomes: %v", kinds)
 	require.Equal(t, callers, kinds[idem.OutcomeExecuted]+kinds[idem.OutcomeReplayed]+kinds[idem.OutcomeInProgress])
-	require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "receipt_enqueued": 1}, b.counts.get())
+	require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "receipt_enqueued": 1}, b.counts.Get())
 	require.Equal(t, 1, b.countRows(t, "rides"))
-	require.Equal(t, 1, b.provider.chargeCount())
+	require.Equal(t, 1, b.provider.Charges())
 }
 
 // Semantics 4: the same key with a different payload or a different flow is
@@ -175,7 +175,7 @@ func TestMismatchIsCheckedBeforeTheLock(t *testing.T) {
 	// And after it finished, the mismatch still wins over the replay.
 	_, err = r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "LA", Amount: 20}))
 	require.ErrorIs(t, err, idem.ErrMismatch)
-	require.Equal(t, 1, b.counts.get()["ride_created"])
+	require.Equal(t, 1, b.counts.Get()["ride_created"])
 }
 
 // Semantics 5: a Go error in phase k rolls back phase k only; the retry
@@ -214,9 +214,9 @@ func TestPhaseErrorRollsBackThatPhaseAndRetryResumes(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.True(t, out.TookOver)
-	require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "receipt_enqueued": 2}, b.counts.get())
+	require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "receipt_enqueued": 2}, b.counts.Get())
 	require.Equal(t, 1, b.countRows(t, "rides"))
-	require.Equal(t, 1, b.provider.chargeCount())
+	require.Equal(t, 1, b.provider.Charges())
 	require.Equal(t, 2, b.key(t, "k1").Attempts)
 }
 
@@ -247,7 +247,7 @@ func TestPanicInPhaseReleasesAndRetryResumes(t *testing.T) {
 	out, err = r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
-	require.Equal(t, 1, b.counts.get()["ride_created"])
+	require.Equal(t, 1, b.counts.Get()["ride_created"])
 }
 
 // Semantics 6: a crash (the worker stops without releasing anything) leaves
@@ -284,7 +284,7 @@ func TestCrashLeavesKeyLockedUntilLeaseExpires(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.True(t, out.TookOver)
-	require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "receipt_enqueued": 1}, b.counts.get())
+	require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "receipt_enqueued": 1}, b.counts.Get())
 	require.Equal(t, int64(2), b.key(t, "k1").Fence)
 }
 
@@ -399,7 +399,7 @@ func TestHeartbeatKeepsASlowPhaseLease(t *testing.T) {
 	letGo()
 	require.NoError(t, <-done)
 	require.Equal(t, int64(1), b.key(t, "k1").Fence, "never taken over")
-	require.Equal(t, 1, b.counts.get()["charge_created"])
+	require.Equal(t, 1, b.counts.Get()["charge_created"])
 }
 
 // Semantics 9: a serialization failure or a deadlock inside a phase is
@@ -417,7 +417,7 @@ func TestSerializationFailuresAndDeadlocksAreRetried(t *testing.T) {
 		out, err := r.Execute(context.Background(), b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 		require.NoError(t, err)
 		require.Equal(t, idem.OutcomeExecuted, out.Kind)
-		require.Equal(t, 3, b.counts.get()["ride_created"], "two failed attempts and a good one")
+		require.Equal(t, 3, b.counts.Get()["ride_created"], "two failed attempts and a good one")
 		require.Equal(t, 1, b.countRows(t, "rides"))
 	})
 
@@ -430,7 +430,7 @@ func TestSerializationFailuresAndDeadlocksAreRetried(t *testing.T) {
 		out, err := r.Execute(context.Background(), b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 		require.NoError(t, err)
 		require.Equal(t, idem.OutcomeExecuted, out.Kind)
-		require.Equal(t, 2, b.counts.get()["ride_created"])
+		require.Equal(t, 2, b.counts.Get()["ride_created"])
 	})
 
 	t.Run("exhausted, released, retry later succeeds", func(t *testing.T) {
@@ -449,7 +449,7 @@ func TestSerializationFailuresAndDeadlocksAreRetried(t *testing.T) {
 		require.ErrorIs(t, err, idem.ErrRetriesExhausted)
 		require.ErrorIs(t, err, idem.ErrSerialization)
 		require.Equal(t, idem.OutcomeFailed, out.Kind)
-		require.Equal(t, 3, b.counts.get()["ride_created"], "one try and two retries")
+		require.Equal(t, 3, b.counts.Get()["ride_created"], "one try and two retries")
 		require.Equal(t, 2, retried)
 		rec := b.key(t, "k1")
 		require.Nil(t, rec.LockedAt, "released for a later retry")
@@ -568,7 +568,7 @@ func TestDeclineIsStoredAndReplayed(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	r := b.runner(t, nil)
-	b.provider.declined[99] = true
+	b.provider.Decline(99)
 	out, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 99}))
 	require.NoError(t, err, "a decline is an executed outcome, not an error")
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
@@ -581,8 +581,8 @@ func TestDeclineIsStoredAndReplayed(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeReplayed, again.Kind)
 	require.Equal(t, out.Response.Body, again.Response.Body)
-	require.Equal(t, 1, b.counts.get()["charge_created"])
-	require.Equal(t, 0, b.counts.get()["receipt_enqueued"])
+	require.Equal(t, 1, b.counts.Get()["charge_created"])
+	require.Equal(t, 0, b.counts.Get()["receipt_enqueued"])
 }
 
 // Semantics 12: the same key in two scopes runs twice, independently;
@@ -607,7 +607,7 @@ func TestSameKeyInTwoScopesIsTwoRequests(t *testing.T) {
 	require.Equal(t, idem.OutcomeReplayed, a2.Kind)
 	require.Equal(t, a.Response.Body, a2.Response.Body)
 	require.Equal(t, 2, b.countRows(t, "rides"))
-	require.Equal(t, 2, b.provider.chargeCount())
+	require.Equal(t, 2, b.provider.Charges())
 }
 
 // Semantics 13: with the database unreachable the runner reports
@@ -630,8 +630,8 @@ func TestStoreUnavailableFailsClosed(t *testing.T) {
 	out, err := r.Execute(context.Background(), b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.ErrorIs(t, err, idem.ErrStoreUnavailable)
 	require.Equal(t, idem.OutcomeStoreUnavailable, out.Kind)
-	require.Empty(t, b.counts.get(), "no phase may run when the store is unreachable")
-	require.Equal(t, 0, b.provider.chargeCount())
+	require.Empty(t, b.counts.Get(), "no phase may run when the store is unreachable")
+	require.Equal(t, 0, b.provider.Charges())
 }
 
 // A store that goes away mid-flow: the phase cannot commit, the request
@@ -678,7 +678,7 @@ func TestLostCommitAcknowledgementIsNotReRun(t *testing.T) {
 	out, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
-	require.Equal(t, 1, b.counts.get()["ride_created"])
+	require.Equal(t, 1, b.counts.Get()["ride_created"])
 	require.Equal(t, 1, b.countRows(t, "rides"))
 }
 

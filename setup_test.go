@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/internal/pgtest"
+	"github.com/go-idem/idem/internal/testfixture"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -28,8 +27,8 @@ type testBundle struct {
 	pool     *pgxpool.Pool
 	store    *pgstore.Store
 	clock    *idemtest.Clock
-	provider *fakeProvider
-	counts   *phaseCounts
+	provider *testfixture.Provider
+	counts   *testfixture.PhaseCounts
 	flow     *idem.Flow[rideInput]
 	// hooks lets a test inject behaviour into the flow's phases by name;
 	// set it before running.
@@ -51,7 +50,7 @@ func setup(t *testing.T) *testBundle {
 	b := &testBundle{
 		schema: schema, pool: schema.Pool, store: store,
 		clock:    idemtest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)),
-		provider: newFakeProvider(), counts: &phaseCounts{},
+		provider: &testfixture.Provider{}, counts: &testfixture.PhaseCounts{},
 		hooks: map[string]func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error{},
 	}
 	b.flow = b.rideFlow("rides.create")
@@ -90,7 +89,7 @@ func (b *testBundle) request(key string, in rideInput) idem.Request {
 // 402 when the provider declines).
 func (b *testBundle) rideFlow(name string) *idem.Flow[rideInput] {
 	hook := func(phase string, ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) error {
-		b.counts.add(phase)
+		b.counts.Add(phase)
 		if h := b.hooks[phase]; h != nil {
 			return h(ctx, tx, run)
 		}
@@ -124,10 +123,10 @@ func (b *testBundle) rideFlow(name string) *idem.Flow[rideInput] {
 				var chargeID string
 				err := run.Foreign(ctx, "charge", func(ctx context.Context, key string) error {
 					var err error
-					chargeID, err = b.provider.charge(key, run.Input().Amount)
+					chargeID, err = b.provider.Charge(key, run.Input().Amount)
 					return err
 				})
-				if err == errDeclined {
+				if err == testfixture.ErrDeclined {
 					return idem.RespondJSON(http.StatusPaymentRequired, map[string]any{"error": "card_declined", "ride_id": rideID}), nil
 				}
 				if err != nil {
@@ -177,68 +176,6 @@ func (b *testBundle) key(t *testing.T, key string) *idem.KeyRecord {
 	rec, err := b.store.GetKey(context.Background(), "user:1", key)
 	require.NoError(t, err)
 	return rec
-}
-
-// phaseCounts counts phase body invocations by name.
-type phaseCounts struct {
-	mu sync.Mutex
-	n  map[string]int
-}
-
-func (c *phaseCounts) add(phase string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.n == nil {
-		c.n = map[string]int{}
-	}
-	c.n[phase]++
-}
-
-func (c *phaseCounts) get() map[string]int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := map[string]int{}
-	for k, v := range c.n {
-		out[k] = v
-	}
-	return out
-}
-
-var errDeclined = fmt.Errorf("card declined")
-
-// fakeProvider is an idempotent payment provider: the same downstream key
-// returns the same charge; it counts calls and charges separately.
-type fakeProvider struct {
-	mu       sync.Mutex
-	calls    int
-	charges  map[string]string // downstream key -> charge id
-	declined map[float64]bool
-	seq      atomic.Int64
-}
-
-func newFakeProvider() *fakeProvider {
-	return &fakeProvider{charges: map[string]string{}, declined: map[float64]bool{}}
-}
-
-func (p *fakeProvider) charge(key string, amount float64) (string, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.calls++
-	if p.declined[amount] {
-		return "", errDeclined
-	}
-	if id, ok := p.charges[key]; ok {
-		return id, nil
-	}
-	id := fmt.Sprintf("ch_%d", p.seq.Add(1))
-	p.charges[key] = id
-	return id, nil
-}
-
-func (p *fakeProvider) chargeCount() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.charges)
 }
 
 func decodeBody(t *testing.T, body []byte) map[string]any {

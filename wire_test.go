@@ -131,5 +131,5 @@ func TestStalledDatabaseFailsClosedWithinTheBound(t *testing.T) {
 		require.Equal(t, http.StatusCreated, out.Response.Status)
 	}
 	require.Equal(t, n+1, b.countRows(t, "rides"))
-	require.Equal(t, n+1, b.provider.chargeCount())
+	require.Equal(t, n+1, b.provider.Charges())
 }

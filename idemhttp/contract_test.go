@@ -136,7 +136,7 @@ func phaseFails(name string, fail func() error) contractCase {
 			retry := post(b.handler(t, nil), "k-1", rideBody)
 			require.Equal(t, http.StatusCreated, retry.Code, retry.Body.String())
 			require.Empty(t, retry.Header().Get("Idempotent-Replayed"))
-			require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 2, "responded": 1}, b.counts.get(),
+			require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 2, "responded": 1}, b.counts.Get(),
 				"the retry resumes after the committed phase")
 			require.Equal(t, 1, b.countRows(t, "rides"))
 		},
@@ -300,7 +300,7 @@ var contractCases = []contractCase{
 		problem: idemhttp.ProblemKeyReused, stripeType: idemhttp.StripeIdempotencyError,
 		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
 			require.Equal(t, "rides.create", b.keyRow(t, "k-1").Flow)
-			require.Zero(t, b.counts.get()["quoted"])
+			require.Zero(t, b.counts.Get()["quoted"])
 		},
 	},
 
@@ -324,7 +324,7 @@ var contractCases = []contractCase{
 			row := b.keyRow(t, "k-1")
 			require.Equal(t, "POST", row.Method)
 			require.Equal(t, "/stripe", row.Path, "the route is the mux pattern, without its method")
-			require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "responded": 1}, b.counts.get())
+			require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "responded": 1}, b.counts.Get())
 		},
 	},
 	{
@@ -372,7 +372,7 @@ var contractCases = []contractCase{
 			require.Equal(t, "ride_created", row.RecoveryPoint)
 			require.Equal(t, int64(1), row.Fence, "nobody took the key over")
 			require.Equal(t, 1, row.Attempts)
-			require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1}, b.counts.get())
+			require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1}, b.counts.Get())
 
 			h := b.handler(t, nil)
 			mux := http.NewServeMux()
@@ -408,7 +408,7 @@ var contractCases = []contractCase{
 		// The clock stands still: the whole 90 s lease is left.
 		header: map[string]string{"Retry-After": "2"}, // the lease's 90 s, capped by Config.MaxRetryAfter
 		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
-			require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "responded": 1}, b.counts.get())
+			require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "responded": 1}, b.counts.Get())
 			replay := post(b.handler(t, nil), "k-1", rideBody)
 			require.Equal(t, http.StatusCreated, replay.Code)
 			require.Equal(t, "true", replay.Header().Get("Idempotent-Replayed"))
@@ -454,7 +454,7 @@ var contractCases = []contractCase{
 		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
 			row := b.keyRow(t, "k-1")
 			require.Equal(t, idem.StatusNeedsReconcile, row.Status)
-			require.Equal(t, 1, b.counts.get()["sms_sent"], "a call of unknown outcome is never re-run blindly")
+			require.Equal(t, 1, b.counts.Get()["sms_sent"], "a call of unknown outcome is never re-run blindly")
 		},
 	},
 
@@ -477,8 +477,8 @@ var contractCases = []contractCase{
 		status: http.StatusServiceUnavailable, problem: idemhttp.ProblemStoreUnavailable, stripeType: idemhttp.StripeAPIError,
 		header: map[string]string{"Retry-After": "5"},
 		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
-			require.Empty(t, b.counts.get(), "no phase may run when the store is unreachable")
-			require.Zero(t, b.provider.count())
+			require.Empty(t, b.counts.Get(), "no phase may run when the store is unreachable")
+			require.Zero(t, b.provider.Charges())
 		},
 	},
 
@@ -495,7 +495,7 @@ var contractCases = []contractCase{
 			flow := idem.MustNewFlow("rides.odd", []idem.Phase[rideInput]{{
 				Name: "responded",
 				Do: func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.Result, error) {
-					b.counts.add("responded")
+					b.counts.Add("responded")
 					return idem.Respond(http.StatusContinue, nil, nil), nil
 				},
 			}}, nil)
@@ -512,7 +512,7 @@ var contractCases = []contractCase{
 			require.Zero(t, row.ResponseStatus, "nothing is stored")
 			require.Nil(t, row.LockedAt)
 			require.Contains(t, row.LastError, "100")
-			require.Equal(t, map[string]int{"responded": 2}, b.counts.get(), "the retry ran the phase again")
+			require.Equal(t, map[string]int{"responded": 2}, b.counts.Get(), "the retry ran the phase again")
 		},
 	},
 
@@ -549,7 +549,7 @@ var contractCases = []contractCase{
 			require.Contains(t, row.LastError, "provider timed out", "the error is recorded for operators")
 			require.JSONEq(t, `{"user_id": "alice", "origin": "SFO", "amount": 20}`, string(row.Params))
 			require.Equal(t, 1, b.countRows(t, "rides"), "the committed phase's writes are kept")
-			require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1}, b.counts.get())
+			require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1}, b.counts.Get())
 
 			retry := post(b.handler(t, nil), "k-1", rideBody)
 			require.Equal(t, http.StatusCreated, retry.Code, retry.Body.String())
@@ -589,7 +589,7 @@ var contractCases = []contractCase{
 		check: func(t *testing.T, b *bundle, res *httptest.ResponseRecorder) {
 			require.Equal(t, "PATCH is not supported here: use POST.", decodeProblem(t, res).Detail)
 			require.Nil(t, b.keyRow(t, "k-1"), "a refused method records nothing")
-			require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "responded": 1}, b.counts.get(), "only the POST ran")
+			require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "responded": 1}, b.counts.Get(), "only the POST ran")
 		},
 	},
 

@@ -81,9 +81,9 @@ func TestConcurrentIdenticalRequestsExecuteOnce(t *testing.T) {
 	}
 	require.Equal(t, 1, executed)
 	require.Equal(t, callers, executed+replayed+inProgress)
-	require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "responded": 1}, b.counts.get())
+	require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "responded": 1}, b.counts.Get())
 	require.Equal(t, 1, b.countRows(t, "rides"))
-	require.Equal(t, 1, b.provider.count())
+	require.Equal(t, 1, b.provider.Charges())
 	require.Equal(t, firstBody, string(b.keyRow(t, "storm").ResponseBody))
 }
 
@@ -249,7 +249,7 @@ func TestSimulatedCrashDropsTheConnection(t *testing.T) {
 	require.NoError(t, err)
 	defer res.Body.Close()
 	require.Equal(t, http.StatusCreated, res.StatusCode)
-	require.Equal(t, 1, b.provider.count(), "the downstream key made the provider deduplicate")
+	require.Equal(t, 1, b.provider.Charges(), "the downstream key made the provider deduplicate")
 	require.Equal(t, 1, b.countRows(t, "rides"))
 }
 

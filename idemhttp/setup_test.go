@@ -20,6 +20,7 @@ import (
 	"github.com/go-idem/idem/idemhttp"
 	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/internal/pgtest"
+	"github.com/go-idem/idem/internal/testfixture"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -34,8 +35,8 @@ type bundle struct {
 	store    *pgstore.Store
 	clock    *idemtest.Clock
 	profile  idemhttp.Profile
-	counts   *phaseCounts
-	provider *fakeProvider
+	counts   *testfixture.PhaseCounts
+	provider *testfixture.Provider
 	runner   *idem.Runner
 	flow     *idem.Flow[rideInput] // rides.create: three phases
 	quote    *idem.Flow[rideInput] // rides.quote: another endpoint, same input
@@ -64,15 +65,15 @@ func setup(t testing.TB, profile idemhttp.Profile) *bundle {
 	b := &bundle{
 		schema: schema, pool: schema.Pool, store: store, profile: profile,
 		clock:    idemtest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)),
-		counts:   &phaseCounts{},
-		provider: &fakeProvider{charges: map[string]string{}},
+		counts:   &testfixture.PhaseCounts{},
+		provider: &testfixture.Provider{},
 		hooks:    map[string]func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error{},
 	}
 	b.flow = b.rideFlow()
 	b.quote = idem.MustNewFlow("rides.quote", []idem.Phase[rideInput]{{
 		Name: "quoted",
 		Do: func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.Result, error) {
-			b.counts.add("quoted")
+			b.counts.Add("quoted")
 			return idem.RespondJSON(http.StatusOK, map[string]int{"price": 42}), nil
 		},
 	}}, nil)
@@ -80,7 +81,7 @@ func setup(t testing.TB, profile idemhttp.Profile) *bundle {
 		Name:    "sms_sent",
 		Foreign: idem.ForeignNotIdempotent,
 		Do: func(ctx context.Context, _ idem.Tx, run *idem.Attempt[smsInput]) (idem.Result, error) {
-			b.counts.add("sms_sent")
+			b.counts.Add("sms_sent")
 			if err := run.Foreign(ctx, "send_sms", func(context.Context, string) error { return nil }); err != nil {
 				return idem.Result{}, err
 			}
@@ -195,7 +196,7 @@ func (b *bundle) hook(phase string) func(ctx context.Context, tx idem.Tx, run *i
 // which must never reach a client.
 func (b *bundle) rideFlow() *idem.Flow[rideInput] {
 	run := func(phase string, ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) error {
-		b.counts.add(phase)
+		b.counts.Add(phase)
 		if h := b.hook(phase); h != nil {
 			return h(ctx, tx, run)
 		}
@@ -224,8 +225,9 @@ func (b *bundle) rideFlow() *idem.Flow[rideInput] {
 				}
 				var chargeID string
 				if err := r.Foreign(ctx, "charge", func(_ context.Context, key string) error {
-					chargeID = b.provider.charge(key)
-					return nil
+					var err error
+					chargeID, err = b.provider.Charge(key, float64(r.Input().Amount))
+					return err
 				}); err != nil {
 					return idem.Result{}, err
 				}
@@ -313,7 +315,7 @@ func (b *bundle) requireNothingWritten(t testing.TB) {
 	t.Helper()
 	require.Zero(t, b.countRows(t, "idem_keys"), "bad input must be refused before any key is written")
 	require.Zero(t, b.countRows(t, "rides"))
-	require.Empty(t, b.counts.get())
+	require.Empty(t, b.counts.Get())
 }
 
 // requireFinished checks that key holds the stored 201 of one execution.
@@ -327,9 +329,9 @@ func (b *bundle) requireFinished(t testing.TB, key string, res *httptest.Respons
 	require.Equal(t, http.StatusCreated, row.ResponseStatus)
 	require.Equal(t, res.Body.Bytes(), row.ResponseBody)
 	require.NotNil(t, row.ExpiresAt)
-	require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "responded": 1}, b.counts.get())
+	require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "responded": 1}, b.counts.Get())
 	require.Equal(t, 1, b.countRows(t, "rides"))
-	require.Equal(t, 1, b.provider.count())
+	require.Equal(t, 1, b.provider.Charges())
 }
 
 // problemJSON is a decoded problem response, both profiles' members.
@@ -372,69 +374,14 @@ func (b *bundle) blockPhase(phase string) (entered <-chan struct{}, release chan
 	return in, out
 }
 
-// phaseCounts counts phase body invocations by name.
-type phaseCounts struct {
-	mu sync.Mutex
-	n  map[string]int
-}
-
-func (c *phaseCounts) add(phase string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.n == nil {
-		c.n = map[string]int{}
-	}
-	c.n[phase]++
-}
-
-func (c *phaseCounts) get() map[string]int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := map[string]int{}
-	for k, v := range c.n {
-		out[k] = v
-	}
-	return out
-}
-
-// fakeProvider is an idempotent payment provider: the same downstream key
-// returns the same charge.
-type fakeProvider struct {
-	mu      sync.Mutex
-	charges map[string]string
-}
-
-func (p *fakeProvider) charge(key string) string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if id, ok := p.charges[key]; ok {
-		return id
-	}
-	id := fmt.Sprintf("ch_%d", len(p.charges)+1)
-	p.charges[key] = id
-	return id
-}
-
-func (p *fakeProvider) count() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.charges)
-}
-
 // exampleDatabaseURL gives an Example, which has no *testing.T, a fresh
 // schema on the test binary's database (see internal/pgtest). It stands for
-// os.Getenv("DATABASE_URL") in a real service.
+// os.Getenv("DATABASE_URL") in a real service. The schema needs no cleanup:
+// it goes with the test database when pgtest.Main stops the server.
 func exampleDatabaseURL() string {
-	return pgtest.NewSchema(exampleTB{}).URL
+	schema, _, err := pgtest.OpenSchema(context.Background())
+	if err != nil {
+		panic(err)
+	}
+	return schema.URL
 }
-
-// exampleTB implements what pgtest.NewSchema needs of a testing.TB for an
-// Example: a failure panics, which fails the example. The schema needs no
-// cleanup: it goes with the test database when pgtest.Main stops the server.
-type exampleTB struct{ testing.TB }
-
-func (exampleTB) Helper()                           {}
-func (exampleTB) Cleanup(func())                    {}
-func (exampleTB) Fatal(args ...any)                 { panic(fmt.Sprint(args...)) }
-func (exampleTB) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
-func (exampleTB) Errorf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }

@@ -14,7 +14,7 @@
 //	                                  needs_reconcile, store_error, completed,
 //	                                  reaped, ...), idem.flow and idem.phase
 //	idem.keys.reaped       counter    keys deleted by the reaper
-//	idem.request.duration  histogram  seconds per runner.Run, by idem.flow and
+//	idem.request.duration  histogram  seconds per Runner.Execute, by idem.flow and
 //	                                  idem.outcome (executed, replayed, ...)
 //	idem.phase.duration    histogram  seconds per phase attempt, by idem.flow,
 //	                                  idem.phase and idem.phase.result (ok, error)
@@ -24,7 +24,7 @@
 //
 // # Traces
 //
-// Each runner.Run gets a span "idem.request <flow>" and each phase attempt a
+// Each Runner.Execute gets a span "idem.request <flow>" and each phase attempt a
 // child span "idem.phase <phase>", so the phase's own database spans (from a
 // pgx tracer) nest under it. Events other than heartbeats are added to the
 // current span (a takeover, a lost lock, a retry), and failed attempts
@@ -120,7 +120,7 @@ func New(config *Config) (*Observer, error) {
 		metric.WithDescription("expired finished keys deleted by the reaper"))
 	errs = append(errs, err)
 	o.requestDuration, err = meter.Float64Histogram("idem.request.duration", metric.WithUnit("s"),
-		metric.WithDescription("duration of runner.Run, acquisition to outcome"), metric.WithExplicitBucketBoundaries(durationBuckets...))
+		metric.WithDescription("duration of Runner.Execute, acquisition to outcome"), metric.WithExplicitBucketBoundaries(durationBuckets...))
 	errs = append(errs, err)
 	o.phaseDuration, err = meter.Float64Histogram("idem.phase.duration", metric.WithUnit("s"),
 		metric.WithDescription("duration of a phase attempt, begin to commit or rollback"), metric.WithExplicitBucketBoundaries(durationBuckets...))

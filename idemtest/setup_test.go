@@ -13,7 +13,6 @@ import (
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/internal/pgtest"
-	"github.com/go-idem/idem/migrations"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -180,18 +179,11 @@ func scenarioNamed(t *testing.T, rep *idemtest.Report, name string) *idemtest.Sc
 // exampleDatabase is a migrated schema with the example's payments table,
 // for ExampleRun, which has no testing.TB.
 func exampleDatabase(ctx context.Context) (*pgxpool.Pool, func()) {
-	schema, drop, err := pgtest.OpenSchema(ctx)
+	schema, drop, err := pgtest.OpenMigratedSchema(ctx)
 	if err != nil {
 		panic(err)
 	}
-	m, err := migrations.New(schema.Pool, &migrations.Config{Schema: schema.Name})
-	if err == nil {
-		_, err = m.Up(ctx)
-	}
-	if err == nil {
-		_, err = schema.Pool.Exec(ctx, `CREATE TABLE payments (id bigserial PRIMARY KEY, key_id bigint UNIQUE, amount bigint NOT NULL)`)
-	}
-	if err != nil {
+	if _, err := schema.Pool.Exec(ctx, `CREATE TABLE payments (id bigserial PRIMARY KEY, key_id bigint UNIQUE, amount bigint NOT NULL)`); err != nil {
 		_ = drop()
 		panic(err)
 	}

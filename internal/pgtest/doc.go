@@ -15,8 +15,12 @@
 //     runs initdb once into a template cached per PostgreSQL version (idem-pgtemplate-*); later
 //     starts copy it, which is several times faster. As root, initdb and postgres run as the postgres
 //     system user, because PostgreSQL refuses to run as root. See "Who may connect" below.
-//  3. Docker: a postgres:15 container, when a Docker engine answers. It is removed by Close, and in
-//     any case stops an hour after it started, so a crashed run cannot leak it for longer.
+//  3. Docker: a postgres:15 container, when a Docker engine answers. It is removed by Close, or
+//     when the test binary dies, and in any case stops an hour after it started, so a crashed run
+//     cannot leak it for longer. The container is run by pgdocker, a small command beside this
+//     package in a module of its own, which Start runs with `go run` (the first run builds the
+//     Docker client, later ones come from the build cache). That keeps the Docker client out of
+//     the library's go.mod, and so out of the module graph of every service that imports idem.
 //
 // When none is available, Start returns an error wrapping [ErrNoServer] that says how to provide one.
 // IDEM_PGTEST_MODE=external|local|docker (or [Options.Mode]) forces a single source.

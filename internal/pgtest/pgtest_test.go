@@ -133,7 +133,9 @@ func TestStartWithoutAnySource(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			// Docker's answer comes from the pgdocker helper, which go run builds first: on a cold
+			// build cache that takes a minute or more.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
 
 			server, err := Start(ctx, tt.opts)

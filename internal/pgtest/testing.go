@@ -88,14 +88,34 @@ func NewSchema(t testing.TB) *Schema {
 func NewMigratedSchema(t testing.TB) *Schema {
 	t.Helper()
 	schema := NewSchema(t)
-	m, err := migrations.New(schema.Pool, &migrations.Config{Schema: schema.Name})
-	if err == nil {
-		_, err = m.Up(context.Background())
-	}
-	if err != nil {
-		t.Fatalf("pgtest: migrate schema %s: %v", schema.Name, err)
+	if err := migrate(context.Background(), schema); err != nil {
+		t.Fatal(err)
 	}
 	return schema
+}
+
+// OpenMigratedSchema is OpenSchema with idem's migrations applied, as NewMigratedSchema is
+// NewSchema with them.
+func OpenMigratedSchema(ctx context.Context) (schema *Schema, drop func() error, err error) {
+	schema, drop, err = OpenSchema(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := migrate(ctx, schema); err != nil {
+		return nil, nil, errors.Join(err, drop())
+	}
+	return schema, drop, nil
+}
+
+func migrate(ctx context.Context, schema *Schema) error {
+	m, err := migrations.New(schema.Pool, &migrations.Config{Schema: schema.Name})
+	if err == nil {
+		_, err = m.Up(ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("pgtest: migrate schema %s: %w", schema.Name, err)
+	}
+	return nil
 }
 
 // OpenSchema is NewSchema for code that has no testing.TB, such as a runnable example: the caller

@@ -1,40 +1,7 @@
-package idem
-
-import (
-	"errors"
-	"fmt"
-	"strconv"
-	"sync"
-	"unicode/utf16"
-	"unicode/utf8"
-)
-
-// ErrInvalidJSON is wrapped by every error CanonicalJSON and Fingerprint
-// return for a document they refuse, so callers can answer 400 with
-// errors.Is(err, ErrInvalidJSON) and show the wrapped message, which says what
-// is wrong and at which byte offset.
-var ErrInvalidJSON = errors.New("idem: invalid JSON")
-
-const (
-	// canonMaxDepth bounds nesting so that a hostile body cannot exhaust the
-	// stack of the recursive scanner. 512 is far deeper than any real request.
-	canonMaxDepth = 512
-
-	// canonMaxExponent bounds the decimal exponent of a number after
-	// normalisation (the e in d.ddde±X). Numbers are kept exact, never
-	// expanded into digits beyond their own length, so this is not about
-	// memory; it keeps exponent arithmetic far from int overflow and refuses
-	// values that no real request carries.
-	canonMaxExponent = 1_000_000
-
-	// canonPoolMaxBuffer is the largest buffer returned to the pool, so that
-	// one huge document does not pin its memory for the life of the process.
-	canonPoolMaxBuffer = 1 << 20
-)
-
-// CanonicalJSON returns the canonical form of a JSON document (RFC 8785
+// Package canonical writes the canonical form of a JSON document (RFC 8785
 // style), so that two documents that mean the same thing have the same bytes
-// and therefore the same fingerprint:
+// and therefore the same request fingerprint (idem.Fingerprint, its only
+// user):
 //
 //   - no insignificant whitespace;
 //   - object members sorted by the UTF-16 code units of their names, as RFC
@@ -54,14 +21,48 @@ const (
 // round-trip form of a double, the result is byte for byte what RFC 8785
 // produces.
 //
-// CanonicalJSON refuses, with an error wrapping ErrInvalidJSON, anything that
-// is not exactly one JSON value (RFC 8259) in valid UTF-8, and also: escaped
+// Anything that is not exactly one JSON value (RFC 8259) in valid UTF-8 is
+// refused with an error wrapping [ErrInvalidJSON], and so are: escaped
 // surrogates that do not form a pair, duplicate member names in one object
 // (compared after unescaping), nesting deeper than 512, and numbers whose
 // normalised exponent exceeds ±1,000,000.
-func CanonicalJSON(doc []byte) ([]byte, error) {
-	c := canonGet(doc)
-	defer canonPut(c)
+package canonical
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// ErrInvalidJSON is wrapped by every error for a document that is refused;
+// the wrapping message says what is wrong and at which byte offset.
+var ErrInvalidJSON = errors.New("invalid JSON")
+
+const (
+	// maxDepth bounds nesting so that a hostile body cannot exhaust the
+	// stack of the recursive scanner. 512 is far deeper than any real request.
+	maxDepth = 512
+
+	// maxExponent bounds the decimal exponent of a number after
+	// normalisation (the e in d.ddde±X). Numbers are kept exact, never
+	// expanded into digits beyond their own length, so this is not about
+	// memory; it keeps exponent arithmetic far from int overflow and refuses
+	// values that no real request carries.
+	maxExponent = 1_000_000
+
+	// poolMaxBuffer is the largest buffer returned to the pool, so that
+	// one huge document does not pin its memory for the life of the process.
+	poolMaxBuffer = 1 << 20
+)
+
+// JSON returns the canonical form of doc (see the package documentation) in
+// a slice of its own.
+func JSON(doc []byte) ([]byte, error) {
+	c := get(doc)
+	defer put(c)
 
 	if err := c.canonicalize(); err != nil {
 		return nil, err
@@ -71,10 +72,28 @@ func CanonicalJSON(doc []byte) ([]byte, error) {
 	return out, nil
 }
 
-// canonMember is one member of the object being canonicalised: where its
+// Append appends the canonical form of doc to dst and returns the extended
+// buffer, like the strconv Append functions. It writes straight into dst, so
+// a caller that keeps dst in a pool of its own canonicalises without
+// allocating or copying. On error it returns dst unchanged.
+func Append(dst, doc []byte) ([]byte, error) {
+	c := get(doc)
+	own := c.out
+	c.out = dst
+	err := c.canonicalize()
+	out := c.out
+	c.out = own // the pool keeps its own buffer, never the caller's
+	put(c)
+	if err != nil {
+		return dst, err
+	}
+	return out, nil
+}
+
+// memberRef is one member of the object being canonicalised: where its
 // unescaped name sits in canonicalizer.names, where its `"name":value` bytes
 // sit in canonicalizer.out, and where it started in the input, for errors.
-type canonMember struct {
+type memberRef struct {
 	nameStart, nameEnd int
 	outStart, outEnd   int
 	inOffset           int
@@ -83,7 +102,7 @@ type canonMember struct {
 // canonicalizer is a single-pass recursive descent scanner that writes the
 // canonical form as it reads. Objects are written in input order and then
 // rearranged in place once their members are known. All of its buffers are
-// reused across calls through canonPool, so a call allocates only its result.
+// reused across calls through pool, so a call allocates only its result.
 type canonicalizer struct {
 	in  []byte
 	pos int
@@ -92,7 +111,7 @@ type canonicalizer struct {
 	// members and names are stacks shared by all open objects: an object
 	// uses the entries from the length it found on entry and truncates back
 	// when it closes.
-	members []canonMember
+	members []memberRef
 	names   []byte
 
 	// scratch holds an object's member bytes while they are copied back in
@@ -100,10 +119,10 @@ type canonicalizer struct {
 	scratch []byte
 }
 
-var canonPool = sync.Pool{New: func() any { return new(canonicalizer) }}
+var pool = sync.Pool{New: func() any { return new(canonicalizer) }}
 
-func canonGet(doc []byte) *canonicalizer {
-	c := canonPool.Get().(*canonicalizer) //nolint:forcetypeassert // the pool only holds *canonicalizer
+func get(doc []byte) *canonicalizer {
+	c := pool.Get().(*canonicalizer) //nolint:forcetypeassert // the pool only holds *canonicalizer
 	c.in = doc
 	c.pos = 0
 	c.out = c.out[:0]
@@ -113,13 +132,13 @@ func canonGet(doc []byte) *canonicalizer {
 	return c
 }
 
-func canonPut(c *canonicalizer) {
-	if cap(c.out) > canonPoolMaxBuffer || cap(c.names) > canonPoolMaxBuffer ||
-		cap(c.scratch) > canonPoolMaxBuffer || cap(c.members) > canonPoolMaxBuffer/64 {
+func put(c *canonicalizer) {
+	if cap(c.out) > poolMaxBuffer || cap(c.names) > poolMaxBuffer ||
+		cap(c.scratch) > poolMaxBuffer || cap(c.members) > poolMaxBuffer/64 {
 		return
 	}
 	c.in = nil // do not keep the caller's document alive
-	canonPool.Put(c)
+	pool.Put(c)
 }
 
 // canonicalize appends the canonical form of c.in to c.out.
@@ -196,8 +215,8 @@ func (c *canonicalizer) literal(word string) error {
 }
 
 func (c *canonicalizer) array(depth int) error {
-	if depth > canonMaxDepth {
-		return c.errorf("nesting deeper than %d", canonMaxDepth)
+	if depth > maxDepth {
+		return c.errorf("nesting deeper than %d", maxDepth)
 	}
 	c.pos++ // '['
 	c.out = append(c.out, '[')
@@ -231,8 +250,8 @@ func (c *canonicalizer) array(depth int) error {
 }
 
 func (c *canonicalizer) object(depth int) error {
-	if depth > canonMaxDepth {
-		return c.errorf("nesting deeper than %d", canonMaxDepth)
+	if depth > maxDepth {
+		return c.errorf("nesting deeper than %d", maxDepth)
 	}
 	c.pos++ // '{'
 	c.out = append(c.out, '{')
@@ -250,7 +269,7 @@ func (c *canonicalizer) object(depth int) error {
 		if c.pos >= len(c.in) || c.in[c.pos] != '"' {
 			return c.errorf("unexpected %s in object, expected a member name", c.describe())
 		}
-		member := canonMember{inOffset: c.pos, nameStart: len(c.names), outStart: len(c.out)}
+		member := memberRef{inOffset: c.pos, nameStart: len(c.names), outStart: len(c.out)}
 		if err := c.string(true); err != nil {
 			return err
 		}
@@ -295,7 +314,7 @@ func (c *canonicalizer) object(depth int) error {
 
 // sortMembers puts the members of one object, whose bytes start at
 // c.out[bodyStart:], in canonical order and refuses duplicate names.
-func (c *canonicalizer) sortMembers(members []canonMember, bodyStart int) error {
+func (c *canonicalizer) sortMembers(members []memberRef, bodyStart int) error {
 	// Documents are usually small objects, often already sorted (a client
 	// that canonicalises, or a retry of one), so check before moving bytes.
 	sorted := true
@@ -325,7 +344,7 @@ func (c *canonicalizer) sortMembers(members []canonMember, bodyStart int) error 
 			// Stability keeps input order among equals, so members[i] is
 			// the later occurrence: that is where the document went wrong.
 			c.pos = members[i].inOffset
-			return c.errorf("duplicate member name %s", canonQuoteName(c.names[members[i].nameStart:members[i].nameEnd]))
+			return c.errorf("duplicate member name %s", quoteName(c.names[members[i].nameStart:members[i].nameEnd]))
 		}
 	}
 
@@ -344,11 +363,11 @@ func (c *canonicalizer) sortMembers(members []canonMember, bodyStart int) error 
 // tail of c.members. It borrows its buffer from beyond that tail, so it does
 // not allocate once warm, and returns members anew because growing c.members
 // may have moved them.
-func (c *canonicalizer) mergeSort(members []canonMember) []canonMember {
+func (c *canonicalizer) mergeSort(members []memberRef) []memberRef {
 	n := len(members)
 	base := len(c.members)
 	for range n {
-		c.members = append(c.members, canonMember{})
+		c.members = append(c.members, memberRef{})
 	}
 	members = c.members[base-n : base]
 	buf := c.members[base : base+n]
@@ -387,7 +406,7 @@ func (c *canonicalizer) mergeSort(members []canonMember) []canonMember {
 // 0xD800-0xDFFF) sort before U+E000-U+FFFF in UTF-16. So compare bytes, and
 // only at the first difference decode the two runes and compare them as
 // UTF-16.
-func (c *canonicalizer) compareNames(a, b *canonMember) int {
+func (c *canonicalizer) compareNames(a, b *memberRef) int {
 	x := c.names[a.nameStart:a.nameEnd]
 	y := c.names[b.nameStart:b.nameEnd]
 	i := 0
@@ -604,7 +623,7 @@ func (c *canonicalizer) number() error {
 	case c.pos < len(c.in) && c.in[c.pos] == '0':
 		c.pos++
 	case c.pos < len(c.in) && c.in[c.pos] >= '1' && c.in[c.pos] <= '9':
-		c.pos = canonSkipDigits(c.in, c.pos)
+		c.pos = skipDigits(c.in, c.pos)
 	default:
 		return c.errorf("invalid number, expected a digit")
 	}
@@ -614,14 +633,14 @@ func (c *canonicalizer) number() error {
 	if c.pos < len(c.in) && c.in[c.pos] == '.' {
 		c.pos++
 		fracStart := c.pos
-		c.pos = canonSkipDigits(c.in, c.pos)
+		c.pos = skipDigits(c.in, c.pos)
 		if c.pos == fracStart {
 			return c.errorf("invalid number, expected a digit after '.'")
 		}
 		fracDigits = c.in[fracStart:c.pos]
 	}
 
-	// The exponent is accumulated with saturation: past canonMaxExponent
+	// The exponent is accumulated with saturation: past maxExponent
 	// plus the document's length it can only be refused (or multiply zero),
 	// so its exact size does not matter and no digits are ever expanded.
 	var exponent int64
@@ -673,9 +692,9 @@ func (c *canonicalizer) number() error {
 	// ECMAScript's n: the value is 0.d1d2...dk × 10^n.
 	k := last - first
 	n := int64(len(intDigits)-first) + exponent
-	if n-1 > canonMaxExponent || n-1 < -canonMaxExponent {
+	if n-1 > maxExponent || n-1 < -maxExponent {
 		c.pos = start
-		return c.errorf("number out of range: exponent beyond ±%d", canonMaxExponent)
+		return c.errorf("number out of range: exponent beyond ±%d", maxExponent)
 	}
 
 	if negative {
@@ -726,9 +745,9 @@ func (c *canonicalizer) number() error {
 	return nil
 }
 
-// canonQuoteName quotes a member name for an error message, shortened so that
+// quoteName quotes a member name for an error message, shortened so that
 // a hostile document cannot make its error message huge.
-func canonQuoteName(name []byte) string {
+func quoteName(name []byte) string {
 	const limit = 64
 	if len(name) > limit {
 		cut := limit
@@ -740,7 +759,7 @@ func canonQuoteName(name []byte) string {
 	return strconv.Quote(string(name))
 }
 
-func canonSkipDigits(b []byte, pos int) int {
+func skipDigits(b []byte, pos int) int {
 	for pos < len(b) && b[pos] >= '0' && b[pos] <= '9' {
 		pos++
 	}

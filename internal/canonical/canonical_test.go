@@ -1,4 +1,4 @@
-package idem_test
+package canonical_test
 
 import (
 	"bytes"
@@ -19,7 +19,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/internal/canonical"
+	"github.com/go-idem/idem/internal/testfixture"
 )
 
 func TestCanonicalJSON(t *testing.T) {
@@ -102,11 +103,11 @@ func TestCanonicalJSON(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 
-			got, err := idem.CanonicalJSON([]byte(tt.in))
+			got, err := canonical.JSON([]byte(tt.in))
 			require.NoError(t, err)
 			require.Equal(t, tt.want, string(got))
 
-			again, err := idem.CanonicalJSON(got)
+			again, err := canonical.JSON(got)
 			require.NoError(t, err)
 			require.Equal(t, string(got), string(again), "not idempotent")
 			require.True(t, json.Valid(got))
@@ -205,13 +206,14 @@ func TestCanonicalJSONRejects(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 
-			got, err := idem.CanonicalJSON([]byte(tt.in))
-			require.ErrorIs(t, err, idem.ErrInvalidJSON)
+			got, err := canonical.JSON([]byte(tt.in))
+			require.ErrorIs(t, err, canonical.ErrInvalidJSON)
 			require.ErrorContains(t, err, tt.wantMsg)
 			require.Nil(t, got)
 
-			_, err = idem.Fingerprint("flow", []byte(tt.in))
-			require.ErrorIs(t, err, idem.ErrInvalidJSON)
+			prefixed, err := canonical.Append([]byte("flow\x00"), []byte(tt.in))
+			require.ErrorIs(t, err, canonical.ErrInvalidJSON)
+			require.Equal(t, "flow\x00", string(prefixed), "Append returns dst unchanged on error")
 		})
 	}
 }
@@ -220,12 +222,12 @@ func TestCanonicalJSONDepthLimit(t *testing.T) {
 	t.Parallel()
 
 	arrays := strings.Repeat("[", 512) + strings.Repeat("]", 512)
-	got, err := idem.CanonicalJSON([]byte(arrays))
+	got, err := canonical.JSON([]byte(arrays))
 	require.NoError(t, err)
 	require.Equal(t, arrays, string(got))
 
 	objects := strings.Repeat(`{"a":`, 511) + "[]" + strings.Repeat("}", 511)
-	got, err = idem.CanonicalJSON([]byte(objects))
+	got, err = canonical.JSON([]byte(objects))
 	require.NoError(t, err)
 	require.Equal(t, objects, string(got))
 }
@@ -251,7 +253,7 @@ func TestCanonicalJSONMemberOrder(t *testing.T) {
 }`
 		want := `{"\r":"Carriage Return","1":"One","` + "\u0080" + `":"Control","ö":"Latin Small Letter O With Diaeresis",` +
 			`"€":"Euro Sign","😀":"Emoji: Grinning Face","` + "\ufb33" + `":"Hebrew Letter Dalet With Dagesh"}`
-		got, err := idem.CanonicalJSON([]byte(in))
+		got, err := canonical.JSON([]byte(in))
 		require.NoError(t, err)
 		require.Equal(t, want, string(got))
 	})
@@ -261,7 +263,7 @@ func TestCanonicalJSONMemberOrder(t *testing.T) {
 
 		// U+1F600 is 0xD83D 0xDE00 in UTF-16, so it sorts before U+E000 and
 		// U+FFFF even though its code point (and UTF-8) is greater.
-		got, err := idem.CanonicalJSON([]byte(`{"\uffff":1,"\ue000":2,"😀":3,"\ud7ff":4,"𐀀":5}`))
+		got, err := canonical.JSON([]byte(`{"\uffff":1,"\ue000":2,"😀":3,"\ud7ff":4,"𐀀":5}`))
 		require.NoError(t, err)
 		require.Equal(t, "{\"\ud7ff\":4,\"𐀀\":5,\"😀\":3,\"\ue000\":2,\"\uffff\":1}", string(got))
 	})
@@ -271,7 +273,7 @@ func TestCanonicalJSONMemberOrder(t *testing.T) {
 
 		// Same high surrogate (0xD83D), different low surrogates; then a
 		// different high surrogate.
-		got, err := idem.CanonicalJSON([]byte(`{"😁":1,"😀":2,"🀀":3,"a😀":4,"a":5}`))
+		got, err := canonical.JSON([]byte(`{"😁":1,"😀":2,"🀀":3,"a😀":4,"a":5}`))
 		require.NoError(t, err)
 		require.Equal(t, `{"a":5,"a😀":4,"🀀":3,"😀":2,"😁":1}`, string(got))
 	})
@@ -281,7 +283,7 @@ func TestCanonicalJSONMemberOrder(t *testing.T) {
 
 		// '"' (0x22) sorts before '#' (0x23) and after '!' (0x21) by value,
 		// although its escaped form starts with '\' (0x5C).
-		got, err := idem.CanonicalJSON([]byte(`{"#":1,"\"":2,"!":3,"\u0000":4,"\\":5,"[":6}`))
+		got, err := canonical.JSON([]byte(`{"#":1,"\"":2,"!":3,"\u0000":4,"\\":5,"[":6}`))
 		require.NoError(t, err)
 		require.Equal(t, `{"\u0000":4,"!":3,"\"":2,"#":1,"[":6,"\\":5}`, string(got))
 	})
@@ -306,7 +308,7 @@ func TestCanonicalJSONMemberOrder(t *testing.T) {
 			}
 			doc.WriteString("}")
 
-			got, err := idem.CanonicalJSON([]byte(doc.String()))
+			got, err := canonical.JSON([]byte(doc.String()))
 			require.NoError(t, err)
 
 			var order []string
@@ -328,8 +330,8 @@ func TestCanonicalJSONMemberOrder(t *testing.T) {
 
 			// A duplicate anywhere in a large object is found too.
 			dup := doc.String()[:doc.Len()-1] + ", " + canonQuote(names[size/2]) + ": 0}"
-			_, err = idem.CanonicalJSON([]byte(dup))
-			require.ErrorIs(t, err, idem.ErrInvalidJSON)
+			_, err = canonical.JSON([]byte(dup))
+			require.ErrorIs(t, err, canonical.ErrInvalidJSON)
 			require.ErrorContains(t, err, "duplicate member name")
 		}
 	})
@@ -386,7 +388,7 @@ func TestCanonicalJSONRFC8785(t *testing.T) {
 }`
 		want := `{"literals":[null,true,false],"numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27],` +
 			`"string":"€$\u000f\nA'B\"\\\\\"/"}`
-		got, err := idem.CanonicalJSON([]byte(in))
+		got, err := canonical.JSON([]byte(in))
 		require.NoError(t, err)
 		require.Equal(t, want, string(got))
 	})
@@ -396,7 +398,7 @@ func TestCanonicalJSONRFC8785(t *testing.T) {
 
 		// RFC 8785 turns 333333333.33333329 into 333333333.3333333 (the
 		// nearest double); two amounts that differ must not collide.
-		got, err := idem.CanonicalJSON([]byte(`[333333333.33333329]`))
+		got, err := canonical.JSON([]byte(`[333333333.33333329]`))
 		require.NoError(t, err)
 		require.Equal(t, `[333333333.33333329]`, string(got))
 	})
@@ -439,7 +441,7 @@ func TestCanonicalJSONRFC8785(t *testing.T) {
 			f := math.Float64frombits(tt.bits)
 			for _, format := range []byte{'e', 'f', 'g'} {
 				in := canonShortest(f, format)
-				got, err := idem.CanonicalJSON([]byte(in))
+				got, err := canonical.JSON([]byte(in))
 				require.NoError(t, err, in)
 				require.Equal(t, tt.want, string(got), "%016x written as %s", tt.bits, in)
 			}
@@ -474,7 +476,7 @@ func TestCanonicalJSONMatchesES6ForDoubles(t *testing.T) {
 		}
 		for _, format := range []byte{'e', 'f', 'g'} {
 			in := canonShortest(f, format)
-			got, err := idem.CanonicalJSON([]byte(in))
+			got, err := canonical.JSON([]byte(in))
 			require.NoError(t, err, in)
 			require.Equal(t, string(want), string(got), "%v written as %s", f, in)
 		}
@@ -511,7 +513,7 @@ func TestCanonicalJSONEquivalentDocuments(t *testing.T) {
 	canon := make([]string, len(groups))
 	for i, group := range groups {
 		for j, doc := range group {
-			got, err := idem.CanonicalJSON([]byte(doc))
+			got, err := canonical.JSON([]byte(doc))
 			require.NoError(t, err, doc)
 			if j == 0 {
 				canon[i] = string(got)
@@ -532,12 +534,12 @@ func TestCanonicalJSONDoesNotAlias(t *testing.T) {
 
 	in := []byte(`{"b":"x", "a":"y"}`)
 	inCopy := slices.Clone(in)
-	first, err := idem.CanonicalJSON(in)
+	first, err := canonical.JSON(in)
 	require.NoError(t, err)
 	require.Equal(t, inCopy, in, "input modified")
 
 	// Pooled buffers must not leak into results.
-	_, err = idem.CanonicalJSON([]byte(`{"z":"zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz"}`))
+	_, err = canonical.JSON([]byte(`{"z":"zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz"}`))
 	require.NoError(t, err)
 	require.Equal(t, `{"a":"y","b":"x"}`, string(first))
 }
@@ -548,11 +550,11 @@ func TestCanonicalJSONConcurrent(t *testing.T) {
 	docs := []string{
 		`{"b":1,"a":[{"d":1,"c":2}]}`,
 		`[1.50,"\u00e9",{"y":null,"x":true}]`,
-		canonNestedBody(t),
+		string(testfixture.NestedParams(t)),
 	}
 	want := make([]string, len(docs))
 	for i, doc := range docs {
-		got, err := idem.CanonicalJSON([]byte(doc))
+		got, err := canonical.JSON([]byte(doc))
 		require.NoError(t, err)
 		want[i] = string(got)
 	}
@@ -563,7 +565,7 @@ func TestCanonicalJSONConcurrent(t *testing.T) {
 		wg.Go(func() {
 			for i := range 200 {
 				doc := docs[(g+i)%len(docs)]
-				got, err := idem.CanonicalJSON([]byte(doc))
+				got, err := canonical.JSON([]byte(doc))
 				if err != nil {
 					errs <- err
 					return
@@ -582,16 +584,16 @@ func TestCanonicalJSONConcurrent(t *testing.T) {
 	}
 }
 
-// FuzzCanonicalJSON checks that CanonicalJSON never panics, accepts only
+// FuzzCanonicalJSON checks that JSON never panics, accepts only
 // valid JSON, and that what it accepts comes out as compact, valid,
 // idempotent JSON with the same value, according to a reference decoder that
 // shares no code with it.
 func FuzzCanonicalJSON(f *testing.F) {
 	f.Add([]byte(`{"b":[1,2.50,"\u00e9"],"a":{"y":null,"x":true}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		got, err := idem.CanonicalJSON(data)
+		got, err := canonical.JSON(data)
 		if err != nil {
-			require.ErrorIs(t, err, idem.ErrInvalidJSON)
+			require.ErrorIs(t, err, canonical.ErrInvalidJSON)
 			require.Nil(t, got)
 			canonCheckRejection(t, data, err)
 			return
@@ -604,28 +606,28 @@ func FuzzCanonicalJSON(f *testing.F) {
 		require.NoError(t, json.Compact(&compact, got))
 		require.Equal(t, string(got), compact.String(), "output has insignificant whitespace")
 
-		again, err := idem.CanonicalJSON(got)
+		again, err := canonical.JSON(got)
 		require.NoError(t, err)
 		require.Equal(t, string(got), string(again), "not idempotent")
+
+		// Append, which the fingerprint uses, writes the same bytes after a
+		// prefix.
+		appended, err := canonical.Append([]byte("flow\x00"), data)
+		require.NoError(t, err)
+		require.Equal(t, "flow\x00"+string(got), string(appended))
 
 		want, err := canonRefDecode(data)
 		if errors.Is(err, errCanonRefUnrepresentable) {
 			return
 		}
-		require.NoError(t, err, "reference decoder rejects what CanonicalJSON accepts")
+		require.NoError(t, err, "reference decoder rejects what JSON accepts")
 		back, err := canonRefDecode(got)
 		require.NoError(t, err)
 		require.True(t, canonRefEqual(want, back), "value changed: %q became %q", data, got)
-
-		fp1, err := idem.Fingerprint("flow", data)
-		require.NoError(t, err)
-		fp2, err := idem.Fingerprint("flow", got)
-		require.NoError(t, err)
-		require.Equal(t, fp1, fp2)
 	})
 }
 
-// canonCheckRejection checks that a document CanonicalJSON refused is
+// canonCheckRejection checks that a document JSON refused is
 // invalid JSON, or valid JSON refused for one of the documented reasons.
 func canonCheckRejection(t *testing.T, data []byte, err error) {
 	t.Helper()
@@ -655,11 +657,11 @@ func canonCheckRejection(t *testing.T, data []byte, err error) {
 func FuzzCanonicalEqual(f *testing.F) {
 	f.Add([]byte(`{"a":1.0,"b":"\u00e9"}`), []byte(`{"b":"é","a":1}`))
 	f.Fuzz(func(t *testing.T, a, b []byte) {
-		canonA, err := idem.CanonicalJSON(a)
+		canonA, err := canonical.JSON(a)
 		if err != nil {
 			return
 		}
-		canonB, err := idem.CanonicalJSON(b)
+		canonB, err := canonical.JSON(b)
 		if err != nil {
 			return
 		}
@@ -685,7 +687,7 @@ var (
 )
 
 // canonRefDecode is the reference decoder: encoding/json's tokenizer, which
-// shares no code with CanonicalJSON, numbers as exact big.Rat, objects as maps,
+// shares no code with this package, numbers as exact big.Rat, objects as maps,
 // duplicates refused.
 func canonRefDecode(doc []byte) (any, error) {
 	dec := json.NewDecoder(bytes.NewReader(doc))
@@ -824,48 +826,9 @@ func TestCanonRefDecoder(t *testing.T) {
 	require.ErrorIs(t, err, errCanonRefUnrepresentable)
 }
 
-var canonRidesBody = []byte(`{"origin_lat":37.7749,"origin_lon":-122.4194,"target_lat":37.3382,"target_lon":-121.8863}`)
-
-// canonNestedBody returns a deterministic ~4 KiB document with nested
-// objects in unsorted order, escapes, whitespace and numbers to normalise.
-func canonNestedBody(tb testing.TB) string {
-	tb.Helper()
-
-	var b strings.Builder
-	b.WriteString(`{"request": {"user": {"name": "Ad\u00e9la\u00efde", "email": "ada@example.com", "id": 1.0e3},` + "\n")
-	b.WriteString(`  "items": [`)
-	for i := range 30 {
-		if i > 0 {
-			b.WriteString(",\n    ")
-		}
-		fmt.Fprintf(&b, `{"sku": "SKU-%04d", "qty": %d, "price": %d.%02d0, "tags": ["a\/b", "\u2603", "x%d"], `+
-			`"meta": {"z": null, "y": true, "x": %de-2}}`, i, i%5+1, 10+i, i, i, i*125)
-	}
-	b.WriteString("],\n")
-	b.WriteString(`  "currency": "USD", "amount": 1234567890123456789.00, "note": "line1\nline2\t\"quoted\""}, "version": 2}`)
-	doc := b.String()
-	require.InDelta(tb, 4096, len(doc), 512)
-	return doc
-}
-
 func BenchmarkCanonicalJSON(b *testing.B) {
-	b.Run("Rides", func(b *testing.B) {
-		b.ReportAllocs()
-		b.SetBytes(int64(len(canonRidesBody)))
-		for b.Loop() {
-			if _, err := idem.CanonicalJSON(canonRidesBody); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("Nested4KiB", func(b *testing.B) {
-		doc := []byte(canonNestedBody(b))
-		b.ReportAllocs()
-		b.SetBytes(int64(len(doc)))
-		for b.Loop() {
-			if _, err := idem.CanonicalJSON(doc); err != nil {
-				b.Fatal(err)
-			}
-		}
+	testfixture.BenchmarkParams(b, func(params []byte) error {
+		_, err := canonical.JSON(params)
+		return err
 	})
 }
