@@ -53,8 +53,11 @@ type smsBundle struct {
 	inSend func(ctx context.Context, tx idem.Tx, run *idem.Attempt[smsInput]) error
 }
 
-func setupSMS(t *testing.T) *smsBundle {
-	b := &smsBundle{testBundle: setup(t), gateway: &smsGateway{sent: map[string]int{}}}
+func setupSMS(t *testing.T) *smsBundle { return setupSMSOn(t, setup(t)) }
+
+// setupSMSOn adds the SMS flow and its table to a bundle.
+func setupSMSOn(t *testing.T, tb *testBundle) *smsBundle {
+	b := &smsBundle{testBundle: tb, gateway: &smsGateway{sent: map[string]int{}}}
 	_, err := b.pool.Exec(context.Background(), `CREATE TABLE messages (id bigserial PRIMARY KEY, to_number text, sent bool NOT NULL DEFAULT false)`)
 	require.NoError(t, err)
 	b.flow = idem.MustNewFlow("sms.send", []idem.Phase[smsInput]{

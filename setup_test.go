@@ -38,8 +38,13 @@ type testBundle struct {
 
 func setup(t *testing.T) *testBundle {
 	t.Helper()
+	return setupOn(t, pgtest.NewMigratedSchema(t))
+}
+
+// setupOn is setup on a schema the caller migrated (to an older version, say).
+func setupOn(t *testing.T, schema *pgtest.Schema) *testBundle {
+	t.Helper()
 	ctx := context.Background()
-	schema := pgtest.NewMigratedSchema(t)
 	_, err := schema.Pool.Exec(ctx, `
 		CREATE TABLE rides (id bigserial PRIMARY KEY, key_id bigint REFERENCES idem_keys (id) ON DELETE SET NULL,
 		                    origin text NOT NULL, charge_id text);
