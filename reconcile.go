@@ -109,8 +109,9 @@ func (r *Runner) reconcile(ctx context.Context, scope, key string) (*Outcome, er
 }
 
 // resolution is what a reconcile verdict records on the key: done commits the
-// phase in its stead, not done clears the mark and leaves the recovery point
-// where it was, and unknown commits nothing.
+// phase in its stead, not done leaves the recovery point where it was (its
+// mark is withdrawn on its own, see withdrawMark), and unknown commits
+// nothing.
 func (r *Runner) resolution(h *held, v Reconciliation) (Result, *idemdriver.CommitParams, error) {
 	switch v.verdict {
 	case verdictNotDone:

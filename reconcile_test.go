@@ -140,7 +140,7 @@ func TestNotIdempotentCallRunsOnceWhenNothingGoesWrong(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.Equal(t, 1, b.gateway.times(b.ref(t, "k1")))
-	require.Empty(t, b.key(t, "k1").ForeignMark, "the commit clears the mark")
+	require.Empty(t, b.key(t, "k1").ForeignMark, "the commit retires the mark")
 }
 
 // A crash after the not-idempotent call: the resume finds the mark without
