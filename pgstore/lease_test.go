@@ -2,9 +2,11 @@ package pgstore
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -148,4 +150,35 @@ func TestFenceMovesOnBothRows(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, rec.ForeignMark)
 	require.NotNil(t, rec.LockedAt)
+}
+
+// A replay does not read the lease row of the finished key it replays (it
+// means nothing once the key finished): the acquisition statement's plan
+// never runs the scan of idem_leases for it.
+func TestReplayDoesNotReadTheLeaseRow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.NewMigratedSchema(t)
+	store, err := New(schema.Pool, &Config{Schema: schema.Name})
+	require.NoError(t, err)
+	t.Cleanup(store.Close)
+	_, err = schema.Pool.Exec(ctx, `
+		WITH k AS (
+			INSERT INTO idem_keys (scope, key, flow, method, path, fingerprint, params, status, recovery_point, response_status, expires_at)
+			VALUES ('s', 'finished', 'f', 'POST', '/', '\x01', '{}', 'finished', 'finished', 201, now() + interval '1 day'),
+			       ('s', 'running', 'f', 'POST', '/', '\x01', '{}', 'running', 'started', NULL, NULL)
+			RETURNING id, fence
+		)
+		INSERT INTO idem_leases (key_id, fence, locked_at, lease_expires_at) SELECT id, fence, now(), now() + interval '1 minute' FROM k`)
+	require.NoError(t, err)
+	plan := func(key string) string {
+		rows, err := schema.Pool.Query(ctx, `EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) `+store.q.acquire,
+			nil, "s", key, "f", "POST", "/", []byte{1}, []byte(`{}`), int64(90e6))
+		require.NoError(t, err)
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return strings.Join(lines, "\n")
+	}
+	require.Regexp(t, `Index Scan using idem_leases_pkey on idem_leases l \(never executed\)`, plan("finished"))
+	require.Regexp(t, `Index Scan using idem_leases_pkey on idem_leases l \(actual rows=1 loops=1\)`, plan("running"))
 }

@@ -56,7 +56,7 @@ func TestQueriesAreFullyRendered(t *testing.T) {
 		q := newQueries(prefix)
 		for _, sql := range []string{q.acquire, q.claimReconcile, q.takeOver, q.advancePhase, q.finishPhase, q.heartbeat, q.release,
 			q.markForeign, q.clearForeignMark, q.setNeedsReconcile, q.getKey, q.unlockKey, q.claimIdle, q.reap} {
-			for _, placeholder := range []string{"{t}", "{l}", "{k}", "{cols", "$LEASE"} {
+			for _, placeholder := range []string{"{t}", "{l}", "{k}", "{cols", "{leaseOf", "$LEASE"} {
 				require.NotContains(t, sql, placeholder)
 			}
 			if sql != q.clearForeignMark {

@@ -70,6 +70,16 @@ func recordDest(rec *idemdriver.KeyRecord) []any {
 		&rec.CreatedAt, &rec.LastRunAt, &rec.FinishedAt, &rec.ExpiresAt}
 }
 
+// leaseOf joins progress rows k with their lease rows l for reading. A
+// finished key's lease row means nothing (recordColumns hides it), and the
+// join does not even read it: the planner turns the condition on k.status
+// into a one-time filter in front of the index scan (OFFSET 0 keeps the
+// subquery from being flattened into a plain join, which would probe it), so
+// a replay reads idem_keys alone.
+func leaseOf(leases string) string {
+	return `LEFT JOIN LATERAL (SELECT * FROM ` + leases + ` l WHERE l.key_id = k.id AND k.status <> 'finished' OFFSET 0) l ON true`
+}
+
 // colsPlaceholder is {cols:k,l}: recordColumns over aliases k and l.
 var colsPlaceholder = regexp.MustCompile(`\{cols:(\w+),(\w+)\}`)
 
@@ -77,7 +87,7 @@ func newQueries(prefix string) *queries {
 	t, l := prefix+"idem_keys", prefix+"idem_leases"
 	q := &queries{table: t, leases: l}
 	render := func(sql string) string {
-		sql = strings.NewReplacer("{t}", t, "{l}", l).Replace(sql)
+		sql = strings.NewReplacer("{t}", t, "{leaseOf:k}", leaseOf(l), "{l}", l).Replace(sql)
 		return colsPlaceholder.ReplaceAllStringFunc(sql, func(m string) string {
 			a := colsPlaceholder.FindStringSubmatch(m)
 			return recordColumns(a[1], a[2])
@@ -105,7 +115,7 @@ func newQueries(prefix string) *queries {
 WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
 ), existing AS (
-    SELECT {cols:k,l} FROM {t} k LEFT JOIN {l} l ON l.key_id = k.id
+    SELECT {cols:k,l} FROM {t} k {leaseOf:k}
     WHERE k.scope = $2 AND k.key = $3
 ), inserted AS (
     INSERT INTO {t} (scope, key, flow, method, path, fingerprint, params, created_at, last_run_at)
@@ -176,7 +186,7 @@ WITH clock AS (
 SELECT 'taken_over' AS acquired, (SELECT t FROM clock) AS db_now, {cols:taken,leased}
 FROM taken JOIN leased ON leased.key_id = taken.id
 UNION ALL
-SELECT 'none', (SELECT t FROM clock), {cols:k,l} FROM {t} k LEFT JOIN {l} l ON l.key_id = k.id
+SELECT 'none', (SELECT t FROM clock), {cols:k,l} FROM {t} k {leaseOf:k}
 WHERE k.scope = $2 AND k.key = $3 AND NOT EXISTS (SELECT 1 FROM taken)`)
 
 	// advancePhase and finishPhase record a phase's commit on its key. They
@@ -273,7 +283,7 @@ WHERE l.key_id = $1 AND l.fence = $2 AND k.id = l.key_id AND k.status = 'running
 UPDATE {l} SET foreign_mark = NULL, foreign_mark_after = NULL
 WHERE key_id = $1 AND fence = $2`)
 
-	q.getKey = render(`SELECT {cols:k,l} FROM {t} k LEFT JOIN {l} l ON l.key_id = k.id WHERE k.scope = $1 AND k.key = $2`)
+	q.getKey = render(`SELECT {cols:k,l} FROM {t} k {leaseOf:k} WHERE k.scope = $1 AND k.key = $2`)
 
 	// unlockKey moves the fence on, which is what actually stops a live
 	// holder: its next guarded statement matches no row. The foreign mark
@@ -294,7 +304,7 @@ WITH unlocked AS (
 )
 SELECT true AS unlocked, {cols:unlocked,leased} FROM unlocked JOIN leased ON leased.key_id = unlocked.id
 UNION ALL
-SELECT false, {cols:k,l} FROM {t} k LEFT JOIN {l} l ON l.key_id = k.id
+SELECT false, {cols:k,l} FROM {t} k {leaseOf:k}
 WHERE k.scope = $1 AND k.key = $2 AND NOT EXISTS (SELECT 1 FROM unlocked)`)
 
 	// claimIdle hands each idle key to one caller: FOR UPDATE SKIP LOCKED
@@ -423,9 +433,9 @@ WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
 )
 SELECT c.t AS db_now, %s
-FROM %s k CROSS JOIN clock c LEFT JOIN %s l ON l.key_id = k.id
+FROM %s k CROSS JOIN clock c %s
 WHERE %s
 ORDER BY k.id DESC
-LIMIT $%d`, recordColumns("k", "l"), q.table, q.leases, strings.Join(where, "\n  AND "), len(args))
+LIMIT $%d`, recordColumns("k", "l"), q.table, leaseOf(q.leases), strings.Join(where, "\n  AND "), len(args))
 	return sql, args, nil
 }
