@@ -135,15 +135,16 @@ FROM inserted JOIN leased ON leased.key_id = inserted.id
 UNION ALL
 SELECT 'none', (SELECT t FROM clock), existing.* FROM existing`)
 
-	// takeOverLease is the part of takeOver and claimReconcile that locks
-	// the lease: target is the progress row, already locked as an UPDATE
+	// takeOverLease is the part of takeOver and claimReconcile that takes
+	// the lease. target is the progress row, already locked as an UPDATE
 	// locks it (FOR NO KEY UPDATE, which does not wait for a phase whose
-	// rows reference the key), so its conditions were checked on its newest
-	// version; and the upsert
-	// locks the lease row and re-checks that nobody holds it on the lease
-	// row's newest version, after any heartbeat in flight. Of two workers
-	// racing for one key, the second finds the lease just taken and gets no
-	// row. A key that lost its lease row gets one.
+	// rows reference the key), so its conditions held on its newest version.
+	// The upsert then locks the lease row and checks that nobody holds it on
+	// the lease row's newest version, after any heartbeat or mark in flight:
+	// of two workers racing for one key, the second finds the lease just
+	// taken and gets no row, and a mark made meanwhile comes back with the
+	// row. Only then does taken move the progress row's fence. A key that
+	// lost its lease row gets one.
 	const takeOverLease = `
 leased AS (
     INSERT INTO {l} AS l (key_id, fence, locked_at, lease_expires_at)
