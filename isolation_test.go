@@ -210,16 +210,23 @@ func isoNotIdempotentSlow(t *testing.T, iso pgx.TxIsoLevel) {
 }
 
 // A phase that writes, then stays open for four heartbeat intervals (each
-// heartbeat renewing the lease from another connection) before its
-// idempotent foreign call, then commits.
+// heartbeat renewing the lease from another connection), then writes a row
+// that references its key, as business rows do (its foreign key check locks
+// the key row), and makes its idempotent foreign call, then commits.
 func isoSlowPhase(t *testing.T, iso pgx.TxIsoLevel) {
 	b := setup(t)
+	_, err := b.pool.Exec(context.Background(), `CREATE TABLE notes (key_id bigint NOT NULL REFERENCES idem_keys (id))`)
+	require.NoError(t, err)
 	o := newIsoRun()
 	b.hooks["charge_created"] = func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO jobs (ride_id, kind) VALUES ($1, 'slow')`, run.Key().ID); err != nil {
 			return err
 		}
-		return o.waitBeats(ctx, 4)
+		if err := o.waitBeats(ctx, 4); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO notes (key_id) VALUES ($1)`, run.Key().ID)
+		return err
 	}
 	r := b.runner(t, o.config(iso, b.flow))
 	out, err := r.Execute(context.Background(), b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
@@ -228,6 +235,7 @@ func isoSlowPhase(t *testing.T, iso pgx.TxIsoLevel) {
 	require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "receipt_enqueued": 1}, b.counts.get())
 	require.Equal(t, 1, b.countRows(t, "rides WHERE charge_id IS NOT NULL"))
 	require.Equal(t, 1, b.countRows(t, "jobs WHERE kind = 'slow'"))
+	require.Equal(t, 1, b.countRows(t, "notes"))
 	require.Equal(t, 1, b.countRows(t, "jobs WHERE kind = 'receipt'"))
 	require.Equal(t, 1, b.provider.calls, "the foreign call once")
 	isoFinished(t, b.key(t, "k1"), o)
