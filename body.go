@@ -97,7 +97,6 @@ func (r *Runner) attemptBody(ctx context.Context, h *held, b body, iso pgx.TxIso
 		h.lettingGo.Store(true)
 	}
 	cctx, cancel := r.storeContext(ctx)
-	sent := r.localNow()
 	err = tx.CommitPhase(cctx, *cp)
 	cancel()
 	over = true
@@ -114,7 +113,6 @@ func (r *Runner) attemptBody(ctx context.Context, h *held, b body, iso pgx.TxIso
 			return res, err
 		}
 	}
-	h.renewed(sent)
 	h.committed(cp)
 	if cp.RecoveryPoint != name && cp.Status != StatusFinished {
 		// A reconcile verdict of not done: it cleared the mark and left the

@@ -182,7 +182,7 @@ func TestCompleteAndReconcileNeedFlowsAndValidConfig(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	bare, err := idem.NewRunner(b.store, nil)
+	bare, err := idem.NewRunner(b.storeFor(t), nil)
 	require.NoError(t, err)
 	_, err = bare.Complete(ctx, nil)
 	require.ErrorIs(t, err, idem.ErrUnknownFlow)

@@ -36,8 +36,17 @@ type Config struct {
 	// Default 24h.
 	Retention time.Duration
 
-	// Isolation is the default isolation level of phase transactions.
-	// Default read committed; the fencing guard is correct at any level.
+	// Isolation is the default isolation level of phase transactions:
+	// read committed (the default), repeatable read or serializable. Every
+	// phase works at each: the guarded commit updates only the key's
+	// progress, which heartbeats and foreign marks do not write, so a phase
+	// that outlives heartbeats or makes a not-idempotent call after a
+	// statement of its own commits without a serialization failure. At
+	// repeatable read and serializable the guard conflicts only with a
+	// takeover or a forced unlock, which moved the fence: the retry then
+	// finds it moved and stops with ErrLockLost. Serialization failures of
+	// the phase's own statements are retried (MaxPhaseRetries), except after
+	// a not-idempotent call.
 	Isolation pgx.TxIsoLevel
 
 	// StatementTimeout bounds each of the runner's own round trips to the

@@ -42,8 +42,9 @@ type held struct {
 	lettingGo atomic.Bool
 
 	// leaseMu guards renewedAt: when this worker last sent a statement that
-	// renewed its lease (the acquisition, a heartbeat, a phase commit). The
-	// lease is good until renewedAt + Config.Lease by the local clock.
+	// renewed its lease (the acquisition or a heartbeat; a phase commit
+	// renews nothing, see lock.go). The lease is good until renewedAt +
+	// Config.Lease by the local clock.
 	leaseMu   sync.Mutex
 	renewedAt time.Time
 }

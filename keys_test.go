@@ -189,10 +189,10 @@ func TestUnlockKeyTxJoinsTheCallersTransaction(t *testing.T) {
 	for _, commit := range []bool{false, true} {
 		tx, err := b.pool.Begin(ctx)
 		require.NoError(t, err)
-		res, err := b.store.UnlockKeyTx(ctx, tx, idemdriver.UnlockParams{Scope: "user:1", Key: "k1", Reason: "tx"})
+		res, err := b.storeFor(t).UnlockKeyTx(ctx, tx, idemdriver.UnlockParams{Scope: "user:1", Key: "k1", Reason: "tx"})
 		require.NoError(t, err)
 		require.True(t, res.Unlocked)
-		list, err := b.store.ListKeysTx(ctx, tx, idemdriver.ListKeysParams{KeyQuery: idem.KeyQuery{State: idem.KeyStateStale, Limit: 10}})
+		list, err := b.storeFor(t).ListKeysTx(ctx, tx, idemdriver.ListKeysParams{KeyQuery: idem.KeyQuery{State: idem.KeyStateStale, Limit: 10}})
 		require.NoError(t, err)
 		require.Len(t, list.Keys, 1, "the transaction sees its own unlock")
 		if commit {

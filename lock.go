@@ -16,10 +16,18 @@ import (
 //
 // Expiry alone cannot stop a worker that is merely paused (a long GC, a
 // frozen VM) from waking up and committing after it was taken over. The
-// fence does: every phase commit, release and heartbeat is an UPDATE guarded
-// by "fence = the fence I acquired with". A worker whose fence moved on
-// matches no row, rolls its phase back and stops with ErrLockLost, so at any
-// moment at most one worker can commit a phase of a key.
+// fence does: every phase commit, release, heartbeat and foreign mark is an
+// UPDATE guarded by "fence = the fence I acquired with". A worker whose
+// fence moved on matches no row, rolls its phase back and stops with
+// ErrLockLost, so at any moment at most one worker can commit a phase of a
+// key.
+//
+// The heartbeat and the foreign mark write the key's lease (in the store's
+// own row for it, see pgstore), never what a phase commit writes: a phase at
+// repeatable read or serializable whose commit updated a row version newer
+// than its snapshot would fail with a serialization failure, every time, for
+// as long as heartbeats land while it runs. A phase commit therefore does not
+// renew the lease either; heartbeats alone do.
 
 // holdLease starts the heartbeat for a held key. The returned context is
 // cancelled with cause ErrLockLost as soon as a heartbeat finds the lease

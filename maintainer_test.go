@@ -164,7 +164,7 @@ func TestMaintainerStopsCleanly(t *testing.T) {
 func TestNewMaintainerChecksItsConfig(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	bare, err := idem.NewRunner(b.store, nil)
+	bare, err := idem.NewRunner(b.storeFor(t), nil)
 	require.NoError(t, err)
 	_, err = idem.NewMaintainer(bare, nil)
 	require.ErrorIs(t, err, idem.ErrUnknownFlow, "completing needs the flows")

@@ -79,18 +79,23 @@ func (b *testBundle) insertKeys(t *testing.T, prefix string, n int, state idem.K
 	default:
 		t.Fatalf("insertKeys: state %q", state)
 	}
+	// Unfinished keys get their lease row, as the runner makes them.
 	sql := fmt.Sprintf(`
+WITH k AS (
 INSERT INTO idem_keys (scope, key, flow, method, path, fingerprint, params, status, recovery_point,
-                       response_status, response_headers, response_body, locked_at, lease_expires_at,
+                       response_status, response_headers, response_body,
                        created_at, last_run_at, finished_at, expires_at)
 SELECT 'user:' || (1 + g / 1000), $2 || '-' || g, 'rides.create', 'POST', '/rides', $6, $7,
        $4, $5,
        CASE WHEN $4 = 'finished' THEN 201 END, CASE WHEN $4 = 'finished' THEN '{}'::jsonb END,
        CASE WHEN $4 = 'finished' THEN '{"ride_id":1}'::bytea END,
-       %[1]s, %[3]s,
        $1 - interval '25 hours', $1 - interval '25 hours',
        CASE WHEN $4 = 'finished' THEN $1 - interval '25 hours' END, %[2]s
-FROM generate_series(1, $3::int) g`, locked, expires, lease)
+FROM generate_series(1, $3::int) g
+RETURNING id, fence, status
+)
+INSERT INTO idem_leases (key_id, fence, locked_at, lease_expires_at)
+SELECT id, fence, %[1]s, %[3]s FROM k WHERE status <> 'finished'`, locked, expires, lease)
 	// Every $1 is the clock; say so once for the type inference.
 	sql = strings.ReplaceAll(sql, "$1", "$1::timestamptz")
 	// The params and fingerprint of a real rides.create request, so the

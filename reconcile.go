@@ -85,7 +85,11 @@ func (r *Runner) reconcile(ctx context.Context, scope, key string) (*Outcome, er
 		if err != nil {
 			return Result{}, nil, fmt.Errorf("reconcile hook of phase %q: %w", h.phaseName(), err)
 		}
-		return r.resolution(h, verdict)
+		res, cp, err := r.resolution(h, verdict)
+		if err == nil && verdict.verdict == verdictNotDone {
+			err = r.withdrawMark(ctx, h)
+		}
+		return res, cp, err
 	})
 	ev := h.event(EventReconciled, err)
 	ev.Verdict = verdict.verdict.String()
@@ -106,8 +110,9 @@ func (r *Runner) reconcile(ctx context.Context, scope, key string) (*Outcome, er
 }
 
 // resolution is what a reconcile verdict records on the key: done commits the
-// phase in its stead, not done clears the mark and leaves the recovery point
-// where it was, and unknown commits nothing.
+// phase in its stead, not done leaves the recovery point where it was (its
+// mark is withdrawn on its own, see withdrawMark), and unknown commits
+// nothing.
 func (r *Runner) resolution(h *held, v Reconciliation) (Result, *idemdriver.CommitParams, error) {
 	switch v.verdict {
 	case verdictNotDone:
@@ -132,6 +137,22 @@ func (r *Runner) resolution(h *held, v Reconciliation) (Result, *idemdriver.Comm
 		reason = "the reconcile hook could not tell"
 	}
 	return Result{}, nil, errors.New(reason)
+}
+
+// withdrawMark clears the foreign mark of a call the reconcile hook found
+// not made. A phase commit retires a mark by moving the recovery point past
+// it; the commit of a verdict of not done leaves the recovery point where it
+// is, so the mark is cleared explicitly, before that commit. Should the
+// commit then not land, the key is in needs_reconcile without a mark and is
+// resumed from its recovery point, re-running the phase: what not done asks
+// for anyway.
+func (r *Runner) withdrawMark(ctx context.Context, h *held) error {
+	mctx, cancel := r.storeContext(ctx)
+	defer cancel()
+	if err := r.store.ClearForeignMark(mctx, h.ref); err != nil {
+		return fmt.Errorf("idem: could not withdraw the foreign mark of phase %q: %w", h.phaseName(), r.storeError(ctx, err))
+	}
+	return nil
 }
 
 // resumeUnmarked takes a key out of needs_reconcile that has no foreign call

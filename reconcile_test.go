@@ -53,8 +53,11 @@ type smsBundle struct {
 	inSend func(ctx context.Context, tx idem.Tx, run *idem.Attempt[smsInput]) error
 }
 
-func setupSMS(t *testing.T) *smsBundle {
-	b := &smsBundle{testBundle: setup(t), gateway: &smsGateway{sent: map[string]int{}}}
+func setupSMS(t *testing.T) *smsBundle { return setupSMSOn(t, setup(t)) }
+
+// setupSMSOn adds the SMS flow and its table to a bundle.
+func setupSMSOn(t *testing.T, tb *testBundle) *smsBundle {
+	b := &smsBundle{testBundle: tb, gateway: &smsGateway{sent: map[string]int{}}}
 	_, err := b.pool.Exec(context.Background(), `CREATE TABLE messages (id bigserial PRIMARY KEY, to_number text, sent bool NOT NULL DEFAULT false)`)
 	require.NoError(t, err)
 	b.flow = idem.MustNewFlow("sms.send", []idem.Phase[smsInput]{
@@ -137,7 +140,7 @@ func TestNotIdempotentCallRunsOnceWhenNothingGoesWrong(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.Equal(t, 1, b.gateway.times(b.ref(t, "k1")))
-	require.Empty(t, b.key(t, "k1").ForeignMark, "the commit clears the mark")
+	require.Empty(t, b.key(t, "k1").ForeignMark, "the commit retires the mark")
 }
 
 // A crash after the not-idempotent call: the resume finds the mark without
@@ -403,7 +406,7 @@ func TestConfigDefaultsAndValidation(t *testing.T) {
 		"bad isolation":      {Isolation: "chaos"},
 		"duplicate flows":    {Flows: []idem.AnyFlow{b.flow, b.flow}},
 	} {
-		_, err := idem.NewRunner(b.store, bad)
+		_, err := idem.NewRunner(b.storeFor(t), bad)
 		require.Error(t, err, name)
 	}
 }

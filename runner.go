@@ -272,7 +272,6 @@ func (r *Runner) commitFor(h *held, res Result) *idemdriver.CommitParams {
 		RecoveryPoint:   h.phaseName(),
 		Status:          StatusRunning,
 		CheckpointPatch: h.patch,
-		Lease:           r.config.Lease,
 		Retention:       h.flow.retentionOr(r.config.Retention),
 		Now:             r.now(),
 	}

@@ -37,24 +37,40 @@ type testBundle struct {
 
 func setup(t *testing.T) *testBundle {
 	t.Helper()
+	return setupOn(t, pgtest.NewMigratedSchema(t))
+}
+
+// setupOn is setup on a schema the caller migrated (to an older version, say).
+func setupOn(t *testing.T, schema *pgtest.Schema) *testBundle {
+	t.Helper()
 	ctx := context.Background()
-	schema := pgtest.NewMigratedSchema(t)
 	_, err := schema.Pool.Exec(ctx, `
 		CREATE TABLE rides (id bigserial PRIMARY KEY, key_id bigint REFERENCES idem_keys (id) ON DELETE SET NULL,
 		                    origin text NOT NULL, charge_id text);
 		CREATE TABLE jobs (id bigserial PRIMARY KEY, ride_id bigint NOT NULL, kind text NOT NULL)`)
 	require.NoError(t, err)
-	store, err := pgstore.New(schema.Pool, &pgstore.Config{Schema: schema.Name})
-	require.NoError(t, err)
-	t.Cleanup(store.Close)
 	b := &testBundle{
-		schema: schema, pool: schema.Pool, store: store,
+		schema: schema, pool: schema.Pool,
 		clock:    idemtest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)),
 		provider: &testfixture.Provider{}, counts: &testfixture.PhaseCounts{},
 		hooks: map[string]func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error{},
 	}
 	b.flow = b.rideFlow("rides.create")
 	return b
+}
+
+// storeFor returns the bundle's store, made on first use: a store checks
+// that its schema is current, so a bundle on an older schema gets its store
+// once the test has migrated it.
+func (b *testBundle) storeFor(t *testing.T) *pgstore.Store {
+	t.Helper()
+	if b.store == nil {
+		store, err := pgstore.New(b.schema.Pool, &pgstore.Config{Schema: b.schema.Name})
+		require.NoError(t, err)
+		t.Cleanup(store.Close)
+		b.store = store
+	}
+	return b.store
 }
 
 // runner returns a new runner, as a new process would make one. Each test
@@ -70,7 +86,7 @@ func (b *testBundle) runner(t *testing.T, cfg *idem.Config) *idem.Runner {
 	if len(cfg.Flows) == 0 {
 		cfg.Flows = []idem.AnyFlow{b.flow}
 	}
-	r, err := idem.NewRunner(b.store, cfg)
+	r, err := idem.NewRunner(b.storeFor(t), cfg)
 	require.NoError(t, err)
 	return r
 }
@@ -173,7 +189,7 @@ func (b *testBundle) countRows(t *testing.T, table string) int {
 
 func (b *testBundle) key(t *testing.T, key string) *idem.KeyRecord {
 	t.Helper()
-	rec, err := b.store.GetKey(context.Background(), "user:1", key)
+	rec, err := b.storeFor(t).GetKey(context.Background(), "user:1", key)
 	require.NoError(t, err)
 	return rec
 }

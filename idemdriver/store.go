@@ -36,15 +36,28 @@ type Store interface {
 	// PhaseTx.CommitPhase or PhaseTx.RollbackPhase.
 	BeginPhase(ctx context.Context, opts PhaseOptions) (PhaseTx, error)
 
-	// Heartbeat extends a held lease and returns its new expiry.
+	// Heartbeat extends a held lease and returns its new expiry. It is the
+	// only statement that renews a lease: a phase commit does not. It must
+	// not write what CommitPhase writes, or a phase at repeatable read or
+	// serializable that outlives a heartbeat could never commit.
 	Heartbeat(ctx context.Context, ref LockRef, lease time.Duration, now *time.Time) (time.Time, error)
 
 	// Release unlocks a key after a failed attempt, recording the error.
 	Release(ctx context.Context, ref LockRef, lastError string) error
 
 	// MarkForeign durably records, outside the phase's transaction, that the
-	// phase is about to make a not-idempotent foreign call.
+	// phase is about to make a not-idempotent foreign call. The mark stands
+	// (KeyRecord.ForeignMark names the phase) while the key is unfinished
+	// and its recovery point is still the one it was made at: the phase's
+	// own commit, which moves the recovery point, retires it without
+	// writing what heartbeats write, so the commit does not conflict with
+	// them at repeatable read or serializable.
 	MarkForeign(ctx context.Context, ref LockRef, phase string) error
+
+	// ClearForeignMark withdraws the mark of a call known not to have
+	// happened (a reconcile verdict of not done), which no commit retires
+	// because the recovery point does not move.
+	ClearForeignMark(ctx context.Context, ref LockRef) error
 
 	// SetNeedsReconcile moves a held key to StatusNeedsReconcile and unlocks it.
 	SetNeedsReconcile(ctx context.Context, ref LockRef, reason string) error
@@ -78,7 +91,10 @@ type PhaseTx interface {
 	// CommitPhase records the phase's outcome on the key, guarded by the
 	// fence, and commits, atomically. When the fence has moved on it rolls
 	// back and returns ErrLockLost. After it returns, with or without an
-	// error, the transaction is over.
+	// error, the transaction is over. What it writes must be written, while
+	// the key is held, by nothing but statements that move the fence, so
+	// that at repeatable read and serializable it conflicts with those
+	// alone: not by heartbeats, foreign marks or their clearing.
 	CommitPhase(ctx context.Context, p CommitParams) error
 
 	// RollbackPhase ends the transaction without committing. It is a no-op
@@ -165,8 +181,6 @@ type CommitParams struct {
 	CheckpointPatch map[string]json.RawMessage
 	// Response is stored when Status is StatusFinished.
 	Response *Response
-	// Lease renews the lease of a key that stays running.
-	Lease time.Duration
 	// Retention sets expires_at of a key that finishes.
 	Retention time.Duration
 	Now       *time.Time

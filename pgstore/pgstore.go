@@ -261,28 +261,56 @@ func (s *Store) Heartbeat(ctx context.Context, ref idemdriver.LockRef, lease tim
 
 // Release implements idemdriver.Store.
 func (s *Store) Release(ctx context.Context, ref idemdriver.LockRef, lastError string) error {
-	return s.guarded(ctx, "release", ref, s.q.release, ref.ID, ref.Fence, lastError)
+	return s.guarded(ctx, "release", ref, true, s.q.release, ref.ID, ref.Fence, lastError)
 }
 
 // MarkForeign implements idemdriver.Store.
 func (s *Store) MarkForeign(ctx context.Context, ref idemdriver.LockRef, phase string) error {
-	return s.guarded(ctx, "mark foreign call", ref, s.q.markForeign, ref.ID, ref.Fence, phase)
+	return s.guarded(ctx, "mark foreign call", ref, false, s.q.markForeign, ref.ID, ref.Fence, phase)
+}
+
+// ClearForeignMark implements idemdriver.Store.
+func (s *Store) ClearForeignMark(ctx context.Context, ref idemdriver.LockRef) error {
+	return s.guarded(ctx, "clear foreign mark", ref, false, s.q.clearForeignMark, ref.ID, ref.Fence)
 }
 
 // SetNeedsReconcile implements idemdriver.Store.
 func (s *Store) SetNeedsReconcile(ctx context.Context, ref idemdriver.LockRef, reason string) error {
-	return s.guarded(ctx, "set needs_reconcile", ref, s.q.setNeedsReconcile, ref.ID, ref.Fence, reason)
+	return s.guarded(ctx, "set needs_reconcile", ref, true, s.q.setNeedsReconcile, ref.ID, ref.Fence, reason)
 }
 
-func (s *Store) guarded(ctx context.Context, what string, ref idemdriver.LockRef, sql string, args ...any) error {
-	tag, err := s.control.Exec(ctx, sql, args...)
-	if err != nil {
-		return mapError(fmt.Errorf("pgstore: %s: %w", what, err))
+// guardedAttempts bounds the tries of a guarded statement that meets a
+// serialization failure, which it can only under a server default of
+// repeatable read or serializable, when a heartbeat of the same key commits
+// between the statement's snapshot and its row lock. Each is one statement
+// that either happened or did not, so running it again is safe.
+const guardedAttempts = 3
+
+// guarded runs one of the statements a held key sends outside its phase's
+// transaction, on the control pool. counted statements return the number of
+// keys their guard matched; the others report it as rows affected.
+func (s *Store) guarded(ctx context.Context, what string, ref idemdriver.LockRef, counted bool, sql string, args ...any) error {
+	var err error
+	for range guardedAttempts {
+		var matched int64
+		if counted {
+			err = s.control.QueryRow(ctx, sql, args...).Scan(&matched)
+		} else {
+			var tag pgconn.CommandTag
+			tag, err = s.control.Exec(ctx, sql, args...)
+			matched = tag.RowsAffected()
+		}
+		if err == nil && matched == 0 {
+			return fmt.Errorf("%w: %s: fence %d of key %d moved on", idemdriver.ErrLockLost, what, ref.Fence, ref.ID)
+		}
+		if err == nil {
+			return nil
+		}
+		if err = mapError(fmt.Errorf("pgstore: %s: %w", what, err)); !errors.Is(err, idemdriver.ErrSerialization) {
+			return err
+		}
 	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("%w: %s: fence %d of key %d moved on", idemdriver.ErrLockLost, what, ref.Fence, ref.ID)
-	}
-	return nil
+	return err
 }
 
 // GetKey implements idemdriver.Store.

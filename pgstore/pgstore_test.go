@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -54,11 +55,22 @@ func TestQueriesAreFullyRendered(t *testing.T) {
 	t.Parallel()
 	for _, prefix := range []string{"", `"Billing".`} {
 		q := newQueries(prefix)
-		for _, sql := range []string{q.acquire, q.claimReconcile, q.takeOver, q.advancePhase, q.finishPhase, q.heartbeat, q.release, q.markForeign, q.setNeedsReconcile, q.getKey} {
-			require.NotContains(t, sql, "{t}")
-			require.NotContains(t, sql, "{cols")
-			require.NotContains(t, sql, "{a}")
-			require.Contains(t, sql, prefix+"idem_keys")
+		for _, sql := range []string{q.acquire, q.claimReconcile, q.takeOver, q.advancePhase, q.finishPhase, q.heartbeat, q.release,
+			q.markForeign, q.clearForeignMark, q.setNeedsReconcile, q.getKey, q.unlockKey, q.claimIdle, q.reap} {
+			for _, placeholder := range []string{"{t}", "{l}", "{k}", "{cols", "{leaseOf", "$LEASE"} {
+				require.NotContains(t, sql, placeholder)
+			}
+			if sql != q.clearForeignMark {
+				require.Contains(t, sql, prefix+"idem_keys")
+			}
+		}
+		// The statements heartbeats and marks send write the lease row only;
+		// a phase's commit writes the progress row only (see queries).
+		for _, sql := range []string{q.heartbeat, q.markForeign, q.clearForeignMark} {
+			require.Regexp(t, `^\s*UPDATE `+regexp.QuoteMeta(prefix+"idem_leases"), sql)
+		}
+		for _, sql := range []string{q.advancePhase, q.finishPhase} {
+			require.NotContains(t, sql, "idem_leases")
 		}
 	}
 }
@@ -84,12 +96,17 @@ func TestRecordDestMatchesRecordColumns(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	schema := pgtest.NewMigratedSchema(t)
-	_, err := schema.Pool.Exec(ctx, `INSERT INTO idem_keys (scope, key, flow, method, path, fingerprint, params,
-		status, recovery_point, checkpoint, foreign_mark, locked_at, lease_expires_at, fence,
-		response_status, response_headers, response_body, attempts, last_error, finished_at, expires_at)
-		VALUES ('s', 'k', 'f', 'PATCH', '/p', '\x0102', '{"a": 1}', 'finished', 'finished', '{"c": 2}', 'phase',
-		now() - interval '1 minute', now() + interval '1 minute', 7, 402, '{"X": ["y"]}', '\x7b7d', 3, 'boom',
-		now(), now() + interval '1 day')`)
+	_, err := schema.Pool.Exec(ctx, `
+		WITH k AS (
+			INSERT INTO idem_keys (scope, key, flow, method, path, fingerprint, params,
+				status, recovery_point, checkpoint, fence,
+				response_status, response_headers, response_body, attempts, last_error, finished_at, expires_at)
+			VALUES ('s', 'k', 'f', 'PATCH', '/p', '\x0102', '{"a": 1}', 'needs_reconcile', 'first', '{"c": 2}',
+				7, 402, '{"X": ["y"]}', '\x7b7d', 3, 'boom', now(), now() + interval '1 day')
+			RETURNING id, fence
+		)
+		INSERT INTO idem_leases (key_id, fence, locked_at, lease_expires_at, foreign_mark, foreign_mark_after)
+		SELECT id, fence, now() - interval '1 minute', now() + interval '1 minute', 'phase', 'first' FROM k`)
 	require.NoError(t, err)
 	store, err := New(schema.Pool, &Config{Schema: schema.Name})
 	require.NoError(t, err)
@@ -100,5 +117,7 @@ func TestRecordDestMatchesRecordColumns(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, byName, *byPosition)
 	require.Equal(t, "phase", byPosition.ForeignMark)
+	require.NotNil(t, byPosition.LockedAt)
+	require.NotNil(t, byPosition.LeaseExpiresAt)
 	require.Equal(t, 402, byPosition.ResponseStatus)
 }

@@ -3,6 +3,7 @@ package pgstore
 import (
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"strings"
 
 	"github.com/go-idem/idem/idemdriver"
@@ -11,34 +12,49 @@ import (
 // queries holds every statement of the store, rendered once for the
 // configured schema.
 //
+// A key is two rows: its progress row in idem_keys (the request, the
+// recovery point, checkpoint data, the response and the fence) and its lease
+// row in idem_leases (the lease and the foreign mark, with a copy of the
+// fence). A phase's guarded commit updates only the progress row; heartbeats
+// and foreign marks update only the lease row, so under repeatable read and
+// serializable they never make the row the commit updates newer than the
+// phase's snapshot. Statements that move the fence (acquisition, takeover,
+// reconcile claims, forced unlocks) write both rows, the progress row first:
+// every statement that locks both locks them in that order.
+//
 // Conventions: $now parameters are nullable timestamptz; NULL means the
 // database clock, a value is a test's injected clock. Durations travel as
-// bigint microseconds. Every statement that touches a locked key is guarded
-// by "id = $1 AND fence = $2".
+// bigint microseconds. Every statement that touches a held key is guarded by
+// its id and fence: "id = $1 AND fence = $2" on the progress row, or
+// "key_id = $1 AND fence = $2" on the lease row.
 type queries struct {
-	table string
+	table, leases string
 
-	acquire, takeOver, claimReconcile      string
-	advancePhase, finishPhase              string
-	heartbeat, release                     string
-	markForeign, setNeedsReconcile, getKey string
+	acquire, takeOver, claimReconcile string
+	advancePhase, finishPhase         string
+	heartbeat, release                string
+	markForeign, clearForeignMark     string
+	setNeedsReconcile, getKey         string
 
 	unlockKey, claimIdle, reap, statementTimeout, clock string
 }
 
-// recordColumns renders the columns of idemdriver.KeyRecord from a row alias,
-// mapping NULLs of text and int columns to zero values.
-func recordColumns(alias string) string {
-	cols := `{a}id, {a}request_id::text AS request_id, {a}downstream_scheme, {a}scope, {a}key, {a}flow, {a}method, {a}path,
-		{a}fingerprint, {a}params, {a}status, {a}recovery_point, {a}checkpoint,
-		coalesce({a}foreign_mark, '') AS foreign_mark, {a}locked_at, {a}lease_expires_at, {a}fence,
-		coalesce({a}response_status, 0) AS response_status, coalesce({a}response_headers, '{}') AS response_headers,
-		{a}response_body, {a}attempts, coalesce({a}last_error, '') AS last_error,
-		{a}created_at, {a}last_run_at, {a}finished_at, {a}expires_at`
-	if alias != "" {
-		alias += "."
-	}
-	return strings.ReplaceAll(cols, "{a}", alias)
+// recordColumns renders the columns of idemdriver.KeyRecord from a progress
+// row alias k and a lease row alias l (NULL when the key has no lease row),
+// mapping NULLs of text and int columns to zero values. A finished key shows
+// no lease and no mark, and a mark shows only while the key is still at the
+// recovery point it was made at (see the migration that made idem_leases).
+func recordColumns(k, l string) string {
+	cols := `{k}id, {k}request_id::text AS request_id, {k}downstream_scheme, {k}scope, {k}key, {k}flow, {k}method, {k}path,
+		{k}fingerprint, {k}params, {k}status, {k}recovery_point, {k}checkpoint,
+		CASE WHEN {k}status <> 'finished' AND {l}foreign_mark_after = {k}recovery_point
+		     THEN coalesce({l}foreign_mark, '') ELSE '' END AS foreign_mark,
+		CASE WHEN {k}status <> 'finished' THEN {l}locked_at END AS locked_at,
+		CASE WHEN {k}status <> 'finished' THEN {l}lease_expires_at END AS lease_expires_at, {k}fence,
+		coalesce({k}response_status, 0) AS response_status, coalesce({k}response_headers, '{}') AS response_headers,
+		{k}response_body, {k}attempts, coalesce({k}last_error, '') AS last_error,
+		{k}created_at, {k}last_run_at, {k}finished_at, {k}expires_at`
+	return strings.NewReplacer("{k}", k+".", "{l}", l+".").Replace(cols)
 }
 
 // recordDest returns the scan destinations of recordColumns, in the same
@@ -54,84 +70,126 @@ func recordDest(rec *idemdriver.KeyRecord) []any {
 		&rec.CreatedAt, &rec.LastRunAt, &rec.FinishedAt, &rec.ExpiresAt}
 }
 
+// leaseOf joins progress rows k with their lease rows l for reading. A
+// finished key's lease row means nothing (recordColumns hides it), and the
+// join does not even read it: the planner turns the condition on k.status
+// into a one-time filter in front of the index scan (OFFSET 0 keeps the
+// subquery from being flattened into a plain join, which would probe it), so
+// a replay reads idem_keys alone.
+func leaseOf(leases string) string {
+	return `LEFT JOIN LATERAL (SELECT * FROM ` + leases + ` l WHERE l.key_id = k.id AND k.status <> 'finished' OFFSET 0) l ON true`
+}
+
+// colsPlaceholder is {cols:k,l}: recordColumns over aliases k and l.
+var colsPlaceholder = regexp.MustCompile(`\{cols:(\w+),(\w+)\}`)
+
 func newQueries(prefix string) *queries {
-	t := prefix + "idem_keys"
-	q := &queries{table: t}
+	t, l := prefix+"idem_keys", prefix+"idem_leases"
+	q := &queries{table: t, leases: l}
 	render := func(sql string) string {
-		sql = strings.ReplaceAll(sql, "{t}", t)
-		for _, alias := range []string{"inserted", "taken", "existing", "claimed", "unlocked", "k", ""} {
-			sql = strings.ReplaceAll(sql, "{cols:"+alias+"}", recordColumns(alias))
-		}
-		return sql
+		sql = strings.NewReplacer("{t}", t, "{leaseOf:k}", leaseOf(l), "{l}", l).Replace(sql)
+		return colsPlaceholder.ReplaceAllStringFunc(sql, func(m string) string {
+			a := colsPlaceholder.FindStringSubmatch(m)
+			return recordColumns(a[1], a[2])
+		})
 	}
 
 	// acquire: one statement, one round trip, for a new key, a replay and an
 	// in-progress key alike.
 	//
-	//  - existing reads the row, if any, from the statement's snapshot.
-	//  - inserted inserts the key locked when there was none; ON CONFLICT DO
+	//  - existing reads the key, if any, from the statement's snapshot.
+	//  - inserted inserts the key when there was none; ON CONFLICT DO
 	//    NOTHING turns a concurrent insert of the same key into "no row"
 	//    instead of a unique violation that would abort the caller.
-	//  - the final SELECT reports the insert, or the row as it is.
+	//  - leased inserts the new key's lease row, locked.
+	//  - the final SELECT reports the insert, or the key as it is.
 	//
 	// Replays and in-progress answers write nothing: no transaction id, no
 	// WAL, no row lock. Zero rows come back only when a concurrent insert
 	// committed after the snapshot; the caller runs the statement again.
 	//
 	// Taking over an abandoned key is a second statement (takeOver), sent
-	// only when the row looks takeable: keeping an UPDATE out of this one
+	// only when the key looks takeable: keeping an UPDATE out of this one
 	// spares every replay the cost of setting one up, and takeovers are rare.
 	q.acquire = render(`
 WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
 ), existing AS (
-    SELECT * FROM {t} WHERE scope = $2 AND key = $3
+    SELECT {cols:k,l} FROM {t} k {leaseOf:k}
+    WHERE k.scope = $2 AND k.key = $3
 ), inserted AS (
-    INSERT INTO {t} (scope, key, flow, method, path, fingerprint, params,
-                     locked_at, lease_expires_at, created_at, last_run_at)
-    SELECT $2, $3, $4, $5, $6, $7, $8, clock.t, clock.t + $9::bigint * interval '1 microsecond', clock.t, clock.t
+    INSERT INTO {t} (scope, key, flow, method, path, fingerprint, params, created_at, last_run_at)
+    SELECT $2, $3, $4, $5, $6, $7, $8, clock.t, clock.t
     FROM clock
     WHERE NOT EXISTS (SELECT 1 FROM existing)
     ON CONFLICT (scope, key) DO NOTHING
     RETURNING *
+), leased AS (
+    INSERT INTO {l} (key_id, fence, locked_at, lease_expires_at)
+    SELECT inserted.id, inserted.fence, clock.t, clock.t + $9::bigint * interval '1 microsecond'
+    FROM inserted, clock
+    RETURNING *
 )
-SELECT 'created' AS acquired, (SELECT t FROM clock) AS db_now, {cols:inserted} FROM inserted
+SELECT 'created' AS acquired, (SELECT t FROM clock) AS db_now, {cols:inserted,leased}
+FROM inserted JOIN leased ON leased.key_id = inserted.id
 UNION ALL
-SELECT 'none', (SELECT t FROM clock), {cols:existing} FROM existing`)
+SELECT 'none', (SELECT t FROM clock), existing.* FROM existing`)
+
+	// takeOverLease is the part of takeOver and claimReconcile that takes
+	// the lease. target is the progress row, already locked as an UPDATE
+	// locks it (FOR NO KEY UPDATE, which does not wait for a phase whose
+	// rows reference the key), so its conditions held on its newest version.
+	// The upsert then locks the lease row and checks that nobody holds it on
+	// the lease row's newest version, after any heartbeat or mark in flight:
+	// of two workers racing for one key, the second finds the lease just
+	// taken and gets no row, and a mark made meanwhile comes back with the
+	// row. Only then does taken move the progress row's fence. A key that
+	// lost its lease row gets one.
+	const takeOverLease = `
+leased AS (
+    INSERT INTO {l} AS l (key_id, fence, locked_at, lease_expires_at)
+    SELECT target.id, target.fence + 1, clock.t, clock.t + $LEASE::bigint * interval '1 microsecond'
+    FROM target, clock
+    ON CONFLICT (key_id) DO UPDATE
+    SET fence = excluded.fence, locked_at = excluded.locked_at, lease_expires_at = excluded.lease_expires_at
+    WHERE l.locked_at IS NULL OR l.lease_expires_at <= excluded.locked_at
+    RETURNING l.*
+), taken AS (
+    UPDATE {t} k
+    SET fence = leased.fence, last_run_at = clock.t, attempts = k.attempts + 1
+    FROM leased, clock
+    WHERE k.id = leased.key_id
+    RETURNING k.*
+)`
 
 	// takeOver locks an unfinished key of the same flow, fingerprint, method
 	// and path that nobody holds (unlocked, or lease expired), with a new
-	// fence. Its WHERE is re-checked against the latest row version under the
-	// row lock, so of two workers racing for one stale key exactly one wins.
+	// fence on both of its rows.
 	q.takeOver = render(`
 WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
-)
-UPDATE {t} k
-SET fence = k.fence + 1, locked_at = clock.t, lease_expires_at = clock.t + $5::bigint * interval '1 microsecond',
-    last_run_at = clock.t, attempts = k.attempts + 1
-FROM clock
-WHERE k.id = $2 AND k.status = 'running' AND k.flow = $3 AND k.fingerprint = $4
-  AND k.method = $6 AND k.path = $7
-  AND (k.locked_at IS NULL OR k.lease_expires_at <= clock.t)
-RETURNING 'taken_over' AS acquired, clock.t AS db_now, {cols:k}`)
+), target AS (
+    SELECT k.id, k.fence FROM {t} k
+    WHERE k.id = $2 AND k.status = 'running' AND k.flow = $3 AND k.fingerprint = $4
+      AND k.method = $6 AND k.path = $7
+    FOR NO KEY UPDATE
+), ` + strings.ReplaceAll(takeOverLease, "$LEASE", "$5") + `
+SELECT 'taken_over' AS acquired, clock.t AS db_now, {cols:taken,leased}
+FROM taken JOIN leased ON leased.key_id = taken.id, clock`)
 
 	q.claimReconcile = render(`
 WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
-), claimed AS (
-    UPDATE {t} k
-    SET fence = k.fence + 1, locked_at = clock.t, lease_expires_at = clock.t + $4::bigint * interval '1 microsecond',
-        last_run_at = clock.t, attempts = k.attempts + 1
-    FROM clock
+), target AS (
+    SELECT k.id, k.fence FROM {t} k
     WHERE k.scope = $2 AND k.key = $3 AND k.status = 'needs_reconcile'
-      AND (k.locked_at IS NULL OR k.lease_expires_at <= clock.t)
-    RETURNING k.*
-)
-SELECT 'taken_over' AS acquired, (SELECT t FROM clock) AS db_now, {cols:claimed} FROM claimed
+    FOR NO KEY UPDATE
+), ` + strings.ReplaceAll(takeOverLease, "$LEASE", "$4") + `
+SELECT 'taken_over' AS acquired, (SELECT t FROM clock) AS db_now, {cols:taken,leased}
+FROM taken JOIN leased ON leased.key_id = taken.id
 UNION ALL
-SELECT 'none', (SELECT t FROM clock), {cols:k} FROM {t} k
-WHERE k.scope = $2 AND k.key = $3 AND NOT EXISTS (SELECT 1 FROM claimed)`)
+SELECT 'none', (SELECT t FROM clock), {cols:k,l} FROM {t} k {leaseOf:k}
+WHERE k.scope = $2 AND k.key = $3 AND NOT EXISTS (SELECT 1 FROM taken)`)
 
 	// advancePhase and finishPhase record a phase's commit on its key. They
 	// run inside the phase's transaction, pipelined with its COMMIT
@@ -141,19 +199,24 @@ WHERE k.scope = $2 AND k.key = $3 AND NOT EXISTS (SELECT 1 FROM claimed)`)
 	// rows raises division_by_zero (22012) exactly when the guard matched
 	// nothing, and nothing else in the statements can divide.
 	//
-	// They write only what changes, and no indexed column while the key
-	// stays running, so an advance is a HOT update. clock_timestamp(), not
-	// now(): now() is when the transaction began, and a long phase must not
-	// shorten the lease it renews.
+	// They update the progress row only. Its newest version is the one this
+	// worker's acquisition or previous commit wrote, unless a takeover or a
+	// forced unlock moved the fence since; so at repeatable read and
+	// serializable the update conflicts exactly when the fence moved, and
+	// the retry then finds it moved. The lease is not renewed here: that
+	// is the heartbeat's work, on the lease row. A foreign mark is not
+	// cleared here either: moving the recovery point retires it.
+	//
+	// They write no indexed column while the key stays running, so an
+	// advance is a HOT update. clock_timestamp(), not now(): now() is when
+	// the transaction began.
 	q.advancePhase = render(`
 WITH guarded AS (
 UPDATE {t}
 SET status           = 'running',
     recovery_point   = $3,
     checkpoint       = CASE WHEN $4::jsonb = '{}' THEN checkpoint ELSE checkpoint || $4::jsonb END,
-    foreign_mark     = NULL,
-    last_run_at      = coalesce($6::timestamptz, clock_timestamp()),
-    lease_expires_at = coalesce($6::timestamptz, clock_timestamp()) + $5::bigint * interval '1 microsecond'
+    last_run_at      = coalesce($5::timestamptz, clock_timestamp())
 WHERE id = $1 AND fence = $2
 RETURNING 1
 )
@@ -165,9 +228,6 @@ UPDATE {t}
 SET status           = 'finished',
     recovery_point   = 'finished',
     checkpoint       = CASE WHEN $3::jsonb = '{}' THEN checkpoint ELSE checkpoint || $3::jsonb END,
-    foreign_mark     = NULL,
-    locked_at        = NULL,
-    lease_expires_at = NULL,
     last_run_at      = coalesce($8::timestamptz, clock_timestamp()),
     finished_at      = coalesce($8::timestamptz, clock_timestamp()),
     expires_at       = coalesce($8::timestamptz, clock_timestamp()) + $7::bigint * interval '1 microsecond',
@@ -180,27 +240,52 @@ RETURNING 1
 SELECT 1 / count(*)::int FROM guarded`)
 
 	q.heartbeat = render(`
-UPDATE {t}
+UPDATE {l} l
 SET lease_expires_at = coalesce($4::timestamptz, now()) + $3::bigint * interval '1 microsecond'
-WHERE id = $1 AND fence = $2 AND locked_at IS NOT NULL AND status <> 'finished'
-RETURNING lease_expires_at`)
+FROM {t} k
+WHERE l.key_id = $1 AND l.fence = $2 AND l.locked_at IS NOT NULL
+  AND k.id = l.key_id AND k.status <> 'finished'
+RETURNING l.lease_expires_at`)
 
+	// release and setNeedsReconcile are guarded on the progress row, which
+	// they lock first, and unlock the lease row; they return how many keys
+	// the guard matched.
 	q.release = render(`
-UPDATE {t}
-SET locked_at = NULL, lease_expires_at = NULL, last_error = left($3, 4000)
-WHERE id = $1 AND fence = $2 AND status = 'running'`)
-
-	q.markForeign = render(`
-UPDATE {t}
-SET foreign_mark = $3
-WHERE id = $1 AND fence = $2 AND status = 'running'`)
+WITH released AS (
+    UPDATE {t} SET last_error = left($3, 4000)
+    WHERE id = $1 AND fence = $2 AND status = 'running'
+    RETURNING id
+), unlocked AS (
+    UPDATE {l} l SET locked_at = NULL, lease_expires_at = NULL
+    FROM released WHERE l.key_id = released.id AND l.fence = $2
+)
+SELECT count(*) FROM released`)
 
 	q.setNeedsReconcile = render(`
-UPDATE {t}
-SET status = 'needs_reconcile', locked_at = NULL, lease_expires_at = NULL, last_error = left($3, 4000)
-WHERE id = $1 AND fence = $2 AND status <> 'finished'`)
+WITH parked AS (
+    UPDATE {t} SET status = 'needs_reconcile', last_error = left($3, 4000)
+    WHERE id = $1 AND fence = $2 AND status <> 'finished'
+    RETURNING id
+), unlocked AS (
+    UPDATE {l} l SET locked_at = NULL, lease_expires_at = NULL
+    FROM parked WHERE l.key_id = parked.id AND l.fence = $2
+)
+SELECT count(*) FROM parked`)
 
-	q.getKey = render(`SELECT {cols:} FROM {t} WHERE scope = $1 AND key = $2`)
+	// markForeign records the mark with the recovery point it is made at;
+	// the phase's commit moves the recovery point and so retires the mark
+	// without writing the lease row.
+	q.markForeign = render(`
+UPDATE {l} l
+SET foreign_mark = $3, foreign_mark_after = k.recovery_point
+FROM {t} k
+WHERE l.key_id = $1 AND l.fence = $2 AND k.id = l.key_id AND k.status = 'running'`)
+
+	q.clearForeignMark = render(`
+UPDATE {l} SET foreign_mark = NULL, foreign_mark_after = NULL
+WHERE key_id = $1 AND fence = $2`)
+
+	q.getKey = render(`SELECT {cols:k,l} FROM {t} k {leaseOf:k} WHERE k.scope = $1 AND k.key = $2`)
 
 	// unlockKey moves the fence on, which is what actually stops a live
 	// holder: its next guarded statement matches no row. The foreign mark
@@ -210,13 +295,18 @@ WHERE id = $1 AND fence = $2 AND status <> 'finished'`)
 	q.unlockKey = render(`
 WITH unlocked AS (
     UPDATE {t} k
-    SET fence = k.fence + 1, locked_at = NULL, lease_expires_at = NULL, last_error = left($3, 4000)
+    SET fence = k.fence + 1, last_error = left($3, 4000)
     WHERE k.scope = $1 AND k.key = $2 AND k.status <> 'finished'
     RETURNING k.*
+), leased AS (
+    INSERT INTO {l} AS l (key_id, fence)
+    SELECT id, fence FROM unlocked
+    ON CONFLICT (key_id) DO UPDATE SET fence = excluded.fence, locked_at = NULL, lease_expires_at = NULL
+    RETURNING l.*
 )
-SELECT true AS unlocked, {cols:unlocked} FROM unlocked
+SELECT true AS unlocked, {cols:unlocked,leased} FROM unlocked JOIN leased ON leased.key_id = unlocked.id
 UNION ALL
-SELECT false, {cols:k} FROM {t} k
+SELECT false, {cols:k,l} FROM {t} k {leaseOf:k}
 WHERE k.scope = $1 AND k.key = $2 AND NOT EXISTS (SELECT 1 FROM unlocked)`)
 
 	// claimIdle hands each idle key to one caller: FOR UPDATE SKIP LOCKED
@@ -230,9 +320,9 @@ WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
 ), candidates AS (
     SELECT k.id
-    FROM {t} k, clock c
+    FROM {t} k CROSS JOIN clock c LEFT JOIN {l} l ON l.key_id = k.id
     WHERE k.status <> 'finished' AND k.status = $2 AND k.flow = ANY($3::text[])
-      AND (k.locked_at IS NULL OR k.lease_expires_at <= c.t)
+      AND (l.locked_at IS NULL OR l.lease_expires_at <= c.t)
       AND k.last_run_at <= c.t - $4::bigint * interval '1 microsecond'
       AND ($5::int <= 0 OR k.attempts < $5::int)
     ORDER BY k.last_run_at
@@ -245,13 +335,14 @@ WITH clock AS (
     WHERE k.id = candidates.id
     RETURNING k.*
 )
-SELECT {cols:claimed} FROM claimed ORDER BY claimed.id`)
+SELECT {cols:claimed,l} FROM claimed LEFT JOIN {l} l ON l.key_id = claimed.id ORDER BY claimed.id`)
 
 	// reap deletes one batch through idem_keys_reap. The ids are collected
 	// into an array first so the DELETE finds its rows by primary key
 	// rather than by a join the planner might turn into a scan. Deleting a
-	// key sets the key column of business rows that reference it to NULL
-	// (their foreign keys are ON DELETE SET NULL); those rows survive.
+	// key deletes its lease row, if any (ON DELETE CASCADE), and sets the key
+	// column of business rows that reference it to NULL (their foreign keys
+	// are ON DELETE SET NULL); those rows survive.
 	q.reap = render(`
 DELETE FROM {t}
 WHERE id = ANY(ARRAY(
@@ -291,17 +382,17 @@ func (q *queries) commitStatement(p idemdriver.CommitParams) (string, []any, err
 		}
 		return q.finishPhase, []any{p.Ref.ID, p.Ref.Fence, json.RawMessage(patch), p.Response.Status, header, body, p.Retention.Microseconds(), p.Now}, nil
 	case p.Status == idemdriver.StatusRunning:
-		return q.advancePhase, []any{p.Ref.ID, p.Ref.Fence, p.RecoveryPoint, json.RawMessage(patch), p.Lease.Microseconds(), p.Now}, nil
+		return q.advancePhase, []any{p.Ref.ID, p.Ref.Fence, p.RecoveryPoint, json.RawMessage(patch), p.Now}, nil
 	}
 	return "", nil, fmt.Errorf("pgstore: commit phase: status %q (with a response: %t) is neither an advance nor a finish", p.Status, p.Response != nil)
 }
 
 // keyStateConditions are the WHERE conditions of each idemdriver.KeyState, over
-// alias k and the clock c. Unfinished states restate the partial index's
+// the progress row k, its lease row l and the clock c. Unfinished states restate the partial index's
 // predicate so the planner can use it.
 var keyStateConditions = map[idemdriver.KeyState]string{
-	idemdriver.KeyStateRunning:        `k.status <> 'finished' AND k.status = 'running' AND k.locked_at IS NOT NULL AND k.lease_expires_at > c.t`,
-	idemdriver.KeyStateStale:          `k.status <> 'finished' AND k.status = 'running' AND (k.locked_at IS NULL OR k.lease_expires_at <= c.t)`,
+	idemdriver.KeyStateRunning:        `k.status <> 'finished' AND k.status = 'running' AND l.locked_at IS NOT NULL AND l.lease_expires_at > c.t`,
+	idemdriver.KeyStateStale:          `k.status <> 'finished' AND k.status = 'running' AND (l.locked_at IS NULL OR l.lease_expires_at <= c.t)`,
 	idemdriver.KeyStateNeedsReconcile: `k.status <> 'finished' AND k.status = 'needs_reconcile'`,
 	idemdriver.KeyStateFinished:       `k.status = 'finished' AND k.expires_at > c.t`,
 	idemdriver.KeyStateExpired:        `k.status = 'finished' AND k.expires_at <= c.t`,
@@ -344,9 +435,9 @@ WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
 )
 SELECT c.t AS db_now, %s
-FROM %s k, clock c
+FROM %s k CROSS JOIN clock c %s
 WHERE %s
 ORDER BY k.id DESC
-LIMIT $%d`, recordColumns("k"), q.table, strings.Join(where, "\n  AND "), len(args))
+LIMIT $%d`, recordColumns("k", "l"), q.table, leaseOf(q.leases), strings.Join(where, "\n  AND "), len(args))
 	return sql, args, nil
 }

@@ -18,6 +18,7 @@ type Provider struct {
 	mu       sync.Mutex
 	charges  map[string]string // downstream key -> charge id
 	declined map[float64]bool
+	calls    int
 }
 
 // Charge charges amount under the downstream key, or returns the charge an
@@ -26,6 +27,7 @@ type Provider struct {
 func (p *Provider) Charge(key string, amount float64) (string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.calls++
 	if p.declined[amount] {
 		return "", ErrDeclined
 	}
@@ -55,4 +57,11 @@ func (p *Provider) Charges() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.charges)
+}
+
+// Calls is the number of Charge calls, duplicates and declines included.
+func (p *Provider) Calls() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.calls
 }

@@ -1,0 +1,184 @@
+package pgstore
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/internal/pgtest"
+)
+
+// A takeover decides on the lease row's newest version, not on what its
+// acquisition statement read: a heartbeat or a foreign mark in flight when a
+// takeover comes is waited for, and then counts. (Before idem_leases, both
+// wrote the key's one row, which the takeover's UPDATE re-checked the same
+// way; now the takeover locks the lease row for it.)
+func TestTakeoverWaitsForTheLeaseRowInFlight(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct {
+		inFlight  string // what the other transaction writes on the lease row
+		wantTaken bool
+		wantMark  string
+	}{
+		"a heartbeat renews the lease": {`UPDATE idem_leases SET lease_expires_at = $2::timestamptz + interval '1 hour' WHERE key_id = $1`, false, ""},
+		"a mark is made":               {`UPDATE idem_leases SET foreign_mark = 'call', foreign_mark_after = 'started' WHERE key_id = $1 AND $2::timestamptz IS NOT NULL`, true, "call"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			schema := pgtest.NewMigratedSchema(t)
+			cfg, err := pgxpool.ParseConfig(schema.URL)
+			require.NoError(t, err)
+			cfg.MaxConns = 1 // so the takeover runs on the connection whose pid we know
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			store, err := New(pool, &Config{Schema: schema.Name, ControlDB: schema.Pool})
+			require.NoError(t, err)
+			var pid int
+			require.NoError(t, pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+
+			t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+			p := idemdriver.AcquireParams{Scope: "s", Key: "k", Flow: "f", Method: "POST", Path: "/", Fingerprint: []byte{1},
+				Params: []byte(`{}`), Lease: 90 * time.Second, Now: &t0}
+			acq, err := store.Acquire(ctx, p)
+			require.NoError(t, err)
+			require.Equal(t, idemdriver.AcquiredCreated, acq.Acquired)
+
+			// The other transaction holds the lease row, uncommitted, while a
+			// retry two minutes later finds the lease expired in its snapshot.
+			other, err := schema.Pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = other.Rollback(ctx) }()
+			_, err = other.Exec(ctx, tc.inFlight, acq.Record.ID, t0)
+			require.NoError(t, err)
+			later := t0.Add(2 * time.Minute)
+			p.Now = &later
+			done := make(chan *idemdriver.AcquireResult, 1)
+			go func() {
+				res, err := store.Acquire(ctx, p)
+				if err != nil {
+					t.Error(err)
+				}
+				done <- res
+			}()
+			require.Eventually(t, func() bool {
+				var waiting bool
+				require.NoError(t, schema.Pool.QueryRow(ctx,
+					`SELECT coalesce(bool_or(wait_event_type = 'Lock'), false) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting))
+				return waiting
+			}, 30*time.Second, 10*time.Millisecond, "the takeover waits for the lease row")
+			require.NoError(t, other.Commit(ctx))
+
+			res := <-done
+			require.NotNil(t, res)
+			rec, err := store.GetKey(ctx, "s", "k")
+			require.NoError(t, err)
+			if tc.wantTaken {
+				require.Equal(t, idemdriver.AcquiredTakenOver, res.Acquired)
+				require.Equal(t, tc.wantMark, res.Record.ForeignMark, "the takeover sees the mark it waited for")
+				require.Equal(t, int64(2), rec.Fence)
+			} else {
+				require.Equal(t, idemdriver.AcquiredNone, res.Acquired, "the renewed lease holds")
+				require.Equal(t, int64(1), rec.Fence)
+			}
+		})
+	}
+}
+
+// Every statement that moves the fence moves it on both rows, and the
+// statements guarded on the lease row (heartbeats, marks) stop matching.
+func TestFenceMovesOnBothRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.NewMigratedSchema(t)
+	store, err := New(schema.Pool, &Config{Schema: schema.Name})
+	require.NoError(t, err)
+	t.Cleanup(store.Close)
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	p := idemdriver.AcquireParams{Scope: "s", Key: "k", Flow: "f", Method: "POST", Path: "/", Fingerprint: []byte{1},
+		Params: []byte(`{}`), Lease: 90 * time.Second, Now: &t0}
+	acq, err := store.Acquire(ctx, p)
+	require.NoError(t, err)
+	ref := idemdriver.LockRef{ID: acq.Record.ID, Fence: 1}
+	fences := func() (key, lease int64) {
+		require.NoError(t, schema.Pool.QueryRow(ctx,
+			`SELECT k.fence, l.fence FROM idem_keys k JOIN idem_leases l ON l.key_id = k.id WHERE k.id = $1`, ref.ID).Scan(&key, &lease))
+		return key, lease
+	}
+
+	unlocked, err := store.UnlockKey(ctx, idemdriver.UnlockParams{Scope: "s", Key: "k", Reason: "operator"})
+	require.NoError(t, err)
+	require.True(t, unlocked.Unlocked)
+	require.Nil(t, unlocked.Record.LockedAt)
+	k, l := fences()
+	require.Equal(t, [2]int64{2, 2}, [2]int64{k, l})
+	_, err = store.Heartbeat(ctx, ref, time.Minute, &t0)
+	require.ErrorIs(t, err, idemdriver.ErrLockLost)
+	require.ErrorIs(t, store.MarkForeign(ctx, ref, "call"), idemdriver.ErrLockLost)
+	require.ErrorIs(t, store.Release(ctx, ref, "x"), idemdriver.ErrLockLost)
+
+	taken, err := store.Acquire(ctx, p) // unlocked: taken over
+	require.NoError(t, err)
+	require.Equal(t, idemdriver.AcquiredTakenOver, taken.Acquired)
+	k, l = fences()
+	require.Equal(t, [2]int64{3, 3}, [2]int64{k, l})
+	ref.Fence = 3
+	require.NoError(t, store.MarkForeign(ctx, ref, "call"))
+	require.NoError(t, store.SetNeedsReconcile(ctx, ref, "in doubt"))
+	rec, err := store.GetKey(ctx, "s", "k")
+	require.NoError(t, err)
+	require.Equal(t, "call", rec.ForeignMark)
+	require.Nil(t, rec.LockedAt)
+
+	claimed, err := store.ClaimReconcile(ctx, idemdriver.ClaimParams{Scope: "s", Key: "k", Lease: time.Minute, Now: &t0})
+	require.NoError(t, err)
+	require.Equal(t, idemdriver.AcquiredTakenOver, claimed.Acquired)
+	require.Equal(t, "call", claimed.Record.ForeignMark)
+	k, l = fences()
+	require.Equal(t, [2]int64{4, 4}, [2]int64{k, l})
+	require.ErrorIs(t, store.ClearForeignMark(ctx, ref), idemdriver.ErrLockLost, "the old fence clears nothing")
+	ref.Fence = 4
+	require.NoError(t, store.ClearForeignMark(ctx, ref))
+	rec, err = store.GetKey(ctx, "s", "k")
+	require.NoError(t, err)
+	require.Empty(t, rec.ForeignMark)
+	require.NotNil(t, rec.LockedAt)
+}
+
+// A replay does not read the lease row of the finished key it replays (it
+// means nothing once the key finished): the acquisition statement's plan
+// never runs the scan of idem_leases for it.
+func TestReplayDoesNotReadTheLeaseRow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.NewMigratedSchema(t)
+	store, err := New(schema.Pool, &Config{Schema: schema.Name})
+	require.NoError(t, err)
+	t.Cleanup(store.Close)
+	_, err = schema.Pool.Exec(ctx, `
+		WITH k AS (
+			INSERT INTO idem_keys (scope, key, flow, method, path, fingerprint, params, status, recovery_point, response_status, expires_at)
+			VALUES ('s', 'finished', 'f', 'POST', '/', '\x01', '{}', 'finished', 'finished', 201, now() + interval '1 day'),
+			       ('s', 'running', 'f', 'POST', '/', '\x01', '{}', 'running', 'started', NULL, NULL)
+			RETURNING id, fence
+		)
+		INSERT INTO idem_leases (key_id, fence, locked_at, lease_expires_at) SELECT id, fence, now(), now() + interval '1 minute' FROM k`)
+	require.NoError(t, err)
+	plan := func(key string) string {
+		rows, err := schema.Pool.Query(ctx, `EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) `+store.q.acquire,
+			nil, "s", key, "f", "POST", "/", []byte{1}, []byte(`{}`), int64(90e6))
+		require.NoError(t, err)
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return strings.Join(lines, "\n")
+	}
+	require.Regexp(t, `Index Scan using idem_leases_pkey on idem_leases l \(never executed\)`, plan("finished"))
+	require.Regexp(t, `Index Scan using idem_leases_pkey on idem_leases l \(actual rows=1 loops=1\)`, plan("running"))
+}
