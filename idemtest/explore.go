@@ -17,8 +17,11 @@ import (
 
 // Explore runs the flow once uninterrupted, then once per crash point of
 // that run (see Kind), each on a fresh key, and checks every invariant after
-// each. It logs a summary line with the number of scenarios, and fails t
-// with the account of the first failed scenario. It returns the report.
+// each. With Config.DatabaseURL it also runs the request once through a
+// FaultProxy, counting its round trips to Postgres, then once per round
+// trip and wire kind, breaking that round trip's reply. It logs a summary
+// line with the number of scenarios and wire scenarios, and fails t with
+// the account of the first failed scenario. It returns the report.
 //
 //	func TestCreateOrder(t *testing.T) {
 //		t.Parallel()
@@ -30,7 +33,8 @@ import (
 //	}
 //
 // Explore is safe under t.Parallel: faults are injected through each
-// runner's own Config.Test hooks and clock, never through global state.
+// runner's own Config.Test hooks and clock, and each wire scenario's own
+// proxy, never through global state.
 func Explore[In any](t testing.TB, cfg Config[In]) *Report {
 	t.Helper()
 	rep, err := ExploreContext(t.Context(), cfg)
@@ -75,13 +79,29 @@ func ExploreContext[In any](ctx context.Context, cfg Config[In]) (*Report, error
 			rep.Unreached = append(rep.Unreached, name)
 		}
 	}
+	var wire []Kind
 	for _, phase := range x.phases {
 		for _, kind := range cfg.Kinds {
 			foreign, hasForeign := x.foreign[phase]
-			if kind == CrashAfterForeign && !hasForeign {
+			switch {
+			case kind.Wire():
+				continue
+			case kind == CrashAfterForeign && !hasForeign:
 				continue
 			}
 			rep.Scenarios = append(rep.Scenarios, x.runScenario(ctx, kind, phase, foreign.name))
+		}
+	}
+	for _, kind := range cfg.Kinds {
+		if kind.Wire() && !slices.Contains(wire, kind) {
+			wire = append(wire, kind)
+		}
+	}
+	if len(wire) > 0 {
+		rep.WireBaseline = x.runWireBaseline(ctx)
+		if !rep.WireBaseline.Failed() {
+			rep.RoundTrips = x.trips
+			rep.Scenarios = append(rep.Scenarios, x.runWireScenarios(ctx, wire)...)
 		}
 	}
 	return rep, nil
@@ -102,6 +122,11 @@ type explorer[In any] struct {
 	phases   []string
 	foreign  map[string]foreignCall
 	response *idem.Response
+
+	// From the wire baseline: how many round trips the request made
+	// through the proxy, and how many it had made at each hook point.
+	trips     int
+	tripMarks []tripMark
 }
 
 func (x *explorer[In]) foreignPhases() []string {
@@ -198,6 +223,8 @@ type op string
 const (
 	opRun       op = "Execute"
 	opReconcile op = "Reconcile"
+	opWire      op = "Execute through the fault proxy"
+	opComplete  op = "Complete (a completer pass)"
 )
 
 // call makes one attempt on the scenario's key with a new runner, as a new
@@ -209,14 +236,20 @@ func (x *explorer[In]) call(ctx context.Context, sc *scenario, f *fault, o op, s
 	if f != nil && f.park != nil {
 		now = f.park.clock(sc.clock)
 	}
-	r, err := idem.NewRunner(store, x.runnerConfig(w, now))
+	return x.callWith(ctx, sc, w, o, store, x.runnerConfig(w, now))
+}
+
+// callWith is call for worker w, on a runner made with cfg.
+func (x *explorer[In]) callWith(ctx context.Context, sc *scenario, w *worker, o op, store idemdriver.Store, cfg *idem.Config) (*idem.Outcome, error) {
+	ctx = withScenario(ctx, sc.report.Key)
+	r, err := idem.NewRunner(store, cfg)
 	if err != nil {
 		sc.violate("could not make a runner: %v", err)
 		return &idem.Outcome{Kind: idem.OutcomeInvalid}, err
 	}
 	var out *idem.Outcome
 	switch o {
-	case opRun:
+	case opRun, opWire:
 		out, err = r.Execute(ctx, x.cfg.Flow, idem.Request{Scope: sc.scope, Key: sc.report.Key, Path: x.cfg.Path, Params: x.cfg.Input})
 	case opReconcile:
 		out, err = r.Reconcile(ctx, sc.scope, sc.report.Key)
@@ -224,7 +257,7 @@ func (x *explorer[In]) call(ctx context.Context, sc *scenario, f *fault, o op, s
 	if out == nil {
 		out = &idem.Outcome{Kind: idem.OutcomeFailed}
 	}
-	sc.workerStep(w.n, w.describe(o, out, err))
+	sc.workerStep(w.n, w.describe(o, outcomeText(out, err)))
 	return out, err
 }
 

@@ -104,7 +104,9 @@ func (x *explorer[In]) checkForeignCalls(sc *scenario) {
 
 // checkProviders: every call the registered providers received during the
 // scenario carried a key the runner handed out in it, and every idempotent
-// call's key reached one of them.
+// call's key reached one of them. A call whose context says another
+// scenario's worker made it (wire scenarios run side by side) is that
+// scenario's.
 func (x *explorer[In]) checkProviders(sc *scenario) {
 	if len(x.cfg.Providers) == 0 {
 		return
@@ -119,6 +121,9 @@ func (x *explorer[In]) checkProviders(sc *scenario) {
 	reported := map[string]bool{}
 	for i, p := range x.cfg.Providers {
 		for _, c := range p.since(sc.marks[i]) {
+			if c.scenario != "" && c.scenario != sc.report.Key {
+				continue // a scenario running beside this one made it
+			}
 			received[c.Key] = true
 			if handed[c.Key] || reported[c.Key] {
 				continue

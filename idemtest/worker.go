@@ -14,8 +14,14 @@ type worker struct {
 	n     int
 	fault *fault
 
+	// trips, when set, records how many round trips the worker had sent
+	// through a fault proxy at each hook point of its key (the wire
+	// baseline).
+	trips func() int64
+
 	// Guarded by sc.mu.
-	notes []string
+	notes     []string
+	tripMarks []tripMark
 }
 
 func (w *worker) hook(ctx context.Context, at idem.HookPoint) error {
@@ -25,6 +31,11 @@ func (w *worker) hook(ctx context.Context, at idem.HookPoint) error {
 		// then decides.
 		if at.Where == idem.HookAfterForeign {
 			w.foreignCall(at)
+		}
+		if w.trips != nil {
+			w.sc.mu.Lock()
+			w.tripMarks = append(w.tripMarks, tripMark{where: at.Where, phase: at.Phase, sent: w.trips()})
+			w.sc.mu.Unlock()
 		}
 	}
 	if w.sc.userHook != nil {
@@ -90,8 +101,9 @@ func (w *worker) foreignCall(at idem.HookPoint) {
 	w.notes = append(w.notes, fmt.Sprintf("called %q of %s with key %s", c.name, c.phase, c.key))
 }
 
-// describe is the worker's call as a step, without the worker's number.
-func (w *worker) describe(o op, out *idem.Outcome, err error) string {
+// describe is the worker's call as a step, without the worker's number:
+// the call, what the worker did, and how it ended.
+func (w *worker) describe(o op, ended string) string {
 	w.sc.mu.Lock()
 	defer w.sc.mu.Unlock()
 	var b strings.Builder
@@ -99,7 +111,7 @@ func (w *worker) describe(o op, out *idem.Outcome, err error) string {
 	for _, n := range w.notes {
 		b.WriteString("; " + n)
 	}
-	b.WriteString(" -> " + outcomeText(out, err))
+	b.WriteString(" -> " + ended)
 	return b.String()
 }
 

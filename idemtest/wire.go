@@ -1,0 +1,414 @@
+package idemtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/pgstore"
+)
+
+// The wire scenarios break the request's round trips to Postgres, one at a
+// time, on the network, where the hook scenarios break the runner's steps.
+// The wire baseline runs the request once through a FaultProxy and counts
+// its round trips; then, for each wire kind and each round trip N, a
+// scenario runs the request on a fresh key through a proxy of its own that
+// loses or stalls the reply to round trip N. Every scenario starts from
+// fresh connections, so round trip N is the same statement in every run.
+//
+// The faulted request must answer within wireAnswerFactor times
+// WireTimeout. Then the network heals and the key is driven to its response
+// as clients and the server would: the client retries at once; if that
+// does not finish the request, the client gives up and, once the key has
+// idled, a completer pass takes it; then the retries of settle (with
+// Reconcile when the key needs it) until the final response. The invariants
+// are those of every scenario.
+
+const (
+	// wireParallel is how many wire scenarios of an exploration run at
+	// once. Each has its own proxy, pools and key; a stalled one mostly
+	// waits.
+	wireParallel = 4
+
+	// wireAnswerFactor bounds how long a faulted request may take to
+	// answer, in WireTimeouts: a stalled reply costs the runner a timeout,
+	// and a few more for the round trips it tries after that (re-reading
+	// the key, releasing it), each bounded by its StatementTimeout.
+	wireAnswerFactor = 10
+
+	// wirePoolConns is the size of the pool through the proxy. A request
+	// holds one connection at a time; the store's control statements go
+	// through a control pool of its own.
+	wirePoolConns = 4
+
+	// completerIdleFor is the completer's IdleFor in the wire scenarios: the
+	// default, which the scenario's clock jumps past.
+	completerIdleFor = 5 * time.Minute
+)
+
+// tripMark is how many round trips the wire baseline's request had sent
+// when it reached a hook point of its key.
+type tripMark struct {
+	where idem.HookWhere
+	phase string
+	sent  int64
+}
+
+// wireProcess is a process whose every connection to Postgres goes through
+// a fault proxy of its own: a small pool through the proxy, and a
+// pgstore.Store on it, whose control pool goes through the proxy too.
+type wireProcess struct {
+	proxy *FaultProxy
+	pool  *pgxpool.Pool
+	store *pgstore.Store
+}
+
+func (x *explorer[In]) startWire(ctx context.Context) (*wireProcess, error) {
+	proxy, err := StartFaultProxy(ctx, x.cfg.DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	p := &wireProcess{proxy: proxy}
+	url, err := proxy.URL(x.cfg.DatabaseURL)
+	var cfg *pgxpool.Config
+	if err == nil {
+		cfg, err = pgxpool.ParseConfig(url)
+	}
+	if err == nil {
+		cfg.MaxConns, cfg.MinConns = wirePoolConns, 0
+		// A liveness ping is a round trip of its own, sent or not depending
+		// on how long a connection sat idle: none, so that round trip N is
+		// the same statement in every run.
+		cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+		p.pool, err = pgxpool.NewWithConfig(ctx, cfg)
+	}
+	if err == nil {
+		p.store, err = pgstore.New(p.pool, &pgstore.Config{Schema: x.cfg.Schema})
+	}
+	if err != nil {
+		return nil, errors.Join(err, p.stop())
+	}
+	return p, nil
+}
+
+// stop ends a stall, closes the process's pools, then the proxy, and
+// returns once every connection and goroutine of theirs has ended.
+func (p *wireProcess) stop() error {
+	p.proxy.Resume()
+	if p.store != nil {
+		p.store.Close()
+	}
+	if p.pool != nil {
+		p.pool.Close()
+	}
+	return p.proxy.Close()
+}
+
+// wireConfig is runnerConfig for a worker whose requests go through the
+// proxy: every round trip bounded by WireTimeout.
+func (x *explorer[In]) wireConfig(w *worker, now func() time.Time) *idem.Config {
+	c := x.runnerConfig(w, now)
+	c.StatementTimeout, c.PhaseStatementTimeout = x.cfg.WireTimeout, x.cfg.WireTimeout
+	return c
+}
+
+// runWireBaseline runs the flow uninterrupted through a proxy, counts its
+// round trips and notes which phase each belongs to.
+func (x *explorer[In]) runWireBaseline(ctx context.Context) *Scenario {
+	sc := x.newScenario("wire_baseline", "", "", "the flow runs once, uninterrupted, through the fault proxy, to count the round trips the wire scenarios break one at a time")
+	p, err := x.startWire(ctx)
+	if err != nil {
+		sc.violate("could not start a fault proxy and a pool through it: %v", err)
+		return sc.report
+	}
+	w := sc.newWorker(nil)
+	w.trips = p.proxy.Commands
+	out, err := x.callWith(ctx, sc, w, opWire, p.store, x.wireConfig(w, sc.clock.Now))
+	trips := int(p.proxy.Commands())
+	if err := p.stop(); err != nil {
+		sc.violate("closing the fault proxy: %v", err)
+	}
+	if out.Kind != idem.OutcomeExecuted || out.Response == nil {
+		sc.violate("the uninterrupted run through the fault proxy did not execute: %s; is DatabaseURL the database Pool reaches, and can its connections find the flow's tables?", outcomeText(out, err))
+		return sc.report
+	}
+	sc.step("the request made %s through the proxy", plural(trips, "round trip"))
+	x.trips = trips
+	sc.mu.Lock()
+	x.tripMarks = w.tripMarks
+	sc.mu.Unlock()
+	x.verify(ctx, sc, out.Response)
+	return sc.report
+}
+
+// runWireScenarios runs one scenario per wire kind and round trip, a few at
+// a time, and returns them in order: kind by kind, round trip by round trip.
+func (x *explorer[In]) runWireScenarios(ctx context.Context, kinds []Kind) []*Scenario {
+	type job struct {
+		kind Kind
+		n    int
+	}
+	var jobs []job
+	for _, kind := range kinds {
+		for n := 1; n <= x.trips; n++ {
+			jobs = append(jobs, job{kind, n})
+		}
+	}
+	out := make([]*Scenario, len(jobs))
+	slots := make(chan struct{}, wireParallel)
+	var wg sync.WaitGroup
+	for i, j := range jobs {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			out[i] = x.runWire(ctx, j.kind, j.n)
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// tripAt says where round trip n of the wire baseline's request was: the
+// phase it belongs to, if any, and a phrase for the account.
+func (x *explorer[In]) tripAt(n int) (phase, where string) {
+	var last *tripMark
+	for i := range x.tripMarks {
+		if x.tripMarks[i].sent >= int64(n) {
+			break
+		}
+		last = &x.tripMarks[i]
+	}
+	if last == nil {
+		first := ""
+		if len(x.phases) > 0 {
+			first = x.phases[0]
+		}
+		return "", fmt.Sprintf("before phase %q began", first)
+	}
+	switch last.where {
+	case idem.HookPhaseStart:
+		where = "in phase %q"
+	case idem.HookBeforeForeign:
+		where = "in phase %q, during its foreign call"
+	case idem.HookAfterForeign:
+		where = "in phase %q, after its foreign call"
+	case idem.HookBeforeCommit:
+		where = "the commit of phase %q"
+	case idem.HookAfterCommit:
+		where = "after phase %q committed"
+	default:
+		where = "at " + string(last.where) + " of phase %q"
+	}
+	return last.phase, fmt.Sprintf(where, last.phase)
+}
+
+func describeWire(kind Kind, n, trips int, where string) string {
+	if kind == LostReply {
+		return fmt.Sprintf("the reply to round trip %d of %d (%s) is lost after Postgres ran it, and the worker's connection is reset", n, trips, where)
+	}
+	return fmt.Sprintf("the network stalls as the reply to round trip %d of %d (%s) comes back, after Postgres ran it, until the worker has answered", n, trips, where)
+}
+
+// runWire runs the wire scenario of kind at round trip n.
+func (x *explorer[In]) runWire(ctx context.Context, kind Kind, n int) *Scenario {
+	phase, where := x.tripAt(n)
+	sc := x.newScenario(fmt.Sprintf("%s@%d", kind, n), kind, phase, describeWire(kind, n, x.trips, where))
+	p, err := x.startWire(ctx)
+	if err != nil {
+		sc.violate("could not start a fault proxy and a pool through it: %v", err)
+		return sc.report
+	}
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			if err := p.stop(); err != nil {
+				sc.violate("closing the fault proxy: %v", err)
+			}
+		}
+	}
+	defer stop()
+
+	var f *Fault
+	if kind == LostReply {
+		f = p.proxy.LoseReply(Rule{Nth: n})
+	} else {
+		f = p.proxy.StallReply(Rule{Nth: n})
+	}
+	r := x.faultedCall(ctx, sc, p, n)
+	fired := false
+	select {
+	case <-f.Done():
+		fired = true
+	default:
+		f.Disarm()
+	}
+	switch {
+	case !fired:
+		sc.violate("round trip %d never came: the run through the proxy went another way than the wire baseline's %d round trips (%s); is the flow deterministic for one input?", n, x.trips, outcomeText(r.out, r.err))
+	case kind == LostReply:
+		sc.step("the proxy lost the reply to round trip %d and reset worker 1's connection; worker 1 answered in %s", n, r.took.Round(time.Millisecond))
+	default:
+		sc.step("the proxy held the reply to round trip %d; worker 1 answered in %s; the network resumes", n, r.took.Round(time.Millisecond))
+	}
+	stop()
+
+	x.commitsNobodySaw(ctx, sc)
+	if final := x.settleWire(ctx, sc, r.out, r.err); final != nil {
+		x.verify(ctx, sc, final)
+	}
+	return sc.report
+}
+
+// wireResult is how the faulted request ended, and how long it took.
+type wireResult struct {
+	out  *idem.Outcome
+	err  error
+	took time.Duration
+}
+
+// faultedCall makes the scenario's first request, through the proxy, and
+// checks that it answers in time. If it does not, the proxy resumes, so
+// that the request can end, and if even that does not end it, its context
+// is cancelled.
+func (x *explorer[In]) faultedCall(ctx context.Context, sc *scenario, p *wireProcess, n int) wireResult {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w := sc.newWorker(nil)
+	ended := make(chan wireResult, 1)
+	began := time.Now()
+	go func() {
+		out, err := x.callWith(ctx, sc, w, opWire, p.store, x.wireConfig(w, sc.clock.Now))
+		ended <- wireResult{out, err, time.Since(began)}
+	}()
+	bound := wireAnswerFactor * x.cfg.WireTimeout
+	limit := time.NewTimer(bound)
+	defer limit.Stop()
+	select {
+	case r := <-ended:
+		return r
+	case <-limit.C:
+	}
+	sc.violate("worker 1 had no answer %s after its request began, with round trip %d's reply broken: a request must answer within %d times its statement timeout (WireTimeout %s), whatever the network does", bound, n, wireAnswerFactor, x.cfg.WireTimeout)
+	p.proxy.Resume()
+	limit.Reset(bound)
+	select {
+	case r := <-ended:
+		return r
+	case <-limit.C:
+	}
+	sc.violate("worker 1 had no answer %s after the network resumed either; its context is cancelled", bound)
+	cancel()
+	return <-ended
+}
+
+// commitsNobodySaw counts the commits the faulted worker made without
+// learning it: a phase commit whose reply was held until its worker gave
+// up on it (and on re-reading the key) landed all the same, and the key
+// says so. Postgres had run the commit when the fault acted, so the key,
+// read once the worker answered, is the truth.
+func (x *explorer[In]) commitsNobodySaw(ctx context.Context, sc *scenario) {
+	rec, err := x.store.GetKey(ctx, sc.scope, sc.report.Key)
+	switch {
+	case errors.Is(err, idemdriver.ErrNotFound):
+		return
+	case err != nil:
+		sc.violate("could not read the key after the faulted request: %v", err)
+		return
+	}
+	landed := x.phases
+	if rec.Status != idem.StatusFinished {
+		landed = x.phases[:slices.Index(x.phases, rec.RecoveryPoint)+1]
+	}
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	for _, phase := range landed {
+		if sc.commits[phase] > 0 {
+			continue
+		}
+		sc.order = append(sc.order, phase)
+		sc.commits[phase]++
+		sc.report.Steps = append(sc.report.Steps, fmt.Sprintf("the key shows phase %q committed: worker 1's commit landed, though its reply never reached worker 1", phase))
+	}
+}
+
+// settleWire drives the key to its response after the faulted request:
+// the client retries at once; if that does not finish it, the client gives
+// up, the key idles, and a completer pass takes it; settle does the rest.
+func (x *explorer[In]) settleWire(ctx context.Context, sc *scenario, out *idem.Outcome, err error) *idem.Response {
+	if done(out) {
+		return x.settle(ctx, sc, out, err)
+	}
+	out, err = x.call(ctx, sc, nil, opRun, x.store)
+	if done(out) || out.Kind == idem.OutcomeNeedsReconcile || out.Kind == idem.OutcomeInvalid || out.Kind == idem.OutcomeMismatch {
+		return x.settle(ctx, sc, out, err)
+	}
+	sc.advance(x.lease+completerIdleFor+time.Second, "the client gives up; the key idles past the lease and the completer's IdleFor")
+	x.complete(ctx, sc)
+	return x.settle(ctx, sc, nil, nil)
+}
+
+func done(out *idem.Outcome) bool {
+	return out.Kind == idem.OutcomeExecuted || out.Kind == idem.OutcomeReplayed
+}
+
+// complete runs a completer pass (Runner.Complete) whose claim only ever
+// returns the scenario's key.
+func (x *explorer[In]) complete(ctx context.Context, sc *scenario) {
+	w := sc.newWorker(nil)
+	r, err := idem.NewRunner(oneKeyClaims{Store: x.store, scope: sc.scope, key: sc.report.Key}, x.runnerConfig(w, sc.clock.Now))
+	if err != nil {
+		sc.violate("could not make a runner: %v", err)
+		return
+	}
+	res, err := r.Complete(withScenario(ctx, sc.report.Key), &idem.CompleteConfig{IdleFor: completerIdleFor})
+	ended := "error"
+	if res != nil {
+		ended = fmt.Sprintf("claimed %d, completed %d, needs_reconcile %d, failed %d", res.Claimed, res.Completed, res.NeedsReconcile, res.Failed)
+	}
+	if err != nil {
+		ended += ": " + err.Error()
+	}
+	sc.workerStep(w.n, w.describe(opComplete, ended))
+}
+
+// oneKeyClaims is the store of a wire scenario's completer: its claim
+// returns the scenario's key when the store's would claim it (idle in the
+// status asked for, of a flow asked for, unlocked or its lease expired, not
+// attempted too often), and never another key, so that scenarios running
+// side by side, and explorations sharing the database, never take one
+// another's keys. Unlike the store's claim it does not mark the key as
+// run: the completer's acquisition does.
+type oneKeyClaims struct {
+	idemdriver.Store
+	scope, key string
+}
+
+func (s oneKeyClaims) ClaimIdle(ctx context.Context, p idemdriver.ClaimIdleParams) ([]*idemdriver.KeyRecord, error) {
+	rec, err := s.GetKey(ctx, s.scope, s.key)
+	if errors.Is(err, idemdriver.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	if p.Now != nil {
+		now = *p.Now
+	}
+	idle := rec.Status == p.Status && slices.Contains(p.Flows, rec.Flow) &&
+		(rec.LockedAt == nil || (rec.LeaseExpiresAt != nil && !rec.LeaseExpiresAt.After(now))) &&
+		!rec.LastRunAt.After(now.Add(-p.IdleFor)) &&
+		(p.MaxAttempts <= 0 || rec.Attempts < p.MaxAttempts)
+	if !idle || p.Limit < 1 {
+		return nil, nil
+	}
+	return []*idemdriver.KeyRecord{rec}, nil
+}
