@@ -35,7 +35,7 @@ const (
 	// wireParallel is how many wire scenarios of an exploration run at
 	// once. Each has its own proxy, pools and key; a stalled one mostly
 	// waits.
-	wireParallel = 4
+	wireParallel = 8
 
 	// wireAnswerFactor bounds how long a faulted request may take to
 	// answer, in WireTimeouts: a stalled reply costs the runner a timeout,
@@ -62,12 +62,13 @@ type tripMark struct {
 }
 
 // wireProcess is a process whose every connection to Postgres goes through
-// a fault proxy of its own: a small pool through the proxy, and a
-// pgstore.Store on it, whose control pool goes through the proxy too.
+// a fault proxy of its own: a small pool through the proxy, a control pool
+// through it too, and a pgstore.Store on them.
 type wireProcess struct {
-	proxy *FaultProxy
-	pool  *pgxpool.Pool
-	store *pgstore.Store
+	proxy   *FaultProxy
+	pool    *pgxpool.Pool
+	control *pgxpool.Pool
+	store   *pgstore.Store
 }
 
 func (x *explorer[In]) startWire(ctx context.Context) (*wireProcess, error) {
@@ -82,20 +83,44 @@ func (x *explorer[In]) startWire(ctx context.Context) (*wireProcess, error) {
 		cfg, err = pgxpool.ParseConfig(url)
 	}
 	if err == nil {
-		cfg.MaxConns, cfg.MinConns = wirePoolConns, 0
+		cfg.MinConns = 0
 		// A liveness ping is a round trip of its own, sent or not depending
 		// on how long a connection sat idle: none, so that round trip N is
 		// the same statement in every run.
 		cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
-		p.pool, err = pgxpool.NewWithConfig(ctx, cfg)
+		p.pool, err = openWarm(ctx, cfg, wirePoolConns)
 	}
 	if err == nil {
-		p.store, err = pgstore.New(p.pool, &pgstore.Config{Schema: x.cfg.Schema})
+		p.control, err = openWarm(ctx, cfg, pgstore.ControlConnsDefault)
+	}
+	if err == nil {
+		p.store, err = pgstore.New(p.pool, &pgstore.Config{Schema: x.cfg.Schema, ControlDB: p.control})
 	}
 	if err != nil {
 		return nil, errors.Join(err, p.stop())
 	}
 	return p, nil
+}
+
+// openWarm opens a pool of conns connections on a copy of cfg with one
+// connection made: the request's first connection is ready, so that its
+// time under WireTimeout is the request's own, not the handshake's
+// (authentication can be slow under the race detector). Connecting sends
+// no round trip, and the connection has prepared no statement yet.
+func openWarm(ctx context.Context, cfg *pgxpool.Config, conns int32) (*pgxpool.Pool, error) {
+	cfg = cfg.Copy()
+	cfg.MaxConns = conns
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	conn.Release()
+	return pool, nil
 }
 
 // stop ends a stall, closes the process's pools, then the proxy, and
@@ -105,8 +130,10 @@ func (p *wireProcess) stop() error {
 	if p.store != nil {
 		p.store.Close()
 	}
-	if p.pool != nil {
-		p.pool.Close()
+	for _, pool := range []*pgxpool.Pool{p.control, p.pool} {
+		if pool != nil {
+			pool.Close()
+		}
 	}
 	return p.proxy.Close()
 }
@@ -251,8 +278,11 @@ func (x *explorer[In]) runWire(ctx context.Context, kind Kind, n int) *Scenario 
 		f.Disarm()
 	}
 	switch {
+	case !fired && x.wentTheBaselinesWay(sc, r.out):
+		sc.report.Missed = true
+		sc.step("round trip %d never came: this run made fewer round trips than the wire baseline's %d, along the same phases, so nothing was broken", n, x.trips)
 	case !fired:
-		sc.violate("round trip %d never came: the run through the proxy went another way than the wire baseline's %d round trips (%s); is the flow deterministic for one input?", n, x.trips, outcomeText(r.out, r.err))
+		sc.violate("round trip %d never came: the run through the proxy went another way than the wire baseline's %d round trips (%s); is the flow deterministic for one input, and WireTimeout long enough for a statement here?", n, x.trips, outcomeText(r.out, r.err))
 	case kind == LostReply:
 		sc.step("the proxy lost the reply to round trip %d and reset worker 1's connection; worker 1 answered in %s", n, r.took.Round(time.Millisecond))
 	default:
@@ -265,6 +295,18 @@ func (x *explorer[In]) runWire(ctx context.Context, kind Kind, n int) *Scenario 
 		x.verify(ctx, sc, final)
 	}
 	return sc.report
+}
+
+// wentTheBaselinesWay reports whether the scenario's first request, whose
+// fault never fired, executed and committed the baseline's phases in order:
+// it made fewer round trips than the wire baseline without going another
+// way. A flow's round trips may vary from run to run where its phases do
+// not: River, for one, notifies of an insert only if it has not done so
+// for that queue in the last moments.
+func (x *explorer[In]) wentTheBaselinesWay(sc *scenario, out *idem.Outcome) bool {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	return out.Kind == idem.OutcomeExecuted && slices.Equal(sc.order, x.phases)
 }
 
 // wireResult is how the faulted request ended, and how long it took.
