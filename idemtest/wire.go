@@ -21,7 +21,9 @@ import (
 // its round trips; then, for each wire kind and each round trip N, a
 // scenario runs the request on a fresh key through a proxy of its own that
 // loses or stalls the reply to round trip N. Every scenario starts from
-// fresh connections, so round trip N is the same statement in every run.
+// fresh connections (made before the request, no statement prepared on
+// them), so round trip N is the same statement in every run, unless the
+// flow's own statements vary (see Scenario.Missed).
 //
 // The faulted request must answer within wireAnswerFactor times
 // WireTimeout. Then the network heals and the key is driven to its response
@@ -47,10 +49,6 @@ const (
 	// holds one connection at a time; the store's control statements go
 	// through a control pool of its own.
 	wirePoolConns = 4
-
-	// completerIdleFor is the completer's IdleFor in the wire scenarios: the
-	// default, which the scenario's clock jumps past.
-	completerIdleFor = 5 * time.Minute
 )
 
 // tripMark is how many round trips the wire baseline's request had sent
@@ -379,78 +377,4 @@ func (x *explorer[In]) commitsNobodySaw(ctx context.Context, sc *scenario) {
 		sc.commits[phase]++
 		sc.report.Steps = append(sc.report.Steps, fmt.Sprintf("the key shows phase %q committed: worker 1's commit landed, though its reply never reached worker 1", phase))
 	}
-}
-
-// settleWire drives the key to its response after the faulted request:
-// the client retries at once; if that does not finish it, the client gives
-// up, the key idles, and a completer pass takes it; settle does the rest.
-func (x *explorer[In]) settleWire(ctx context.Context, sc *scenario, out *idem.Outcome, err error) *idem.Response {
-	if done(out) {
-		return x.settle(ctx, sc, out, err)
-	}
-	out, err = x.call(ctx, sc, nil, opRun, x.store)
-	if done(out) || out.Kind == idem.OutcomeNeedsReconcile || out.Kind == idem.OutcomeInvalid || out.Kind == idem.OutcomeMismatch {
-		return x.settle(ctx, sc, out, err)
-	}
-	sc.advance(x.lease+completerIdleFor+time.Second, "the client gives up; the key idles past the lease and the completer's IdleFor")
-	x.complete(ctx, sc)
-	return x.settle(ctx, sc, nil, nil)
-}
-
-func done(out *idem.Outcome) bool {
-	return out.Kind == idem.OutcomeExecuted || out.Kind == idem.OutcomeReplayed
-}
-
-// complete runs a completer pass (Runner.Complete) whose claim only ever
-// returns the scenario's key.
-func (x *explorer[In]) complete(ctx context.Context, sc *scenario) {
-	w := sc.newWorker(nil)
-	r, err := idem.NewRunner(oneKeyClaims{Store: x.store, scope: sc.scope, key: sc.report.Key}, x.runnerConfig(w, sc.clock.Now))
-	if err != nil {
-		sc.violate("could not make a runner: %v", err)
-		return
-	}
-	res, err := r.Complete(withScenario(ctx, sc.report.Key), &idem.CompleteConfig{IdleFor: completerIdleFor})
-	ended := "error"
-	if res != nil {
-		ended = fmt.Sprintf("claimed %d, completed %d, needs_reconcile %d, failed %d", res.Claimed, res.Completed, res.NeedsReconcile, res.Failed)
-	}
-	if err != nil {
-		ended += ": " + err.Error()
-	}
-	sc.workerStep(w.n, w.describe(opComplete, ended))
-}
-
-// oneKeyClaims is the store of a wire scenario's completer: its claim
-// returns the scenario's key when the store's would claim it (idle in the
-// status asked for, of a flow asked for, unlocked or its lease expired, not
-// attempted too often), and never another key, so that scenarios running
-// side by side, and explorations sharing the database, never take one
-// another's keys. Unlike the store's claim it does not mark the key as
-// run: the completer's acquisition does.
-type oneKeyClaims struct {
-	idemdriver.Store
-	scope, key string
-}
-
-func (s oneKeyClaims) ClaimIdle(ctx context.Context, p idemdriver.ClaimIdleParams) ([]*idemdriver.KeyRecord, error) {
-	rec, err := s.GetKey(ctx, s.scope, s.key)
-	if errors.Is(err, idemdriver.ErrNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	now := time.Now()
-	if p.Now != nil {
-		now = *p.Now
-	}
-	idle := rec.Status == p.Status && slices.Contains(p.Flows, rec.Flow) &&
-		(rec.LockedAt == nil || (rec.LeaseExpiresAt != nil && !rec.LeaseExpiresAt.After(now))) &&
-		!rec.LastRunAt.After(now.Add(-p.IdleFor)) &&
-		(p.MaxAttempts <= 0 || rec.Attempts < p.MaxAttempts)
-	if !idle || p.Limit < 1 {
-		return nil, nil
-	}
-	return []*idemdriver.KeyRecord{rec}, nil
 }
