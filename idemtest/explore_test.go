@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/internal/pgtest"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -157,6 +158,26 @@ func TestInvalidConfigIsRefused(t *testing.T) {
 		require.NotContains(t, err.Error(), "hunter2", name)
 		require.Nil(t, rep, name)
 	}
+}
+
+// A DatabaseURL whose connections cannot find the flow's tables (no
+// search_path here) fails the run through the proxy, and no wire scenario
+// runs; the others still do.
+func TestWireBaselineMustFindTheFlowsTables(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := b.config(b.orderFlow("orders.create", nil))
+	cfg.DatabaseURL = pgtest.DatabaseURL(t)
+	cfg.Kinds = []idemtest.Kind{idemtest.CrashAfterCommit, idemtest.LostReply}
+	rep, err := idemtest.ExploreContext(context.Background(), cfg)
+	require.NoError(t, err)
+	require.Len(t, rep.Scenarios, 3)
+	require.Zero(t, rep.RoundTrips)
+	require.Equal(t, []*idemtest.Scenario{rep.WireBaseline}, rep.Failed())
+	require.Contains(t, rep.Summary(), "3 scenarios over 3 phases (1 with a foreign call) and no wire scenario (the run through the fault proxy failed), 1 failed")
+	msg := rep.Err().Error()
+	require.Contains(t, msg, "the uninterrupted run through the fault proxy failed, so no wire scenario ran")
+	require.Contains(t, msg, "is DatabaseURL the database Pool reaches, and can its connections find the flow's tables?")
 }
 
 func scenarioNames(rep *idemtest.Report) []string {
