@@ -177,7 +177,7 @@ func TestWireBaselineMustFindTheFlowsTables(t *testing.T) {
 	require.Contains(t, rep.Summary(), "3 scenarios over 3 phases (1 with a foreign call) and no wire scenario (the run through the fault proxy failed), 1 failed")
 	msg := rep.Err().Error()
 	require.Contains(t, msg, "the uninterrupted run through the fault proxy failed, so no wire scenario ran")
-	require.Contains(t, msg, "is DatabaseURL the database Pool reaches, and can its connections find the flow's tables?")
+	require.Contains(t, msg, "is DatabaseURL the database Pool reaches, can its connections find the flow's tables")
 }
 
 func scenarioNames(rep *idemtest.Report) []string {

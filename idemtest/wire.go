@@ -161,7 +161,7 @@ func (x *explorer[In]) runWireBaseline(ctx context.Context) *Scenario {
 		sc.violate("closing the fault proxy: %v", err)
 	}
 	if out.Kind != idem.OutcomeExecuted || out.Response == nil {
-		sc.violate("the uninterrupted run through the fault proxy did not execute: %s; is DatabaseURL the database Pool reaches, and can its connections find the flow's tables?", outcomeText(out, err))
+		sc.violate("the uninterrupted run through the fault proxy did not execute: %s; is DatabaseURL the database Pool reaches, can its connections find the flow's tables, and is WireTimeout long enough for its statements?", outcomeText(out, err))
 		return sc.report
 	}
 	sc.step("the request made %s through the proxy", plural(trips, "round trip"))
@@ -229,7 +229,7 @@ func (x *explorer[In]) tripAt(n int) (phase, where string) {
 	case idem.HookAfterCommit:
 		where = "after phase %q committed"
 	default:
-		where = "at " + string(last.where) + " of phase %q"
+		return last.phase, fmt.Sprintf("at %s of phase %q", last.where, last.phase)
 	}
 	return last.phase, fmt.Sprintf(where, last.phase)
 }
