@@ -323,3 +323,55 @@ func TestCatchesANotIdempotentCallRepeatedBlindly(t *testing.T) {
 type markLosingStore struct{ idemdriver.Store }
 
 func (markLosingStore) MarkForeign(context.Context, idemdriver.LockRef, string) error { return nil }
+
+// A phase that, when a statement fails, writes the row through the pool
+// instead, "so that it is not lost": the hook scenarios never make a
+// statement fail, so they all pass. Only the network can: a wire scenario
+// whose lost or stalled reply fails the INSERT has the fallback commit a
+// row on its own, and the retry, running the phase again, a second. The
+// user's Check sees it.
+func TestWireScenariosCatchAFallbackWriteOutsideTheTransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	insert := `INSERT INTO audit (key_id, what) VALUES ($1, 'order created')`
+	flow := idem.MustNewFlow("orders.fallback", []idem.Phase[orderInput]{{
+		Name: "order_created",
+		Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[orderInput]) (idem.Result, error) {
+			if _, err := tx.Exec(ctx, insert, run.Key().ID); err != nil {
+				// The bug: the transaction is gone, the pool is not.
+				if _, err := b.pool.Exec(context.WithoutCancel(ctx), insert, run.Key().ID); err != nil {
+					return idem.Result{}, err
+				}
+			}
+			return idem.RespondJSON(http.StatusCreated, map[string]string{"status": "created"}), nil
+		},
+	}}, nil)
+	cfg := idemtest.Config[orderInput]{
+		Pool: b.pool, DatabaseURL: b.url, Flow: flow, Input: orderInput{Item: "book"},
+		Check: func(ctx context.Context, key *idem.KeyRecord) error {
+			var n int
+			if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM audit WHERE key_id = $1`, key.ID).Scan(&n); err != nil {
+				return err
+			}
+			if n != 1 {
+				return fmt.Errorf("%d audit rows for the key, want 1", n)
+			}
+			return nil
+		},
+	}
+	rep, err := idemtest.ExploreContext(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Log(rep.Summary())
+	failed := map[idemtest.Kind]int{}
+	for _, s := range rep.Failed() {
+		failed[s.Kind]++
+		require.Equal(t, []string{"Check: 2 audit rows for the key, want 1"}, s.Violations, s.Name)
+	}
+	require.Positive(t, failed[idemtest.LostReply])
+	require.Positive(t, failed[idemtest.StalledReply])
+	require.Len(t, failed, 2, "only wire scenarios fail")
+	require.Contains(t, rep.Summary(), fmt.Sprintf("5 scenarios over 1 phase (0 with a foreign call) and %d wire scenarios over %d round trips, %d failed",
+		2*rep.RoundTrips, rep.RoundTrips, len(rep.Failed())))
+	require.Contains(t, rep.Err().Error(), "scenario lost_reply@")
+	require.Contains(t, rep.Err().Error(), "is lost after Postgres ran it, and the worker's connection is reset")
+}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -81,6 +83,23 @@ type Config[In any] struct {
 	// MaxAttempts bounds the retries a scenario makes after its fault before
 	// it is declared stuck. Default 10.
 	MaxAttempts int
+
+	// DatabaseURL turns on the wire scenarios (LostReply, StalledReply),
+	// which break the request's round trips to Postgres themselves through
+	// a FaultProxy. It is a postgres:// URL of the database Pool reaches,
+	// naming one TCP host, with what its connections need to find the
+	// flow's tables (a search_path parameter, say). The kit puts a proxy in
+	// front of it for every wire scenario and runs the faulted request on a
+	// pgstore.Store of its own (on Schema) over a small pool through the
+	// proxy; everything else still goes through Store. Empty: no wire
+	// scenarios.
+	DatabaseURL string
+
+	// WireTimeout is the StatementTimeout and PhaseStatementTimeout of the
+	// runners whose requests go through the proxy: a request whose reply is
+	// stalled must answer within 10 times it. Raise it if a phase's
+	// statements legitimately take longer. Default 500ms.
+	WireTimeout time.Duration
 }
 
 // Comparator reports how got, a scenario's final response, differs from
@@ -120,13 +139,33 @@ const (
 	// the key over and finishes the request; then the first resumes. It
 	// must end with idem.ErrLockLost, its writes rolled back.
 	LeaseTakeover Kind = "lease_takeover"
+
+	// LostReply (a wire scenario, which needs Config.DatabaseURL): the
+	// reply to one round trip of the request is lost on its way from
+	// Postgres, which ran the command; the worker's connection is reset.
+	// One scenario per round trip the request makes.
+	LostReply Kind = "lost_reply"
+
+	// StalledReply (a wire scenario, which needs Config.DatabaseURL): the
+	// network stalls as the reply to one round trip comes back, after
+	// Postgres ran the command, and stays stalled until the worker has
+	// answered, which its statement timeouts must make it do. One scenario
+	// per round trip the request makes.
+	StalledReply Kind = "stalled_reply"
 )
 
-// AllKinds returns every scenario kind, in the order the kit runs them at
-// each phase.
+// AllKinds returns every scenario kind: those injected at each phase, in
+// the order the kit runs them there, then the wire kinds, which run only
+// when Config.DatabaseURL is set (and are left out of the default Kinds
+// otherwise).
 func AllKinds() []Kind {
-	return []Kind{CrashBeforeCommit, CrashAfterForeign, CrashAfterCommit, LostCommitAck, SerializationFailure, LeaseTakeover}
+	return []Kind{CrashBeforeCommit, CrashAfterForeign, CrashAfterCommit, LostCommitAck, SerializationFailure, LeaseTakeover, LostReply, StalledReply}
 }
+
+// Wire reports whether k is a wire kind: a fault on the network between
+// the worker and Postgres, injected by a FaultProxy at one round trip,
+// rather than through the runner's hooks at one phase.
+func (k Kind) Wire() bool { return k == LostReply || k == StalledReply }
 
 // where is the hook point at which the kind's fault is injected.
 func (k Kind) where() idem.HookWhere {
@@ -174,6 +213,7 @@ var ErrInvalidConfig = errors.New("idemtest: invalid config")
 const (
 	defaultScope       = "idemtest"
 	defaultMaxAttempts = 10
+	defaultWireTimeout = 500 * time.Millisecond
 )
 
 // withDefaults checks c and returns a copy with defaults filled in, the
@@ -195,12 +235,33 @@ func (c Config[In]) withDefaults() (Config[In], idemdriver.Store, pgstore.DB, er
 		c.Compare = EqualStatusAndBody
 	}
 	if len(c.Kinds) == 0 {
-		c.Kinds = AllKinds()
+		for _, k := range AllKinds() {
+			if !k.Wire() || c.DatabaseURL != "" {
+				c.Kinds = append(c.Kinds, k)
+			}
+		}
 	}
 	for _, k := range c.Kinds {
 		if !k.valid() {
 			return fail("unknown scenario kind %q", k)
 		}
+		if k.Wire() && c.DatabaseURL == "" {
+			return fail("the wire scenario kind %q needs DatabaseURL", k)
+		}
+	}
+	if c.DatabaseURL != "" {
+		if !strings.Contains(c.DatabaseURL, "://") {
+			return fail("DatabaseURL is not a postgres:// URL")
+		}
+		if _, err := proxyTarget(c.DatabaseURL); err != nil {
+			return fail("DatabaseURL: %v", err)
+		}
+	}
+	if c.WireTimeout == 0 {
+		c.WireTimeout = defaultWireTimeout
+	}
+	if c.WireTimeout < 0 {
+		return fail("WireTimeout is negative")
 	}
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = defaultMaxAttempts

@@ -53,15 +53,43 @@
 //     handed out in the scenario, and all of them;
 //   - Config.Check holds.
 //
+// # Wire scenarios
+//
+// With Config.DatabaseURL, the kit also breaks the network under the
+// runner, where the scenarios above break its steps. It runs the request
+// once more through a [FaultProxy] (the wire baseline) and counts its round
+// trips to Postgres; then, for each round trip N, on a fresh key, through a
+// proxy and small pools of its own:
+//
+//   - [LostReply]: Postgres runs round trip N, its reply is lost, and the
+//     worker's connection is reset.
+//   - [StalledReply]: the network stalls as round trip N's reply comes back,
+//     until the worker answers, which its statement timeouts
+//     (Config.WireTimeout, default 500ms) must make it do within ten times
+//     that.
+//
+// Then the network heals; the client retries at once, gives up, and once
+// the key has idled a completer pass (Runner.Complete) takes it, before the
+// retries and reconcile runs every scenario makes. The checks are the same,
+// and a commit whose reply never reached its worker is counted from the
+// key. Wire scenarios run eight at a time, so Check, Compare and the
+// Runner's Observer and Test.Hook must be safe for concurrent use. A
+// scenario whose round trip never came, in a request that went the
+// baseline's way (a flow's statements may vary where its phases do not), is
+// marked Missed rather than failed. The summary line counts wire scenarios
+// apart: "16 scenarios over 3 phases (1 with a foreign call) and 26 wire
+// scenarios over 13 round trips, 0 failed".
+//
 // # How faults are injected
 //
-// Only through each runner's Config.Test: a Hook that returns
-// idem.ErrSimulatedCrash (the runner stops as a dead process would, its
-// transaction rolled back and its lock kept), another error at the commit
-// (a lost acknowledgement), a *pgconn.PgError with code 40001, or blocks (the
-// paused worker); and a clock (Test.Now) of the scenario's own, which the
-// kit moves forward instead of sleeping. No global state is touched, so
-// explorations run in parallel, in parallel tests.
+// The scenarios at each phase inject theirs only through each runner's
+// Config.Test: a Hook that returns idem.ErrSimulatedCrash (the runner stops
+// as a dead process would, its transaction rolled back and its lock kept),
+// another error at the commit (a lost acknowledgement), a *pgconn.PgError
+// with code 40001, or blocks (the paused worker); and a clock (Test.Now) of
+// the scenario's own, which the kit moves forward instead of sleeping. No
+// global state is touched, so explorations run in parallel, in parallel
+// tests.
 //
 // In the takeover scenario the paused worker holds its transaction open. If
 // the second worker then waits for one of its row locks (both update the
@@ -69,8 +97,9 @@
 // and lets the first resume, as a paused process eventually would: its
 // commit is refused by the fence and rolls back, which frees the lock.
 //
-// For faults on the network instead (a reply lost after the server ran the
-// command, a stall, a reset, latency), run any code through a [FaultProxy].
+// The wire scenarios inject theirs through a FaultProxy per scenario. For
+// other faults on the network (a reset of every connection, latency, a
+// stall at a moment of your choosing), run any code through one yourself.
 //
 // # What it cannot see
 //

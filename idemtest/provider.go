@@ -51,6 +51,10 @@ type ProviderCall struct {
 	Deduplicated bool
 	// Err is the error the call returned.
 	Err error
+
+	// scenario is the key of the kit's scenario whose worker made the
+	// call, when the call's context came from one (see withScenario).
+	scenario string
 }
 
 // Do makes the effect for subject under the idempotency key key, or returns
@@ -63,7 +67,7 @@ func (p *Provider) Do(ctx context.Context, key, subject string) (Effect, error) 
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	call := ProviderCall{Key: key, Subject: subject}
+	call := ProviderCall{Key: key, Subject: subject, scenario: scenarioOf(ctx)}
 	if len(p.failing) > 0 {
 		call.Err, p.failing = p.failing[0], p.failing[1:]
 		p.calls = append(p.calls, call)
@@ -151,4 +155,18 @@ func (p *Provider) since(mark int) []ProviderCall {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return append([]ProviderCall(nil), p.calls[mark:]...)
+}
+
+// scenarioKey is the context key under which the kit's workers carry their
+// scenario's key, so that a provider can tell which scenario a call came
+// from when scenarios run side by side.
+type scenarioKey struct{}
+
+func withScenario(ctx context.Context, key string) context.Context {
+	return context.WithValue(ctx, scenarioKey{}, key)
+}
+
+func scenarioOf(ctx context.Context) string {
+	key, _ := ctx.Value(scenarioKey{}).(string)
+	return key
 }

@@ -14,9 +14,19 @@ type Report struct {
 	Flow string
 	// Baseline is the uninterrupted run every scenario is compared with.
 	Baseline *Scenario
-	// Scenarios are the fault scenarios, in the order they ran. Empty when
-	// the baseline failed, since there is then nothing to compare with.
+	// Scenarios are the fault scenarios, in the order they ran: those at
+	// each phase, then the wire scenarios (their Kind.Wire is true). Empty
+	// when the baseline failed, since there is then nothing to compare
+	// with.
 	Scenarios []*Scenario
+	// WireBaseline is the uninterrupted run through the fault proxy that
+	// counted the request's round trips; nil when no wire scenario kind
+	// was explored. The wire scenarios run only when it passed.
+	WireBaseline *Scenario
+	// RoundTrips is how many round trips to Postgres the request made in
+	// the wire baseline: one wire scenario of each wire kind per round
+	// trip.
+	RoundTrips int
 	// Phases are the flow's phases the input's path went through, in order;
 	// ForeignPhases those that made a foreign call.
 	Phases, ForeignPhases []string
@@ -30,9 +40,12 @@ type Report struct {
 // Scenario is one run of the flow on a fresh key: a fault, the retries that
 // followed until a final outcome, and what was checked.
 type Scenario struct {
-	// Name is "kind@phase", or "baseline".
-	Name  string
-	Kind  Kind
+	// Name is "kind@phase", "kind@N" for a wire scenario at round trip N,
+	// "baseline" or "wire_baseline".
+	Name string
+	Kind Kind
+	// Phase is the phase the fault hits; for a wire scenario, the phase
+	// its round trip belongs to, if any.
 	Phase string
 	// Description says in a sentence what the scenario does.
 	Description string
@@ -45,6 +58,11 @@ type Scenario struct {
 	// Violations are the invariants the scenario broke; empty when it
 	// passed.
 	Violations []string
+	// Missed is set on a wire scenario whose round trip never came: its
+	// request made fewer round trips than the wire baseline's, along the
+	// same phases, so the fault had nothing to break. Its invariants were
+	// checked all the same.
+	Missed bool
 }
 
 // Failed reports whether the scenario broke an invariant.
@@ -75,6 +93,9 @@ func (r *Report) Failed() []*Scenario {
 	if r.Baseline != nil && r.Baseline.Failed() {
 		out = append(out, r.Baseline)
 	}
+	if r.WireBaseline != nil && r.WireBaseline.Failed() {
+		out = append(out, r.WireBaseline)
+	}
 	for _, s := range r.Scenarios {
 		if s.Failed() {
 			out = append(out, s)
@@ -84,14 +105,38 @@ func (r *Report) Failed() []*Scenario {
 }
 
 // Summary is a one-line account: how many scenarios ran over which phases,
-// how many failed, how long it took.
+// how many wire scenarios over how many round trips, how many failed, how
+// long it took.
 func (r *Report) Summary() string {
 	if r.Baseline != nil && r.Baseline.Failed() {
 		return fmt.Sprintf("idemtest: flow %q: the uninterrupted baseline run failed, so no scenario ran, in %s", r.Flow, r.Elapsed.Round(time.Millisecond))
 	}
+	phased, wire, missed := 0, 0, 0
+	for _, s := range r.Scenarios {
+		switch {
+		case !s.Kind.Wire():
+			phased++
+		case s.Missed:
+			missed++
+			fallthrough
+		default:
+			wire++
+		}
+	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "idemtest: flow %q: %s over %s (%d with a foreign call), %d failed, in %s",
-		r.Flow, plural(len(r.Scenarios), "scenario"), plural(len(r.Phases), "phase"), len(r.ForeignPhases), len(r.Failed()), r.Elapsed.Round(time.Millisecond))
+	fmt.Fprintf(&b, "idemtest: flow %q: %s over %s (%d with a foreign call)",
+		r.Flow, plural(phased, "scenario"), plural(len(r.Phases), "phase"), len(r.ForeignPhases))
+	switch {
+	case r.WireBaseline == nil:
+	case r.WireBaseline.Failed():
+		b.WriteString(" and no wire scenario (the run through the fault proxy failed)")
+	default:
+		fmt.Fprintf(&b, " and %s over %s", plural(wire, "wire scenario"), plural(r.RoundTrips, "round trip"))
+		if missed > 0 {
+			fmt.Fprintf(&b, " (%d found fewer round trips and broke nothing)", missed)
+		}
+	}
+	fmt.Fprintf(&b, ", %d failed, in %s", len(r.Failed()), r.Elapsed.Round(time.Millisecond))
 	if len(r.Unreached) > 0 {
 		fmt.Fprintf(&b, "; not on this input's path, so not explored: %s", strings.Join(r.Unreached, ", "))
 	}
@@ -107,9 +152,12 @@ func (r *Report) Err() error {
 		return nil
 	}
 	var b strings.Builder
-	if failed[0] == r.Baseline {
+	switch failed[0] {
+	case r.Baseline:
 		fmt.Fprintf(&b, "idemtest: flow %q: the uninterrupted baseline run failed, so no scenario ran:\n\n", r.Flow)
-	} else {
+	case r.WireBaseline:
+		fmt.Fprintf(&b, "idemtest: flow %q: the uninterrupted run through the fault proxy failed, so no wire scenario ran:\n\n", r.Flow)
+	default:
 		fmt.Fprintf(&b, "idemtest: flow %q: %d of %d scenarios failed. The first:\n\n", r.Flow, len(failed), len(r.Scenarios))
 	}
 	b.WriteString(failed[0].String())

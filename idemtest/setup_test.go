@@ -22,6 +22,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 type bundle struct {
 	pool     *pgxpool.Pool
 	schema   string
+	url      string // the schema's URL: search_path set to it
 	provider *idemtest.Provider
 }
 
@@ -39,7 +40,7 @@ func setup(t *testing.T) *bundle {
 		);
 		CREATE TABLE audit (id bigserial PRIMARY KEY, key_id bigint NOT NULL, what text NOT NULL)`)
 	require.NoError(t, err)
-	return &bundle{pool: schema.Pool, schema: schema.Name, provider: &idemtest.Provider{}}
+	return &bundle{pool: schema.Pool, schema: schema.Name, url: schema.URL, provider: &idemtest.Provider{}}
 }
 
 type orderInput struct {

@@ -25,6 +25,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 type bundle struct {
 	pool    *pgxpool.Pool
 	schema  string
+	url     string // the schema's URL: search_path set to it
 	store   *pgstore.Store
 	gateway *sms.FakeGateway
 	sender  *sms.Sender
@@ -42,7 +43,7 @@ func setup(t *testing.T) *bundle {
 	gateway := &sms.FakeGateway{}
 	sender, err := sms.NewSender(gateway, schema.Name)
 	require.NoError(t, err)
-	return &bundle{pool: schema.Pool, schema: schema.Name, store: store, gateway: gateway, sender: sender,
+	return &bundle{pool: schema.Pool, schema: schema.Name, url: schema.URL, store: store, gateway: gateway, sender: sender,
 		clock: idemtest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))}
 }
 
@@ -106,12 +107,12 @@ func TestExploreEveryCrashPoint(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	rep := idemtest.Explore(t, idemtest.Config[sms.Params]{
-		Pool: b.pool, Schema: b.schema,
+		Pool: b.pool, Schema: b.schema, DatabaseURL: b.url,
 		Flow: b.sender.Flow(), Input: hello,
 		Compare: idemtest.EqualJSON("message_id", "gateway_id"),
 		Check:   b.sentOnce,
 	})
-	require.Len(t, rep.Scenarios, 3*5+1)
+	require.Len(t, rep.Scenarios, 3*5+1+2*rep.RoundTrips)
 	require.Equal(t, []string{sms.PhaseSent}, rep.ForeignPhases)
 
 	for _, name := range []string{"crash_before_commit@sent", "crash_after_foreign@sent", "serialization_failure@sent", "lease_takeover@sent"} {
@@ -124,7 +125,25 @@ func TestExploreEveryCrashPoint(t *testing.T) {
 	for _, name := range []string{"crash_after_commit@sent", "lost_commit_ack@sent"} {
 		require.NotContains(t, strings.Join(scenario(t, rep, name).Steps, "\n"), "needs_reconcile", name)
 	}
-	require.Len(t, b.gateway.Sent(), 1+len(rep.Scenarios), "one message per request, whatever happened")
+	// Through the proxy: a mark written whose reply never came stops the
+	// send, and the key reconciles to not done; a send whose commit reply
+	// never came reconciles to done, or is found committed.
+	var notDone, done int
+	for _, s := range rep.Scenarios {
+		steps := strings.Join(s.Steps, "\n")
+		if !s.Kind.Wire() {
+			continue
+		}
+		if strings.Contains(steps, "reconcile verdict for sent: not done") {
+			notDone++
+		}
+		if strings.Contains(steps, "reconcile verdict for sent: done") {
+			done++
+		}
+	}
+	require.Positive(t, notDone, "wire scenarios reconciled to not done")
+	t.Logf("wire scenarios reconciled: %d done, %d not done", done, notDone)
+	require.Len(t, b.gateway.Sent(), 2+len(rep.Scenarios), "one message per request (both baselines included), whatever happened")
 }
 
 // A number the gateway refuses: the refusal is a stored 422. A crash right
@@ -135,7 +154,7 @@ func TestExploreARejectedNumber(t *testing.T) {
 	b := setup(t)
 	b.gateway.Reject(hello.To, "the number cannot receive text messages")
 	rep := idemtest.Explore(t, idemtest.Config[sms.Params]{
-		Pool: b.pool, Schema: b.schema,
+		Pool: b.pool, Schema: b.schema, DatabaseURL: b.url,
 		Flow: b.sender.Flow(), Input: hello,
 		Check: func(ctx context.Context, key *idem.KeyRecord) error {
 			m, err := b.messageOf(ctx, key.ID)
@@ -146,7 +165,7 @@ func TestExploreARejectedNumber(t *testing.T) {
 		},
 	})
 	require.Equal(t, []string{sms.PhaseResponded}, rep.Unreached)
-	require.Len(t, rep.Scenarios, 2*5+1)
+	require.Len(t, rep.Scenarios, 2*5+1+2*rep.RoundTrips)
 	steps := strings.Join(scenario(t, rep, "crash_after_foreign@sent").Steps, "\n")
 	require.Contains(t, steps, "reconcile verdict for sent: not done, so the phase runs again")
 	require.Contains(t, steps, "final response: 422")

@@ -14,32 +14,35 @@ func float(v float64) *float64 { return &v }
 
 // The rides flow at every crash point (issue 6's kit): the worker dying
 // before or after each commit and right after the charge, a lost commit
-// acknowledgement, a serialization failure and a lease takeover mid-phase.
-// Each scenario must end with the uninterrupted run's answer and exactly
-// one ride, one audit record, one charge at the provider and one receipt
-// job for its key.
+// acknowledgement, a serialization failure and a lease takeover mid-phase;
+// and, through the fault proxy, each of the request's round trips to
+// Postgres losing its reply, then stalling. Each scenario must end with the
+// uninterrupted run's answer and exactly one ride, one audit record, one
+// charge at the provider and one receipt job for its key.
 func TestRidesFlowAtEveryCrashPoint(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	input := ridesapp.RideParams{UserID: b.goodUserID,
 		OriginLat: float(37.7749), OriginLon: float(-122.4194), TargetLat: float(37.8044), TargetLon: float(-122.2712)}
 	rep := idemtest.Explore(t, idemtest.Config[ridesapp.RideParams]{
-		Pool:    b.pool,
-		Schema:  b.schema.Name,
-		Flow:    b.app.Flow(),
-		Input:   input,
-		Scope:   "user:" + itoa(b.goodUserID),
-		Path:    "/rides",
-		Compare: idemtest.EqualJSON("ride_id", "charge_id"),
+		Pool:        b.pool,
+		Schema:      b.schema.Name,
+		DatabaseURL: b.schema.URL,
+		Flow:        b.app.Flow(),
+		Input:       input,
+		Scope:       "user:" + itoa(b.goodUserID),
+		Path:        "/rides",
+		Compare:     idemtest.EqualJSON("ride_id", "charge_id"),
 		Check: func(ctx context.Context, key *idem.KeyRecord) error {
 			return b.checkOneRide(ctx, key, "charged")
 		},
 	})
-	// ride_created and receipt_enqueued: 5 kinds each; charge_created: 6.
-	if len(rep.Scenarios) != 16 {
-		t.Fatalf("explored %d scenarios, want 16:\n%s", len(rep.Scenarios), rep.Summary())
+	// ride_created and receipt_enqueued: 5 kinds each; charge_created: 6;
+	// then two wire scenarios per round trip.
+	if want := 16 + 2*rep.RoundTrips; rep.RoundTrips < 6 || len(rep.Scenarios) != want {
+		t.Fatalf("explored %d scenarios over %d round trips, want %d:\n%s", len(rep.Scenarios), rep.RoundTrips, want, rep.Summary())
 	}
-	t.Logf("rides flow: %d crash scenarios explored", len(rep.Scenarios))
+	t.Logf("rides flow: %d crash scenarios and %d wire scenarios explored", 16, 2*rep.RoundTrips)
 }
 
 // The decline path: the 402 is the same whatever happens, and nobody is
@@ -50,17 +53,18 @@ func TestRidesFlowDeclineAtEveryCrashPoint(t *testing.T) {
 	input := ridesapp.RideParams{UserID: b.badUserID,
 		OriginLat: float(1), OriginLon: float(2), TargetLat: float(3), TargetLon: float(4)}
 	rep := idemtest.Explore(t, idemtest.Config[ridesapp.RideParams]{
-		Pool:    b.pool,
-		Schema:  b.schema.Name,
-		Flow:    b.app.Flow(),
-		Input:   input,
-		Scope:   "user:" + itoa(b.badUserID),
-		Compare: idemtest.EqualJSON("ride_id"),
+		Pool:        b.pool,
+		Schema:      b.schema.Name,
+		DatabaseURL: b.schema.URL,
+		Flow:        b.app.Flow(),
+		Input:       input,
+		Scope:       "user:" + itoa(b.badUserID),
+		Compare:     idemtest.EqualJSON("ride_id"),
 		Check: func(ctx context.Context, key *idem.KeyRecord) error {
 			return b.checkOneRide(ctx, key, "declined")
 		},
 	})
-	t.Logf("rides flow, declined card: %d crash scenarios explored", len(rep.Scenarios))
+	t.Logf("rides flow, declined card: %d crash scenarios and %d wire scenarios explored", len(rep.Scenarios)-2*rep.RoundTrips, 2*rep.RoundTrips)
 }
 
 // checkOneRide is the business invariant of one finished key: one ride in

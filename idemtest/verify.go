@@ -1,0 +1,145 @@
+package idemtest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/go-idem/idem"
+)
+
+// verify checks a settled scenario's invariants.
+func (x *explorer[In]) verify(ctx context.Context, sc *scenario, final *idem.Response) {
+	sc.step("final response: %d %s", final.Status, quoteBody(final.Body))
+
+	out, err := x.call(ctx, sc, nil, opRun, x.store)
+	switch {
+	case out.Kind != idem.OutcomeReplayed || out.Response == nil:
+		sc.violate("a retry after the final response got %s, want a replay", outcomeText(out, err))
+	case out.Response.Status != final.Status || !bytes.Equal(out.Response.Body, final.Body):
+		sc.violate("the replay (%d %s) differs from the final response (%d %s)", out.Response.Status, quoteBody(out.Response.Body), final.Status, quoteBody(final.Body))
+	}
+	if sc.report.Name != "baseline" {
+		if err := x.cfg.Compare(x.response, final); err != nil {
+			sc.violate("the final response is not the uninterrupted run's: %v", err)
+		}
+	}
+
+	rec, err := x.store.GetKey(ctx, sc.scope, sc.report.Key)
+	switch {
+	case err != nil:
+		sc.violate("could not read the key: %v", err)
+	case rec.Status != idem.StatusFinished || rec.RecoveryPoint != idem.RecoveryPointFinished:
+		sc.violate("the key is %s at recovery point %q, want finished", rec.Status, rec.RecoveryPoint)
+	case rec.ForeignMark != "" || rec.LockedAt != nil:
+		sc.violate("the finished key still has a foreign mark %q or a lock (locked at %v)", rec.ForeignMark, rec.LockedAt)
+	}
+
+	x.checkCommits(sc)
+	x.checkForeignCalls(sc)
+	x.checkProviders(sc)
+
+	if x.cfg.Check != nil && rec != nil {
+		if err := x.cfg.Check(ctx, rec); err != nil {
+			if sc.report.Name == "baseline" {
+				sc.violate("Check fails on the uninterrupted run, so it or the flow is wrong before any fault: %v", err)
+			} else {
+				sc.violate("Check: %v", err)
+			}
+		}
+	}
+}
+
+// checkCommits: every phase of the path committed exactly once, whether by
+// the phase itself or by its reconcile hook, and no other phase did.
+func (x *explorer[In]) checkCommits(sc *scenario) {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	for _, p := range x.phases {
+		if n := sc.commits[p]; n != 1 {
+			sc.violateLocked("phase %q committed %d times, want exactly once", p, n)
+		}
+	}
+	for _, p := range sc.order {
+		if !slices.Contains(x.phases, p) {
+			sc.violateLocked("phase %q committed, but the uninterrupted run never ran it", p)
+		}
+	}
+}
+
+// checkForeignCalls: every phase that called out in the baseline called out
+// here; an idempotent call used one downstream key throughout (duplicates
+// with that key are the provider's to deduplicate); no two phases shared a
+// key. Repeated not-idempotent calls are caught as they happen.
+func (x *explorer[In]) checkForeignCalls(sc *scenario) {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	keysByPhase := map[string][]string{}
+	phaseByKey := map[string]string{}
+	for _, c := range sc.calls {
+		if !slices.Contains(keysByPhase[c.phase], c.key) {
+			keysByPhase[c.phase] = append(keysByPhase[c.phase], c.key)
+		}
+		if other, ok := phaseByKey[c.key]; ok && other != c.phase {
+			sc.violateLocked("phases %q and %q sent the same downstream key %q", other, c.phase, c.key)
+		}
+		phaseByKey[c.key] = c.phase
+	}
+	for _, p := range x.phases {
+		base, ok := x.foreign[p]
+		if !ok {
+			continue
+		}
+		keys := keysByPhase[p]
+		switch {
+		case len(keys) == 0:
+			sc.violateLocked("phase %q never made its foreign call %q, which the uninterrupted run made", p, base.name)
+		case len(keys) > 1 && base.kind == idem.ForeignIdempotent:
+			sc.violateLocked("phase %q sent its foreign call %q with %d different downstream keys (%s); the provider can only deduplicate calls that share one", p, base.name, len(keys), strings.Join(keys, ", "))
+		}
+	}
+}
+
+// checkProviders: every call the registered providers received during the
+// scenario carried a key the runner handed out in it, and every idempotent
+// call's key reached one of them. A call whose context says another
+// scenario's worker made it (wire scenarios run side by side) is that
+// scenario's.
+func (x *explorer[In]) checkProviders(sc *scenario) {
+	if len(x.cfg.Providers) == 0 {
+		return
+	}
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	handed := map[string]bool{}
+	for _, c := range sc.calls {
+		handed[c.key] = true
+	}
+	received := map[string]bool{}
+	reported := map[string]bool{}
+	for i, p := range x.cfg.Providers {
+		for _, c := range p.since(sc.marks[i]) {
+			if c.scenario != "" && c.scenario != sc.report.Key {
+				continue // a scenario running beside this one made it
+			}
+			received[c.Key] = true
+			if handed[c.Key] || reported[c.Key] {
+				continue
+			}
+			reported[c.Key] = true
+			key := fmt.Sprintf("key %q", c.Key)
+			if c.Key == "" {
+				key = "no idempotency key"
+			}
+			sc.violateLocked("provider %d received a call for %q with %s, which is no downstream key the runner handed out in this scenario: a foreign call made outside Attempt.Foreign, or one that does not send the key it is given", i, c.Subject, key)
+		}
+	}
+	for _, c := range sc.calls {
+		if c.kind == idem.ForeignIdempotent && !received[c.key] {
+			sc.violateLocked("the foreign call %q of phase %q was handed key %q, but no provider received it", c.name, c.phase, c.key)
+			received[c.key] = true // once per key
+		}
+	}
+}

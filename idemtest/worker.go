@@ -1,0 +1,165 @@
+package idemtest
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/go-idem/idem"
+)
+
+// worker is one runner making one call: a process of its own.
+type worker struct {
+	sc    *scenario
+	n     int
+	fault *fault
+
+	// trips, when set, records how many round trips the worker had sent
+	// through a fault proxy at each hook point of its key (the wire
+	// baseline).
+	trips func() int64
+
+	// Guarded by sc.mu.
+	notes     []string
+	tripMarks []tripMark
+}
+
+func (w *worker) hook(ctx context.Context, at idem.HookPoint) error {
+	ours := at.Key != nil && at.Key.Scope == w.sc.scope && at.Key.Key == w.sc.report.Key
+	if ours {
+		// Record first: what happened happened, whatever the user's hook
+		// then decides.
+		if at.Where == idem.HookAfterForeign {
+			w.foreignCall(at)
+		}
+		if w.trips != nil {
+			w.sc.mu.Lock()
+			w.tripMarks = append(w.tripMarks, tripMark{where: at.Where, phase: at.Phase, sent: w.trips()})
+			w.sc.mu.Unlock()
+		}
+	}
+	if w.sc.userHook != nil {
+		if err := w.sc.userHook(ctx, at); err != nil {
+			return err
+		}
+	}
+	f := w.fault
+	if !ours {
+		return nil
+	}
+	if f == nil || f.fired || at.Phase != f.phase || at.Where != f.kind.where() {
+		return nil
+	}
+	f.fired = true
+	return f.inject(ctx, w)
+}
+
+func (w *worker) observe(e idem.Event) {
+	if e.Scope != w.sc.scope || e.Key != w.sc.report.Key {
+		return
+	}
+	sc := w.sc
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	switch e.Kind {
+	case idem.EventPhaseCommitted:
+		sc.commitLocked(w, e.Phase, "")
+	case idem.EventReconciled:
+		switch e.Verdict {
+		case "done":
+			// The runner committed the phase in the hook's stead; its
+			// EventPhaseCommitted counted it.
+			w.notes = append(w.notes, "reconcile verdict for "+e.Phase+": done")
+		case "not_done":
+			sc.notDone[e.Phase]++
+			w.notes = append(w.notes, "reconcile verdict for "+e.Phase+": not done, so the phase runs again")
+		default:
+			w.notes = append(w.notes, fmt.Sprintf("the reconcile hook of %s gave no verdict: %v", e.Phase, e.Err))
+		}
+	}
+}
+
+func (w *worker) foreignCall(at idem.HookPoint) {
+	sc := w.sc
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	c := foreignCall{worker: w.n, phase: at.Phase, name: at.Foreign, key: at.DownstreamKey, kind: at.ForeignKind}
+	sc.calls = append(sc.calls, c)
+	if c.kind == idem.ForeignNotIdempotent {
+		w.notes = append(w.notes, fmt.Sprintf("made the not-idempotent call %q of %s", c.name, c.phase))
+		n := 0
+		for _, other := range sc.calls {
+			if other.phase == c.phase && other.kind == idem.ForeignNotIdempotent {
+				n++
+			}
+		}
+		if n > 1+sc.notDone[c.phase] {
+			sc.violateLocked("the not-idempotent foreign call %q of phase %q ran %d times with %d reconcile verdicts of not done between: it was repeated blindly", c.name, c.phase, n, sc.notDone[c.phase])
+		}
+		return
+	}
+	w.notes = append(w.notes, fmt.Sprintf("called %q of %s with key %s", c.name, c.phase, c.key))
+}
+
+// describe is the worker's call as a step, without the worker's number:
+// the call, what the worker did, and how it ended.
+func (w *worker) describe(o op, ended string) string {
+	w.sc.mu.Lock()
+	defer w.sc.mu.Unlock()
+	var b strings.Builder
+	b.WriteString(string(o))
+	for _, n := range w.notes {
+		b.WriteString("; " + n)
+	}
+	b.WriteString(" -> " + ended)
+	return b.String()
+}
+
+func outcomeText(out *idem.Outcome, err error) string {
+	s := string(out.Kind)
+	if out.Response != nil {
+		s += fmt.Sprintf(" %d", out.Response.Status)
+	}
+	if out.TookOver {
+		s += " (took over)"
+	}
+	if err != nil {
+		s += ": " + err.Error()
+	}
+	return s
+}
+
+// observerFor records events for w and passes them on to the user's
+// observer, keeping its Tracer side if it has one.
+func observerFor(w *worker, user idem.Observer) idem.Observer {
+	o := &recordingObserver{w: w, user: user}
+	if t, ok := user.(idem.Tracer); ok {
+		return &recordingTracer{recordingObserver: o, tracer: t}
+	}
+	return o
+}
+
+type recordingObserver struct {
+	w    *worker
+	user idem.Observer
+}
+
+func (o *recordingObserver) Observe(ctx context.Context, e idem.Event) {
+	o.w.observe(e)
+	if o.user != nil {
+		o.user.Observe(ctx, e)
+	}
+}
+
+type recordingTracer struct {
+	*recordingObserver
+	tracer idem.Tracer
+}
+
+func (t *recordingTracer) StartRequest(ctx context.Context, flow, scope string) (context.Context, func(*idem.Outcome, error)) {
+	return t.tracer.StartRequest(ctx, flow, scope)
+}
+
+func (t *recordingTracer) StartPhase(ctx context.Context, flow, phase string, attempt int) (context.Context, func(error)) {
+	return t.tracer.StartPhase(ctx, flow, phase, attempt)
+}
