@@ -154,9 +154,12 @@ func (x *explorer[In]) runWireBaseline(ctx context.Context) *Scenario {
 		return sc.report
 	}
 	w := sc.newWorker(nil)
-	w.trips = p.proxy.Commands
+	// Count from here: what the process sent while starting (the store's
+	// look at the schema) comes before a scenario arms its fault.
+	started := p.proxy.Commands()
+	w.trips = func() int64 { return p.proxy.Commands() - started }
 	out, err := x.callWith(ctx, sc, w, opWire, p.store, x.wireConfig(w, sc.clock.Now))
-	trips := int(p.proxy.Commands())
+	trips := int(w.trips())
 	if err := p.stop(); err != nil {
 		sc.violate("closing the fault proxy: %v", err)
 	}
