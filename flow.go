@@ -132,7 +132,7 @@ func (f *Flow[In]) phaseMeta(i int) (string, ForeignKind, pgx.TxIsoLevel) {
 
 // prepare accepts the input as In, *In, or JSON (json.RawMessage or []byte),
 // and returns it decoded, as JSON, and fingerprinted. The fingerprint is
-// always taken over json.Marshal of the decoded In, so the same input
+// always taken over the JSON encoding of the decoded In, so the same input
 // fingerprints the same whichever form it arrived in.
 func (f *Flow[In]) prepare(params any) (*prepared, error) {
 	var in In
@@ -159,7 +159,7 @@ func (f *Flow[In]) prepare(params any) (*prepared, error) {
 	default:
 		return nil, fmt.Errorf("%w: flow %q takes %T or JSON, got %T", ErrInvalidParams, f.name, in, params)
 	}
-	js, err := json.Marshal(in)
+	js, err := encodeJSON(in)
 	if err != nil {
 		return nil, fmt.Errorf("%w: encode: %w", ErrInvalidParams, err)
 	}
@@ -185,6 +185,20 @@ func (f *Flow[In]) decode(stored []byte) (any, error) {
 		return nil, fmt.Errorf("%w: flow %q: trailing data after the JSON value", ErrInvalidParams, f.name)
 	}
 	return in, nil
+}
+
+// encodeJSON is json.Marshal without HTML escaping: json.Marshal writes each
+// '<', '>' and '&' as a six-byte \u escape, which multiplied the size of an
+// input full of them while it was fingerprinted and stored. The canonical
+// form (and so the fingerprint) is the same either way.
+func encodeJSON(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
 // containsEscapedNUL reports whether a JSON document, as encoding/json
