@@ -378,7 +378,7 @@ func (h *Handler[In]) checkContentType(r *http.Request) *Problem {
 	for _, coding := range r.Header.Values("Content-Encoding") {
 		for c := range strings.SplitSeq(coding, ",") {
 			if c = strings.TrimSpace(c); c != "" && !strings.EqualFold(c, "identity") {
-				p := h.problem(specUnsupportedMediaType, fmt.Sprintf("Content-Encoding %q is not supported: send the body uncompressed.", c))
+				p := h.problem(specUnsupportedMediaType, fmt.Sprintf("Content-Encoding %q is not supported: send the body uncompressed.", clip(c)))
 				p.Header = http.Header{"Accept-Encoding": {"identity"}}
 				return p
 			}
@@ -392,11 +392,11 @@ func (h *Handler[In]) checkContentType(r *http.Request) *Problem {
 	detail := ""
 	switch {
 	case err != nil:
-		detail = fmt.Sprintf("Content-Type %q cannot be parsed: send application/json.", ct)
+		detail = fmt.Sprintf("Content-Type %q cannot be parsed: send application/json.", clip(ct))
 	case mediaType != "application/json" && !strings.HasSuffix(mediaType, "+json"):
-		detail = fmt.Sprintf("Content-Type %s is not supported: send application/json.", mediaType)
+		detail = fmt.Sprintf("Content-Type %s is not supported: send application/json.", clip(mediaType))
 	case params["charset"] != "" && !strings.EqualFold(params["charset"], "utf-8"):
-		detail = fmt.Sprintf("charset %s is not supported: JSON is sent in UTF-8.", params["charset"])
+		detail = fmt.Sprintf("charset %s is not supported: JSON is sent in UTF-8.", clip(params["charset"]))
 	default:
 		return nil
 	}
@@ -466,17 +466,17 @@ func decodeBody[In any](h *Handler[In], body []byte) (In, *Problem) {
 		if typeErr.Field == "" {
 			return in, h.problem(specInvalidInput, fmt.Sprintf("The request body must be %s, not %s.", want, describeJSONValue(typeErr.Value)))
 		}
-		return in, h.invalidInput(FieldError{Field: typeErr.Field, Detail: fmt.Sprintf("must be %s, not %s", want, describeJSONValue(typeErr.Value))})
+		return in, h.invalidInput(FieldError{Field: clip(typeErr.Field), Detail: fmt.Sprintf("must be %s, not %s", want, describeJSONValue(typeErr.Value))})
 	}
 	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
 		if unquoted, uerr := strconv.Unquote(name); uerr == nil {
 			name = unquoted
 		}
-		return in, h.invalidInput(FieldError{Field: name, Detail: "is not a known field"})
+		return in, h.invalidInput(FieldError{Field: clip(name), Detail: "is not a known field"})
 	}
 	// An UnmarshalJSON or UnmarshalText method of the input refused its
 	// value (a malformed time, say); its message is all there is to say.
-	return in, h.problem(specInvalidInput, "The request body is invalid: "+strings.TrimPrefix(err.Error(), "json: ")+".")
+	return in, h.problem(specInvalidInput, "The request body is invalid: "+clip(strings.TrimPrefix(err.Error(), "json: "))+".")
 }
 
 // jsonKind names the JSON value a Go type decodes from.
@@ -520,7 +520,7 @@ func describeJSONValue(v string) string {
 	case v == "bool":
 		return "a boolean"
 	case strings.HasPrefix(v, "number "):
-		return strings.TrimPrefix(v, "number ")
+		return clip(strings.TrimPrefix(v, "number "))
 	case v == "":
 		return "this value"
 	}
@@ -571,7 +571,7 @@ func (h *Handler[In]) writeOutcome(w http.ResponseWriter, r *http.Request, req i
 		if errors.Is(err, idem.ErrInvalidParams) {
 			// Input that decoded but cannot be kept, such as a NUL
 			// character in a string.
-			h.writeProblem(w, h.problem(specInvalidInput, "The request body is invalid: "+strings.TrimPrefix(err.Error(), idem.ErrInvalidParams.Error()+": ")+"."))
+			h.writeProblem(w, h.problem(specInvalidInput, "The request body is invalid: "+clip(strings.TrimPrefix(err.Error(), idem.ErrInvalidParams.Error()+": "))+"."))
 			return
 		}
 		fallthrough
@@ -691,4 +691,21 @@ func validHeaderName(name string) bool {
 		}
 	}
 	return true
+}
+
+// maxEcho is the most of a client's value a problem repeats back.
+const maxEcho = 64
+
+// clip shortens a value taken from the request before a problem echoes it:
+// its first bytes and its length, so that a problem never carries (or
+// multiplies) a large input back to the client or into logs.
+func clip(s string) string {
+	if len(s) <= maxEcho {
+		return s
+	}
+	cut := maxEcho - 16
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s… (%d bytes)", s[:cut], len(s))
 }
