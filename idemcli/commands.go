@@ -55,13 +55,15 @@ var commands = []*command{
 		},
 	},
 	{
-		name: "migrate down", args: "[--to VERSION] [flags]", needsDB: true,
+		name: "migrate down", args: "[--to VERSION] [--yes] [flags]", needsDB: true,
 		summary: "revert migrations (one by default)",
 		help: "Reverts the most recent migration, or every migration above --to. Reverting version 1 drops\n" +
-			"idem_keys and every key in it: in-flight requests lose their recovery points.",
-		examples: []string{"idem migrate down", "idem migrate down --to 0   # remove idem's tables"},
+			"idem_keys and every key in it: in-flight requests lose their recovery points, finished ones\n" +
+			"their stored responses. Going below version 1 therefore needs --yes.",
+		examples: []string{"idem migrate down", "idem migrate down --to 0 --yes   # remove idem's tables and every key"},
 		setup: func(fs *flag.FlagSet) runFunc {
 			to := fs.Int("to", -1, "revert down to `version` (default: one below the current)")
+			yes := fs.Bool("yes", false, "confirm going below version 1, which drops idem_keys and every key in it")
 			return func(ctx context.Context, e *env, _ []string) error {
 				m, err := e.connectedMigrator(ctx)
 				if err != nil {
@@ -74,6 +76,16 @@ var commands = []*command{
 						return err
 					}
 					target = max(v-1, 0)
+				}
+				if target < 1 && !*yes {
+					v, err := m.Version(ctx)
+					if err != nil {
+						return err
+					}
+					if v >= 1 {
+						return usageError(e.cmd, "migrate down: reverting version 1 drops idem_keys and every key in it; "+
+							"pass --yes if that is what you want")
+					}
 				}
 				res, err := m.Down(ctx, target)
 				if errors.Is(err, migrations.ErrUnknownVersion) {
