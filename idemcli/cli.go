@@ -104,7 +104,8 @@ func Dispatch(ctx context.Context, args []string, config *Config) int {
 		ee = &exitError{code: exitCodeOf(err), err: err}
 	}
 	if ee.err != nil {
-		fmt.Fprintf(e.errOut, "%s: %v\n", cfg.Name, ee.err)
+		// Errors may quote text from the database (a key, a stored error).
+		fmt.Fprintf(e.errOut, "%s: %s\n", cfg.Name, sanitize(ee.err.Error()))
 	}
 	if ee.code == ExitUsage && ee.hint != "" {
 		fmt.Fprintf(e.errOut, "Run '%s help %s' for usage.\n", cfg.Name, ee.hint)
