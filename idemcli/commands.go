@@ -149,28 +149,33 @@ var commands = []*command{
 		},
 	},
 	{
-		name: "keys list", args: "[--state STATE] [--scope SCOPE] [--flow FLOW] [--limit N] [flags]", needsDB: true,
+		name: "keys list", args: "--scope SCOPE | --all-scopes [--state STATE] [--flow FLOW] [--limit N] [--reveal] [flags]", needsDB: true,
 		summary: "list keys, newest first, by state, scope or flow",
 		help: "States:\n" +
 			"  running          unfinished, held by a live lease: a worker is on it\n" +
 			"  stale            unfinished, nobody holds it: the next retry or the completer resumes it\n" +
 			"  needs_reconcile  a not-idempotent call is in doubt: waits for a reconcile run\n" +
 			"  finished         response stored, replayed until it expires\n" +
-			"  expired          finished and past its expiry: the reaper deletes it\n" +
-			"Page backwards with --before-id set to the last id printed.",
+			"  expired          finished and past its expiry: a reuse of the key runs as a new request\n" +
+			"Scopes are tenants: name one with --scope, or list every tenant's keys with --all-scopes.\n" +
+			"Keys are listed with their metadata; --reveal adds their params, checkpoint data and stored\n" +
+			"response (which may hold personal or payment data). Page backwards with --before-id set to the\n" +
+			"last id printed.",
 		examples: []string{
-			"idem keys list --state stale",
-			"idem keys list --state needs_reconcile --flow rides.create --json | jq -r '.keys[].key'",
+			"idem keys list --all-scopes --state stale",
+			"idem keys list --all-scopes --state needs_reconcile --flow rides.create --json | jq -r '.keys[].key'",
 			"idem keys list --scope user:42 --limit 10",
 		},
 		setup: func(fs *flag.FlagSet) runFunc {
 			state := fs.String("state", "", "only keys in `state`: running, stale, needs_reconcile, finished or expired")
-			scope := fs.String("scope", "", "only keys of `scope`")
+			scope := fs.String("scope", "", "only keys of `scope` (this or --all-scopes is required)")
+			allScopes := fs.Bool("all-scopes", false, "list the keys of every scope (tenant)")
 			flow := fs.String("flow", "", "only keys of `flow`")
 			limit := fs.Int("limit", 50, fmt.Sprintf("print at most `n` keys (1-%d)", idem.MaxKeyListLimit))
 			before := fs.Int64("before-id", 0, "only keys with an id below `id` (paging)")
+			reveal := fs.Bool("reveal", false, "with --json, include each key's params, checkpoint data and stored response")
 			return func(ctx context.Context, e *env, _ []string) error {
-				q := idem.KeyQuery{Scope: *scope, Flow: *flow, Limit: *limit, BeforeID: *before}
+				q := idem.KeyQuery{Scope: *scope, AllScopes: *allScopes, Flow: *flow, Limit: *limit, BeforeID: *before, Reveal: *reveal}
 				if *state != "" {
 					st, err := idem.ParseKeyState(*state)
 					if err != nil {
@@ -181,6 +186,12 @@ var commands = []*command{
 				if *limit < 1 || *limit > idem.MaxKeyListLimit {
 					return usageError(e.cmd, "--limit %d is outside 1-%d", *limit, idem.MaxKeyListLimit)
 				}
+				switch {
+				case *scope == "" && !*allScopes:
+					return usageError(e.cmd, "keys list: name a --scope, or list every tenant's keys with --all-scopes")
+				case *scope != "" && *allScopes:
+					return usageError(e.cmd, "keys list: --scope and --all-scopes exclude each other")
+				}
 				if err := e.connect(ctx); err != nil {
 					return err
 				}
@@ -188,29 +199,34 @@ var commands = []*command{
 				if err != nil {
 					return err
 				}
-				return e.printKeyList(list)
+				return e.printKeyList(list, *reveal)
 			}
 		},
 	},
 	{
-		name: "keys show", args: "KEY --scope SCOPE [flags]", minArgs: 1, maxArgs: 1, needsDB: true,
-		summary: "show everything about one key",
-		help:    "Prints the key's state, progress, lease, params, checkpoint data and stored response.",
+		name: "keys show", args: "KEY --scope SCOPE [--reveal] [flags]", minArgs: 1, maxArgs: 1, needsDB: true,
+		summary: "show one key: its state, progress and lease",
+		help: "Prints the key's state, progress, lease, attempts and last error. --reveal adds its params,\n" +
+			"checkpoint data and stored response, which may hold personal or payment data.",
 		examples: []string{
 			"idem keys show 8d3c1a7e-5b7f-4f0e-9d51-3f1c2b6f9a10 --scope user:42",
-			"idem keys show order-77 --scope tenant:acme --json | jq .checkpoint",
+			"idem keys show order-77 --scope tenant:acme --reveal --json | jq .checkpoint",
 		},
 		setup: func(fs *flag.FlagSet) runFunc {
 			scope := fs.String("scope", "", "the key's `scope` (required)")
+			reveal := fs.Bool("reveal", false, "include the key's params, checkpoint data and stored response")
 			return func(ctx context.Context, e *env, args []string) error {
 				if err := e.connect(ctx); err != nil {
 					return err
 				}
-				rec, now, err := e.runner.GetKey(ctx, *scope, args[0])
+				list, err := e.runner.ListKeys(ctx, idem.KeyQuery{Scope: *scope, Key: args[0], Limit: 1, Reveal: *reveal})
 				if err != nil {
 					return err
 				}
-				return e.printKey(rec, now)
+				if len(list.Keys) == 0 {
+					return fmt.Errorf("%w: scope %q key %q", idem.ErrNotFound, *scope, args[0])
+				}
+				return e.printKey(list.Keys[0], list.Now, *reveal)
 			}
 		},
 	},

@@ -43,11 +43,11 @@ func TestCLIEscapesTextFromTheDatabase(t *testing.T) {
 	insertHostileKeys(t, schema)
 
 	for _, args := range [][]string{
-		{"keys", "list"},
-		{"keys", "list", "--json"},
-		{"keys", "list", "--json"},
-		{"keys", "show", hostile + "-1", "--scope", hostile},
-		{"keys", "show", hostile + "-1", "--scope", hostile, "--json"},
+		{"keys", "list", "--all-scopes"},
+		{"keys", "list", "--all-scopes", "--json"},
+		{"keys", "list", "--all-scopes", "--json", "--reveal"},
+		{"keys", "show", hostile + "-1", "--scope", hostile, "--reveal"},
+		{"keys", "show", hostile + "-1", "--scope", hostile, "--reveal", "--json"},
 		{"keys", "show", hostile + "-2", "--scope", hostile},
 		{"keys", "unlock", hostile + "-2", "--scope", hostile},
 	} {
@@ -59,7 +59,7 @@ func TestCLIEscapesTextFromTheDatabase(t *testing.T) {
 	}
 
 	// JSON stays JSON, and decodes to the very text stored.
-	stdout, _, code := runDB(t, schema, nil, "keys", "show", hostile+"-1", "--scope", hostile, "--json")
+	stdout, _, code := runDB(t, schema, nil, "keys", "show", hostile+"-1", "--scope", hostile, "--json", "--reveal")
 	require.Equal(t, ExitOK, code)
 	var shown struct {
 		Scope     string          `json:"scope"`

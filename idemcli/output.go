@@ -99,18 +99,32 @@ func (e *env) printMigrationStatus(current int) error {
 	return err
 }
 
-// keyJSON is a key as the JSON output shows it: the record's fields plus its
-// state.
+// keyJSON is a key as the JSON output shows it: the record's metadata plus
+// its state, and its payload (params, checkpoint data, stored response) only
+// when revealed. The payload fields shadow the record's, so an unrevealed
+// key's are left out rather than shown empty.
 type keyJSON struct {
 	*idem.KeyRecord
-	State idem.KeyState `json:"state"`
+	State           idem.KeyState              `json:"state"`
+	Params          json.RawMessage            `json:"params,omitempty"`
+	Checkpoint      map[string]json.RawMessage `json:"checkpoint,omitempty"`
+	ResponseHeaders http.Header                `json:"response_headers,omitempty"`
+	ResponseBody    []byte                     `json:"response_body,omitempty"`
 }
 
-func (e *env) printKeyList(list *idem.KeyList) error {
+func newKeyJSON(k *idem.KeyRecord, now time.Time, reveal bool) keyJSON {
+	j := keyJSON{KeyRecord: k, State: k.State(now)}
+	if reveal {
+		j.Params, j.Checkpoint, j.ResponseHeaders, j.ResponseBody = k.Params, k.Checkpoint, k.ResponseHeaders, k.ResponseBody
+	}
+	return j
+}
+
+func (e *env) printKeyList(list *idem.KeyList, reveal bool) error {
 	if e.json {
 		keys := make([]keyJSON, len(list.Keys))
 		for i, k := range list.Keys {
-			keys[i] = keyJSON{k, k.State(list.Now)}
+			keys[i] = newKeyJSON(k, list.Now, reveal)
 		}
 		return e.printJSON(map[string]any{"now": list.Now, "keys": keys})
 	}
@@ -134,9 +148,9 @@ func (e *env) printKeyList(list *idem.KeyList) error {
 	return nil
 }
 
-func (e *env) printKey(k *idem.KeyRecord, now time.Time) error {
+func (e *env) printKey(k *idem.KeyRecord, now time.Time, reveal bool) error {
 	if e.json {
-		return e.printJSON(keyJSON{k, k.State(now)})
+		return e.printJSON(newKeyJSON(k, now, reveal))
 	}
 	tw := e.table()
 	// Every value is escaped: it comes from the database, where a client
@@ -169,13 +183,20 @@ func (e *env) printKey(k *idem.KeyRecord, now time.Time) error {
 	field("expires at", timeOrDash(k.ExpiresAt))
 	field("foreign mark", orDash(k.ForeignMark))
 	field("last error", orDash(k.LastError))
+	if k.Status == idem.StatusFinished {
+		field("response status", fmt.Sprintf("%d %s", k.ResponseStatus, http.StatusText(k.ResponseStatus)))
+	}
+	if !reveal {
+		fmt.Fprintf(tw, "%s\t%s\n", "payload", "hidden: params, checkpoint data and the stored response (--reveal shows them)")
+		return tw.Flush()
+	}
 	field("params", string(escapeJSONText(k.Params)))
 	checkpoint, _ := json.Marshal(k.Checkpoint)
 	field("checkpoint", string(escapeJSONText(checkpoint)))
 	if k.Status == idem.StatusFinished {
-		field("response status", fmt.Sprintf("%d %s", k.ResponseStatus, http.StatusText(k.ResponseStatus)))
 		field("response headers", headerLine(k.ResponseHeaders))
-		field("response body", printable(k.ResponseBody))
+		// printable escapes what it must itself (or shows base64).
+		fmt.Fprintf(tw, "%s\t%s\n", "response body", printable(k.ResponseBody))
 	}
 	return tw.Flush()
 }
@@ -185,7 +206,7 @@ func (e *env) printUnlock(res *idem.UnlockResult) error {
 		// The statement's result has no clock; an unlocked key is stale and
 		// a key left alone is finished or expired, which its expiry says.
 		now := time.Now()
-		return e.printJSON(map[string]any{"unlocked": res.Unlocked, "key": keyJSON{res.Record, res.Record.State(now)}})
+		return e.printJSON(map[string]any{"unlocked": res.Unlocked, "key": newKeyJSON(res.Record, now, false)})
 	}
 	k := res.Record
 	if !res.Unlocked {
@@ -237,7 +258,7 @@ func (e *env) printReconcileOne(out *idem.Outcome, summary string, err error) er
 	if e.json {
 		v := map[string]any{"outcome": out.Kind, "summary": summary}
 		if out.Record != nil {
-			v["key"] = keyJSON{out.Record, out.Record.State(time.Now())}
+			v["key"] = newKeyJSON(out.Record, time.Now(), false)
 		}
 		perr = e.printJSON(v)
 	} else {

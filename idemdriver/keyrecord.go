@@ -210,12 +210,23 @@ func (k *KeyRecord) State(now time.Time) KeyState {
 	return KeyStateStale
 }
 
-// KeyQuery selects keys for idem.Runner.ListKeys. Zero fields do not filter.
+// KeyQuery selects keys for idem.Runner.ListKeys. Zero fields do not filter,
+// except that the runner needs a Scope or AllScopes.
 type KeyQuery struct {
 	State KeyState
+	// Scope lists the keys of one scope (tenant). idem.Runner.ListKeys
+	// needs it, or AllScopes: scopes are tenants, and a listing across them
+	// is asked for explicitly.
 	Scope string
-	Key   string
-	Flow  string
+	// AllScopes lists the keys of every scope; it excludes Scope.
+	AllScopes bool
+	Key       string
+	Flow      string
+	// Reveal returns each key's payload too: its input (Params), its
+	// checkpoint data and its response's headers and body. Without it they
+	// are left empty, and a store that seals them at rest needs no key to
+	// list the rest.
+	Reveal bool
 	// Limit caps the number of keys returned: default 50, at most
 	// MaxKeyListLimit.
 	Limit int

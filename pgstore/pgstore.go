@@ -304,6 +304,9 @@ func (s *Store) listKeys(ctx context.Context, db pgxscan.Querier, p idemdriver.L
 	}
 	list := &idemdriver.KeyList{Keys: make([]*idemdriver.KeyRecord, len(rows))}
 	for i, row := range rows {
+		if !p.Reveal {
+			withoutPayload(&row.KeyRecord)
+		}
 		list.Keys[i] = &row.KeyRecord
 		list.Now = row.DBNow
 	}
@@ -318,6 +321,12 @@ func (s *Store) listKeys(ctx context.Context, db pgxscan.Querier, p idemdriver.L
 		list.Now = clock.T
 	}
 	return list, nil
+}
+
+// withoutPayload empties what a listing shows only when asked to reveal it:
+// the input, the checkpoint data and the response's headers and body.
+func withoutPayload(rec *idemdriver.KeyRecord) {
+	rec.Params, rec.Checkpoint, rec.ResponseHeaders, rec.ResponseBody = nil, nil, nil, nil
 }
 
 // unlockRow is a key row plus whether the unlock statement changed it.

@@ -199,7 +199,7 @@ func TestBinary(t *testing.T) {
 			res := b.runEnv(t, bins.idem, nil, args...)
 			require.Equal(t, idemcli.ExitOK, res.code, args)
 			require.Contains(t, res.stdout, "Usage: idem keys list")
-			require.Contains(t, res.stdout, "Examples:\n  idem keys list --state stale")
+			require.Contains(t, res.stdout, "Examples:\n  idem keys list --all-scopes --state stale")
 			require.Contains(t, res.stdout, "--state state")
 		}
 		// Every command's help has examples.
@@ -222,7 +222,8 @@ func TestBinary(t *testing.T) {
 			"no scope":     {[]string{"keys", "show", "k1"}, "--scope is required with KEY"},
 			"no key":       {[]string{"keys", "show", "--scope", "s"}, "usage: idem keys show KEY"},
 			"two keys":     {[]string{"keys", "unlock", "a", "b", "--scope", "s"}, "usage: idem keys unlock KEY"},
-			"no database":  {[]string{"keys", "list"}, "DATABASE_URL is not set"},
+			"no database":  {[]string{"keys", "list", "--all-scopes"}, "DATABASE_URL is not set"},
+			"no scope set": {[]string{"keys", "list"}, "--all-scopes"},
 			"bad format":   {[]string{"migrate", "sql", "--format", "flyway"}, `unknown format "flyway"`},
 			"bad schema":   {[]string{"migrate", "sql", "--schema", `a"b`}, "invalid schema name"},
 			"bad limit":    {[]string{"keys", "list", "--limit", "0"}, "--limit 0 is outside"},
@@ -304,7 +305,7 @@ func TestBinary(t *testing.T) {
 		b.abandonOrder(t, "stale-1")
 		b.doubtfulText(t, "doubtful-1", false)
 
-		res := b.run(t, bins.idem, "keys", "list", "--schema", b.schema.Name)
+		res := b.run(t, bins.idem, "keys", "list", "--all-scopes", "--schema", b.schema.Name)
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
 		lines := strings.Split(strings.TrimSpace(res.stdout), "\n")
 		require.Len(t, lines, 7, res.stdout) // header, five keys, paging hint
@@ -323,7 +324,7 @@ func TestBinary(t *testing.T) {
 			"running": "running-1", "stale": "stale-1", "needs_reconcile": "doubtful-1",
 			"finished": "finished-1", "expired": "expired-1",
 		} {
-			res := b.run(t, bins.idem, "keys", "list", "--state", state, "--json", "--schema", b.schema.Name)
+			res := b.run(t, bins.idem, "keys", "list", "--all-scopes", "--state", state, "--json", "--schema", b.schema.Name)
 			require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
 			list := decode[struct {
 				Now  time.Time
@@ -343,11 +344,11 @@ func TestBinary(t *testing.T) {
 		res = b.run(t, bins.idem, "keys", "list", "--scope", "nobody")
 		require.Equal(t, idemcli.ExitOK, res.code)
 		require.Equal(t, "no keys match\n", res.stdout)
-		res = b.run(t, bins.idem, "keys", "list", "--limit", "2", "--json")
+		res = b.run(t, bins.idem, "keys", "list", "--all-scopes", "--limit", "2", "--json")
 		require.Len(t, decode[struct{ Keys []any }](t, res.stdout).Keys, 2)
 
 		// show: flags after the key work too.
-		res = b.run(t, bins.idem, "keys", "show", "finished-1", "--scope", "user:1", "--schema", b.schema.Name)
+		res = b.run(t, bins.idem, "keys", "show", "finished-1", "--scope", "user:1", "--reveal", "--schema", b.schema.Name)
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
 		for _, want := range []string{
 			`(?m)^state\s+finished$`, `(?m)^flow\s+orders.create$`, `(?m)^request\s+POST /orders$`,
