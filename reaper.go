@@ -10,7 +10,8 @@ import (
 )
 
 // The reaper keeps the keys table small. A finished key is replayed until its
-// expires_at (finished_at + retention); after that it is dead weight, and the
+// expires_at (finished_at + retention); after that it is dead weight (a
+// request with the key replaces it rather than replaying it), and the
 // reaper deletes it in small batches: each batch is one short DELETE of at
 // most BatchSize rows, found through the partial index on expires_at, in a
 // transaction of its own with a statement timeout. Rows are locked one by one

@@ -156,7 +156,7 @@ var commands = []*command{
 			"  stale            unfinished, nobody holds it: the next retry or the completer resumes it\n" +
 			"  needs_reconcile  a not-idempotent call is in doubt: waits for a reconcile run\n" +
 			"  finished         response stored, replayed until it expires\n" +
-			"  expired          finished and past its expiry: a reuse of the key runs as a new request\n" +
+			"  expired          finished and past its expiry: not replayed; a reuse of the key runs anew\n" +
 			"Scopes are tenants: name one with --scope, or list every tenant's keys with --all-scopes.\n" +
 			"Keys are listed with their metadata; --reveal adds their params, checkpoint data and stored\n" +
 			"response (which may hold personal or payment data). Page backwards with --before-id set to the\n" +

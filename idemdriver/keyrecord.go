@@ -167,8 +167,9 @@ const (
 	// KeyStateNeedsReconcile: waits for a reconcile run to decide whether a
 	// not-idempotent foreign call happened.
 	KeyStateNeedsReconcile KeyState = "needs_reconcile"
-	// KeyStateExpired: finished and past expires_at; the reaper deletes it.
-	// Until then it is still replayed.
+	// KeyStateExpired: finished and past expires_at. It is never replayed:
+	// a request with the key runs as a new request and replaces it, and the
+	// reaper deletes it.
 	KeyStateExpired KeyState = "expired"
 )
 

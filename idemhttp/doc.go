@@ -76,8 +76,9 @@
 // values (auth, trace spans) still reach the phases.
 //
 // A phase response is replayed until its key expires: Config.Retention of
-// the runner, 24 h by default, or the flow's FlowConfig.Retention. After the
-// reaper has deleted an expired key, the same key is a new request.
+// the runner, 24 h by default, or the flow's FlowConfig.Retention. After
+// that the same key is a new request, whether or not the reaper has deleted
+// the expired key yet.
 //
 // # Errors
 //

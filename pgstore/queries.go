@@ -69,14 +69,21 @@ func newQueries(prefix string) *queries {
 	// in-progress key alike.
 	//
 	//  - existing reads the row, if any, from the statement's snapshot.
-	//  - inserted inserts the key locked when there was none; ON CONFLICT DO
-	//    NOTHING turns a concurrent insert of the same key into "no row"
-	//    instead of a unique violation that would abort the caller.
-	//  - the final SELECT reports the insert, or the row as it is.
+	//  - expired deletes it when it is a finished key past its expiry: such a
+	//    key is absent whether or not the reaper has run, and is never
+	//    replayed. Only a row existing found is probed.
+	//  - inserted inserts the key locked when there was none, or in place of
+	//    the expired one (a row the statement itself deleted is no conflict);
+	//    ON CONFLICT DO NOTHING turns a concurrent insert of the same key into
+	//    "no row" instead of a unique violation that would abort the caller.
+	//  - the final SELECT reports the insert, or the row as it is, unless it
+	//    is expired.
 	//
 	// Replays and in-progress answers write nothing: no transaction id, no
-	// WAL, no row lock. Zero rows come back only when a concurrent insert
-	// committed after the snapshot; the caller runs the statement again.
+	// WAL, no row lock. Zero rows come back when a concurrent insert
+	// committed after the snapshot, or when a concurrent acquirer (or the
+	// reaper) deleted the expired row first; the caller runs the statement
+	// again, whose snapshot sees what that one did.
 	//
 	// Taking over an abandoned key is a second statement (takeOver), sent
 	// only when the row looks takeable: keeping an UPDATE out of this one
@@ -86,18 +93,25 @@ WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
 ), existing AS (
     SELECT * FROM {t} WHERE scope = $2 AND key = $3
+), expired AS (
+    DELETE FROM {t} d
+    USING existing e
+    WHERE e.status = 'finished' AND e.expires_at <= (SELECT t FROM clock)
+      AND d.id = e.id AND d.status = 'finished' AND d.expires_at <= (SELECT t FROM clock)
+    RETURNING d.id
 ), inserted AS (
     INSERT INTO {t} (scope, key, flow, method, path, fingerprint, params,
                      locked_at, lease_expires_at, created_at, last_run_at)
     SELECT $2, $3, $4, $5, $6, $7, $8, clock.t, clock.t + $9::bigint * interval '1 microsecond', clock.t, clock.t
     FROM clock
-    WHERE NOT EXISTS (SELECT 1 FROM existing)
+    WHERE NOT EXISTS (SELECT 1 FROM existing) OR EXISTS (SELECT 1 FROM expired)
     ON CONFLICT (scope, key) DO NOTHING
     RETURNING *
 )
 SELECT 'created' AS acquired, (SELECT t FROM clock) AS db_now, {cols:inserted} FROM inserted
 UNION ALL
-SELECT 'none', (SELECT t FROM clock), {cols:existing} FROM existing`)
+SELECT 'none', clock.t, {cols:existing} FROM existing, clock
+WHERE NOT (existing.status = 'finished' AND existing.expires_at <= clock.t)`)
 
 	// takeOver locks an unfinished key of the same flow and fingerprint that
 	// nobody holds (unlocked, or lease expired), with a new fence. Its WHERE
