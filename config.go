@@ -36,6 +36,26 @@ type Config struct {
 	// Default 24h.
 	Retention time.Duration
 
+	// AbandonAfter is how long after its creation an unfinished key (status
+	// running: its request keeps failing, or its client gave up and the
+	// completer could not or may not finish it) is abandoned: the reaper
+	// deletes it, unless a live lease holds it. Keys in needs_reconcile are
+	// never abandoned: whether their foreign call happened is for a
+	// reconcile run or an operator to settle. A request with an abandoned
+	// key runs as a new request, from its first phase. FlowConfig.AbandonAfter
+	// overrides it per flow. Default 7 days (AbandonAfterDefault); negative
+	// keeps unfinished keys forever. At least Lease when positive.
+	AbandonAfter time.Duration
+
+	// Admit, when set, is asked before a request creates a new key (never
+	// for a retry of an existing one, which is always let through), so a
+	// service can cap the keys of a scope (tenant): return
+	// TooManyKeys(retryAfter) to refuse the request with ErrTooManyKeys
+	// (OutcomeTooManyKeys, answered 429 with Retry-After by idemhttp);
+	// nothing is written. Any other error fails the request, also without
+	// writing anything. It costs a new key one more acquisition statement.
+	Admit func(ctx context.Context, scope, flow string) error
+
 	// Isolation is the default isolation level of phase transactions.
 	// Default read committed; the fencing guard is correct at any level.
 	Isolation pgx.TxIsoLevel
@@ -148,6 +168,7 @@ const (
 	LeaseDefault             = 90 * time.Second
 	MaxRetryAfterDefault     = 2 * time.Second
 	RetentionDefault         = 24 * time.Hour
+	AbandonAfterDefault      = 7 * 24 * time.Hour
 	IsolationDefault         = pgx.ReadCommitted
 	MaxPhaseRetriesDefault   = 3
 	PhaseRetryBackoffDefault = 10 * time.Millisecond
@@ -164,6 +185,7 @@ func (c *Config) WithDefaults() *Config {
 	out.HeartbeatInterval = cmp.Or(out.HeartbeatInterval, out.Lease/3)
 	out.MaxRetryAfter = cmp.Or(out.MaxRetryAfter, MaxRetryAfterDefault)
 	out.Retention = cmp.Or(out.Retention, RetentionDefault)
+	out.AbandonAfter = cmp.Or(out.AbandonAfter, AbandonAfterDefault)
 	out.Isolation = cmp.Or(out.Isolation, IsolationDefault)
 	out.MaxPhaseRetries = cmp.Or(out.MaxPhaseRetries, MaxPhaseRetriesDefault)
 	out.PhaseRetryBackoff = cmp.Or(out.PhaseRetryBackoff, PhaseRetryBackoffDefault)
@@ -188,6 +210,9 @@ func (c *Config) validate() error {
 	}
 	if c.Retention < 0 {
 		errs = append(errs, fmt.Errorf("Retention %s is negative", c.Retention))
+	}
+	if c.AbandonAfter > 0 && c.AbandonAfter < c.Lease {
+		errs = append(errs, fmt.Errorf("AbandonAfter %s is shorter than Lease %s", c.AbandonAfter, c.Lease))
 	}
 	switch c.Isolation {
 	case pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable:

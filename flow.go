@@ -21,6 +21,7 @@ type Flow[In any] struct {
 	names     []string
 	index     map[string]int
 	retention time.Duration
+	abandon   time.Duration
 }
 
 // FlowConfig holds a flow's optional settings.
@@ -28,6 +29,13 @@ type FlowConfig struct {
 	// Retention is how long a finished key of this flow is replayed before
 	// the reaper may delete it. Zero uses Config.Retention (default 24h).
 	Retention time.Duration
+
+	// AbandonAfter is how long after its creation an unfinished key of this
+	// flow is abandoned (see Config.AbandonAfter). Zero uses
+	// Config.AbandonAfter (default 7 days); negative keeps this flow's
+	// unfinished keys forever. It applies to flows registered in
+	// Config.Flows, which is how the reaper knows them.
+	AbandonAfter time.Duration
 }
 
 var (
@@ -52,7 +60,8 @@ func NewFlow[In any](name string, phases []Phase[In], config *FlowConfig) (*Flow
 	if config.Retention < 0 {
 		return nil, fmt.Errorf("idem: flow %q: negative retention", name)
 	}
-	f := &Flow[In]{name: name, phases: append([]Phase[In](nil), phases...), index: map[string]int{}, retention: config.Retention}
+	f := &Flow[In]{name: name, phases: append([]Phase[In](nil), phases...), index: map[string]int{}, retention: config.Retention,
+		abandon: config.AbandonAfter}
 	for i, p := range f.phases {
 		switch {
 		case !phaseNamePattern.MatchString(p.Name):
@@ -98,6 +107,7 @@ type AnyFlow interface {
 	PhaseNames() []string
 
 	retentionOr(d time.Duration) time.Duration
+	abandonAfterOr(d time.Duration) time.Duration
 	phaseIndex(name string) (int, bool)
 	phaseMeta(i int) (name string, kind ForeignKind, iso pgx.TxIsoLevel)
 	prepare(params any) (*prepared, error)
@@ -116,6 +126,13 @@ type prepared struct {
 func (f *Flow[In]) retentionOr(d time.Duration) time.Duration {
 	if f.retention > 0 {
 		return f.retention
+	}
+	return d
+}
+
+func (f *Flow[In]) abandonAfterOr(d time.Duration) time.Duration {
+	if f.abandon != 0 {
+		return f.abandon
 	}
 	return d
 }

@@ -49,6 +49,8 @@ const (
 	EventHeartbeat      EventKind = "heartbeat"       // a lease was renewed
 	EventReconciled     EventKind = "reconciled"      // a reconcile hook gave a verdict (Err nil) or failed
 	EventReaped         EventKind = "reaped"          // Count: expired finished keys deleted
+	EventAbandoned      EventKind = "abandoned"       // Count: unfinished keys past their AbandonAfter deleted
+	EventTooManyKeys    EventKind = "too_many_keys"   // Config.Admit refused a new key
 	EventCompleted      EventKind = "completed"       // an abandoned request was driven to a response
 )
 

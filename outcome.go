@@ -34,6 +34,10 @@ const (
 	// was stored and the lock was released, so a retry resumes. Maps to a
 	// retryable 500.
 	OutcomeFailed OutcomeKind = "failed"
+	// OutcomeTooManyKeys: Config.Admit refused to let the request create a
+	// new key (ErrTooManyKeys); nothing was written. Retry after
+	// Outcome.RetryAfter.
+	OutcomeTooManyKeys OutcomeKind = "too_many_keys"
 	// OutcomeInvalid: the request was rejected before anything was written
 	// (ErrInvalidRequest, or ErrNotFound for a key that does not exist).
 	OutcomeInvalid OutcomeKind = "invalid"
@@ -70,6 +74,8 @@ func kindOf(err error, replayed bool, rec *KeyRecord) OutcomeKind {
 		return OutcomeInProgress
 	case errors.Is(err, ErrMismatch):
 		return OutcomeMismatch
+	case errors.Is(err, ErrTooManyKeys):
+		return OutcomeTooManyKeys
 	case errors.Is(err, ErrInvalidRequest), errors.Is(err, ErrNotFound):
 		return OutcomeInvalid
 	case errors.Is(err, ErrStoreUnavailable):
@@ -92,8 +98,9 @@ type Outcome struct {
 	// Record is the key as this call last knew it; nil when the store was
 	// never reached or the request was invalid.
 	Record *KeyRecord
-	// RetryAfter suggests when to retry an OutcomeInProgress: the time left
-	// on the holder's lease, at least one second.
+	// RetryAfter suggests when to retry an OutcomeInProgress (the time left
+	// on the holder's lease, at least one second) or an OutcomeTooManyKeys
+	// (what Config.Admit said).
 	RetryAfter time.Duration
 	// TookOver is true when this call resumed a key another attempt left
 	// unfinished (a crash, a stale lease, an earlier failure).

@@ -140,13 +140,17 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request) (*Outco
 	if err != nil {
 		return &Outcome{}, err
 	}
-	actx, cancel := r.storeContext(ctx)
 	sent := r.localNow()
-	acq, err := r.store.Acquire(actx, idemdriver.AcquireParams{
-		Scope: req.Scope, Key: req.Key, Flow: flow.Name(), Method: req.Method, Path: req.Path,
-		Fingerprint: p.fingerprint, Params: p.params, Lease: r.config.Lease, Now: r.now(),
-	})
-	cancel()
+	acq, err := r.acquire(ctx, flow, req, p, r.config.Admit != nil)
+	if err == nil && acq.Record == nil {
+		// There is no live key: this request would create one, which
+		// Config.Admit may refuse.
+		if out, err := r.admit(ctx, flow, req); err != nil {
+			return out, err
+		}
+		sent = r.localNow()
+		acq, err = r.acquire(ctx, flow, req, p, false)
+	}
 	ev := Event{Flow: flow.Name(), Scope: req.Scope, Key: req.Key}
 	if err != nil {
 		err = r.storeError(ctx, err)
@@ -190,6 +194,35 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request) (*Outco
 	r.emit(ctx, ev)
 	return &Outcome{Record: rec, RetryAfter: retryAfter(rec, acq.DBNow, r.config.MaxRetryAfter)},
 		fmt.Errorf("%w: key %q", ErrInProgress, req.Key)
+}
+
+// acquire is the acquisition of req's key, bounded by StatementTimeout.
+// noCreate asks for an existing key only (see idemdriver.AcquireParams).
+func (r *Runner) acquire(ctx context.Context, flow AnyFlow, req Request, p *prepared, noCreate bool) (*idemdriver.AcquireResult, error) {
+	actx, cancel := r.storeContext(ctx)
+	defer cancel()
+	return r.store.Acquire(actx, idemdriver.AcquireParams{
+		Scope: req.Scope, Key: req.Key, Flow: flow.Name(), Method: req.Method, Path: req.Path,
+		Fingerprint: p.fingerprint, Params: p.params, Lease: r.config.Lease, NoCreate: noCreate, Now: r.now(),
+	})
+}
+
+// admit asks Config.Admit whether req may create a new key. Nothing has been
+// written when it refuses.
+func (r *Runner) admit(ctx context.Context, flow AnyFlow, req Request) (*Outcome, error) {
+	err := r.config.Admit(ctx, req.Scope, flow.Name())
+	if err == nil {
+		return nil, nil
+	}
+	if !errors.Is(err, ErrTooManyKeys) {
+		return &Outcome{}, fmt.Errorf("admit: %w", err)
+	}
+	wait := time.Second
+	if tm, ok := errors.AsType[*TooManyKeysError](err); ok {
+		wait = max(tm.RetryAfter, time.Second)
+	}
+	r.emit(ctx, Event{Kind: EventTooManyKeys, Flow: flow.Name(), Scope: req.Scope, Key: req.Key, Err: err})
+	return &Outcome{RetryAfter: wait}, fmt.Errorf("admit: %w", err)
 }
 
 // retryAfter is the time left on the holder's lease, rounded up to whole

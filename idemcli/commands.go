@@ -258,10 +258,13 @@ var commands = []*command{
 	},
 	{
 		name: "reap", args: "[--batch-size N] [--max-batches N] [flags]", needsDB: true,
-		summary: "delete finished keys past their expiry, in small batches",
+		summary: "delete expired and abandoned keys, in small batches",
 		help: "Runs one reaper pass: deletes expired finished keys batch by batch (each batch a short DELETE\n" +
-			"under a statement timeout, skipping rows others have locked) until none is left. Unfinished keys\n" +
-			"are never deleted. Safe to run while the application serves traffic and while other reapers run.",
+			"under a statement timeout, skipping rows others have locked) until none is left, then unfinished\n" +
+			"keys abandoned past their flow's AbandonAfter (7 days by default, counted from their creation),\n" +
+			"never one a live lease holds nor one in needs_reconcile. The generic binary knows no flows, so it\n" +
+			"applies the runner's AbandonAfter to every flow. Safe to run while the application serves traffic\n" +
+			"and while other reapers run.",
 		examples: []string{"idem reap", "idem reap --batch-size 500 --max-batches 100 --json"},
 		setup: func(fs *flag.FlagSet) runFunc {
 			def := (&idem.ReapConfig{}).WithDefaults()

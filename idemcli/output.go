@@ -231,7 +231,7 @@ func (e *env) printReap(res *idem.ReapResult) error {
 	if e.json {
 		return e.printJSON(res)
 	}
-	_, err := fmt.Fprintf(e.out, "reaped %d expired key(s) in %d batch(es)\n", res.Deleted, res.Batches)
+	_, err := fmt.Fprintf(e.out, "reaped %d expired key(s) in %d batch(es), and %d abandoned unfinished key(s)\n", res.Deleted, res.Batches, res.Abandoned)
 	return err
 }
 

@@ -547,6 +547,11 @@ func (h *Handler[In]) writeOutcome(w http.ResponseWriter, r *http.Request, req i
 			"Retry after the time in Retry-After to get its result.")
 		p.Header = retryAfter(time.Second)
 		h.writeProblem(w, p)
+	case idem.OutcomeTooManyKeys:
+		p := h.problem(specTooManyKeys, "Too many requests with new Idempotency-Keys; nothing was recorded for this one. "+
+			"Retry it with the same key after the time in Retry-After.")
+		p.Header = retryAfter(out.RetryAfter)
+		h.writeProblem(w, p)
 	case idem.OutcomeMismatch:
 		h.writeProblem(w, h.problem(specKeyReused, "This Idempotency-Key was already used for a different request "+
 			"(another endpoint or other parameters). Use a new key for a new request, and the same key only to retry the same request."))

@@ -132,8 +132,13 @@ const maxAcquireStatements = 4
 func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemdriver.AcquireResult, error) {
 	for i := 0; i < maxAcquireStatements; i++ {
 		res, err := s.acquisition(ctx, s.q.acquire,
-			p.Now, p.Scope, p.Key, p.Flow, p.Method, p.Path, p.Fingerprint, json.RawMessage(p.Params), p.Lease.Microseconds())
+			p.Now, p.Scope, p.Key, p.Flow, p.Method, p.Path, p.Fingerprint, json.RawMessage(p.Params), p.Lease.Microseconds(), p.NoCreate)
 		if errors.Is(err, pgx.ErrNoRows) {
+			if p.NoCreate {
+				// No live key; whatever a concurrent insert did, the
+				// caller's next acquisition (creating) sees it.
+				return &idemdriver.AcquireResult{Acquired: idemdriver.AcquiredNone, Retried: i}, nil
+			}
 			continue
 		}
 		if err != nil {
@@ -385,23 +390,50 @@ func (s *Store) Reap(ctx context.Context, p idemdriver.ReapParams) (int, error) 
 	if p.Limit <= 0 {
 		return 0, fmt.Errorf("%w: reap: Limit %d must be positive", idemdriver.ErrInvalidRequest, p.Limit)
 	}
+	return s.deleteBatch(ctx, "reap", p.StatementTimeout, s.q.reap, p.Now, p.Limit)
+}
+
+// ReapAbandoned implements idemdriver.Store, as Reap does.
+func (s *Store) ReapAbandoned(ctx context.Context, p idemdriver.ReapAbandonedParams) (int, error) {
+	if p.Limit <= 0 {
+		return 0, fmt.Errorf("%w: reap abandoned keys: Limit %d must be positive", idemdriver.ErrInvalidRequest, p.Limit)
+	}
+	// Ages travel in microseconds; a negative one (never) stays negative
+	// however short it is.
+	micros := func(d time.Duration) int64 {
+		if d < 0 {
+			return -1
+		}
+		return d.Microseconds()
+	}
+	flows, ages := make([]string, 0, len(p.FlowAfter)), make([]int64, 0, len(p.FlowAfter))
+	for flow, age := range p.FlowAfter {
+		flows, ages = append(flows, flow), append(ages, micros(age))
+	}
+	return s.deleteBatch(ctx, "reap abandoned keys", p.StatementTimeout, s.q.reapAbandoned,
+		p.Now, micros(p.After), flows, ages, p.Limit)
+}
+
+// deleteBatch runs one batch's DELETE in a transaction of its own, under its
+// statement timeout, and returns the rows it deleted.
+func (s *Store) deleteBatch(ctx context.Context, what string, timeout time.Duration, sql string, args ...any) (int, error) {
 	tx, err := s.db.Begin(ctx)
 	if err != nil {
-		return 0, mapError(fmt.Errorf("pgstore: reap: begin: %w", err))
+		return 0, mapError(fmt.Errorf("pgstore: %s: begin: %w", what, err))
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if p.StatementTimeout > 0 {
-		ms := max(p.StatementTimeout.Milliseconds(), 1)
+	if timeout > 0 {
+		ms := max(timeout.Milliseconds(), 1)
 		if _, err := tx.Exec(ctx, s.q.statementTimeout, fmt.Sprint(ms)); err != nil {
-			return 0, mapError(fmt.Errorf("pgstore: reap: set statement timeout: %w", err))
+			return 0, mapError(fmt.Errorf("pgstore: %s: set statement timeout: %w", what, err))
 		}
 	}
-	tag, err := tx.Exec(ctx, s.q.reap, p.Now, p.Limit)
+	tag, err := tx.Exec(ctx, sql, args...)
 	if err != nil {
-		return 0, mapError(fmt.Errorf("pgstore: reap: %w", err))
+		return 0, mapError(fmt.Errorf("pgstore: %s: %w", what, err))
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, mapError(fmt.Errorf("pgstore: reap: commit: %w", err))
+		return 0, mapError(fmt.Errorf("pgstore: %s: commit: %w", what, err))
 	}
 	return int(tag.RowsAffected()), nil
 }

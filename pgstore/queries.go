@@ -23,7 +23,7 @@ type queries struct {
 	heartbeat, release                     string
 	markForeign, setNeedsReconcile, getKey string
 
-	unlockKey, claimIdle, reap, statementTimeout, clock string
+	unlockKey, claimIdle, reap, reapAbandoned, statementTimeout, clock string
 }
 
 // recordColumns renders the columns of idemdriver.KeyRecord from a row alias,
@@ -96,7 +96,7 @@ WITH clock AS (
 ), expired AS (
     DELETE FROM {t} d
     USING existing e
-    WHERE e.status = 'finished' AND e.expires_at <= (SELECT t FROM clock)
+    WHERE NOT $10::boolean AND e.status = 'finished' AND e.expires_at <= (SELECT t FROM clock)
       AND d.id = e.id AND d.status = 'finished' AND d.expires_at <= (SELECT t FROM clock)
     RETURNING d.id
 ), inserted AS (
@@ -104,7 +104,7 @@ WITH clock AS (
                      locked_at, lease_expires_at, created_at, last_run_at)
     SELECT $2, $3, $4, $5, $6, $7, $8, clock.t, clock.t + $9::bigint * interval '1 microsecond', clock.t, clock.t
     FROM clock
-    WHERE NOT EXISTS (SELECT 1 FROM existing) OR EXISTS (SELECT 1 FROM expired)
+    WHERE NOT $10::boolean AND (NOT EXISTS (SELECT 1 FROM existing) OR EXISTS (SELECT 1 FROM expired))
     ON CONFLICT (scope, key) DO NOTHING
     RETURNING *
 )
@@ -273,6 +273,29 @@ WHERE id = ANY(ARRAY(
     ORDER BY expires_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
+))`)
+
+	// reapAbandoned deletes one batch of keys abandoned unfinished: running
+	// (never needs_reconcile), nobody holding them, created longer ago than
+	// their flow's age ($3/$4 name flows with ages of their own, in
+	// microseconds; $2 is everyone else's; a negative age never abandons).
+	// FOR UPDATE re-checks the lease on the latest row version, so a key
+	// taken over meanwhile is left alone. Candidates come from
+	// idem_keys_unfinished.
+	q.reapAbandoned = render(`
+DELETE FROM {t}
+WHERE id = ANY(ARRAY(
+    SELECT k.id
+    FROM {t} k
+    CROSS JOIN (SELECT coalesce($1::timestamptz, now()) AS t) c
+    LEFT JOIN unnest($3::text[], $4::bigint[]) AS f(flow, age) ON f.flow = k.flow
+    WHERE k.status <> 'finished' AND k.status = 'running'
+      AND (k.locked_at IS NULL OR k.lease_expires_at <= c.t)
+      AND coalesce(f.age, $2::bigint) >= 0
+      AND k.created_at <= c.t - coalesce(f.age, $2::bigint) * interval '1 microsecond'
+    ORDER BY k.id
+    LIMIT $5
+    FOR UPDATE OF k SKIP LOCKED
 ))`)
 
 	// statementTimeout bounds the statements after it in the same

@@ -435,14 +435,14 @@ func TestBinary(t *testing.T) {
 
 		res := b.run(t, bins.idem, "reap", "--batch-size", "2", "--schema", b.schema.Name)
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
-		require.Equal(t, "reaped 3 expired key(s) in 2 batch(es)\n", res.stdout)
+		require.Equal(t, "reaped 3 expired key(s) in 2 batch(es), and 0 abandoned unfinished key(s)\n", res.stdout)
 		require.Equal(t, 2, b.count(t, "count(*) FROM idem_keys"))
 		require.Equal(t, 5, b.count(t, "count(*) FROM orders"), "business rows survive")
 		require.Equal(t, 3, b.count(t, "count(*) FROM orders WHERE key_id IS NULL"))
 
 		res = b.run(t, bins.idem, "reap", "--json")
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
-		require.JSONEq(t, `{"deleted": 0, "batches": 1}`, res.stdout)
+		require.JSONEq(t, `{"deleted": 0, "batches": 1, "abandoned": 0}`, res.stdout)
 
 		res = b.run(t, bins.idem, "reap", "--batch-size", "-1")
 		require.Equal(t, idemcli.ExitUsage, res.code)
