@@ -107,7 +107,7 @@ func (r *Runner) Complete(ctx context.Context, config *CompleteConfig) (*Complet
 		out, err := r.Execute(ctx, r.flows[rec.Flow], Request{
 			Scope: rec.Scope, Key: rec.Key, Method: rec.Method, Path: rec.Path, Params: json.RawMessage(rec.Params),
 		})
-		log := r.log.With("flow", rec.Flow, "scope", rec.Scope, "key", rec.Key)
+		log := r.log.With(r.logAttrs(rec.Scope, rec.Key, rec.ID, "flow", rec.Flow)...)
 		switch out.Kind {
 		case OutcomeExecuted:
 			res.Completed++
@@ -118,11 +118,11 @@ func (r *Runner) Complete(ctx context.Context, config *CompleteConfig) (*Complet
 			log.DebugContext(ctx, "idem: completer found the key taken care of", "outcome", out.Kind)
 		case OutcomeNeedsReconcile:
 			res.NeedsReconcile++
-			log.WarnContext(ctx, "idem: completer left a key to reconciliation", "err", err)
+			log.WarnContext(ctx, "idem: completer left a key to reconciliation", "err", r.redact(err))
 		default:
 			res.Failed++
 			if ctx.Err() == nil {
-				log.WarnContext(ctx, "idem: completer could not finish a key", "outcome", out.Kind, "err", err)
+				log.WarnContext(ctx, "idem: completer could not finish a key", "outcome", out.Kind, "err", r.redact(err))
 			}
 		}
 	})

@@ -98,6 +98,27 @@ type Config struct {
 	// Logger receives the runner's structured logs. Default slog.Default().
 	Logger *slog.Logger
 
+	// LogKeys adds the scope and the key to the log records about a key.
+	// Off by default: a scope is usually a tenant or user identifier, and
+	// records name the key by its row id (key_id) instead, which an
+	// operator can look up (`idem keys list --all-scopes --before-id
+	// ID+1 --limit 1`) without the logs carrying tenants' identifiers.
+	LogKeys bool
+
+	// RedactError rewrites an error's text before the runner persists or
+	// exports it. Error text (a phase's own error, what a panic said, a
+	// reconcile hook's reason, the store's errors) is stored with the key
+	// as last_error (at most 4000 characters, kept until the key is
+	// deleted), written to the logs, and handed to the Observer in events
+	// and to a Tracer when it ends a span (idemotel records it as the
+	// span's exception.message). Phases that put input in their errors
+	// (a card number in a provider's decline message) leak it there: set
+	// RedactError to scrub or replace such text. Errors observers and
+	// tracers receive carry its text and still wrap the original, so
+	// errors.Is works. The error Execute returns to its caller is not
+	// rewritten. Default: the text as it is.
+	RedactError func(err error) string
+
 	// Observer receives counts and durations (see [Event]). Default none.
 	Observer Observer
 

@@ -119,8 +119,8 @@ func (r *Runner) UnlockKey(ctx context.Context, scope, key, reason string) (*Unl
 		return nil, fmt.Errorf("unlock key: %w", err)
 	}
 	if res.Unlocked {
-		r.log.WarnContext(ctx, "idem: key force-unlocked", "scope", scope, "key", key, "flow", res.Record.Flow,
-			"recovery_point", res.Record.RecoveryPoint, "fence", res.Record.Fence, "reason", reason)
+		r.log.WarnContext(ctx, "idem: key force-unlocked", r.logAttrs(scope, key, res.Record.ID, "flow", res.Record.Flow,
+			"recovery_point", res.Record.RecoveryPoint, "fence", res.Record.Fence, "reason", reason)...)
 	}
 	return res, nil
 }

@@ -130,7 +130,7 @@ func (r *Runner) reapExpired(ctx context.Context, cfg *ReapConfig) (*ReapResult,
 				return res, context.Cause(ctx)
 			}
 			r.emit(ctx, Event{Kind: EventStoreError, Err: err})
-			r.log.ErrorContext(ctx, "idem: reaper batch failed", "deleted_so_far", res.Deleted, "err", err)
+			r.log.ErrorContext(ctx, "idem: reaper batch failed", "deleted_so_far", res.Deleted, "err", r.redact(err))
 			return res, fmt.Errorf("reap: %w", err)
 		}
 		res.Batches++
@@ -179,7 +179,7 @@ func (r *Runner) reapAbandoned(ctx context.Context, cfg *ReapConfig, res *ReapRe
 				return context.Cause(ctx)
 			}
 			r.emit(ctx, Event{Kind: EventStoreError, Err: err})
-			r.log.ErrorContext(ctx, "idem: reaper batch of abandoned keys failed", "abandoned_so_far", res.Abandoned, "err", err)
+			r.log.ErrorContext(ctx, "idem: reaper batch of abandoned keys failed", "abandoned_so_far", res.Abandoned, "err", r.redact(err))
 			return fmt.Errorf("reap abandoned keys: %w", err)
 		}
 		res.Abandoned += n

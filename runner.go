@@ -156,7 +156,7 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request) (*Outco
 		err = r.storeError(ctx, err)
 		ev.Kind, ev.Err = EventStoreError, err
 		r.emit(ctx, ev)
-		r.log.ErrorContext(ctx, "idem: acquire failed; nothing executed", "flow", flow.Name(), "scope", req.Scope, "key", req.Key, "err", err)
+		r.log.ErrorContext(ctx, "idem: acquire failed; nothing executed", r.logAttrs(req.Scope, req.Key, 0, "flow", flow.Name(), "err", r.redact(err))...)
 		return &Outcome{}, fmt.Errorf("acquire: %w", err)
 	}
 	rec := acq.Record
@@ -168,8 +168,8 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request) (*Outco
 	case idemdriver.AcquiredTakenOver:
 		ev.Kind = EventTakeover
 		r.emit(ctx, ev)
-		r.log.InfoContext(ctx, "idem: resuming an unfinished key", "flow", flow.Name(), "scope", req.Scope, "key", req.Key,
-			"recovery_point", rec.RecoveryPoint, "attempts", rec.Attempts, "last_error", rec.LastError)
+		r.log.InfoContext(ctx, "idem: resuming an unfinished key", r.logAttrs(req.Scope, req.Key, rec.ID, "flow", flow.Name(),
+			"recovery_point", rec.RecoveryPoint, "attempts", rec.Attempts, "last_error", rec.LastError)...)
 		return r.resume(ctx, r.hold(flow, rec, p.input, true, sent))
 	}
 
@@ -348,10 +348,10 @@ func (r *Runner) fail(ctx context.Context, h *held, err error) (*Outcome, error)
 	case errors.Is(err, ErrLockLost):
 		ev.Kind = EventLockLost
 		r.emit(ctx, ev)
-		r.log.WarnContext(ctx, "idem: lock lost; another worker owns the key", "flow", h.flow.Name(), "key", h.rec.Key, "phase", h.phaseName(), "fence", h.ref.Fence)
+		r.log.WarnContext(ctx, "idem: lock lost; another worker owns the key", h.logAttrs("flow", h.flow.Name(), "phase", h.phaseName(), "fence", h.ref.Fence)...)
 		return h.outcome(nil), err
 	case h.foreignMarked || h.reconciling:
-		return r.toNeedsReconcile(ctx, h, err.Error())
+		return r.toNeedsReconcile(ctx, h, r.errorText(err))
 	}
 	ev.Kind = EventPhaseFailed
 	r.emit(ctx, ev)
@@ -360,7 +360,7 @@ func (r *Runner) fail(ctx context.Context, h *held, err error) (*Outcome, error)
 	// went away must not leave the key locked for a whole lease.
 	rctx, cancel := r.storeContext(context.WithoutCancel(ctx))
 	defer cancel()
-	switch rerr := r.store.Release(rctx, h.ref, err.Error()); {
+	switch rerr := r.store.Release(rctx, h.ref, r.errorText(err)); {
 	case errors.Is(rerr, ErrLockLost):
 		// Another worker took the key over while this one failed: it owns
 		// the request now, whatever this attempt's error was.
@@ -368,13 +368,14 @@ func (r *Runner) fail(ctx context.Context, h *held, err error) (*Outcome, error)
 		return h.outcome(nil), fmt.Errorf("%w (after: %s)", rerr, err)
 	case rerr != nil:
 		r.emit(ctx, h.event(EventStoreError, rerr))
-		r.log.ErrorContext(ctx, "idem: could not release key; it unlocks when its lease expires", "key", h.rec.Key, "err", rerr)
+		r.log.ErrorContext(ctx, "idem: could not release key; it unlocks when its lease expires", h.logAttrs("err", r.redact(rerr))...)
 	}
-	r.log.WarnContext(ctx, "idem: phase failed; key released for retry", "flow", h.flow.Name(), "key", h.rec.Key, "phase", h.phaseName(), "err", err)
+	r.log.WarnContext(ctx, "idem: phase failed; key released for retry", h.logAttrs("flow", h.flow.Name(), "phase", h.phaseName(), "err", r.redact(err))...)
 	return h.outcome(nil), err
 }
 
 // toNeedsReconcile parks a held key whose not-idempotent call is in doubt.
+// reason is stored and logged: pass error text through errorText.
 func (r *Runner) toNeedsReconcile(ctx context.Context, h *held, reason string) (*Outcome, error) {
 	h.lettingGo.Store(true)
 	rctx, cancel := r.storeContext(context.WithoutCancel(ctx))
@@ -388,7 +389,7 @@ func (r *Runner) toNeedsReconcile(ctx context.Context, h *held, reason string) (
 	}
 	h.rec.Status = StatusNeedsReconcile
 	r.emit(ctx, h.event(EventNeedsReconcile, nil))
-	r.log.WarnContext(ctx, "idem: key needs reconciliation", "flow", h.rec.Flow, "key", h.rec.Key, "reason", reason)
+	r.log.WarnContext(ctx, "idem: key needs reconciliation", h.logAttrs("flow", h.rec.Flow, "reason", reason)...)
 	return h.outcome(nil), fmt.Errorf("%w: key %q: %s", ErrNeedsReconcile, h.rec.Key, reason)
 }
 
@@ -427,20 +428,23 @@ func (r *Runner) now() *time.Time {
 
 func (r *Runner) emit(ctx context.Context, e Event) {
 	if r.config.Observer != nil {
+		e.Err = r.redact(e.Err)
 		r.config.Observer.Observe(ctx, e)
 	}
 }
 
 func (r *Runner) startRequest(ctx context.Context, flow, scope string) (context.Context, func(*Outcome, error)) {
 	if t, ok := r.config.Observer.(Tracer); ok {
-		return t.StartRequest(ctx, flow, scope)
+		ctx, end := t.StartRequest(ctx, flow, scope)
+		return ctx, func(out *Outcome, err error) { end(out, r.redact(err)) }
 	}
 	return ctx, func(*Outcome, error) {}
 }
 
 func (r *Runner) startPhase(ctx context.Context, flow, phase string, attempt int) (context.Context, func(error)) {
 	if t, ok := r.config.Observer.(Tracer); ok {
-		return t.StartPhase(ctx, flow, phase, attempt)
+		ctx, end := t.StartPhase(ctx, flow, phase, attempt)
+		return ctx, func(err error) { end(r.redact(err)) }
 	}
 	return ctx, func(error) {}
 }
