@@ -40,7 +40,7 @@ func TestReapEndsAbandonedKeys(t *testing.T) {
 
 	// A flow that gives up after a day loses its stale keys, nothing else.
 	obs := newCountingObserver()
-	daily := b.rideFlowConfig("rides.create", &idem.FlowConfig{AbandonAfter: 24 * time.Hour})
+	daily := b.rideFlowConfig("rides.create", &idem.FlowConfig[rideInput]{AbandonAfter: 24 * time.Hour})
 	r := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{daily}, Observer: obs})
 	res, err = r.Reap(ctx, &idem.ReapConfig{BatchSize: 2})
 	require.NoError(t, err)
@@ -66,7 +66,7 @@ func TestReapEndsAbandonedKeys(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, res.Abandoned)
 	require.Equal(t, 2, b.countKeys(t, "kept"))
-	never := b.rideFlowConfig("rides.create", &idem.FlowConfig{AbandonAfter: -1})
+	never := b.rideFlowConfig("rides.create", &idem.FlowConfig[rideInput]{AbandonAfter: -1})
 	res, err = b.runner(t, &idem.Config{Flows: []idem.AnyFlow{never}}).Reap(ctx, nil)
 	require.NoError(t, err)
 	require.Zero(t, res.Abandoned)

@@ -90,6 +90,34 @@ type Config struct {
 	// doubles per retry, with jitter. Default 10ms.
 	PhaseRetryBackoff time.Duration
 
+	// FingerprintKey, when set, keys request fingerprints with this server
+	// secret: HMAC-SHA-256 (FingerprintHMAC) instead of SHA-256
+	// (Fingerprint). The fingerprint is stored with every key; unkeyed, a
+	// fingerprint of a low-entropy input (a card number) can be inverted by
+	// trying every value. At least 32 bytes; keep it as secret as a
+	// password pepper.
+	//
+	// Switching changes every new fingerprint, so a retry of a key made
+	// before the switch (in flight, or finished and replayed within its
+	// retention) no longer matches its key: it is refused as a mismatch
+	// (422 in idemhttp), and a half-done request cannot be resumed by its
+	// client. To switch safely, set AcceptUnkeyedFingerprints (or, to rotate
+	// a key, list the old one in PreviousFingerprintKeys) together with the
+	// new key, and keep it until every key made before is gone: the longest
+	// of Retention and AbandonAfter after the switch.
+	FingerprintKey []byte
+
+	// PreviousFingerprintKeys are fingerprint keys used before
+	// FingerprintKey. A key whose stored fingerprint is the request's input
+	// under one of them is that request: it is replayed or resumed, and
+	// keeps its fingerprint. Each costs a mismatching request one
+	// fingerprint more (a real mismatch, or a retry of a key made before).
+	PreviousFingerprintKeys [][]byte
+
+	// AcceptUnkeyedFingerprints is PreviousFingerprintKeys for keys
+	// fingerprinted before FingerprintKey was set (unkeyed SHA-256).
+	AcceptUnkeyedFingerprints bool
+
 	// Flows registers flows by name, so keys can be completed and
 	// reconciled by the maintenance services and the CLI, which have only
 	// the stored key to go on. Run works with unregistered flows too.
@@ -245,6 +273,14 @@ func (c *Config) validate() error {
 	}
 	if c.LeaseMargin < 0 || c.LeaseMargin >= c.Lease-c.HeartbeatInterval {
 		errs = append(errs, fmt.Errorf("LeaseMargin %s must be positive and leave room for a heartbeat (Lease %s minus HeartbeatInterval %s)", c.LeaseMargin, c.Lease, c.HeartbeatInterval))
+	}
+	if n := len(c.FingerprintKey); n > 0 && n < MinFingerprintKeyLength {
+		errs = append(errs, fmt.Errorf("FingerprintKey is %d bytes, under %d", n, MinFingerprintKeyLength))
+	}
+	for i, key := range c.PreviousFingerprintKeys {
+		if len(key) < MinFingerprintKeyLength {
+			errs = append(errs, fmt.Errorf("PreviousFingerprintKeys[%d] is %d bytes, under %d", i, len(key), MinFingerprintKeyLength))
+		}
 	}
 	if c.PhaseRetryBackoff < 0 {
 		errs = append(errs, fmt.Errorf("PhaseRetryBackoff %s is negative", c.PhaseRetryBackoff))

@@ -74,6 +74,12 @@ var (
 	// requests were in flight. The key is left for an operator.
 	ErrUnknownRecoveryPoint = errors.New("idem: unknown recovery point")
 
+	// ErrNoRedrive: Runner.Reconcile settled the phase in doubt of a key
+	// whose flow cannot run from the input stored with its key
+	// (FlowConfig.NoRedrive), and released the key for its client's retry,
+	// which brings the whole input and carries the request on.
+	ErrNoRedrive = errors.New("idem: the key waits for its client's retry")
+
 	// ErrNotFound: no key with that scope and key exists.
 	ErrNotFound = idemdriver.ErrNotFound
 

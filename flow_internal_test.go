@@ -24,7 +24,7 @@ func TestPrepareDoesNotEscapeHTML(t *testing.T) {
 		},
 	}}, nil)
 	note := strings.Repeat("<", 1<<20) + "&>"
-	p, err := flow.prepare(input{Note: note})
+	p, err := flow.prepare(input{Note: note}, nil)
 	require.NoError(t, err)
 	require.Less(t, len(p.params), 1<<20+64, "the stored input is as long as the input, not six times longer")
 	require.True(t, bytes.HasPrefix(p.params, []byte(`{"note":"<<<`)), "written literally")
@@ -37,9 +37,9 @@ func TestPrepareDoesNotEscapeHTML(t *testing.T) {
 	require.Equal(t, fp, p.fingerprint)
 
 	// A NUL is still refused, and a stored input decodes back.
-	_, err = flow.prepare(input{Note: "a\x00b"})
+	_, err = flow.prepare(input{Note: "a\x00b"}, nil)
 	require.ErrorIs(t, err, ErrInvalidParams)
-	p, err = flow.prepare([]byte(`{"note": "\u003c&"}`))
+	p, err = flow.prepare([]byte(`{"note": "\u003c&"}`), nil)
 	require.NoError(t, err)
 	require.Equal(t, `{"note":"<&"}`, string(p.params))
 }

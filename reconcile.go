@@ -95,6 +95,8 @@ func (r *Runner) reconcile(ctx context.Context, scope, key string) (*Outcome, er
 	h.reconciling = false
 	r.log.InfoContext(ctx, "idem: reconciled", h.logAttrs("flow", flow.Name(), "phase", h.phaseName(), "verdict", verdict.verdict)...)
 	switch {
+	case !result.Responds() && !flow.redrives():
+		return r.handBack(ctx, h)
 	case verdict.verdict == verdictNotDone:
 		return r.drive(ctx, h, phase)
 	case result.Responds():
@@ -152,8 +154,29 @@ func (r *Runner) resumeUnmarked(ctx context.Context, h *held) (*Outcome, error) 
 		return r.leaveUnreconciled(ctx, h, err)
 	}
 	h.reconciling = false
+	if !h.flow.redrives() {
+		return r.handBack(ctx, h)
+	}
 	r.log.InfoContext(ctx, "idem: resumed a needs_reconcile key with no call in doubt", h.logAttrs("flow", h.flow.Name(), "recovery_point", h.rec.RecoveryPoint)...)
 	return r.drive(ctx, h, from)
+}
+
+// handBack releases a key a reconcile run settled when its flow cannot run
+// from the input stored with it (FlowConfig.NoRedrive): the client's retry,
+// which brings the whole input, carries it on.
+func (r *Runner) handBack(ctx context.Context, h *held) (*Outcome, error) {
+	h.lettingGo.Store(true)
+	rctx, cancel := r.storeContext(context.WithoutCancel(ctx))
+	defer cancel()
+	const reason = "reconciled; the flow cannot run from its stored input (FlowConfig.NoRedrive), so the client's retry carries it on"
+	if err := r.store.Release(rctx, h.ref, reason); err != nil {
+		err = r.storeError(ctx, err)
+		r.emit(ctx, h.event(EventStoreError, err))
+		return h.outcome(nil), err
+	}
+	h.rec.LockedAt, h.rec.LeaseExpiresAt, h.rec.LastError = nil, nil, reason
+	r.log.InfoContext(ctx, "idem: reconciled; the key waits for its client's retry", h.logAttrs("flow", h.flow.Name(), "recovery_point", h.rec.RecoveryPoint)...)
+	return h.outcome(nil), fmt.Errorf("%w: key %q", ErrNoRedrive, h.rec.Key)
 }
 
 // leaveUnreconciled puts a claimed key back in needs_reconcile, unlocked,
@@ -258,7 +281,7 @@ func (r *Runner) ReconcileAll(ctx context.Context, config *ReconcileConfig) (*Re
 		out, err := r.Reconcile(ctx, rec.Scope, rec.Key)
 		log := r.log.With(r.logAttrs(rec.Scope, rec.Key, rec.ID, "flow", rec.Flow)...)
 		switch {
-		case out.Kind == OutcomeExecuted:
+		case out.Kind == OutcomeExecuted, errors.Is(err, ErrNoRedrive):
 			res.Resolved++
 		case out.Kind == OutcomeNeedsReconcile:
 			res.Unresolved++

@@ -121,9 +121,16 @@ func ValidKey(key string) bool {
 // executed outcome); otherwise Outcome.Kind is derived from it (see
 // [OutcomeKind]).
 func (r *Runner) Execute(ctx context.Context, flow AnyFlow, req Request) (*Outcome, error) {
+	return r.executeWith(ctx, flow, req, nil)
+}
+
+// executeWith is Execute; stored, when set, is the input as stored with the
+// key (the completer's, see storedInput), used instead of req.Params: it
+// resumes an existing key and never creates one.
+func (r *Runner) executeWith(ctx context.Context, flow AnyFlow, req Request, stored *prepared) (*Outcome, error) {
 	started := time.Now()
 	ctx, end := r.startRequest(ctx, flow.Name(), req.Scope)
-	out, err := r.execute(ctx, flow, req)
+	out, err := r.execute(ctx, flow, req, stored)
 	out.settle(err)
 	end(out, err)
 	if out.Kind == OutcomeExecuted {
@@ -132,16 +139,22 @@ func (r *Runner) Execute(ctx context.Context, flow AnyFlow, req Request) (*Outco
 	return out, err
 }
 
-func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request) (*Outcome, error) {
+func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request, stored *prepared) (*Outcome, error) {
 	if err := req.normalise(); err != nil {
 		return &Outcome{}, err
 	}
-	p, err := flow.prepare(req.Params)
-	if err != nil {
-		return &Outcome{}, err
+	p := stored
+	if p == nil {
+		var err error
+		if p, err = flow.prepare(req.Params, r.config.FingerprintKey); err != nil {
+			return &Outcome{}, err
+		}
 	}
 	sent := r.localNow()
-	acq, err := r.acquire(ctx, flow, req, p, r.config.Admit != nil)
+	acq, err := r.acquire(ctx, flow, req, p, r.config.Admit != nil || stored != nil)
+	if err == nil && acq.Record == nil && stored != nil {
+		return &Outcome{}, fmt.Errorf("%w: key %q is gone (reaped or abandoned); the completer does not create keys", ErrNotFound, req.Key)
+	}
 	if err == nil && acq.Record == nil {
 		// There is no live key: this request would create one, which
 		// Config.Admit may refuse.
@@ -150,6 +163,17 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request) (*Outco
 		}
 		sent = r.localNow()
 		acq, err = r.acquire(ctx, flow, req, p, false)
+	}
+	if err == nil && acq.Acquired == idemdriver.AcquiredNone {
+		if fp := r.earlierFingerprint(flow, p, acq.Record); fp != nil {
+			// The key was fingerprinted before the current
+			// Config.FingerprintKey, for this very input: it is this
+			// request, and keeps the fingerprint it has.
+			q := *p
+			q.fingerprint, p = fp, &q
+			sent = r.localNow()
+			acq, err = r.acquire(ctx, flow, req, p, true)
+		}
 	}
 	ev := Event{Flow: flow.Name(), Scope: req.Scope, Key: req.Key}
 	if err != nil {
@@ -205,6 +229,25 @@ func (r *Runner) acquire(ctx context.Context, flow AnyFlow, req Request, p *prep
 		Scope: req.Scope, Key: req.Key, Flow: flow.Name(), Method: req.Method, Path: req.Path,
 		Fingerprint: p.fingerprint, Params: p.params, Lease: r.config.Lease, NoCreate: noCreate, Now: r.now(),
 	})
+}
+
+// earlierFingerprint returns rec's fingerprint when it is p's input
+// fingerprinted in a scheme Config accepts besides the current one
+// (PreviousFingerprintKeys, AcceptUnkeyedFingerprints), and nil otherwise.
+func (r *Runner) earlierFingerprint(flow AnyFlow, p *prepared, rec *KeyRecord) []byte {
+	if rec == nil || p.whole == nil || rec.Flow != flow.Name() || bytes.Equal(rec.Fingerprint, p.fingerprint) {
+		return nil
+	}
+	keys := r.config.PreviousFingerprintKeys
+	if r.config.AcceptUnkeyedFingerprints && len(r.config.FingerprintKey) > 0 {
+		keys = append(append([][]byte(nil), keys...), nil)
+	}
+	for _, key := range keys {
+		if fp, err := fingerprintWith(key, flow.Name(), p.whole); err == nil && bytes.Equal(fp, rec.Fingerprint) {
+			return rec.Fingerprint
+		}
+	}
+	return nil
 }
 
 // admit asks Config.Admit whether req may create a new key. Nothing has been

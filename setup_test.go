@@ -93,7 +93,7 @@ func (b *testBundle) rideFlow(name string) *idem.Flow[rideInput] {
 }
 
 // rideFlowConfig is rideFlow with the flow's optional settings.
-func (b *testBundle) rideFlowConfig(name string, config *idem.FlowConfig) *idem.Flow[rideInput] {
+func (b *testBundle) rideFlowConfig(name string, config *idem.FlowConfig[rideInput]) *idem.Flow[rideInput] {
 	hook := func(phase string, ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) error {
 		b.counts.add(phase)
 		if h := b.hooks[phase]; h != nil {

@@ -392,6 +392,8 @@ func (e *env) reconcileOne(ctx context.Context, scope, key string) error {
 		return e.printReconcileOne(out, "nothing to reconcile: the key is "+string(out.Record.Status), nil)
 	case errors.Is(err, idem.ErrNotFound):
 		return err
+	case errors.Is(err, idem.ErrNoRedrive):
+		return e.printReconcileOne(out, "reconciled: the key waits for its client's retry (its flow cannot run from the stored input)", nil)
 	case err == nil:
 		return e.printReconcileOne(out, fmt.Sprintf("reconciled: the key finished with status %d", out.Response.Status), nil)
 	case out.Kind == idem.OutcomeNeedsReconcile:
