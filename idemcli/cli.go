@@ -53,6 +53,12 @@ type Config struct {
 	// with -v).
 	Runner *idem.Config
 
+	// Cipher is the application's keyring (pgstore.Config.Cipher), when it
+	// seals keys at rest: complete and reconcile need it to read the input
+	// stored with a key, and `keys show --reveal` to show it. Without it,
+	// a sealed key's payload cannot be revealed, and the commands say so.
+	Cipher *pgstore.Keyring
+
 	// Stdout and Stderr default to the process's.
 	Stdout, Stderr io.Writer
 
@@ -269,7 +275,7 @@ func (e *env) connect(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}
-	store, err := pgstore.New(pool, &pgstore.Config{Schema: e.schema, ControlDB: pool})
+	store, err := pgstore.New(pool, &pgstore.Config{Schema: e.schema, ControlDB: pool, Cipher: e.cfg.Cipher})
 	if err != nil {
 		pool.Close()
 		return &exitError{code: ExitUsage, err: err}

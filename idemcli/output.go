@@ -183,6 +183,7 @@ func (e *env) printKey(k *idem.KeyRecord, now time.Time, reveal bool) error {
 	field("expires at", timeOrDash(k.ExpiresAt))
 	field("foreign mark", orDash(k.ForeignMark))
 	field("last error", orDash(k.LastError))
+	field("sealed at rest", sealedWith(k))
 	if k.Status == idem.StatusFinished {
 		field("response status", fmt.Sprintf("%d %s", k.ResponseStatus, http.StatusText(k.ResponseStatus)))
 	}
@@ -294,6 +295,22 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// sealedWith says which keys of the keyring seal the key's params and
+// response body at rest.
+func sealedWith(k *idem.KeyRecord) string {
+	var parts []string
+	if k.ParamsKeyID != "" {
+		parts = append(parts, "params with key "+k.ParamsKeyID)
+	}
+	if k.ResponseKeyID != "" {
+		parts = append(parts, "response body with key "+k.ResponseKeyID)
+	}
+	if len(parts) == 0 {
+		return "no (stored in the clear)"
+	}
+	return strings.Join(parts, ", ")
 }
 
 func headerLine(h http.Header) string {

@@ -22,6 +22,12 @@ type payment struct {
 // all carry the card number.
 func finishPayment(t *testing.T, schema *pgtest.Schema, scope, key string) {
 	t.Helper()
+	finishPaymentSealed(t, schema, scope, key, nil)
+}
+
+// finishPaymentSealed is finishPayment through a store sealing with keyring.
+func finishPaymentSealed(t *testing.T, schema *pgtest.Schema, scope, key string, keyring *pgstore.Keyring) {
+	t.Helper()
 	flow := idem.MustNewFlow("payments.create", []idem.Phase[payment]{{
 		Name: "paid",
 		Do: func(_ context.Context, _ idem.Tx, run *idem.Attempt[payment]) (idem.Result, error) {
@@ -31,7 +37,7 @@ func finishPayment(t *testing.T, schema *pgtest.Schema, scope, key string) {
 			return idem.Respond(http.StatusCreated, http.Header{"X-Card": {run.Input().Card}}, []byte(`{"card":"`+run.Input().Card+`"}`)), nil
 		},
 	}}, nil)
-	store, err := pgstore.New(schema.Pool, nil)
+	store, err := pgstore.New(schema.Pool, &pgstore.Config{Cipher: keyring})
 	require.NoError(t, err)
 	t.Cleanup(store.Close)
 	r, err := idem.NewRunner(store, &idem.Config{Logger: slog.New(slog.DiscardHandler)})
@@ -99,4 +105,26 @@ func TestKeysListNeedsAScopeAndRevealsOnlyWhenAsked(t *testing.T) {
 	_, stderr, code = runDB(t, schema, nil, "keys", "show", "k9", "--scope", "tenant:1")
 	require.Equal(t, ExitNotFound, code)
 	require.Contains(t, stderr, "key not found")
+}
+
+// A key sealed at rest is listed and shown without the keyring; revealing
+// its payload needs the application's keyring (Config.Cipher) and says so
+// plainly without it.
+func TestRevealingASealedKeyNeedsTheKeyring(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.NewMigratedSchema(t)
+	keyring := &pgstore.Keyring{Current: "2026-01", Keys: map[string][]byte{"2026-01": []byte("0123456789abcdef0123456789abcdef")}}
+	finishPaymentSealed(t, schema, "tenant:1", "k1", keyring)
+
+	stdout, stderr, code := runDB(t, schema, nil, "keys", "show", "k1", "--scope", "tenant:1")
+	require.Equal(t, ExitOK, code, stderr)
+	require.Regexp(t, `(?m)^state\s+finished$`, stdout)
+	require.Regexp(t, `(?m)^sealed at rest\s+params with key 2026-01, response body with key 2026-01$`, stdout)
+	_, stderr, code = runDB(t, schema, nil, "keys", "show", "k1", "--scope", "tenant:1", "--reveal")
+	require.Equal(t, ExitFailure, code)
+	require.Contains(t, stderr, `sealed with key "2026-01"`)
+	stdout, stderr, code = runDB(t, schema, &Config{Cipher: keyring}, "keys", "show", "k1", "--scope", "tenant:1", "--reveal", "--json")
+	require.Equal(t, ExitOK, code, stderr)
+	require.Contains(t, stdout, card)
+	require.Contains(t, stdout, `"params_key_id": "2026-01"`)
 }

@@ -66,9 +66,14 @@ type KeyRecord struct {
 	// Fingerprint is SHA-256 over the flow name and the canonical JSON of the
 	// input; see idem.Fingerprint.
 	Fingerprint []byte `db:"fingerprint" json:"fingerprint"`
-	// Params is the input as JSON, kept so the request can be re-driven
-	// server-side without the client.
+	// Params is the input as JSON (or what the flow's FlowConfig.Store
+	// keeps of it), kept so the request can be re-driven server-side
+	// without the client. It is always the plain JSON once read, however it
+	// is stored.
 	Params json.RawMessage `db:"params" json:"params"`
+	// ParamsKeyID names the key of the store's keyring that seals Params at
+	// rest (pgstore.Config.Cipher); empty when it is stored in the clear.
+	ParamsKeyID string `db:"params_key_id" json:"params_key_id,omitempty"`
 
 	Status        Status `db:"status" json:"status"`
 	RecoveryPoint string `db:"recovery_point" json:"recovery_point"`
@@ -87,6 +92,8 @@ type KeyRecord struct {
 	ResponseStatus  int         `db:"response_status" json:"response_status,omitempty"`
 	ResponseHeaders http.Header `db:"response_headers" json:"response_headers,omitempty"`
 	ResponseBody    []byte      `db:"response_body" json:"response_body,omitempty"`
+	// ResponseKeyID is ParamsKeyID for ResponseBody.
+	ResponseKeyID string `db:"response_key_id" json:"response_key_id,omitempty"`
 
 	Attempts   int        `db:"attempts" json:"attempts"`
 	LastError  string     `db:"last_error" json:"last_error,omitempty"`

@@ -188,14 +188,17 @@ type OperationsStore interface {
 	// UnlockKey force-unlocks an unfinished key and moves its fence on, so
 	// a worker that still believes it holds the key can no longer commit,
 	// heartbeat or release. A finished key is returned unchanged with
-	// Unlocked false. ErrNotFound when there is no such key.
+	// Unlocked false. The record carries no payload. ErrNotFound when there
+	// is no such key.
 	UnlockKey(ctx context.Context, p UnlockParams) (*UnlockResult, error)
 
 	// ClaimIdle picks up to p.Limit keys in p.Status that nobody holds and
 	// that have not run for p.IdleFor, and marks them as just run, so that
 	// concurrent callers (other application instances) claim disjoint sets.
 	// It does not lock the keys: the caller acquires each one through the
-	// runner, which arbitrates with any client retry by the fence.
+	// runner, which arbitrates with any client retry by the fence. The
+	// records carry no payload (Params, Checkpoint, response headers and
+	// body): the caller reads the keys it runs.
 	ClaimIdle(ctx context.Context, p ClaimIdleParams) ([]*KeyRecord, error)
 
 	// Reap deletes one batch of at most p.Limit finished keys whose

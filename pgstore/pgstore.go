@@ -19,7 +19,6 @@ package pgstore
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -52,6 +51,12 @@ type Config struct {
 	// connections with db's configuration (close it with Store.Close);
 	// otherwise db itself, and sizing it is the caller's business.
 	ControlDB DB
+
+	// Cipher, when set, seals each key's params and response body at rest
+	// with its keys (AES-256-GCM), naming per row the key each was sealed
+	// with; see Keyring. Rows written in the clear stay readable. Default:
+	// stored in the clear.
+	Cipher *Keyring
 }
 
 // ControlConnsDefault is the size of the control pool New opens.
@@ -77,6 +82,8 @@ type Store struct {
 	// ownControl is the control pool New opened, which Close closes.
 	ownControl *pgxpool.Pool
 	q          *queries
+	// seal seals params and response bodies (nil: stored in the clear).
+	seal *sealer
 }
 
 var _ idemdriver.Store = (*Store)(nil)
@@ -93,7 +100,11 @@ func New(db DB, config *Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %w", err)
 	}
-	st := &Store{db: db, control: config.ControlDB, q: newQueries(prefix)}
+	seal, err := newSealer(config.Cipher)
+	if err != nil {
+		return nil, err
+	}
+	st := &Store{db: db, control: config.ControlDB, q: newQueries(prefix), seal: seal}
 	if st.control == nil {
 		st.control = db
 		if pool, ok := db.(*pgxpool.Pool); ok {
@@ -130,9 +141,13 @@ const maxAcquireStatements = 4
 
 // Acquire implements idemdriver.Store.
 func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemdriver.AcquireResult, error) {
+	params, paramsKeyID, err := s.sealParams(p.Scope, p.Key, p.Params)
+	if err != nil {
+		return nil, err
+	}
 	for i := 0; i < maxAcquireStatements; i++ {
 		res, err := s.acquisition(ctx, s.q.acquire,
-			p.Now, p.Scope, p.Key, p.Flow, p.Method, p.Path, p.Fingerprint, json.RawMessage(p.Params), p.Lease.Microseconds(), p.NoCreate)
+			p.Now, p.Scope, p.Key, p.Flow, p.Method, p.Path, p.Fingerprint, params, p.Lease.Microseconds(), p.NoCreate, paramsKeyID)
 		if errors.Is(err, pgx.ErrNoRows) {
 			if p.NoCreate {
 				// No live key; whatever a concurrent insert did, the
@@ -181,6 +196,9 @@ func (s *Store) acquisition(ctx context.Context, sql string, args ...any) (*idem
 	if err := s.db.QueryRow(ctx, sql, args...).Scan(dest...); err != nil {
 		return nil, err
 	}
+	if err := s.open(res.Record); err != nil {
+		return nil, err
+	}
 	return res, nil
 }
 
@@ -210,7 +228,7 @@ func (s *Store) beginPhase(ctx context.Context, opts idemdriver.PhaseOptions) (*
 	if err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: begin phase: %w", err))
 	}
-	return &phaseTx{conn: conn, opts: pgx.TxOptions{IsoLevel: opts.Isolation}, q: s.q, stmtTimeout: opts.StatementTimeout}, nil
+	return &phaseTx{conn: conn, opts: pgx.TxOptions{IsoLevel: opts.Isolation}, q: s.q, seal: s.seal, stmtTimeout: opts.StatementTimeout}, nil
 }
 
 // Heartbeat implements idemdriver.Store.
@@ -276,6 +294,9 @@ func (s *Store) getKey(ctx context.Context, db rowQuerier, scope, key string) (*
 	if err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: get key: %w", err))
 	}
+	if err := s.open(&rec); err != nil {
+		return nil, err
+	}
 	return &rec, nil
 }
 
@@ -311,6 +332,8 @@ func (s *Store) listKeys(ctx context.Context, db pgxscan.Querier, p idemdriver.L
 	for i, row := range rows {
 		if !p.Reveal {
 			withoutPayload(&row.KeyRecord)
+		} else if err := s.open(&row.KeyRecord); err != nil {
+			return nil, fmt.Errorf("pgstore: list keys: %w", err)
 		}
 		list.Keys[i] = &row.KeyRecord
 		list.Now = row.DBNow
@@ -360,6 +383,9 @@ func (s *Store) unlockKey(ctx context.Context, db pgxscan.Querier, p idemdriver.
 	if len(rows) == 0 {
 		return nil, fmt.Errorf("%w: scope %q key %q", idemdriver.ErrNotFound, p.Scope, p.Key)
 	}
+	// An operator unlocks a key without the keyring: the result carries
+	// no payload.
+	withoutPayload(&rows[0].KeyRecord)
 	return &idemdriver.UnlockResult{Record: &rows[0].KeyRecord, Unlocked: rows[0].Unlocked}, nil
 }
 
@@ -380,6 +406,11 @@ func (s *Store) ClaimIdle(ctx context.Context, p idemdriver.ClaimIdleParams) ([]
 		p.Now, string(p.Status), p.Flows, p.IdleFor.Microseconds(), p.MaxAttempts, p.Limit)
 	if err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: claim idle keys: %w", err))
+	}
+	// Claims carry no payload: whoever runs a key reads it (and opens what
+	// is sealed) then, so one key that cannot be opened fails alone.
+	for _, rec := range recs {
+		withoutPayload(rec)
 	}
 	return recs, nil
 }

@@ -34,7 +34,8 @@ func recordColumns(alias string) string {
 		coalesce({a}foreign_mark, '') AS foreign_mark, {a}locked_at, {a}lease_expires_at, {a}fence,
 		coalesce({a}response_status, 0) AS response_status, coalesce({a}response_headers, '{}') AS response_headers,
 		{a}response_body, {a}attempts, coalesce({a}last_error, '') AS last_error,
-		{a}created_at, {a}last_run_at, {a}finished_at, {a}expires_at`
+		{a}created_at, {a}last_run_at, {a}finished_at, {a}expires_at,
+		coalesce({a}params_key_id, '') AS params_key_id, coalesce({a}response_key_id, '') AS response_key_id`
 	if alias != "" {
 		alias += "."
 	}
@@ -51,7 +52,8 @@ func recordDest(rec *idemdriver.KeyRecord) []any {
 		&rec.ForeignMark, &rec.LockedAt, &rec.LeaseExpiresAt, &rec.Fence,
 		&rec.ResponseStatus, &rec.ResponseHeaders,
 		&rec.ResponseBody, &rec.Attempts, &rec.LastError,
-		&rec.CreatedAt, &rec.LastRunAt, &rec.FinishedAt, &rec.ExpiresAt}
+		&rec.CreatedAt, &rec.LastRunAt, &rec.FinishedAt, &rec.ExpiresAt,
+		&rec.ParamsKeyID, &rec.ResponseKeyID}
 }
 
 func newQueries(prefix string) *queries {
@@ -101,8 +103,9 @@ WITH clock AS (
     RETURNING d.id
 ), inserted AS (
     INSERT INTO {t} (scope, key, flow, method, path, fingerprint, params,
-                     locked_at, lease_expires_at, created_at, last_run_at)
-    SELECT $2, $3, $4, $5, $6, $7, $8, clock.t, clock.t + $9::bigint * interval '1 microsecond', clock.t, clock.t
+                     locked_at, lease_expires_at, created_at, last_run_at, params_key_id)
+    SELECT $2, $3, $4, $5, $6, $7, $8, clock.t, clock.t + $9::bigint * interval '1 microsecond', clock.t, clock.t,
+           nullif($11::text, '')
     FROM clock
     WHERE NOT $10::boolean AND (NOT EXISTS (SELECT 1 FROM existing) OR EXISTS (SELECT 1 FROM expired))
     ON CONFLICT (scope, key) DO NOTHING
@@ -186,7 +189,8 @@ SET status           = 'finished',
     expires_at       = coalesce($8::timestamptz, clock_timestamp()) + $7::bigint * interval '1 microsecond',
     response_status  = $4,
     response_headers = $5::jsonb,
-    response_body    = $6
+    response_body    = $6,
+    response_key_id  = nullif($9::text, '')
 WHERE id = $1 AND fence = $2
 RETURNING 1
 )
@@ -308,7 +312,8 @@ WHERE id = ANY(ARRAY(
 
 // commitStatement is the guarded statement that records p on its key:
 // advancePhase for a phase that advances, finishPhase for one that responds.
-func (q *queries) commitStatement(p idemdriver.CommitParams) (string, []any, error) {
+// bodyKeyID names the key that sealed p.Response.Body ("": in the clear).
+func (q *queries) commitStatement(p idemdriver.CommitParams, bodyKeyID string) (string, []any, error) {
 	patch := []byte("{}")
 	if len(p.CheckpointPatch) > 0 {
 		var err error
@@ -325,7 +330,7 @@ func (q *queries) commitStatement(p idemdriver.CommitParams) (string, []any, err
 		if header == nil {
 			header = map[string][]string{}
 		}
-		return q.finishPhase, []any{p.Ref.ID, p.Ref.Fence, json.RawMessage(patch), p.Response.Status, header, body, p.Retention.Microseconds(), p.Now}, nil
+		return q.finishPhase, []any{p.Ref.ID, p.Ref.Fence, json.RawMessage(patch), p.Response.Status, header, body, p.Retention.Microseconds(), p.Now, bodyKeyID}, nil
 	case p.Status == idemdriver.StatusRunning:
 		return q.advancePhase, []any{p.Ref.ID, p.Ref.Fence, p.RecoveryPoint, json.RawMessage(patch), p.Lease.Microseconds(), p.Now}, nil
 	}

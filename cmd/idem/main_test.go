@@ -247,10 +247,10 @@ func TestBinary(t *testing.T) {
 
 		res = b.run(t, bins.idem, "migrate", "up", "--schema", b.schema.Name)
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
-		require.Equal(t, "applied 0001, 0002: the schema went from version 0 to 2\n", res.stdout)
+		require.Equal(t, "applied 0001, 0002, 0003: the schema went from version 0 to 3\n", res.stdout)
 		res = b.run(t, bins.idem, "--json", "migrate", "up", "--schema", b.schema.Name)
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
-		require.JSONEq(t, `{"from": 2, "to": 2, "applied": []}`, res.stdout)
+		require.JSONEq(t, `{"from": 3, "to": 3, "applied": []}`, res.stdout)
 
 		status := decode[struct {
 			Current, Latest, Pending int
@@ -276,6 +276,9 @@ func TestBinary(t *testing.T) {
 
 		// Down reverts one version by default; the schema's search_path
 		// resolves the tables without --schema too.
+		res = b.run(t, bins.idem, "migrate", "down")
+		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
+		require.Equal(t, "reverted 0003: the schema went from version 3 to 2\n", res.stdout)
 		res = b.run(t, bins.idem, "migrate", "down")
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
 		require.Equal(t, "reverted 0002: the schema went from version 2 to 1\n", res.stdout)
