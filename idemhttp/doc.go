@@ -53,6 +53,7 @@
 //	in progress        409 + Retry-After: the time left on the holder's lease, capped by the runner's MaxRetryAfter (2 s)
 //	lock lost          409 + Retry-After: 1; another worker took the request over and owns it now
 //	mismatch           422 (Stripe: 400 idempotency_error): the key was used for another request
+//	too many keys      429 + Retry-After: the runner's Config.Admit refused a new key; nothing stored
 //	needs reconcile    503 + Retry-After (Config.ReconcileRetryAfter, 60 s)
 //	store unavailable  503 + Retry-After (Config.UnavailableRetryAfter, 5 s); fail closed
 //	failed             500: a phase returned an error or panicked; nothing stored, key released
