@@ -184,3 +184,36 @@ func TestKeyringIsChecked(t *testing.T) {
 		require.Error(t, err, name)
 	}
 }
+
+// A key whose sealed input cannot be opened is not left locked by the
+// attempt that found out: neither a client's retry nor a reconcile run holds
+// it for a lease.
+func TestAKeyThatCannotBeOpenedIsNotLeftLocked(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	k1 := b.storeWith(t, &pgstore.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}})
+	_, err := b.runnerOn(t, k1, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charge_created")}}).
+		Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "Secret St", Amount: 5}))
+	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	b.clock.Advance(time.Hour)
+
+	onlyK2 := b.storeWith(t, &pgstore.Keyring{Current: "k2", Keys: map[string][]byte{"k2": sealKey2}})
+	r := b.runnerOn(t, onlyK2, nil)
+	_, err = r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "Secret St", Amount: 5}))
+	require.ErrorIs(t, err, pgstore.ErrCannotOpen)
+	_, err = r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "Secret St", Amount: 5}))
+	require.ErrorIs(t, err, pgstore.ErrCannotOpen, "still the clear error, not in progress")
+
+	_, err = b.pool.Exec(ctx, `UPDATE idem_keys SET status = 'needs_reconcile', foreign_mark = 'charge_created'`)
+	require.NoError(t, err)
+	_, err = r.Reconcile(ctx, "user:1", "k1")
+	require.ErrorIs(t, err, pgstore.ErrCannotOpen)
+	rec, err := k1.GetKey(ctx, "user:1", "k1")
+	require.NoError(t, err)
+	require.Nil(t, rec.LockedAt, "the claim was let go")
+	require.Equal(t, idem.StatusNeedsReconcile, rec.Status)
+	require.Contains(t, rec.LastError, "cannot open")
+	_, err = r.Reconcile(ctx, "user:1", "k1")
+	require.ErrorIs(t, err, pgstore.ErrCannotOpen, "still the clear error, not in progress")
+}

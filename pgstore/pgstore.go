@@ -176,6 +176,11 @@ func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemd
 			case errors.Is(err, pgx.ErrNoRows), errors.Is(mapError(err), idemdriver.ErrSerialization):
 				// Another worker took it (or finished it) first; report
 				// the row as it was, which reads as in progress.
+			case errors.Is(err, ErrCannotOpen):
+				// The row was opened a statement ago; still, never hold a
+				// key the runner is told nothing about.
+				s.letGo(ctx, taken.Record, s.q.release, err)
+				return nil, err
 			case err != nil:
 				return nil, mapError(fmt.Errorf("pgstore: take over: %w", err))
 			default:
@@ -189,7 +194,9 @@ func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemd
 }
 
 // acquisition runs a statement that returns (acquired, db_now, key
-// columns) and scans its one row; pgx.ErrNoRows when there is none.
+// columns) and scans its one row; pgx.ErrNoRows when there is none. When the
+// row's sealed values cannot be opened it returns the row as scanned with
+// the ErrCannotOpen error, so that a caller that locked it can let it go.
 func (s *Store) acquisition(ctx context.Context, sql string, args ...any) (*idemdriver.AcquireResult, error) {
 	res := &idemdriver.AcquireResult{Record: &idemdriver.KeyRecord{}}
 	dest := append([]any{&res.Acquired, &res.DBNow}, recordDest(res.Record)...)
@@ -197,9 +204,18 @@ func (s *Store) acquisition(ctx context.Context, sql string, args ...any) (*idem
 		return nil, err
 	}
 	if err := s.open(res.Record); err != nil {
-		return nil, err
+		return res, err
 	}
 	return res, nil
+}
+
+// letGo unlocks a key the store locked (a takeover, a reconcile claim) but
+// could not open, with unlock (release or setNeedsReconcile, which keep its
+// status), recording why. Should it fail, the lease expires.
+func (s *Store) letGo(ctx context.Context, rec *idemdriver.KeyRecord, unlock string, why error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), beginTimeout)
+	defer cancel()
+	_, _ = s.control.Exec(ctx, unlock, rec.ID, rec.Fence, why.Error())
 }
 
 // ClaimReconcile implements idemdriver.Store.
@@ -207,6 +223,12 @@ func (s *Store) ClaimReconcile(ctx context.Context, p idemdriver.ClaimParams) (*
 	res, err := s.acquisition(ctx, s.q.claimReconcile, p.Now, p.Scope, p.Key, p.Lease.Microseconds())
 	if errors.Is(err, pgx.ErrNoRows) {
 		return &idemdriver.AcquireResult{Acquired: idemdriver.AcquiredNone}, nil
+	}
+	if errors.Is(err, ErrCannotOpen) {
+		if res.Acquired == idemdriver.AcquiredTakenOver {
+			s.letGo(ctx, res.Record, s.q.setNeedsReconcile, err)
+		}
+		return nil, err
 	}
 	if err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: claim for reconcile: %w", err))
