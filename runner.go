@@ -170,9 +170,14 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request, stored 
 			// Config.FingerprintKey, for this very input: it is this
 			// request, and keeps the fingerprint it has.
 			q := *p
-			q.fingerprint, p = fp, &q
-			sent = r.localNow()
-			acq, err = r.acquire(ctx, flow, req, p, true)
+			q.fingerprint = fp
+			at := r.localNow()
+			again, aerr := r.acquire(ctx, flow, req, &q, true)
+			if aerr != nil || again.Record != nil {
+				acq, err, p, sent = again, aerr, &q, at
+			}
+			// Otherwise the key vanished (reaped) in between: the first
+			// answer stands, and the retry that follows creates it anew.
 		}
 	}
 	ev := Event{Flow: flow.Name(), Scope: req.Scope, Key: req.Key}
