@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -170,6 +171,8 @@ type env struct {
 
 	pool   *pgxpool.Pool
 	runner *idem.Runner
+	// abandonAfter, when set, overrides the runner's AbandonAfter (reap).
+	abandonAfter time.Duration
 }
 
 // globalFlags registers the flags every command accepts.
@@ -285,6 +288,13 @@ func (e *env) connect(ctx context.Context) error {
 		*rcfg = *e.cfg.Runner
 	}
 	rcfg.Flows = append(append([]idem.AnyFlow(nil), rcfg.Flows...), e.cfg.Flows...)
+	if e.abandonAfter != 0 {
+		rcfg.AbandonAfter = e.abandonAfter
+		if e.abandonAfter > 0 {
+			// Over every flow's own setting: an operator's explicit age.
+			rcfg.Flows = nil
+		}
+	}
 	if rcfg.Logger == nil {
 		level := slog.LevelWarn
 		if e.verbose {

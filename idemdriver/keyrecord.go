@@ -167,7 +167,8 @@ const (
 	KeyStateRunning KeyState = "running"
 	// KeyStateStale: unfinished and nobody holds it (released after a failed
 	// attempt, or its holder died and the lease expired). The next client
-	// retry, or the completer, resumes it.
+	// retry, or the completer, resumes it; past its flow's AbandonAfter
+	// the reaper deletes it.
 	KeyStateStale KeyState = "stale"
 	// KeyStateFinished: a response is stored and is replayed until expiry.
 	KeyStateFinished KeyState = "finished"
