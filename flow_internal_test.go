@@ -36,6 +36,11 @@ func TestPrepareDoesNotEscapeHTML(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, fp, p.fingerprint)
 
+	// The canonicaliser writes them literally too, whichever way they came.
+	canon, err := CanonicalJSON([]byte(`"\u003c\u003e\u0026` + note + `"`))
+	require.NoError(t, err)
+	require.Equal(t, `"<>&`+note+`"`, string(canon))
+
 	// A NUL is still refused, and a stored input decodes back.
 	_, err = flow.prepare(input{Note: "a\x00b"}, nil)
 	require.ErrorIs(t, err, ErrInvalidParams)
