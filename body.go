@@ -45,7 +45,7 @@ func (r *Runner) runBody(ctx context.Context, h *held, b body) (Result, error) {
 			return res, fmt.Errorf("%w: phase %q failed %d times: %w", ErrRetriesExhausted, name, h.attempt, err)
 		}
 		r.emit(ctx, h.event(EventPhaseRetried, err))
-		r.log.DebugContext(ctx, "idem: retrying phase", "flow", h.flow.Name(), "phase", name, "attempt", h.attempt, "err", err)
+		r.log.DebugContext(ctx, "idem: retrying phase", h.logAttrs("flow", h.flow.Name(), "phase", name, "attempt", h.attempt, "err", r.redact(err))...)
 		wait := backoff/2 + rand.N(backoff/2+1)
 		backoff *= 2
 		select {
@@ -161,7 +161,7 @@ func (r *Runner) commitLanded(ctx context.Context, h *held, cp *idemdriver.Commi
 	case rec.Fence != h.ref.Fence:
 		return false, fmt.Errorf("%w: the key moved to fence %d while the commit of phase %q was in doubt", ErrLockLost, rec.Fence, h.phaseName())
 	case rec.Status == cp.Status && rec.RecoveryPoint == cp.RecoveryPoint && rec.ForeignMark == "":
-		r.log.InfoContext(ctx, "idem: a phase commit whose reply was lost had landed", "flow", h.flow.Name(), "key", h.rec.Key, "phase", h.phaseName(), "err", commitErr)
+		r.log.InfoContext(ctx, "idem: a phase commit whose reply was lost had landed", h.logAttrs("flow", h.flow.Name(), "phase", h.phaseName(), "err", r.redact(commitErr))...)
 		return true, nil
 	}
 	h.rec.ForeignMark = rec.ForeignMark

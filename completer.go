@@ -3,7 +3,7 @@ package idem
 import (
 	"cmp"
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -89,6 +89,29 @@ type CompleteResult struct {
 	Failed int `json:"failed"`
 }
 
+// completeOne reads a claimed key (claims carry no payload) and runs it from
+// the input stored with it, under its own fingerprint.
+func (r *Runner) completeOne(ctx context.Context, claimed *KeyRecord) (*Outcome, error) {
+	flow := r.flows[claimed.Flow]
+	gctx, cancel := r.storeContext(ctx)
+	rec, err := r.store.GetKey(gctx, claimed.Scope, claimed.Key)
+	cancel()
+	if err != nil {
+		out := &Outcome{}
+		err = fmt.Errorf("read key: %w", r.storeError(ctx, err))
+		out.settle(err)
+		return out, err
+	}
+	req := Request{Scope: rec.Scope, Key: rec.Key, Method: rec.Method, Path: rec.Path}
+	p, err := storedInput(flow, rec)
+	if err != nil {
+		out := &Outcome{Record: rec}
+		out.settle(err)
+		return out, err
+	}
+	return r.executeWith(ctx, flow, req, p)
+}
+
 // Complete runs one completer pass: it claims idle unfinished keys of the
 // flows registered in Config.Flows, batch by batch, and runs each to its
 // response. Each key it completes emits EventCompleted (Duration: the run).
@@ -99,18 +122,26 @@ func (r *Runner) Complete(ctx context.Context, config *CompleteConfig) (*Complet
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	flows := r.flowNames()
-	if len(flows) == 0 {
+	if len(r.flows) == 0 {
 		return nil, fmt.Errorf("%w: Config.Flows is empty, so this runner cannot complete any key", ErrUnknownFlow)
 	}
+	var flows []string
+	for _, name := range r.flowNames() {
+		if r.flows[name].redrives() {
+			flows = append(flows, name)
+		}
+	}
 	res := &CompleteResult{}
-	err := r.sweep(ctx, StatusRunning, flows, cfg.IdleFor, cfg.MaxAttempts, cfg.BatchSize, cfg.MaxKeys, func(rec *KeyRecord) {
+	if len(flows) == 0 {
+		// Every flow waits for its clients (FlowConfig.NoRedrive).
+		return res, nil
+	}
+	err := r.sweep(ctx, StatusRunning, flows, cfg.IdleFor, cfg.MaxAttempts, cfg.BatchSize, cfg.MaxKeys, func(claimed *KeyRecord) {
 		res.Claimed++
 		started := time.Now()
-		out, err := r.Execute(ctx, r.flows[rec.Flow], Request{
-			Scope: rec.Scope, Key: rec.Key, Method: rec.Method, Path: rec.Path, Params: json.RawMessage(rec.Params),
-		})
-		log := r.log.With("flow", rec.Flow, "scope", rec.Scope, "key", rec.Key)
+		log := r.log.With(r.logAttrs(claimed.Scope, claimed.Key, claimed.ID, "flow", claimed.Flow)...)
+		out, err := r.completeOne(ctx, claimed)
+		rec := claimed
 		switch out.Kind {
 		case OutcomeExecuted:
 			res.Completed++
@@ -119,13 +150,21 @@ func (r *Runner) Complete(ctx context.Context, config *CompleteConfig) (*Complet
 		case OutcomeReplayed, OutcomeInProgress:
 			res.Skipped++
 			log.DebugContext(ctx, "idem: completer found the key taken care of", "outcome", out.Kind)
+		case OutcomeInvalid:
+			if !errors.Is(err, ErrNotFound) {
+				res.Failed++
+				log.WarnContext(ctx, "idem: completer could not finish a key", "outcome", out.Kind, "err", r.redact(err))
+				return
+			}
+			res.Skipped++
+			log.DebugContext(ctx, "idem: completer found the key taken care of", "outcome", out.Kind)
 		case OutcomeNeedsReconcile:
 			res.NeedsReconcile++
-			log.WarnContext(ctx, "idem: completer left a key to reconciliation", "err", err)
+			log.WarnContext(ctx, "idem: completer left a key to reconciliation", "err", r.redact(err))
 		default:
 			res.Failed++
 			if ctx.Err() == nil {
-				log.WarnContext(ctx, "idem: completer could not finish a key", "outcome", out.Kind, "err", err)
+				log.WarnContext(ctx, "idem: completer could not finish a key", "outcome", out.Kind, "err", r.redact(err))
 			}
 		}
 	})

@@ -36,6 +36,26 @@ type Config struct {
 	// Default 24h.
 	Retention time.Duration
 
+	// AbandonAfter is how long after its creation an unfinished key (status
+	// running: its request keeps failing, or its client gave up and the
+	// completer could not or may not finish it) is abandoned: the reaper
+	// deletes it, unless a live lease holds it. Keys in needs_reconcile are
+	// never abandoned: whether their foreign call happened is for a
+	// reconcile run or an operator to settle. A request with an abandoned
+	// key runs as a new request, from its first phase. FlowConfig.AbandonAfter
+	// overrides it per flow. Default 7 days (AbandonAfterDefault); negative
+	// keeps unfinished keys forever. At least Lease when positive.
+	AbandonAfter time.Duration
+
+	// Admit, when set, is asked before a request creates a new key (never
+	// for a retry of an existing one, which is always let through), so a
+	// service can cap the keys of a scope (tenant): return
+	// TooManyKeys(retryAfter) to refuse the request with ErrTooManyKeys
+	// (OutcomeTooManyKeys, answered 429 with Retry-After by idemhttp);
+	// nothing is written. Any other error fails the request, also without
+	// writing anything. It costs a new key one more acquisition statement.
+	Admit func(ctx context.Context, scope, flow string) error
+
 	// Isolation is the default isolation level of phase transactions:
 	// read committed (the default), repeatable read or serializable. Every
 	// phase works at each: the guarded commit updates only the key's
@@ -79,6 +99,34 @@ type Config struct {
 	// doubles per retry, with jitter. Default 10ms.
 	PhaseRetryBackoff time.Duration
 
+	// FingerprintKey, when set, keys request fingerprints with this server
+	// secret: HMAC-SHA-256 (FingerprintHMAC) instead of SHA-256
+	// (Fingerprint). The fingerprint is stored with every key; unkeyed, a
+	// fingerprint of a low-entropy input (a card number) can be inverted by
+	// trying every value. At least 32 bytes; keep it as secret as a
+	// password pepper.
+	//
+	// Switching changes every new fingerprint, so a retry of a key made
+	// before the switch (in flight, or finished and replayed within its
+	// retention) no longer matches its key: it is refused as a mismatch
+	// (422 in idemhttp), and a half-done request cannot be resumed by its
+	// client. To switch safely, set AcceptUnkeyedFingerprints (or, to rotate
+	// a key, list the old one in PreviousFingerprintKeys) together with the
+	// new key, and keep it until every key made before is gone: the longest
+	// of Retention and AbandonAfter after the switch.
+	FingerprintKey []byte
+
+	// PreviousFingerprintKeys are fingerprint keys used before
+	// FingerprintKey. A key whose stored fingerprint is the request's input
+	// under one of them is that request: it is replayed or resumed, and
+	// keeps its fingerprint. Each costs a mismatching request one
+	// fingerprint more (a real mismatch, or a retry of a key made before).
+	PreviousFingerprintKeys [][]byte
+
+	// AcceptUnkeyedFingerprints is PreviousFingerprintKeys for keys
+	// fingerprinted before FingerprintKey was set (unkeyed SHA-256).
+	AcceptUnkeyedFingerprints bool
+
 	// Flows registers flows by name, so keys can be completed and
 	// reconciled by the maintenance services and the CLI, which have only
 	// the stored key to go on. Run works with unregistered flows too.
@@ -86,6 +134,27 @@ type Config struct {
 
 	// Logger receives the runner's structured logs. Default slog.Default().
 	Logger *slog.Logger
+
+	// LogKeys adds the scope and the key to the log records about a key.
+	// Off by default: a scope is usually a tenant or user identifier, and
+	// records name the key by its row id (key_id) instead, which an
+	// operator can look up (`idem keys list --all-scopes --before-id
+	// ID+1 --limit 1`) without the logs carrying tenants' identifiers.
+	LogKeys bool
+
+	// RedactError rewrites an error's text before the runner persists or
+	// exports it. Error text (a phase's own error, what a panic said, a
+	// reconcile hook's reason, the store's errors) is stored with the key
+	// as last_error (at most 4000 characters, kept until the key is
+	// deleted), written to the logs, and handed to the Observer in events
+	// and to a Tracer when it ends a span (idemotel records it as the
+	// span's exception.message). Phases that put input in their errors
+	// (a card number in a provider's decline message) leak it there: set
+	// RedactError to scrub or replace such text. Errors observers and
+	// tracers receive carry its text and still wrap the original, so
+	// errors.Is works. The error Execute returns to its caller is not
+	// rewritten. Default: the text as it is.
+	RedactError func(err error) string
 
 	// Observer receives counts and durations (see [Event]). Default none.
 	Observer Observer
@@ -157,6 +226,7 @@ const (
 	LeaseDefault             = 90 * time.Second
 	MaxRetryAfterDefault     = 2 * time.Second
 	RetentionDefault         = 24 * time.Hour
+	AbandonAfterDefault      = 7 * 24 * time.Hour
 	IsolationDefault         = pgx.ReadCommitted
 	MaxPhaseRetriesDefault   = 3
 	PhaseRetryBackoffDefault = 10 * time.Millisecond
@@ -173,6 +243,7 @@ func (c *Config) WithDefaults() *Config {
 	out.HeartbeatInterval = cmp.Or(out.HeartbeatInterval, out.Lease/3)
 	out.MaxRetryAfter = cmp.Or(out.MaxRetryAfter, MaxRetryAfterDefault)
 	out.Retention = cmp.Or(out.Retention, RetentionDefault)
+	out.AbandonAfter = cmp.Or(out.AbandonAfter, AbandonAfterDefault)
 	out.Isolation = cmp.Or(out.Isolation, IsolationDefault)
 	out.MaxPhaseRetries = cmp.Or(out.MaxPhaseRetries, MaxPhaseRetriesDefault)
 	out.PhaseRetryBackoff = cmp.Or(out.PhaseRetryBackoff, PhaseRetryBackoffDefault)
@@ -198,6 +269,9 @@ func (c *Config) validate() error {
 	if c.Retention < 0 {
 		errs = append(errs, fmt.Errorf("Retention %s is negative", c.Retention))
 	}
+	if c.AbandonAfter > 0 && c.AbandonAfter < c.Lease {
+		errs = append(errs, fmt.Errorf("AbandonAfter %s is shorter than Lease %s", c.AbandonAfter, c.Lease))
+	}
 	switch c.Isolation {
 	case pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable:
 	default:
@@ -208,6 +282,14 @@ func (c *Config) validate() error {
 	}
 	if c.LeaseMargin < 0 || c.LeaseMargin >= c.Lease-c.HeartbeatInterval {
 		errs = append(errs, fmt.Errorf("LeaseMargin %s must be positive and leave room for a heartbeat (Lease %s minus HeartbeatInterval %s)", c.LeaseMargin, c.Lease, c.HeartbeatInterval))
+	}
+	if n := len(c.FingerprintKey); n > 0 && n < MinFingerprintKeyLength {
+		errs = append(errs, fmt.Errorf("FingerprintKey is %d bytes, under %d", n, MinFingerprintKeyLength))
+	}
+	for i, key := range c.PreviousFingerprintKeys {
+		if len(key) < MinFingerprintKeyLength {
+			errs = append(errs, fmt.Errorf("PreviousFingerprintKeys[%d] is %d bytes, under %d", i, len(key), MinFingerprintKeyLength))
+		}
 	}
 	if c.PhaseRetryBackoff < 0 {
 		errs = append(errs, fmt.Errorf("PhaseRetryBackoff %s is negative", c.PhaseRetryBackoff))

@@ -3,6 +3,7 @@ package idem
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/go-idem/idem/idemdriver"
 )
@@ -74,6 +75,12 @@ var (
 	// requests were in flight. The key is left for an operator.
 	ErrUnknownRecoveryPoint = errors.New("idem: unknown recovery point")
 
+	// ErrNoRedrive: Runner.Reconcile settled the phase in doubt of a key
+	// whose flow cannot run from the input stored with its key
+	// (FlowConfig.NoRedrive), and released the key for its client's retry,
+	// which brings the whole input and carries the request on.
+	ErrNoRedrive = errors.New("idem: the key waits for its client's retry")
+
 	// ErrNotFound: no key with that scope and key exists.
 	ErrNotFound = idemdriver.ErrNotFound
 
@@ -88,6 +95,35 @@ var (
 	// released. Only tests produce it.
 	ErrSimulatedCrash = errors.New("idem: simulated crash")
 )
+
+// ErrTooManyKeys: Config.Admit refused to let the request create a new key
+// (the scope has too many). Nothing was written; retry after
+// Outcome.RetryAfter. Admit returns it through [TooManyKeys], which carries
+// the delay.
+var ErrTooManyKeys = errors.New("idem: too many keys")
+
+// TooManyKeysError is the error [TooManyKeys] returns: it wraps
+// ErrTooManyKeys and says when to retry.
+type TooManyKeysError struct {
+	// RetryAfter is when the scope may create a key again; at least a
+	// second.
+	RetryAfter time.Duration
+}
+
+func (e *TooManyKeysError) Error() string {
+	return fmt.Sprintf("%s: retry after %s", ErrTooManyKeys, e.RetryAfter)
+}
+
+// Unwrap makes errors.Is(err, ErrTooManyKeys) true.
+func (e *TooManyKeysError) Unwrap() error { return ErrTooManyKeys }
+
+// TooManyKeys is what a Config.Admit hook returns to refuse a new key: the
+// scope may try again after retryAfter (rounded up to whole seconds, at
+// least one).
+func TooManyKeys(retryAfter time.Duration) error {
+	secs := max((retryAfter+time.Second-1)/time.Second, 1)
+	return &TooManyKeysError{RetryAfter: secs * time.Second}
+}
 
 // PanicError is the error a phase's panic becomes. It wraps ErrPhaseFailed.
 type PanicError struct {

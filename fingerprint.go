@@ -1,12 +1,46 @@
 package idem
 
 import (
+	"crypto/hmac"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"sync"
 
 	"github.com/go-idem/idem/internal/canonical"
 )
+
+// MinFingerprintKeyLength is the shortest key FingerprintHMAC (and
+// Config.FingerprintKey) accepts: 32 bytes, as much as the hash.
+const MinFingerprintKeyLength = 32
+
+// FingerprintHMAC is Fingerprint keyed with a server secret: HMAC-SHA-256
+// with key over the same bytes (the flow name, 0x00, the canonical JSON of
+// params). A stored fingerprint of a low-entropy input (a card number, a
+// phone number) can be inverted by trying every value, which takes minutes
+// for an unkeyed hash; without the key it cannot be. Config.FingerprintKey
+// makes the runner use it. key must be at least MinFingerprintKeyLength
+// bytes.
+func FingerprintHMAC(key []byte, flow string, params []byte) ([]byte, error) {
+	if len(key) < MinFingerprintKeyLength {
+		return nil, errors.New("idem: a fingerprint key must be at least 32 bytes")
+	}
+	return fingerprintWith(key, flow, params)
+}
+
+// fingerprintWith is FingerprintHMAC with key, or Fingerprint without one.
+func fingerprintWith(key []byte, flow string, params []byte) ([]byte, error) {
+	if len(key) == 0 {
+		return Fingerprint(flow, params)
+	}
+	buf, err := canonical.Append(append([]byte(flow), 0), params)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidParams, err)
+	}
+	mac := hmac.New(sha256.New, key)
+	mac.Write(buf)
+	return mac.Sum(nil), nil
+}
 
 // Fingerprint identifies a request by what it asks for, so that a key reused
 // for a different request is caught (and answered 422) instead of replaying a

@@ -13,21 +13,53 @@ import (
 
 // Flow is an endpoint's declaration: a name and the ordered phases a request
 // goes through. In is the decoded input every phase sees through
-// [Attempt.Input]; it must survive a JSON round trip, because the runner stores
-// it as JSON to fingerprint it and to re-drive abandoned requests.
+// [Attempt.Input]; it must survive a JSON round trip, because the runner
+// fingerprints it as JSON and stores it (or what FlowConfig.Store keeps of
+// it) as JSON to re-drive abandoned requests.
 type Flow[In any] struct {
 	name      string
 	phases    []Phase[In]
 	names     []string
 	index     map[string]int
 	retention time.Duration
+	abandon   time.Duration
+	store     func(In) In
+	noRedrive bool
 }
 
 // FlowConfig holds a flow's optional settings.
-type FlowConfig struct {
+type FlowConfig[In any] struct {
 	// Retention is how long a finished key of this flow is replayed before
 	// the reaper may delete it. Zero uses Config.Retention (default 24h).
 	Retention time.Duration
+
+	// AbandonAfter is how long after its creation an unfinished key of this
+	// flow is abandoned (see Config.AbandonAfter). Zero uses
+	// Config.AbandonAfter (default 7 days); negative keeps this flow's
+	// unfinished keys forever. It applies to flows registered in
+	// Config.Flows, which is how the reaper knows them.
+	AbandonAfter time.Duration
+
+	// Store says what of a request's input is stored with its key (the
+	// params column), for a completer or a reconcile run to re-drive the
+	// request without its client: the input it returns is stored instead
+	// of the whole one. Return a copy with the fields that must not be
+	// kept (a card number, a password, a document) zeroed or replaced
+	// (the last four digits). The fingerprint is still taken over the whole
+	// input, so a retry with other values in those fields is a mismatch,
+	// and the phases of a client's request (first attempt or retry) still
+	// see the whole input; only phases resumed server-side (the completer,
+	// reconcile runs) see what Store kept. Nil stores the whole input.
+	Store func(in In) In
+
+	// NoRedrive says that what Store keeps cannot re-drive the flow: its
+	// phases need what it drops. The completer then never picks up this
+	// flow's keys; an unfinished key waits for its client's retry, which
+	// brings the whole input, or is abandoned (AbandonAfter). A reconcile
+	// run still settles a phase in doubt (its hook sees the stored input),
+	// then leaves the key for the client's retry instead of running later
+	// phases, and says so with ErrNoRedrive.
+	NoRedrive bool
 }
 
 var (
@@ -39,7 +71,7 @@ var (
 // phase, a Do function on each, a Reconcile hook on every not-idempotent
 // phase. Flow names are stored with each key, so a name must keep meaning
 // the same endpoint across deploys.
-func NewFlow[In any](name string, phases []Phase[In], config *FlowConfig) (*Flow[In], error) {
+func NewFlow[In any](name string, phases []Phase[In], config *FlowConfig[In]) (*Flow[In], error) {
 	if !flowNamePattern.MatchString(name) {
 		return nil, fmt.Errorf("idem: flow name %q: use 1-128 letters, digits and _.:/- starting with a letter or digit", name)
 	}
@@ -47,12 +79,13 @@ func NewFlow[In any](name string, phases []Phase[In], config *FlowConfig) (*Flow
 		return nil, fmt.Errorf("idem: flow %q has no phases", name)
 	}
 	if config == nil {
-		config = &FlowConfig{}
+		config = &FlowConfig[In]{}
 	}
 	if config.Retention < 0 {
 		return nil, fmt.Errorf("idem: flow %q: negative retention", name)
 	}
-	f := &Flow[In]{name: name, phases: append([]Phase[In](nil), phases...), index: map[string]int{}, retention: config.Retention}
+	f := &Flow[In]{name: name, phases: append([]Phase[In](nil), phases...), index: map[string]int{}, retention: config.Retention,
+		abandon: config.AbandonAfter, store: config.Store, noRedrive: config.NoRedrive}
 	for i, p := range f.phases {
 		switch {
 		case !phaseNamePattern.MatchString(p.Name):
@@ -77,7 +110,7 @@ func NewFlow[In any](name string, phases []Phase[In], config *FlowConfig) (*Flow
 
 // MustNewFlow is NewFlow for package-level declarations; it panics on an
 // invalid declaration, which is a programming error.
-func MustNewFlow[In any](name string, phases []Phase[In], config *FlowConfig) *Flow[In] {
+func MustNewFlow[In any](name string, phases []Phase[In], config *FlowConfig[In]) *Flow[In] {
 	f, err := NewFlow(name, phases, config)
 	if err != nil {
 		panic(err)
@@ -98,19 +131,35 @@ type AnyFlow interface {
 	PhaseNames() []string
 
 	retentionOr(d time.Duration) time.Duration
+	abandonAfterOr(d time.Duration) time.Duration
 	phaseIndex(name string) (int, bool)
 	phaseMeta(i int) (name string, kind ForeignKind, iso pgx.TxIsoLevel)
-	prepare(params any) (*prepared, error)
+	prepare(params any, fingerprintKey []byte) (*prepared, error)
 	decode(stored []byte) (any, error)
+	redrives() bool
 	callDo(ctx context.Context, tx Tx, h *held) (Result, error)
 	callReconcile(ctx context.Context, tx Tx, h *held) (Reconciliation, error)
 }
 
-// prepared is a request's input in the three forms the runner needs.
+// prepared is a request's input in the forms the runner needs.
 type prepared struct {
 	input       any
-	params      []byte // JSON, stored with the key
+	params      []byte // JSON, stored with the key: what FlowConfig.Store keeps
 	fingerprint []byte
+	// whole is the whole input as JSON, for fingerprints in earlier
+	// schemes (Config.PreviousFingerprintKeys); nil for an input read back
+	// from its key.
+	whole []byte
+}
+
+// storedInput is a key's input as it was stored with it, for the completer:
+// the stored params, decoded, and the key's own fingerprint.
+func storedInput(flow AnyFlow, rec *KeyRecord) (*prepared, error) {
+	in, err := flow.decode(rec.Params)
+	if err != nil {
+		return nil, err
+	}
+	return &prepared{input: in, params: rec.Params, fingerprint: rec.Fingerprint}, nil
 }
 
 func (f *Flow[In]) retentionOr(d time.Duration) time.Duration {
@@ -119,6 +168,15 @@ func (f *Flow[In]) retentionOr(d time.Duration) time.Duration {
 	}
 	return d
 }
+
+func (f *Flow[In]) abandonAfterOr(d time.Duration) time.Duration {
+	if f.abandon != 0 {
+		return f.abandon
+	}
+	return d
+}
+
+func (f *Flow[In]) redrives() bool { return !f.noRedrive }
 
 func (f *Flow[In]) phaseIndex(name string) (int, bool) {
 	i, ok := f.index[name]
@@ -131,10 +189,12 @@ func (f *Flow[In]) phaseMeta(i int) (string, ForeignKind, pgx.TxIsoLevel) {
 }
 
 // prepare accepts the input as In, *In, or JSON (json.RawMessage or []byte),
-// and returns it decoded, as JSON, and fingerprinted. The fingerprint is
-// always taken over json.Marshal of the decoded In, so the same input
-// fingerprints the same whichever form it arrived in.
-func (f *Flow[In]) prepare(params any) (*prepared, error) {
+// and returns it decoded, fingerprinted, and as JSON to store (what
+// FlowConfig.Store keeps of it). The fingerprint is always taken over the
+// JSON encoding of the whole decoded In, so the same input fingerprints the
+// same whichever form it arrived in; keyed with fingerprintKey when it is
+// set (FingerprintHMAC).
+func (f *Flow[In]) prepare(params any, fingerprintKey []byte) (*prepared, error) {
 	var in In
 	switch p := params.(type) {
 	case In:
@@ -159,7 +219,7 @@ func (f *Flow[In]) prepare(params any) (*prepared, error) {
 	default:
 		return nil, fmt.Errorf("%w: flow %q takes %T or JSON, got %T", ErrInvalidParams, f.name, in, params)
 	}
-	js, err := json.Marshal(in)
+	js, err := encodeJSON(in)
 	if err != nil {
 		return nil, fmt.Errorf("%w: encode: %w", ErrInvalidParams, err)
 	}
@@ -168,11 +228,20 @@ func (f *Flow[In]) prepare(params any) (*prepared, error) {
 		// input would fail at the store on every retry.
 		return nil, fmt.Errorf(`%w: strings must not contain the NUL character (\u0000)`, ErrInvalidParams)
 	}
-	fp, err := Fingerprint(f.name, js) // an error wraps ErrInvalidParams
+	fp, err := fingerprintWith(fingerprintKey, f.name, js) // an error wraps ErrInvalidParams
 	if err != nil {
 		return nil, err
 	}
-	return &prepared{input: in, params: js, fingerprint: fp}, nil
+	p := &prepared{input: in, params: js, fingerprint: fp, whole: js}
+	if f.store != nil {
+		if p.params, err = encodeJSON(f.store(in)); err != nil {
+			return nil, fmt.Errorf("%w: encode what FlowConfig.Store keeps: %w", ErrInvalidParams, err)
+		}
+		if bytes.Equal(p.params, []byte("null")) {
+			return nil, fmt.Errorf("%w: flow %q: FlowConfig.Store kept nothing (null) to store", ErrInvalidParams, f.name)
+		}
+	}
+	return p, nil
 }
 
 func (f *Flow[In]) decode(stored []byte) (any, error) {
@@ -185,6 +254,20 @@ func (f *Flow[In]) decode(stored []byte) (any, error) {
 		return nil, fmt.Errorf("%w: flow %q: trailing data after the JSON value", ErrInvalidParams, f.name)
 	}
 	return in, nil
+}
+
+// encodeJSON is json.Marshal without HTML escaping: json.Marshal writes each
+// '<', '>' and '&' as a six-byte \u escape, which multiplied the size of an
+// input full of them while it was fingerprinted and stored. The canonical
+// form (and so the fingerprint) is the same either way.
+func encodeJSON(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
 // containsEscapedNUL reports whether a JSON document, as encoding/json

@@ -115,6 +115,11 @@ func (h *held) leaseSafe() bool {
 	return h.runner.localNow().Sub(h.renewedAt) < cfg.Lease-cfg.LeaseMargin
 }
 
+// logAttrs are the attributes of a log record about the held key.
+func (h *held) logAttrs(attrs ...any) []any {
+	return h.runner.logAttrs(h.rec.Scope, h.rec.Key, h.rec.ID, attrs...)
+}
+
 func (h *held) event(kind EventKind, err error) Event {
 	return Event{Kind: kind, Flow: h.rec.Flow, Scope: h.rec.Scope, Key: h.rec.Key, Phase: h.phaseName(), Attempt: h.attempt, Err: err}
 }

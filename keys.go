@@ -48,8 +48,16 @@ type KeyList = idemdriver.KeyList
 type UnlockResult = idemdriver.UnlockResult
 
 // ListKeys returns the keys matching q, newest first, with the database
-// clock they were read at.
+// clock they were read at. q names one Scope, or sets AllScopes to list every
+// tenant's keys. Keys carry their metadata; their input, checkpoint data and
+// response only with q.Reveal.
 func (r *Runner) ListKeys(ctx context.Context, q KeyQuery) (*KeyList, error) {
+	switch {
+	case q.Scope == "" && !q.AllScopes:
+		return nil, fmt.Errorf("%w: a scope is required; set AllScopes to list the keys of every scope", ErrInvalidRequest)
+	case q.Scope != "" && q.AllScopes:
+		return nil, fmt.Errorf("%w: a scope and AllScopes exclude each other", ErrInvalidRequest)
+	}
 	switch {
 	case q.Limit == 0:
 		q.Limit = 50
@@ -71,13 +79,13 @@ func (r *Runner) ListKeys(ctx context.Context, q KeyQuery) (*KeyList, error) {
 	return list, nil
 }
 
-// GetKey returns one key with the database clock it was read at, so its
-// state can be classified. ErrNotFound when there is no such key.
+// GetKey returns one key, all of it, with the database clock it was read at,
+// so its state can be classified. ErrNotFound when there is no such key.
 func (r *Runner) GetKey(ctx context.Context, scope, key string) (*KeyRecord, time.Time, error) {
 	if scope == "" || key == "" {
 		return nil, time.Time{}, fmt.Errorf("%w: scope and key are required", ErrInvalidRequest)
 	}
-	list, err := r.ListKeys(ctx, KeyQuery{Scope: scope, Key: key, Limit: 1})
+	list, err := r.ListKeys(ctx, KeyQuery{Scope: scope, Key: key, Limit: 1, Reveal: true})
 	if err != nil {
 		return nil, time.Time{}, err
 	}
@@ -111,8 +119,8 @@ func (r *Runner) UnlockKey(ctx context.Context, scope, key, reason string) (*Unl
 		return nil, fmt.Errorf("unlock key: %w", err)
 	}
 	if res.Unlocked {
-		r.log.WarnContext(ctx, "idem: key force-unlocked", "scope", scope, "key", key, "flow", res.Record.Flow,
-			"recovery_point", res.Record.RecoveryPoint, "fence", res.Record.Fence, "reason", reason)
+		r.log.WarnContext(ctx, "idem: key force-unlocked", r.logAttrs(scope, key, res.Record.ID, "flow", res.Record.Flow,
+			"recovery_point", res.Record.RecoveryPoint, "fence", res.Record.Fence, "reason", reason)...)
 	}
 	return res, nil
 }

@@ -28,7 +28,7 @@ func TestListKeysByState(t *testing.T) {
 		idem.KeyStateRunning: 2, idem.KeyStateStale: 3, idem.KeyStateNeedsReconcile: 4,
 		idem.KeyStateFinished: 5, idem.KeyStateExpired: 6, "": 20,
 	} {
-		list, err := r.ListKeys(ctx, idem.KeyQuery{State: state})
+		list, err := r.ListKeys(ctx, idem.KeyQuery{AllScopes: true, State: state})
 		require.NoError(t, err, state)
 		require.Len(t, list.Keys, want, state)
 		require.Equal(t, now, list.Now.UTC(), "the runner's clock")
@@ -41,16 +41,16 @@ func TestListKeysByState(t *testing.T) {
 			}
 		}
 	}
-	list, err := r.ListKeys(ctx, idem.KeyQuery{State: "needs_reconcile"})
+	list, err := r.ListKeys(ctx, idem.KeyQuery{AllScopes: true, State: "needs_reconcile"})
 	require.NoError(t, err)
 	require.Len(t, list.Keys, 4, "the status spelling is accepted too")
 
 	// Leases and expiry move with the clock.
 	b.clock.Advance(2 * time.Hour)
-	list, err = r.ListKeys(ctx, idem.KeyQuery{State: idem.KeyStateStale})
+	list, err = r.ListKeys(ctx, idem.KeyQuery{AllScopes: true, State: idem.KeyStateStale})
 	require.NoError(t, err)
 	require.Len(t, list.Keys, 5, "the running keys' leases expired")
-	list, err = r.ListKeys(ctx, idem.KeyQuery{State: idem.KeyStateExpired})
+	list, err = r.ListKeys(ctx, idem.KeyQuery{AllScopes: true, State: idem.KeyStateExpired})
 	require.NoError(t, err)
 	require.Len(t, list.Keys, 11)
 }
@@ -69,7 +69,7 @@ func TestListKeysFilters(t *testing.T) {
 	require.Len(t, list.Keys, 1)
 	require.Equal(t, "mine", list.Keys[0].Key)
 
-	list, err = r.ListKeys(ctx, idem.KeyQuery{Flow: "nope"})
+	list, err = r.ListKeys(ctx, idem.KeyQuery{AllScopes: true, Flow: "nope"})
 	require.NoError(t, err)
 	require.Empty(t, list.Keys)
 	require.Equal(t, b.clock.Now(), list.Now.UTC(), "an empty page still carries the clock")
@@ -78,7 +78,7 @@ func TestListKeysFilters(t *testing.T) {
 	var seen []int64
 	before := int64(0)
 	for {
-		list, err := r.ListKeys(ctx, idem.KeyQuery{Flow: "rides.create", Limit: 10, BeforeID: before})
+		list, err := r.ListKeys(ctx, idem.KeyQuery{AllScopes: true, Flow: "rides.create", Limit: 10, BeforeID: before})
 		require.NoError(t, err)
 		for _, k := range list.Keys {
 			seen = append(seen, k.ID)
@@ -97,9 +97,9 @@ func TestListKeysFilters(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrNotFound)
 
 	for name, q := range map[string]idem.KeyQuery{
-		"bad state":      {State: "sleeping"},
-		"negative limit": {Limit: -1},
-		"huge limit":     {Limit: idem.MaxKeyListLimit + 1},
+		"bad state":      {AllScopes: true, State: "sleeping"},
+		"negative limit": {AllScopes: true, Limit: -1},
+		"huge limit":     {AllScopes: true, Limit: idem.MaxKeyListLimit + 1},
 	} {
 		_, err := r.ListKeys(ctx, q)
 		require.ErrorIs(t, err, idem.ErrInvalidRequest, name)
@@ -192,7 +192,7 @@ func TestUnlockKeyTxJoinsTheCallersTransaction(t *testing.T) {
 		res, err := b.storeFor(t).UnlockKeyTx(ctx, tx, idemdriver.UnlockParams{Scope: "user:1", Key: "k1", Reason: "tx"})
 		require.NoError(t, err)
 		require.True(t, res.Unlocked)
-		list, err := b.storeFor(t).ListKeysTx(ctx, tx, idemdriver.ListKeysParams{KeyQuery: idem.KeyQuery{State: idem.KeyStateStale, Limit: 10}})
+		list, err := b.storeFor(t).ListKeysTx(ctx, tx, idemdriver.ListKeysParams{KeyQuery: idem.KeyQuery{AllScopes: true, State: idem.KeyStateStale, Limit: 10}})
 		require.NoError(t, err)
 		require.Len(t, list.Keys, 1, "the transaction sees its own unlock")
 		if commit {

@@ -43,6 +43,7 @@ func (r *Runner) holdLease(ctx context.Context, h *held) (context.Context, func(
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	ref, key := h.ref, h.rec.Key
+	logAttrs := h.logAttrs()
 	ev := Event{Flow: h.flow.Name(), Scope: h.rec.Scope, Key: key}
 	go func() {
 		defer close(done)
@@ -85,7 +86,7 @@ func (r *Runner) holdLease(ctx context.Context, h *held) (context.Context, func(
 				// the fence stops it at its next commit.
 				ev.Kind, ev.Err = EventStoreError, err
 				r.emit(ctx, ev)
-				r.log.WarnContext(ctx, "idem: heartbeat failed", "key", key, "err", err)
+				r.log.WarnContext(ctx, "idem: heartbeat failed", append(logAttrs, "err", r.redact(err))...)
 			}
 		}
 	}()

@@ -181,7 +181,7 @@ func (m *Maintainer) loop(ctx context.Context, name string, interval time.Durati
 		if err := pass(ctx); err != nil && ctx.Err() == nil {
 			// The pass logged and emitted the details; this records that
 			// the service carries on.
-			m.log.WarnContext(ctx, "idem: maintenance pass failed; retrying at the next interval", "service", name, "err", err)
+			m.log.WarnContext(ctx, "idem: maintenance pass failed; retrying at the next interval", "service", name, "err", m.runner.redact(err))
 		}
 		timer.Reset(jitter(interval))
 	}

@@ -19,6 +19,46 @@ type ObserverFunc func(ctx context.Context, e Event)
 // Observe calls f.
 func (f ObserverFunc) Observe(ctx context.Context, e Event) { f(ctx, e) }
 
+// redactedError is an error whose text Config.RedactError rewrote; it still
+// wraps the original, for errors.Is.
+type redactedError struct {
+	text string
+	err  error
+}
+
+func (e *redactedError) Error() string { return e.text }
+func (e *redactedError) Unwrap() error { return e.err }
+
+// redact is err as the runner exports it: with the text Config.RedactError
+// gives it.
+func (r *Runner) redact(err error) error {
+	if err == nil || r.config.RedactError == nil {
+		return err
+	}
+	if _, done := err.(*redactedError); done {
+		return err
+	}
+	return &redactedError{text: r.config.RedactError(err), err: err}
+}
+
+// errorText is err's text as the runner persists it (last_error).
+func (r *Runner) errorText(err error) string {
+	return r.redact(err).Error()
+}
+
+// logAttrs are the attributes of a log record about a key: its row id when
+// known (0: not), its scope and key only with Config.LogKeys, then attrs.
+func (r *Runner) logAttrs(scope, key string, id int64, attrs ...any) []any {
+	out := make([]any, 0, len(attrs)+4)
+	if id != 0 {
+		out = append(out, "key_id", id)
+	}
+	if r.config.LogKeys {
+		out = append(out, "scope", scope, "key", key)
+	}
+	return append(out, attrs...)
+}
+
 // Tracer is an optional extension of [Observer]: when the Config.Observer
 // also implements it, the runner opens a span per request and per phase
 // attempt, and runs the request and the phase inside the returned contexts
@@ -49,6 +89,8 @@ const (
 	EventHeartbeat      EventKind = "heartbeat"       // a lease was renewed
 	EventReconciled     EventKind = "reconciled"      // a reconcile hook gave a verdict (Err nil) or failed
 	EventReaped         EventKind = "reaped"          // Count: expired finished keys deleted
+	EventAbandoned      EventKind = "abandoned"       // Count: unfinished keys past their AbandonAfter deleted
+	EventTooManyKeys    EventKind = "too_many_keys"   // Config.Admit refused a new key
 	EventCompleted      EventKind = "completed"       // an abandoned request was driven to a response
 )
 

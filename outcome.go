@@ -35,6 +35,10 @@ const (
 	// retry resumes after the phases that committed, which stay, as does the
 	// key's binding to its request. Maps to a retryable 500.
 	OutcomeFailed OutcomeKind = "failed"
+	// OutcomeTooManyKeys: Config.Admit refused to let the request create a
+	// new key (ErrTooManyKeys); nothing was written. Retry after
+	// Outcome.RetryAfter.
+	OutcomeTooManyKeys OutcomeKind = "too_many_keys"
 	// OutcomeInvalid: the request was rejected before anything was written
 	// (ErrInvalidRequest, or ErrNotFound for a key that does not exist).
 	OutcomeInvalid OutcomeKind = "invalid"
@@ -71,6 +75,8 @@ func kindOf(err error, replayed bool, rec *KeyRecord) OutcomeKind {
 		return OutcomeInProgress
 	case errors.Is(err, ErrMismatch):
 		return OutcomeMismatch
+	case errors.Is(err, ErrTooManyKeys):
+		return OutcomeTooManyKeys
 	case errors.Is(err, ErrInvalidRequest), errors.Is(err, ErrNotFound):
 		return OutcomeInvalid
 	case errors.Is(err, ErrStoreUnavailable):
@@ -93,9 +99,10 @@ type Outcome struct {
 	// Record is the key as this call last knew it; nil when the store was
 	// never reached or the request was invalid.
 	Record *KeyRecord
-	// RetryAfter suggests when to retry an OutcomeInProgress: the time left
+	// RetryAfter suggests when to retry an OutcomeInProgress (the time left
 	// on the holder's lease, rounded up to whole seconds, at least one and
-	// at most Config.MaxRetryAfter.
+	// at most Config.MaxRetryAfter) or an OutcomeTooManyKeys (what
+	// Config.Admit said).
 	RetryAfter time.Duration
 	// TookOver is true when this call resumed a key another attempt left
 	// unfinished (a crash, a stale lease, an earlier failure).

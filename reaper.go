@@ -10,16 +10,26 @@ import (
 )
 
 // The reaper keeps the keys table small. A finished key is replayed until its
-// expires_at (finished_at + retention); after that it is dead weight, and the
+// expires_at (finished_at + retention); after that it is dead weight (a
+// request with the key replaces it rather than replaying it), and the
 // reaper deletes it in small batches: each batch is one short DELETE of at
 // most BatchSize rows, found through the partial index on expires_at, in a
 // transaction of its own with a statement timeout. Rows are locked one by one
 // (FOR UPDATE SKIP LOCKED), never the table, so acquisitions, phases and other
 // reapers carry on around it: two application instances reaping at once
-// delete disjoint batches. Unfinished keys are never deleted, whatever their
-// age. Business rows that reference a key survive its deletion; their
-// foreign keys should be ON DELETE SET NULL (and indexed, or each deleted key
-// costs a scan of the referencing table).
+// delete disjoint batches.
+//
+// Then it ends abandoned keys: an unfinished key (status running) created
+// longer ago than its flow's AbandonAfter (Config.AbandonAfter, 7 days by
+// default, or FlowConfig.AbandonAfter) is deleted the same way, in batches,
+// unless a live lease holds it. Its request keeps failing, or its client gave
+// up and nothing finished it: without this such keys would stay forever. A
+// key in needs_reconcile is never abandoned. A request with an abandoned key
+// afterwards runs as a new request, from the first phase.
+//
+// Business rows that reference a key survive its deletion; their foreign
+// keys should be ON DELETE SET NULL (and indexed, or each deleted key costs a
+// scan of the referencing table).
 
 // ReapConfig configures [Runner.Reap]. The zero value uses every default.
 type ReapConfig struct {
@@ -78,23 +88,36 @@ func (c *ReapConfig) validate() error {
 
 // ReapResult is what one reaper pass did.
 type ReapResult struct {
-	// Deleted counts the keys deleted.
+	// Deleted counts the expired finished keys deleted.
 	Deleted int `json:"deleted"`
-	// Batches counts the DELETE statements run, the last (short) one
-	// included.
+	// Batches counts the DELETE statements of expired keys run, the last
+	// (short) one included.
 	Batches int `json:"batches"`
+	// Abandoned counts the unfinished keys deleted as abandoned (in batches
+	// of their own, bounded by the same BatchSize and MaxBatches).
+	Abandoned int `json:"abandoned"`
 }
 
 // Reap deletes finished keys whose expiry has passed, batch by batch, until
-// none is left, MaxBatches is reached or ctx ends. Each batch with deletions
-// emits EventReaped with its Count; a failing batch emits EventStoreError and
-// ends the pass with the error (what was deleted before stays deleted, and
-// the next pass carries on). A nil config means the defaults.
+// none is left, MaxBatches is reached or ctx ends; then, the same way,
+// unfinished keys abandoned past their AbandonAfter. Each batch with
+// deletions emits EventReaped (EventAbandoned) with its Count; a failing
+// batch emits EventStoreError and ends the pass with the error (what was
+// deleted before stays deleted, and the next pass carries on). A nil config
+// means the defaults.
 func (r *Runner) Reap(ctx context.Context, config *ReapConfig) (*ReapResult, error) {
 	cfg := config.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	res, err := r.reapExpired(ctx, cfg)
+	if err != nil {
+		return res, err
+	}
+	return res, r.reapAbandoned(ctx, cfg, res)
+}
+
+func (r *Runner) reapExpired(ctx context.Context, cfg *ReapConfig) (*ReapResult, error) {
 	res := &ReapResult{}
 	started := time.Now()
 	for cfg.MaxBatches == 0 || res.Batches < cfg.MaxBatches {
@@ -107,7 +130,7 @@ func (r *Runner) Reap(ctx context.Context, config *ReapConfig) (*ReapResult, err
 				return res, context.Cause(ctx)
 			}
 			r.emit(ctx, Event{Kind: EventStoreError, Err: err})
-			r.log.ErrorContext(ctx, "idem: reaper batch failed", "deleted_so_far", res.Deleted, "err", err)
+			r.log.ErrorContext(ctx, "idem: reaper batch failed", "deleted_so_far", res.Deleted, "err", r.redact(err))
 			return res, fmt.Errorf("reap: %w", err)
 		}
 		res.Batches++
@@ -134,4 +157,49 @@ func (r *Runner) Reap(ctx context.Context, config *ReapConfig) (*ReapResult, err
 		r.log.DebugContext(ctx, "idem: reaper found no expired keys")
 	}
 	return res, nil
+}
+
+// reapAbandoned deletes abandoned unfinished keys batch by batch, adding
+// them to res.
+func (r *Runner) reapAbandoned(ctx context.Context, cfg *ReapConfig, res *ReapResult) error {
+	p := idemdriver.ReapAbandonedParams{After: r.config.AbandonAfter, FlowAfter: map[string]time.Duration{},
+		Limit: cfg.BatchSize, StatementTimeout: cfg.StatementTimeout, Now: r.now()}
+	for name, f := range r.flows {
+		if after := f.abandonAfterOr(r.config.AbandonAfter); after != r.config.AbandonAfter {
+			p.FlowAfter[name] = after
+		}
+	}
+	for batches := 0; cfg.MaxBatches == 0 || batches < cfg.MaxBatches; batches++ {
+		if err := ctx.Err(); err != nil {
+			return context.Cause(ctx)
+		}
+		n, err := r.store.ReapAbandoned(ctx, p)
+		if err != nil {
+			if ctx.Err() != nil {
+				return context.Cause(ctx)
+			}
+			r.emit(ctx, Event{Kind: EventStoreError, Err: err})
+			r.log.ErrorContext(ctx, "idem: reaper batch of abandoned keys failed", "abandoned_so_far", res.Abandoned, "err", r.redact(err))
+			return fmt.Errorf("reap abandoned keys: %w", err)
+		}
+		res.Abandoned += n
+		if n > 0 {
+			r.emit(ctx, Event{Kind: EventAbandoned, Count: n})
+		}
+		if n < cfg.BatchSize {
+			break
+		}
+		if cfg.Pause > 0 {
+			select {
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			case <-time.After(cfg.Pause):
+			}
+		}
+	}
+	if res.Abandoned > 0 {
+		r.log.WarnContext(ctx, "idem: deleted unfinished keys abandoned past their AbandonAfter; a request with one of them runs anew",
+			"abandoned", res.Abandoned)
+	}
+	return nil
 }

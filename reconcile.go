@@ -98,8 +98,10 @@ func (r *Runner) reconcile(ctx context.Context, scope, key string) (*Outcome, er
 		return r.leaveUnreconciled(ctx, h, err)
 	}
 	h.reconciling = false
-	r.log.InfoContext(ctx, "idem: reconciled", "flow", flow.Name(), "key", key, "phase", h.phaseName(), "verdict", verdict.verdict)
+	r.log.InfoContext(ctx, "idem: reconciled", h.logAttrs("flow", flow.Name(), "phase", h.phaseName(), "verdict", verdict.verdict)...)
 	switch {
+	case !result.Responds() && !flow.redrives():
+		return r.handBack(ctx, h)
 	case verdict.verdict == verdictNotDone:
 		return r.drive(ctx, h, phase)
 	case result.Responds():
@@ -174,14 +176,35 @@ func (r *Runner) resumeUnmarked(ctx context.Context, h *held) (*Outcome, error) 
 		return r.leaveUnreconciled(ctx, h, err)
 	}
 	h.reconciling = false
-	r.log.InfoContext(ctx, "idem: resumed a needs_reconcile key with no call in doubt", "flow", h.flow.Name(), "key", h.rec.Key, "recovery_point", h.rec.RecoveryPoint)
+	if !h.flow.redrives() {
+		return r.handBack(ctx, h)
+	}
+	r.log.InfoContext(ctx, "idem: resumed a needs_reconcile key with no call in doubt", h.logAttrs("flow", h.flow.Name(), "recovery_point", h.rec.RecoveryPoint)...)
 	return r.drive(ctx, h, from)
+}
+
+// handBack releases a key a reconcile run settled when its flow cannot run
+// from the input stored with it (FlowConfig.NoRedrive): the client's retry,
+// which brings the whole input, carries it on.
+func (r *Runner) handBack(ctx context.Context, h *held) (*Outcome, error) {
+	h.lettingGo.Store(true)
+	rctx, cancel := r.storeContext(context.WithoutCancel(ctx))
+	defer cancel()
+	const reason = "reconciled; the flow cannot run from its stored input (FlowConfig.NoRedrive), so the client's retry carries it on"
+	if err := r.store.Release(rctx, h.ref, reason); err != nil {
+		err = r.storeError(ctx, err)
+		r.emit(ctx, h.event(EventStoreError, err))
+		return h.outcome(nil), err
+	}
+	h.rec.LockedAt, h.rec.LeaseExpiresAt, h.rec.LastError = nil, nil, reason
+	r.log.InfoContext(ctx, "idem: reconciled; the key waits for its client's retry", h.logAttrs("flow", h.flow.Name(), "recovery_point", h.rec.RecoveryPoint)...)
+	return h.outcome(nil), fmt.Errorf("%w: key %q", ErrNoRedrive, h.rec.Key)
 }
 
 // leaveUnreconciled puts a claimed key back in needs_reconcile, unlocked,
 // recording why.
 func (r *Runner) leaveUnreconciled(ctx context.Context, h *held, cause error) (*Outcome, error) {
-	out, err := r.toNeedsReconcile(ctx, h, cause.Error())
+	out, err := r.toNeedsReconcile(ctx, h, r.errorText(cause))
 	if errors.Is(err, ErrNeedsReconcile) {
 		// Keep the cause in the chain (errors.Is) without repeating its text.
 		err = fmt.Errorf("%w: key %q: %w", ErrNeedsReconcile, h.rec.Key, cause)
@@ -281,19 +304,19 @@ func (r *Runner) ReconcileAll(ctx context.Context, config *ReconcileConfig) (*Re
 	err := r.sweep(ctx, StatusNeedsReconcile, flows, cfg.IdleFor, 0, cfg.BatchSize, cfg.MaxKeys, func(rec *KeyRecord) {
 		res.Claimed++
 		out, err := r.Reconcile(ctx, rec.Scope, rec.Key)
-		log := r.log.With("flow", rec.Flow, "scope", rec.Scope, "key", rec.Key)
+		log := r.log.With(r.logAttrs(rec.Scope, rec.Key, rec.ID, "flow", rec.Flow)...)
 		switch {
-		case out.Kind == OutcomeExecuted:
+		case out.Kind == OutcomeExecuted, errors.Is(err, ErrNoRedrive):
 			res.Resolved++
 		case out.Kind == OutcomeNeedsReconcile:
 			res.Unresolved++
-			log.InfoContext(ctx, "idem: key still needs reconciliation", "err", err)
+			log.InfoContext(ctx, "idem: key still needs reconciliation", "err", r.redact(err))
 		case out.Kind == OutcomeInProgress || errors.Is(err, ErrNothingToReconcile) || errors.Is(err, ErrNotFound):
 			res.Skipped++
 		default:
 			res.Failed++
 			if ctx.Err() == nil {
-				log.WarnContext(ctx, "idem: reconciled key failed to finish", "outcome", out.Kind, "err", err)
+				log.WarnContext(ctx, "idem: reconciled key failed to finish", "outcome", out.Kind, "err", r.redact(err))
 			}
 		}
 	})

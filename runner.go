@@ -120,9 +120,16 @@ func ValidKey(key string) bool {
 // executed outcome); otherwise Outcome.Kind is derived from it (see
 // [OutcomeKind]).
 func (r *Runner) Execute(ctx context.Context, flow AnyFlow, req Request) (*Outcome, error) {
+	return r.executeWith(ctx, flow, req, nil)
+}
+
+// executeWith is Execute; stored, when set, is the input as stored with the
+// key (the completer's, see storedInput), used instead of req.Params: it
+// resumes an existing key and never creates one.
+func (r *Runner) executeWith(ctx context.Context, flow AnyFlow, req Request, stored *prepared) (*Outcome, error) {
 	started := time.Now()
 	ctx, end := r.startRequest(ctx, flow.Name(), req.Scope)
-	out, err := r.execute(ctx, flow, req)
+	out, err := r.execute(ctx, flow, req, stored)
 	out.settle(err)
 	end(out, err)
 	if out.Kind == OutcomeExecuted {
@@ -131,27 +138,53 @@ func (r *Runner) Execute(ctx context.Context, flow AnyFlow, req Request) (*Outco
 	return out, err
 }
 
-func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request) (*Outcome, error) {
+func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request, stored *prepared) (*Outcome, error) {
 	if err := req.normalise(); err != nil {
 		return &Outcome{}, err
 	}
-	p, err := flow.prepare(req.Params)
-	if err != nil {
-		return &Outcome{}, err
+	p := stored
+	if p == nil {
+		var err error
+		if p, err = flow.prepare(req.Params, r.config.FingerprintKey); err != nil {
+			return &Outcome{}, err
+		}
 	}
-	actx, cancel := r.storeContext(ctx)
 	sent := r.localNow()
-	acq, err := r.store.Acquire(actx, idemdriver.AcquireParams{
-		Scope: req.Scope, Key: req.Key, Flow: flow.Name(), Method: req.Method, Path: req.Path,
-		Fingerprint: p.fingerprint, Params: p.params, Lease: r.config.Lease, Now: r.now(),
-	})
-	cancel()
+	acq, err := r.acquire(ctx, flow, req, p, r.config.Admit != nil || stored != nil)
+	if err == nil && acq.Record == nil && stored != nil {
+		return &Outcome{}, fmt.Errorf("%w: key %q is gone (reaped or abandoned); the completer does not create keys", ErrNotFound, req.Key)
+	}
+	if err == nil && acq.Record == nil {
+		// There is no live key: this request would create one, which
+		// Config.Admit may refuse.
+		if out, err := r.admit(ctx, flow, req); err != nil {
+			return out, err
+		}
+		sent = r.localNow()
+		acq, err = r.acquire(ctx, flow, req, p, false)
+	}
+	if err == nil && acq.Acquired == idemdriver.AcquiredNone {
+		if fp := r.earlierFingerprint(flow, p, acq.Record); fp != nil {
+			// The key was fingerprinted before the current
+			// Config.FingerprintKey, for this very input: it is this
+			// request, and keeps the fingerprint it has.
+			q := *p
+			q.fingerprint = fp
+			at := r.localNow()
+			again, aerr := r.acquire(ctx, flow, req, &q, true)
+			if aerr != nil || again.Record != nil {
+				acq, err, p, sent = again, aerr, &q, at
+			}
+			// Otherwise the key vanished (reaped) in between: the first
+			// answer stands, and the retry that follows creates it anew.
+		}
+	}
 	ev := Event{Flow: flow.Name(), Scope: req.Scope, Key: req.Key}
 	if err != nil {
 		err = r.storeError(ctx, err)
 		ev.Kind, ev.Err = EventStoreError, err
 		r.emit(ctx, ev)
-		r.log.ErrorContext(ctx, "idem: acquire failed; nothing executed", "flow", flow.Name(), "scope", req.Scope, "key", req.Key, "err", err)
+		r.log.ErrorContext(ctx, "idem: acquire failed; nothing executed", r.logAttrs(req.Scope, req.Key, 0, "flow", flow.Name(), "err", r.redact(err))...)
 		return &Outcome{}, fmt.Errorf("acquire: %w", err)
 	}
 	rec := acq.Record
@@ -163,8 +196,8 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request) (*Outco
 	case idemdriver.AcquiredTakenOver:
 		ev.Kind = EventTakeover
 		r.emit(ctx, ev)
-		r.log.InfoContext(ctx, "idem: resuming an unfinished key", "flow", flow.Name(), "scope", req.Scope, "key", req.Key,
-			"recovery_point", rec.RecoveryPoint, "attempts", rec.Attempts, "last_error", rec.LastError)
+		r.log.InfoContext(ctx, "idem: resuming an unfinished key", r.logAttrs(req.Scope, req.Key, rec.ID, "flow", flow.Name(),
+			"recovery_point", rec.RecoveryPoint, "attempts", rec.Attempts, "last_error", rec.LastError)...)
 		return r.resume(ctx, r.hold(flow, rec, p.input, true, sent))
 	}
 
@@ -189,6 +222,54 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request) (*Outco
 	r.emit(ctx, ev)
 	return &Outcome{Record: rec, RetryAfter: retryAfter(rec, acq.DBNow, r.config.MaxRetryAfter)},
 		fmt.Errorf("%w: key %q", ErrInProgress, req.Key)
+}
+
+// acquire is the acquisition of req's key, bounded by StatementTimeout.
+// noCreate asks for an existing key only (see idemdriver.AcquireParams).
+func (r *Runner) acquire(ctx context.Context, flow AnyFlow, req Request, p *prepared, noCreate bool) (*idemdriver.AcquireResult, error) {
+	actx, cancel := r.storeContext(ctx)
+	defer cancel()
+	return r.store.Acquire(actx, idemdriver.AcquireParams{
+		Scope: req.Scope, Key: req.Key, Flow: flow.Name(), Method: req.Method, Path: req.Path,
+		Fingerprint: p.fingerprint, Params: p.params, Lease: r.config.Lease, NoCreate: noCreate, Now: r.now(),
+	})
+}
+
+// earlierFingerprint returns rec's fingerprint when it is p's input
+// fingerprinted in a scheme Config accepts besides the current one
+// (PreviousFingerprintKeys, AcceptUnkeyedFingerprints), and nil otherwise.
+func (r *Runner) earlierFingerprint(flow AnyFlow, p *prepared, rec *KeyRecord) []byte {
+	if rec == nil || p.whole == nil || rec.Flow != flow.Name() || bytes.Equal(rec.Fingerprint, p.fingerprint) {
+		return nil
+	}
+	keys := r.config.PreviousFingerprintKeys
+	if r.config.AcceptUnkeyedFingerprints && len(r.config.FingerprintKey) > 0 {
+		keys = append(append([][]byte(nil), keys...), nil)
+	}
+	for _, key := range keys {
+		if fp, err := fingerprintWith(key, flow.Name(), p.whole); err == nil && bytes.Equal(fp, rec.Fingerprint) {
+			return rec.Fingerprint
+		}
+	}
+	return nil
+}
+
+// admit asks Config.Admit whether req may create a new key. Nothing has been
+// written when it refuses.
+func (r *Runner) admit(ctx context.Context, flow AnyFlow, req Request) (*Outcome, error) {
+	err := r.config.Admit(ctx, req.Scope, flow.Name())
+	if err == nil {
+		return nil, nil
+	}
+	if !errors.Is(err, ErrTooManyKeys) {
+		return &Outcome{}, fmt.Errorf("admit: %w", err)
+	}
+	wait := time.Second
+	if tm, ok := errors.AsType[*TooManyKeysError](err); ok {
+		wait = max(tm.RetryAfter, time.Second)
+	}
+	r.emit(ctx, Event{Kind: EventTooManyKeys, Flow: flow.Name(), Scope: req.Scope, Key: req.Key, Err: err})
+	return &Outcome{RetryAfter: wait}, fmt.Errorf("admit: %w", err)
 }
 
 // retryAfter is the time left on the holder's lease, rounded up to whole
@@ -292,10 +373,10 @@ func (r *Runner) fail(ctx context.Context, h *held, err error) (*Outcome, error)
 	case errors.Is(err, ErrLockLost):
 		ev.Kind = EventLockLost
 		r.emit(ctx, ev)
-		r.log.WarnContext(ctx, "idem: lock lost; another worker owns the key", "flow", h.flow.Name(), "key", h.rec.Key, "phase", h.phaseName(), "fence", h.ref.Fence)
+		r.log.WarnContext(ctx, "idem: lock lost; another worker owns the key", h.logAttrs("flow", h.flow.Name(), "phase", h.phaseName(), "fence", h.ref.Fence)...)
 		return h.outcome(nil), err
 	case h.foreignMarked || h.reconciling:
-		return r.toNeedsReconcile(ctx, h, err.Error())
+		return r.toNeedsReconcile(ctx, h, r.errorText(err))
 	}
 	ev.Kind = EventPhaseFailed
 	r.emit(ctx, ev)
@@ -304,7 +385,7 @@ func (r *Runner) fail(ctx context.Context, h *held, err error) (*Outcome, error)
 	// went away must not leave the key locked for a whole lease.
 	rctx, cancel := r.storeContext(context.WithoutCancel(ctx))
 	defer cancel()
-	switch rerr := r.store.Release(rctx, h.ref, err.Error()); {
+	switch rerr := r.store.Release(rctx, h.ref, r.errorText(err)); {
 	case errors.Is(rerr, ErrLockLost):
 		// Another worker took the key over while this one failed: it owns
 		// the request now, whatever this attempt's error was.
@@ -312,13 +393,14 @@ func (r *Runner) fail(ctx context.Context, h *held, err error) (*Outcome, error)
 		return h.outcome(nil), fmt.Errorf("%w (after: %s)", rerr, err)
 	case rerr != nil:
 		r.emit(ctx, h.event(EventStoreError, rerr))
-		r.log.ErrorContext(ctx, "idem: could not release key; it unlocks when its lease expires", "key", h.rec.Key, "err", rerr)
+		r.log.ErrorContext(ctx, "idem: could not release key; it unlocks when its lease expires", h.logAttrs("err", r.redact(rerr))...)
 	}
-	r.log.WarnContext(ctx, "idem: phase failed; key released for retry", "flow", h.flow.Name(), "key", h.rec.Key, "phase", h.phaseName(), "err", err)
+	r.log.WarnContext(ctx, "idem: phase failed; key released for retry", h.logAttrs("flow", h.flow.Name(), "phase", h.phaseName(), "err", r.redact(err))...)
 	return h.outcome(nil), err
 }
 
 // toNeedsReconcile parks a held key whose not-idempotent call is in doubt.
+// reason is stored and logged: pass error text through errorText.
 func (r *Runner) toNeedsReconcile(ctx context.Context, h *held, reason string) (*Outcome, error) {
 	h.lettingGo.Store(true)
 	rctx, cancel := r.storeContext(context.WithoutCancel(ctx))
@@ -332,7 +414,7 @@ func (r *Runner) toNeedsReconcile(ctx context.Context, h *held, reason string) (
 	}
 	h.rec.Status = StatusNeedsReconcile
 	r.emit(ctx, h.event(EventNeedsReconcile, nil))
-	r.log.WarnContext(ctx, "idem: key needs reconciliation", "flow", h.rec.Flow, "key", h.rec.Key, "reason", reason)
+	r.log.WarnContext(ctx, "idem: key needs reconciliation", h.logAttrs("flow", h.rec.Flow, "reason", reason)...)
 	return h.outcome(nil), fmt.Errorf("%w: key %q: %s", ErrNeedsReconcile, h.rec.Key, reason)
 }
 
@@ -371,20 +453,23 @@ func (r *Runner) now() *time.Time {
 
 func (r *Runner) emit(ctx context.Context, e Event) {
 	if r.config.Observer != nil {
+		e.Err = r.redact(e.Err)
 		r.config.Observer.Observe(ctx, e)
 	}
 }
 
 func (r *Runner) startRequest(ctx context.Context, flow, scope string) (context.Context, func(*Outcome, error)) {
 	if t, ok := r.config.Observer.(Tracer); ok {
-		return t.StartRequest(ctx, flow, scope)
+		ctx, end := t.StartRequest(ctx, flow, scope)
+		return ctx, func(out *Outcome, err error) { end(out, r.redact(err)) }
 	}
 	return ctx, func(*Outcome, error) {}
 }
 
 func (r *Runner) startPhase(ctx context.Context, flow, phase string, attempt int) (context.Context, func(error)) {
 	if t, ok := r.config.Observer.(Tracer); ok {
-		return t.StartPhase(ctx, flow, phase, attempt)
+		ctx, end := t.StartPhase(ctx, flow, phase, attempt)
+		return ctx, func(err error) { end(r.redact(err)) }
 	}
 	return ctx, func(error) {}
 }

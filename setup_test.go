@@ -104,6 +104,11 @@ func (b *testBundle) request(key string, in rideInput) idem.Request {
 // idempotent provider, enqueue a receipt job and respond 201 (or store a
 // 402 when the provider declines).
 func (b *testBundle) rideFlow(name string) *idem.Flow[rideInput] {
+	return b.rideFlowConfig(name, nil)
+}
+
+// rideFlowConfig is rideFlow with the flow's optional settings.
+func (b *testBundle) rideFlowConfig(name string, config *idem.FlowConfig[rideInput]) *idem.Flow[rideInput] {
 	hook := func(phase string, ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) error {
 		b.counts.Add(phase)
 		if h := b.hooks[phase]; h != nil {
@@ -176,7 +181,7 @@ func (b *testBundle) rideFlow(name string) *idem.Flow[rideInput] {
 					fmt.Appendf(nil, `{"ride_id": %d,  "charge_id": %q}`, rideID, chargeID)), nil
 			},
 		},
-	}, nil)
+	}, config)
 }
 
 // countRows counts rows of a business table, optionally filtered.

@@ -85,7 +85,7 @@ func (r *Runner) logPass(ctx context.Context, what string, claimed int, err erro
 	attrs = append([]any{"claimed", claimed}, attrs...)
 	switch {
 	case err != nil && ctx.Err() == nil:
-		r.log.ErrorContext(ctx, "idem: "+what+" pass failed", append(attrs, "err", err)...)
+		r.log.ErrorContext(ctx, "idem: "+what+" pass failed", append(attrs, "err", r.redact(err))...)
 	case claimed > 0:
 		r.log.InfoContext(ctx, "idem: "+what+" pass done", attrs...)
 	default:

@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -52,6 +53,12 @@ type Config struct {
 	// if set, replaces the CLI's (text on stderr, warnings and up, info
 	// with -v).
 	Runner *idem.Config
+
+	// Cipher is the application's keyring (pgstore.Config.Cipher), when it
+	// seals keys at rest: complete and reconcile need it to read the input
+	// stored with a key, and `keys show --reveal` to show it. Without it,
+	// a sealed key's payload cannot be revealed, and the commands say so.
+	Cipher *pgstore.Keyring
 
 	// Stdout and Stderr default to the process's.
 	Stdout, Stderr io.Writer
@@ -104,7 +111,8 @@ func Dispatch(ctx context.Context, args []string, config *Config) int {
 		ee = &exitError{code: exitCodeOf(err), err: err}
 	}
 	if ee.err != nil {
-		fmt.Fprintf(e.errOut, "%s: %v\n", cfg.Name, ee.err)
+		// Errors may quote text from the database (a key, a stored error).
+		fmt.Fprintf(e.errOut, "%s: %s\n", cfg.Name, sanitize(ee.err.Error()))
 	}
 	if ee.code == ExitUsage && ee.hint != "" {
 		fmt.Fprintf(e.errOut, "Run '%s help %s' for usage.\n", cfg.Name, ee.hint)
@@ -163,6 +171,8 @@ type env struct {
 
 	pool   *pgxpool.Pool
 	runner *idem.Runner
+	// abandonAfter, when set, overrides the runner's AbandonAfter (reap).
+	abandonAfter time.Duration
 }
 
 // globalFlags registers the flags every command accepts.
@@ -256,7 +266,7 @@ func (e *env) connect(ctx context.Context) error {
 		return err
 	}
 	pool := e.pool
-	store, err := pgstore.New(pool, &pgstore.Config{Schema: e.schema, ControlDB: pool})
+	store, err := pgstore.New(pool, &pgstore.Config{Schema: e.schema, ControlDB: pool, Cipher: e.cfg.Cipher})
 	if err != nil {
 		pool.Close()
 		return &exitError{code: ExitUsage, err: err}
@@ -266,6 +276,13 @@ func (e *env) connect(ctx context.Context) error {
 		*rcfg = *e.cfg.Runner
 	}
 	rcfg.Flows = append(append([]idem.AnyFlow(nil), rcfg.Flows...), e.cfg.Flows...)
+	if e.abandonAfter != 0 {
+		rcfg.AbandonAfter = e.abandonAfter
+		if e.abandonAfter > 0 {
+			// Over every flow's own setting: an operator's explicit age.
+			rcfg.Flows = nil
+		}
+	}
 	if rcfg.Logger == nil {
 		level := slog.LevelWarn
 		if e.verbose {

@@ -55,13 +55,15 @@ var commands = []*command{
 		},
 	},
 	{
-		name: "migrate down", args: "[--to VERSION] [flags]", needsDB: true,
+		name: "migrate down", args: "[--to VERSION] [--yes] [flags]", needsDB: true,
 		summary: "revert migrations (one by default)",
 		help: "Reverts the most recent migration, or every migration above --to. Reverting version 1 drops\n" +
-			"idem_keys and every key in it: in-flight requests lose their recovery points.",
-		examples: []string{"idem migrate down", "idem migrate down --to 0   # remove idem's tables"},
+			"idem_keys and every key in it: in-flight requests lose their recovery points, finished ones\n" +
+			"their stored responses. Going below version 1 therefore needs --yes.",
+		examples: []string{"idem migrate down", "idem migrate down --to 0 --yes   # remove idem's tables and every key"},
 		setup: func(fs *flag.FlagSet) runFunc {
 			to := fs.Int("to", -1, "revert down to `version` (default: one below the current)")
+			yes := fs.Bool("yes", false, "confirm going below version 1, which drops idem_keys and every key in it")
 			return func(ctx context.Context, e *env, _ []string) error {
 				m, err := e.connectedMigrator(ctx)
 				if err != nil {
@@ -74,6 +76,16 @@ var commands = []*command{
 						return err
 					}
 					target = max(v-1, 0)
+				}
+				if target < 1 && !*yes {
+					v, err := m.Version(ctx)
+					if err != nil {
+						return err
+					}
+					if v >= 1 {
+						return usageError(e.cmd, "migrate down: reverting version 1 drops idem_keys and every key in it; "+
+							"pass --yes if that is what you want")
+					}
 				}
 				res, err := m.Down(ctx, target)
 				if errors.Is(err, migrations.ErrUnknownVersion) {
@@ -137,28 +149,33 @@ var commands = []*command{
 		},
 	},
 	{
-		name: "keys list", args: "[--state STATE] [--scope SCOPE] [--flow FLOW] [--limit N] [flags]", needsDB: true,
+		name: "keys list", args: "--scope SCOPE | --all-scopes [--state STATE] [--flow FLOW] [--limit N] [--reveal] [flags]", needsDB: true,
 		summary: "list keys, newest first, by state, scope or flow",
 		help: "States:\n" +
 			"  running          unfinished, held by a live lease: a worker is on it\n" +
 			"  stale            unfinished, nobody holds it: the next retry or the completer resumes it\n" +
 			"  needs_reconcile  a not-idempotent call is in doubt: waits for a reconcile run\n" +
 			"  finished         response stored, replayed until it expires\n" +
-			"  expired          finished and past its expiry: the reaper deletes it\n" +
-			"Page backwards with --before-id set to the last id printed.",
+			"  expired          finished and past its expiry: not replayed; a reuse of the key runs anew\n" +
+			"Scopes are tenants: name one with --scope, or list every tenant's keys with --all-scopes.\n" +
+			"Keys are listed with their metadata; --reveal adds their params, checkpoint data and stored\n" +
+			"response (which may hold personal or payment data). Page backwards with --before-id set to the\n" +
+			"last id printed.",
 		examples: []string{
-			"idem keys list --state stale",
-			"idem keys list --state needs_reconcile --flow rides.create --json | jq -r '.keys[].key'",
+			"idem keys list --all-scopes --state stale",
+			"idem keys list --all-scopes --state needs_reconcile --flow rides.create --json | jq -r '.keys[].key'",
 			"idem keys list --scope user:42 --limit 10",
 		},
 		setup: func(fs *flag.FlagSet) runFunc {
 			state := fs.String("state", "", "only keys in `state`: running, stale, needs_reconcile, finished or expired")
-			scope := fs.String("scope", "", "only keys of `scope`")
+			scope := fs.String("scope", "", "only keys of `scope` (this or --all-scopes is required)")
+			allScopes := fs.Bool("all-scopes", false, "list the keys of every scope (tenant)")
 			flow := fs.String("flow", "", "only keys of `flow`")
 			limit := fs.Int("limit", 50, fmt.Sprintf("print at most `n` keys (1-%d)", idem.MaxKeyListLimit))
 			before := fs.Int64("before-id", 0, "only keys with an id below `id` (paging)")
+			reveal := fs.Bool("reveal", false, "with --json, include each key's params, checkpoint data and stored response")
 			return func(ctx context.Context, e *env, _ []string) error {
-				q := idem.KeyQuery{Scope: *scope, Flow: *flow, Limit: *limit, BeforeID: *before}
+				q := idem.KeyQuery{Scope: *scope, AllScopes: *allScopes, Flow: *flow, Limit: *limit, BeforeID: *before, Reveal: *reveal}
 				if *state != "" {
 					st, err := idem.ParseKeyState(*state)
 					if err != nil {
@@ -169,6 +186,12 @@ var commands = []*command{
 				if *limit < 1 || *limit > idem.MaxKeyListLimit {
 					return usageError(e.cmd, "--limit %d is outside 1-%d", *limit, idem.MaxKeyListLimit)
 				}
+				switch {
+				case *scope == "" && !*allScopes:
+					return usageError(e.cmd, "keys list: name a --scope, or list every tenant's keys with --all-scopes")
+				case *scope != "" && *allScopes:
+					return usageError(e.cmd, "keys list: --scope and --all-scopes exclude each other")
+				}
 				if err := e.connect(ctx); err != nil {
 					return err
 				}
@@ -176,29 +199,34 @@ var commands = []*command{
 				if err != nil {
 					return err
 				}
-				return e.printKeyList(list)
+				return e.printKeyList(list, *reveal)
 			}
 		},
 	},
 	{
-		name: "keys show", args: "KEY --scope SCOPE [flags]", minArgs: 1, maxArgs: 1, needsDB: true,
-		summary: "show everything about one key",
-		help:    "Prints the key's state, progress, lease, params, checkpoint data and stored response.",
+		name: "keys show", args: "KEY --scope SCOPE [--reveal] [flags]", minArgs: 1, maxArgs: 1, needsDB: true,
+		summary: "show one key: its state, progress and lease",
+		help: "Prints the key's state, progress, lease, attempts and last error. --reveal adds its params,\n" +
+			"checkpoint data and stored response, which may hold personal or payment data.",
 		examples: []string{
 			"idem keys show 8d3c1a7e-5b7f-4f0e-9d51-3f1c2b6f9a10 --scope user:42",
-			"idem keys show order-77 --scope tenant:acme --json | jq .checkpoint",
+			"idem keys show order-77 --scope tenant:acme --reveal --json | jq .checkpoint",
 		},
 		setup: func(fs *flag.FlagSet) runFunc {
 			scope := fs.String("scope", "", "the key's `scope` (required)")
+			reveal := fs.Bool("reveal", false, "include the key's params, checkpoint data and stored response")
 			return func(ctx context.Context, e *env, args []string) error {
 				if err := e.connect(ctx); err != nil {
 					return err
 				}
-				rec, now, err := e.runner.GetKey(ctx, *scope, args[0])
+				list, err := e.runner.ListKeys(ctx, idem.KeyQuery{Scope: *scope, Key: args[0], Limit: 1, Reveal: *reveal})
 				if err != nil {
 					return err
 				}
-				return e.printKey(rec, now)
+				if len(list.Keys) == 0 {
+					return fmt.Errorf("%w: scope %q key %q", idem.ErrNotFound, *scope, args[0])
+				}
+				return e.printKey(list.Keys[0], list.Now, *reveal)
 			}
 		},
 	},
@@ -229,18 +257,31 @@ var commands = []*command{
 		},
 	},
 	{
-		name: "reap", args: "[--batch-size N] [--max-batches N] [flags]", needsDB: true,
-		summary: "delete finished keys past their expiry, in small batches",
+		name: "reap", args: "[--batch-size N] [--max-batches N] [--abandon-after DURATION] [flags]", needsDB: true,
+		summary: "delete expired and abandoned keys, in small batches",
 		help: "Runs one reaper pass: deletes expired finished keys batch by batch (each batch a short DELETE\n" +
-			"under a statement timeout, skipping rows others have locked) until none is left. Unfinished keys\n" +
-			"are never deleted. Safe to run while the application serves traffic and while other reapers run.",
-		examples: []string{"idem reap", "idem reap --batch-size 500 --max-batches 100 --json"},
+			"under a statement timeout, skipping rows others have locked) until none is left, then unfinished\n" +
+			"keys abandoned past their flow's AbandonAfter (7 days by default, counted from their creation),\n" +
+			"never one a live lease holds nor one in needs_reconcile. A binary without the application's flows\n" +
+			"does not know their AbandonAfter, so it abandons keys only with --abandon-after, which then applies\n" +
+			"to every flow. Safe to run while the application serves traffic and while other reapers run.",
+		examples: []string{"idem reap", "idem reap --batch-size 500 --max-batches 100 --json", "idem reap --abandon-after 168h"},
 		setup: func(fs *flag.FlagSet) runFunc {
 			def := (&idem.ReapConfig{}).WithDefaults()
 			batch := fs.Int("batch-size", def.BatchSize, "keys deleted per statement")
 			maxBatches := fs.Int("max-batches", 0, "stop after `n` batches (default: until none is left)")
 			timeout := fs.Duration("statement-timeout", def.StatementTimeout, "bound on each batch's statement")
+			abandon := fs.Duration("abandon-after", 0, "abandon unfinished keys this much after their creation, whatever their flow "+
+				"(default: each registered flow's AbandonAfter; none without flows)")
 			return func(ctx context.Context, e *env, _ []string) error {
+				switch {
+				case *abandon < 0:
+					return usageError(e.cmd, "--abandon-after %s is negative", *abandon)
+				case *abandon > 0:
+					e.abandonAfter = *abandon
+				case len(e.cfg.Flows) == 0:
+					e.abandonAfter = -1
+				}
 				if err := e.connect(ctx); err != nil {
 					return err
 				}
@@ -361,6 +402,8 @@ func (e *env) reconcileOne(ctx context.Context, scope, key string) error {
 		return e.printReconcileOne(out, "nothing to reconcile: the key is "+string(out.Record.Status), nil)
 	case errors.Is(err, idem.ErrNotFound):
 		return err
+	case errors.Is(err, idem.ErrNoRedrive):
+		return e.printReconcileOne(out, "reconciled: the key waits for its client's retry (its flow cannot run from the stored input)", nil)
 	case err == nil:
 		return e.printReconcileOne(out, fmt.Sprintf("reconciled: the key finished with status %d", out.Response.Status), nil)
 	case out.Kind == idem.OutcomeNeedsReconcile:

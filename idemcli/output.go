@@ -1,15 +1,18 @@
 package idemcli
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 	"unicode"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/go-idem/idem"
@@ -17,9 +20,14 @@ import (
 )
 
 func (e *env) printJSON(v any) error {
-	enc := json.NewEncoder(e.out)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
 	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	_, err := e.out.Write(escapeJSONText(buf.Bytes()))
+	return err
 }
 
 func (e *env) table() *tabwriter.Writer {
@@ -91,18 +99,32 @@ func (e *env) printMigrationStatus(current int) error {
 	return err
 }
 
-// keyJSON is a key as the JSON output shows it: the record's fields plus its
-// state.
+// keyJSON is a key as the JSON output shows it: the record's metadata plus
+// its state, and its payload (params, checkpoint data, stored response) only
+// when revealed. The payload fields shadow the record's, so an unrevealed
+// key's are left out rather than shown empty.
 type keyJSON struct {
 	*idem.KeyRecord
-	State idem.KeyState `json:"state"`
+	State           idem.KeyState              `json:"state"`
+	Params          json.RawMessage            `json:"params,omitempty"`
+	Checkpoint      map[string]json.RawMessage `json:"checkpoint,omitempty"`
+	ResponseHeaders http.Header                `json:"response_headers,omitempty"`
+	ResponseBody    []byte                     `json:"response_body,omitempty"`
 }
 
-func (e *env) printKeyList(list *idem.KeyList) error {
+func newKeyJSON(k *idem.KeyRecord, now time.Time, reveal bool) keyJSON {
+	j := keyJSON{KeyRecord: k, State: k.State(now)}
+	if reveal {
+		j.Params, j.Checkpoint, j.ResponseHeaders, j.ResponseBody = k.Params, k.Checkpoint, k.ResponseHeaders, k.ResponseBody
+	}
+	return j
+}
+
+func (e *env) printKeyList(list *idem.KeyList, reveal bool) error {
 	if e.json {
 		keys := make([]keyJSON, len(list.Keys))
 		for i, k := range list.Keys {
-			keys[i] = keyJSON{k, k.State(list.Now)}
+			keys[i] = newKeyJSON(k, list.Now, reveal)
 		}
 		return e.printJSON(map[string]any{"now": list.Now, "keys": keys})
 	}
@@ -113,8 +135,8 @@ func (e *env) printKeyList(list *idem.KeyList) error {
 	tw := e.table()
 	fmt.Fprintln(tw, "ID\tSCOPE\tKEY\tFLOW\tSTATE\tRECOVERY POINT\tATTEMPTS\tLAST RUN\tEXPIRES")
 	for _, k := range list.Keys {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", k.ID, k.Scope, k.Key, k.Flow, k.State(list.Now),
-			k.RecoveryPoint, k.Attempts, ago(k.LastRunAt, list.Now), timeOrDash(k.ExpiresAt))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", k.ID, safe(k.Scope), safe(k.Key), safe(k.Flow), k.State(list.Now),
+			safe(k.RecoveryPoint), k.Attempts, ago(k.LastRunAt, list.Now), timeOrDash(k.ExpiresAt))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -126,12 +148,14 @@ func (e *env) printKeyList(list *idem.KeyList) error {
 	return nil
 }
 
-func (e *env) printKey(k *idem.KeyRecord, now time.Time) error {
+func (e *env) printKey(k *idem.KeyRecord, now time.Time, reveal bool) error {
 	if e.json {
-		return e.printJSON(keyJSON{k, k.State(now)})
+		return e.printJSON(newKeyJSON(k, now, reveal))
 	}
 	tw := e.table()
-	field := func(name, value string) { fmt.Fprintf(tw, "%s\t%s\n", name, value) }
+	// Every value is escaped: it comes from the database, where a client
+	// (or anyone who can write the table) may have put terminal escapes.
+	field := func(name, value string) { fmt.Fprintf(tw, "%s\t%s\n", name, safe(value)) }
 	field("key", k.Key)
 	field("scope", k.Scope)
 	field("flow", k.Flow)
@@ -159,13 +183,21 @@ func (e *env) printKey(k *idem.KeyRecord, now time.Time) error {
 	field("expires at", timeOrDash(k.ExpiresAt))
 	field("foreign mark", orDash(k.ForeignMark))
 	field("last error", orDash(k.LastError))
-	field("params", string(k.Params))
-	checkpoint, _ := json.Marshal(k.Checkpoint)
-	field("checkpoint", string(checkpoint))
+	field("sealed at rest", sealedWith(k))
 	if k.Status == idem.StatusFinished {
 		field("response status", fmt.Sprintf("%d %s", k.ResponseStatus, http.StatusText(k.ResponseStatus)))
+	}
+	if !reveal {
+		fmt.Fprintf(tw, "%s\t%s\n", "payload", "hidden: params, checkpoint data and the stored response (--reveal shows them)")
+		return tw.Flush()
+	}
+	field("params", string(escapeJSONText(k.Params)))
+	checkpoint, _ := json.Marshal(k.Checkpoint)
+	field("checkpoint", string(escapeJSONText(checkpoint)))
+	if k.Status == idem.StatusFinished {
 		field("response headers", headerLine(k.ResponseHeaders))
-		field("response body", printable(k.ResponseBody))
+		// printable escapes what it must itself (or shows base64).
+		fmt.Fprintf(tw, "%s\t%s\n", "response body", printable(k.ResponseBody))
 	}
 	return tw.Flush()
 }
@@ -175,21 +207,21 @@ func (e *env) printUnlock(res *idem.UnlockResult) error {
 		// The statement's result has no clock; an unlocked key is stale and
 		// a key left alone is finished or expired, which its expiry says.
 		now := time.Now()
-		return e.printJSON(map[string]any{"unlocked": res.Unlocked, "key": keyJSON{res.Record, res.Record.State(now)}})
+		return e.printJSON(map[string]any{"unlocked": res.Unlocked, "key": newKeyJSON(res.Record, now, false)})
 	}
 	k := res.Record
 	if !res.Unlocked {
 		_, err := fmt.Fprintf(e.out, "nothing to unlock: key %q (scope %q) is finished\n", k.Key, k.Scope)
 		return err
 	}
-	next := "the next attempt resumes after " + k.RecoveryPoint
+	next := "the next attempt resumes after " + safe(k.RecoveryPoint)
 	if k.RecoveryPoint == idem.RecoveryPointStarted {
 		next = "the next attempt starts it from its first phase"
 	}
 	if k.Status == idem.StatusNeedsReconcile {
 		next = "it still needs reconciliation"
 	} else if k.ForeignMark != "" {
-		next = "its foreign call in " + k.ForeignMark + " is in doubt: the next attempt sends it to reconcile"
+		next = "its foreign call in " + safe(k.ForeignMark) + " is in doubt: the next attempt sends it to reconcile"
 	}
 	_, err := fmt.Fprintf(e.out, "unlocked key %q (scope %q): fence is now %d, so its previous holder cannot commit; %s\n",
 		k.Key, k.Scope, k.Fence, next)
@@ -200,7 +232,7 @@ func (e *env) printReap(res *idem.ReapResult) error {
 	if e.json {
 		return e.printJSON(res)
 	}
-	_, err := fmt.Fprintf(e.out, "reaped %d expired key(s) in %d batch(es)\n", res.Deleted, res.Batches)
+	_, err := fmt.Fprintf(e.out, "reaped %d expired key(s) in %d batch(es), and %d abandoned unfinished key(s)\n", res.Deleted, res.Batches, res.Abandoned)
 	return err
 }
 
@@ -227,7 +259,7 @@ func (e *env) printReconcileOne(out *idem.Outcome, summary string, err error) er
 	if e.json {
 		v := map[string]any{"outcome": out.Kind, "summary": summary}
 		if out.Record != nil {
-			v["key"] = keyJSON{out.Record, out.Record.State(time.Now())}
+			v["key"] = newKeyJSON(out.Record, time.Now(), false)
 		}
 		perr = e.printJSON(v)
 	} else {
@@ -265,6 +297,22 @@ func orDash(s string) string {
 	return s
 }
 
+// sealedWith says which keys of the keyring seal the key's params and
+// response body at rest.
+func sealedWith(k *idem.KeyRecord) string {
+	var parts []string
+	if k.ParamsKeyID != "" {
+		parts = append(parts, "params with key "+k.ParamsKeyID)
+	}
+	if k.ResponseKeyID != "" {
+		parts = append(parts, "response body with key "+k.ResponseKeyID)
+	}
+	if len(parts) == 0 {
+		return "no (stored in the clear)"
+	}
+	return strings.Join(parts, ", ")
+}
+
 func headerLine(h http.Header) string {
 	if len(h) == 0 {
 		return "-"
@@ -281,14 +329,86 @@ func headerLine(h http.Header) string {
 	return strings.Join(parts, "; ")
 }
 
-// printable shows a body as text when it is printable UTF-8 and as base64
-// otherwise, so a binary body cannot garble the terminal.
+// printable shows a body as text when it is printable UTF-8 (escaped, see
+// safe, when it holds line breaks or other white space) and as base64
+// otherwise, so no body can garble or drive the terminal.
 func printable(b []byte) string {
 	if len(b) == 0 {
 		return "(empty)"
 	}
 	if utf8.Valid(b) && strings.IndexFunc(string(b), func(r rune) bool { return !unicode.IsPrint(r) && !unicode.IsSpace(r) }) < 0 {
-		return string(b)
+		return safe(string(b))
 	}
 	return fmt.Sprintf("(%d bytes, base64) %s", len(b), base64.StdEncoding.EncodeToString(b))
+}
+
+// safe makes a string read from the database safe to print: as it is when
+// every character is printable (letters, marks, numbers, punctuation,
+// symbols and the ASCII space), and quoted with Go escapes otherwise, so
+// that control characters (an ESC that starts a terminal sequence, a
+// carriage return that overwrites the line, C1 controls), bidi overrides and
+// other format characters, line separators and invalid UTF-8 are shown as
+// \x1b, \r, \u202e and never reach the terminal raw.
+func safe(s string) string {
+	for _, r := range s {
+		if r == utf8.RuneError || !unicode.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}
+
+// sanitize escapes the characters safe refuses, but keeps newlines and adds
+// no quotes: for messages (errors) that may quote text from the database.
+func sanitize(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, w := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && w == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case r == '\n' || (r != utf8.RuneError && unicode.IsPrint(r)):
+			b.WriteString(s[i : i+w])
+		default:
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		}
+		i += w
+	}
+	return b.String()
+}
+
+// escapeJSONText escapes, as \uXXXX, the characters encoding/json writes
+// raw although a terminal may act on them: DEL, the C1 controls, format
+// characters such as bidi overrides, and the line and paragraph
+// separators. They can only occur inside JSON strings, where the escape
+// means the same character, so the document stays the same JSON.
+func escapeJSONText(doc []byte) []byte {
+	var out []byte
+	for i := 0; i < len(doc); {
+		r, w := utf8.DecodeRune(doc[i:])
+		raw := r == utf8.RuneError && w == 1
+		if !raw && r != 0x7f && (r < 0x80 || r >= 0xa0) && !unicode.Is(unicode.Cf, r) && r != '\u2028' && r != '\u2029' {
+			if out != nil {
+				out = append(out, doc[i:i+w]...)
+			}
+			i += w
+			continue
+		}
+		if out == nil {
+			out = append(make([]byte, 0, len(doc)+16), doc[:i]...)
+		}
+		// A byte that is not UTF-8 becomes the replacement character, as
+		// encoding/json does.
+		if r1, r2 := utf16.EncodeRune(r); r1 != utf8.RuneError {
+			out = fmt.Appendf(out, `\u%04x\u%04x`, r1, r2)
+		} else {
+			out = fmt.Appendf(out, `\u%04x`, r)
+		}
+		i += w
+	}
+	if out == nil {
+		return doc
+	}
+	return out
 }

@@ -66,9 +66,14 @@ type KeyRecord struct {
 	// Fingerprint is SHA-256 over the flow name and the canonical JSON of the
 	// input; see idem.Fingerprint.
 	Fingerprint []byte `db:"fingerprint" json:"fingerprint"`
-	// Params is the input as JSON, kept so the request can be re-driven
-	// server-side without the client.
+	// Params is the input as JSON (or what the flow's FlowConfig.Store
+	// keeps of it), kept so the request can be re-driven server-side
+	// without the client. It is always the plain JSON once read, however it
+	// is stored.
 	Params json.RawMessage `db:"params" json:"params"`
+	// ParamsKeyID names the key of the store's keyring that seals Params at
+	// rest (pgstore.Config.Cipher); empty when it is stored in the clear.
+	ParamsKeyID string `db:"params_key_id" json:"params_key_id,omitempty"`
 
 	Status        Status `db:"status" json:"status"`
 	RecoveryPoint string `db:"recovery_point" json:"recovery_point"`
@@ -87,6 +92,8 @@ type KeyRecord struct {
 	ResponseStatus  int         `db:"response_status" json:"response_status,omitempty"`
 	ResponseHeaders http.Header `db:"response_headers" json:"response_headers,omitempty"`
 	ResponseBody    []byte      `db:"response_body" json:"response_body,omitempty"`
+	// ResponseKeyID is ParamsKeyID for ResponseBody.
+	ResponseKeyID string `db:"response_key_id" json:"response_key_id,omitempty"`
 
 	Attempts   int        `db:"attempts" json:"attempts"`
 	LastError  string     `db:"last_error" json:"last_error,omitempty"`
@@ -160,15 +167,17 @@ const (
 	KeyStateRunning KeyState = "running"
 	// KeyStateStale: unfinished and nobody holds it (released after a failed
 	// attempt, or its holder died and the lease expired). The next client
-	// retry, or the completer, resumes it.
+	// retry, or the completer, resumes it; past its flow's AbandonAfter
+	// the reaper deletes it.
 	KeyStateStale KeyState = "stale"
 	// KeyStateFinished: a response is stored and is replayed until expiry.
 	KeyStateFinished KeyState = "finished"
 	// KeyStateNeedsReconcile: waits for a reconcile run to decide whether a
 	// not-idempotent foreign call happened.
 	KeyStateNeedsReconcile KeyState = "needs_reconcile"
-	// KeyStateExpired: finished and past expires_at; the reaper deletes it.
-	// Until then it is still replayed.
+	// KeyStateExpired: finished and past expires_at. It is never replayed:
+	// a request with the key runs as a new request and replaces it, and the
+	// reaper deletes it.
 	KeyStateExpired KeyState = "expired"
 )
 
@@ -210,12 +219,23 @@ func (k *KeyRecord) State(now time.Time) KeyState {
 	return KeyStateStale
 }
 
-// KeyQuery selects keys for idem.Runner.ListKeys. Zero fields do not filter.
+// KeyQuery selects keys for idem.Runner.ListKeys. Zero fields do not filter,
+// except that the runner needs a Scope or AllScopes.
 type KeyQuery struct {
 	State KeyState
+	// Scope lists the keys of one scope (tenant). idem.Runner.ListKeys
+	// needs it, or AllScopes: scopes are tenants, and a listing across them
+	// is asked for explicitly.
 	Scope string
-	Key   string
-	Flow  string
+	// AllScopes lists the keys of every scope; it excludes Scope.
+	AllScopes bool
+	Key       string
+	Flow      string
+	// Reveal returns each key's payload too: its input (Params), its
+	// checkpoint data and its response's headers and body. Without it they
+	// are left empty, and a store that seals them at rest needs no key to
+	// list the rest.
+	Reveal bool
 	// Limit caps the number of keys returned: default 50, at most
 	// MaxKeyListLimit.
 	Limit int

@@ -23,7 +23,8 @@ type Store interface {
 	// Acquire inserts the key locked, or takes over an existing unfinished
 	// key with the same flow, fingerprint, method and path whose lease has
 	// expired or that is unlocked, or reports the row as it is, in one
-	// statement.
+	// statement. A finished key past its expiry is absent: it is replaced,
+	// atomically, never reported.
 	Acquire(ctx context.Context, p AcquireParams) (*AcquireResult, error)
 
 	// ClaimReconcile locks a key in StatusNeedsReconcile for a reconcile run,
@@ -144,6 +145,10 @@ type AcquireParams struct {
 	Fingerprint                    []byte
 	Params                         []byte
 	Lease                          time.Duration
+	// NoCreate reports or takes over an existing key as usual, but inserts
+	// nothing when there is none (or only an expired one, which is then
+	// left as it is): Acquired is AcquiredNone and Record nil.
+	NoCreate bool
 	// Now overrides the database clock (tests); nil uses now().
 	Now *time.Time
 }
@@ -197,14 +202,17 @@ type OperationsStore interface {
 	// UnlockKey force-unlocks an unfinished key and moves its fence on, so
 	// a worker that still believes it holds the key can no longer commit,
 	// heartbeat or release. A finished key is returned unchanged with
-	// Unlocked false. ErrNotFound when there is no such key.
+	// Unlocked false. The record carries no payload. ErrNotFound when there
+	// is no such key.
 	UnlockKey(ctx context.Context, p UnlockParams) (*UnlockResult, error)
 
 	// ClaimIdle picks up to p.Limit keys in p.Status that nobody holds and
 	// that have not run for p.IdleFor, and marks them as just run, so that
 	// concurrent callers (other application instances) claim disjoint sets.
 	// It does not lock the keys: the caller acquires each one through the
-	// runner, which arbitrates with any client retry by the fence.
+	// runner, which arbitrates with any client retry by the fence. The
+	// records carry no payload (Params, Checkpoint, response headers and
+	// body): the caller reads the keys it runs.
 	ClaimIdle(ctx context.Context, p ClaimIdleParams) ([]*KeyRecord, error)
 
 	// Reap deletes one batch of at most p.Limit finished keys whose
@@ -212,6 +220,13 @@ type OperationsStore interface {
 	// deletes an unfinished key, skips rows other transactions have locked,
 	// and runs under p.StatementTimeout.
 	Reap(ctx context.Context, p ReapParams) (int, error)
+
+	// ReapAbandoned deletes one batch of at most p.Limit keys in
+	// StatusRunning created longer ago than their flow's abandonment age,
+	// and returns how many it deleted. It never deletes a key a live lease
+	// holds or one in StatusNeedsReconcile, skips rows other transactions
+	// have locked, and runs under p.StatementTimeout.
+	ReapAbandoned(ctx context.Context, p ReapAbandonedParams) (int, error)
 }
 
 // ListKeysParams are the inputs of [Store.ListKeys].
@@ -252,6 +267,21 @@ type ClaimIdleParams struct {
 	MaxAttempts int
 	Limit       int
 	Now         *time.Time
+}
+
+// ReapAbandonedParams are the inputs of [Store.ReapAbandoned].
+type ReapAbandonedParams struct {
+	// After is how long after its creation an unfinished key is abandoned,
+	// for flows FlowAfter does not name; negative: never.
+	After time.Duration
+	// FlowAfter gives flows ages of their own; a negative one keeps the
+	// flow's keys.
+	FlowAfter map[string]time.Duration
+	Limit     int
+	// StatementTimeout bounds the batch's statement; zero leaves the
+	// server's setting.
+	StatementTimeout time.Duration
+	Now              *time.Time
 }
 
 // ReapParams are the inputs of [Store.Reap].

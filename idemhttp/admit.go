@@ -114,7 +114,7 @@ func (h *Handler[In]) checkContentType(r *http.Request) *Problem {
 	for _, coding := range r.Header.Values("Content-Encoding") {
 		for c := range strings.SplitSeq(coding, ",") {
 			if c = strings.TrimSpace(c); c != "" && !strings.EqualFold(c, "identity") {
-				p := h.problem(specUnsupportedMediaType, fmt.Sprintf("Content-Encoding %q is not supported: send the body uncompressed.", c))
+				p := h.problem(specUnsupportedMediaType, fmt.Sprintf("Content-Encoding %q is not supported: send the body uncompressed.", clip(c)))
 				p.Header = http.Header{"Accept-Encoding": {"identity"}}
 				return p
 			}
@@ -128,11 +128,11 @@ func (h *Handler[In]) checkContentType(r *http.Request) *Problem {
 	detail := ""
 	switch {
 	case err != nil:
-		detail = fmt.Sprintf("Content-Type %q cannot be parsed: send application/json.", ct)
+		detail = fmt.Sprintf("Content-Type %q cannot be parsed: send application/json.", clip(ct))
 	case mediaType != "application/json" && !strings.HasSuffix(mediaType, "+json"):
-		detail = fmt.Sprintf("Content-Type %s is not supported: send application/json.", mediaType)
+		detail = fmt.Sprintf("Content-Type %s is not supported: send application/json.", clip(mediaType))
 	case params["charset"] != "" && !strings.EqualFold(params["charset"], "utf-8"):
-		detail = fmt.Sprintf("charset %s is not supported: JSON is sent in UTF-8.", params["charset"])
+		detail = fmt.Sprintf("charset %s is not supported: JSON is sent in UTF-8.", clip(params["charset"]))
 	default:
 		return nil
 	}

@@ -72,17 +72,17 @@ func decodeBody[In any](h *Handler[In], body []byte) (In, *Problem) {
 		if typeErr.Field == "" {
 			return in, h.problem(specInvalidInput, fmt.Sprintf("The request body must be %s, not %s.", want, describeJSONValue(typeErr.Value)))
 		}
-		return in, h.invalidInput(FieldError{Field: typeErr.Field, Detail: fmt.Sprintf("must be %s, not %s", want, describeJSONValue(typeErr.Value))})
+		return in, h.invalidInput(FieldError{Field: clip(typeErr.Field), Detail: fmt.Sprintf("must be %s, not %s", want, describeJSONValue(typeErr.Value))})
 	}
 	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
 		if unquoted, uerr := strconv.Unquote(name); uerr == nil {
 			name = unquoted
 		}
-		return in, h.invalidInput(FieldError{Field: name, Detail: "is not a known field"})
+		return in, h.invalidInput(FieldError{Field: clip(name), Detail: "is not a known field"})
 	}
 	// An UnmarshalJSON or UnmarshalText method of the input refused its
 	// value (a malformed time, say); its message is all there is to say.
-	return in, h.problem(specInvalidInput, "The request body is invalid: "+strings.TrimPrefix(err.Error(), "json: ")+".")
+	return in, h.problem(specInvalidInput, "The request body is invalid: "+clip(strings.TrimPrefix(err.Error(), "json: "))+".")
 }
 
 // jsonKind names the JSON value a Go type decodes from.
@@ -160,7 +160,7 @@ func describeJSONValue(v string) string {
 	case v == "bool":
 		return "a boolean"
 	case strings.HasPrefix(v, "number "):
-		return strings.TrimPrefix(v, "number ")
+		return clip(strings.TrimPrefix(v, "number "))
 	case v == "":
 		return "this value"
 	}

@@ -58,6 +58,7 @@
 //	in progress        409 + Retry-After: the time left on the holder's lease, capped by the runner's MaxRetryAfter (2 s)
 //	lock lost          409 + Retry-After: 1; another worker took the request over and owns it now
 //	mismatch           422 (Stripe: 400 idempotency_error): the key was used for another request
+//	too many keys      429 + Retry-After: the runner's Config.Admit refused a new key; nothing stored
 //	needs reconcile    503 + Retry-After (Config.ReconcileRetryAfter, 60 s)
 //	store unavailable  503 + Retry-After (Config.UnavailableRetryAfter, 5 s); fail closed
 //	failed             500: a phase returned an error or panicked; no response stored, committed phases kept, key released
@@ -83,8 +84,9 @@
 // values (auth, trace spans) still reach the phases.
 //
 // A phase response is replayed until its key expires: Config.Retention of
-// the runner, 24 h by default, or the flow's FlowConfig.Retention. After the
-// reaper has deleted an expired key, the same key is a new request.
+// the runner, 24 h by default, or the flow's FlowConfig.Retention. After
+// that the same key is a new request, whether or not the reaper has deleted
+// the expired key yet.
 //
 // # Errors
 //

@@ -23,7 +23,7 @@ import (
 // docSpecs is every problem type the adapter writes, in the order
 // docs/http.md lists them.
 var docSpecs = []problemSpec{
-	specKeyMissing, specKeyMalformed, specKeyReused, specInProgress, specNeedsReconcile,
+	specKeyMissing, specKeyMalformed, specKeyReused, specInProgress, specTooManyKeys, specNeedsReconcile,
 	specStoreUnavailable, specRequestFailed, specUnauthenticated, specMethodNotAllowed,
 	specUnsupportedMediaType, specBodyTooLarge, specMalformedJSON, specInvalidInput, specInternal,
 }

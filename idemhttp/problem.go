@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"unicode/utf8"
 )
 
 // FieldError is one field at fault in a request body: Field is its JSON
@@ -141,4 +142,21 @@ func writeProblemBody(w http.ResponseWriter, status int, extra http.Header, body
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
+}
+
+// maxEcho is the most of a client's value a problem repeats back.
+const maxEcho = 64
+
+// clip shortens a value taken from the request before a problem echoes it:
+// its first bytes and its length, so that a problem never carries (or
+// multiplies) a large input back to the client or into logs.
+func clip(s string) string {
+	if len(s) <= maxEcho {
+		return s
+	}
+	cut := maxEcho - 16
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s… (%d bytes)", s[:cut], len(s))
 }

@@ -29,6 +29,9 @@ const (
 	// ProblemInProgress: another attempt with this key is running. 409 with
 	// Retry-After.
 	ProblemInProgress = "request-in-progress"
+	// ProblemTooManyKeys: the runner's Config.Admit refused to let the
+	// caller create another key. Nothing was recorded. 429 with Retry-After.
+	ProblemTooManyKeys = "too-many-keys"
 	// ProblemNeedsReconcile: the request made a foreign call whose outcome
 	// is unknown and waits for reconciliation. 503 with Retry-After.
 	ProblemNeedsReconcile = "request-needs-reconcile"
@@ -92,6 +95,8 @@ var (
 		http.StatusUnprocessableEntity, http.StatusBadRequest, StripeIdempotencyError, ""}
 	specInProgress = problemSpec{ProblemInProgress, "A request is outstanding for this Idempotency-Key",
 		http.StatusConflict, http.StatusConflict, StripeIdempotencyError, "idempotency_key_in_use"}
+	specTooManyKeys = problemSpec{ProblemTooManyKeys, "Too many idempotency keys",
+		http.StatusTooManyRequests, http.StatusTooManyRequests, StripeInvalidRequestError, "rate_limit"}
 	specNeedsReconcile = problemSpec{ProblemNeedsReconcile, "The outcome of this request is being reconciled",
 		http.StatusServiceUnavailable, http.StatusServiceUnavailable, StripeAPIError, ""}
 	specStoreUnavailable = problemSpec{ProblemStoreUnavailable, "Idempotency key store unavailable",

@@ -30,6 +30,11 @@ func (h *Handler[In]) writeOutcome(w http.ResponseWriter, r *http.Request, req i
 			"Retry after the time in Retry-After to get its result.")
 		p.Header = retryAfter(time.Second)
 		h.writeProblem(w, p)
+	case idem.OutcomeTooManyKeys:
+		p := h.problem(specTooManyKeys, "Too many requests with new Idempotency-Keys; nothing was recorded for this one. "+
+			"Retry it with the same key after the time in Retry-After.")
+		p.Header = retryAfter(out.RetryAfter)
+		h.writeProblem(w, p)
 	case idem.OutcomeMismatch:
 		h.writeProblem(w, h.problem(specKeyReused, "This Idempotency-Key was already used for a different request "+
 			"(another endpoint or other parameters). Use a new key for a new request, and the same key only to retry the same request."))
@@ -52,7 +57,7 @@ func (h *Handler[In]) writeOutcome(w http.ResponseWriter, r *http.Request, req i
 		if errors.Is(err, idem.ErrInvalidParams) {
 			// Input that decoded but cannot be kept, such as a NUL
 			// character in a string.
-			h.writeProblem(w, h.problem(specInvalidInput, "The request body is invalid: "+strings.TrimPrefix(err.Error(), idem.ErrInvalidParams.Error()+": ")+"."))
+			h.writeProblem(w, h.problem(specInvalidInput, "The request body is invalid: "+clip(strings.TrimPrefix(err.Error(), idem.ErrInvalidParams.Error()+": "))+"."))
 			return
 		}
 		fallthrough

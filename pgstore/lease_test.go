@@ -173,7 +173,7 @@ func TestReplayDoesNotReadTheLeaseRow(t *testing.T) {
 	require.NoError(t, err)
 	plan := func(key string) string {
 		rows, err := schema.Pool.Query(ctx, `EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) `+store.q.acquire,
-			nil, "s", key, "f", "POST", "/", []byte{1}, []byte(`{}`), int64(90e6))
+			nil, "s", key, "f", "POST", "/", []byte{1}, []byte(`{}`), int64(90e6), false, "")
 		require.NoError(t, err)
 		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		require.NoError(t, err)

@@ -19,7 +19,6 @@ package pgstore
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -52,6 +51,12 @@ type Config struct {
 	// connections with db's configuration (close it with Store.Close);
 	// otherwise db itself, and sizing it is the caller's business.
 	ControlDB DB
+
+	// Cipher, when set, seals each key's params and response body at rest
+	// with its keys (AES-256-GCM), naming per row the key each was sealed
+	// with; see Keyring. Rows written in the clear stay readable. Default:
+	// stored in the clear.
+	Cipher *Keyring
 }
 
 // ControlConnsDefault is the size of the control pool New opens.
@@ -77,6 +82,8 @@ type Store struct {
 	// ownControl is the control pool New opened, which Close closes.
 	ownControl *pgxpool.Pool
 	q          *queries
+	// seal seals params and response bodies (nil: stored in the clear).
+	seal *sealer
 }
 
 var _ idemdriver.Store = (*Store)(nil)
@@ -93,7 +100,11 @@ func New(db DB, config *Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %w", err)
 	}
-	st := &Store{db: db, control: config.ControlDB, q: newQueries(prefix)}
+	seal, err := newSealer(config.Cipher)
+	if err != nil {
+		return nil, err
+	}
+	st := &Store{db: db, control: config.ControlDB, q: newQueries(prefix), seal: seal}
 	if st.control == nil {
 		st.control = db
 		if pool, ok := db.(*pgxpool.Pool); ok {
@@ -167,10 +178,19 @@ const maxAcquireStatements = 4
 
 // Acquire implements idemdriver.Store.
 func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemdriver.AcquireResult, error) {
+	params, paramsKeyID, err := s.sealParams(p.Scope, p.Key, p.Params)
+	if err != nil {
+		return nil, err
+	}
 	for i := 0; i < maxAcquireStatements; i++ {
 		res, err := s.acquisition(ctx, s.q.acquire,
-			p.Now, p.Scope, p.Key, p.Flow, p.Method, p.Path, p.Fingerprint, json.RawMessage(p.Params), p.Lease.Microseconds())
+			p.Now, p.Scope, p.Key, p.Flow, p.Method, p.Path, p.Fingerprint, params, p.Lease.Microseconds(), p.NoCreate, paramsKeyID)
 		if errors.Is(err, pgx.ErrNoRows) {
+			if p.NoCreate {
+				// No live key; whatever a concurrent insert did, the
+				// caller's next acquisition (creating) sees it.
+				return &idemdriver.AcquireResult{Acquired: idemdriver.AcquiredNone, Retried: i}, nil
+			}
 			continue
 		}
 		if err != nil {
@@ -194,6 +214,11 @@ func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemd
 			case errors.Is(err, pgx.ErrNoRows), errors.Is(mapError(err), idemdriver.ErrSerialization):
 				// Another worker took it (or finished it) first; report
 				// the row as it was, which reads as in progress.
+			case errors.Is(err, ErrCannotOpen):
+				// The row was opened a statement ago; still, never hold a
+				// key the runner is told nothing about.
+				s.letGo(ctx, taken.Record, s.q.release, err)
+				return nil, err
 			case err != nil:
 				return nil, mapError(fmt.Errorf("pgstore: take over: %w", err))
 			default:
@@ -207,14 +232,28 @@ func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemd
 }
 
 // acquisition runs a statement that returns (acquired, db_now, key
-// columns) and scans its one row; pgx.ErrNoRows when there is none.
+// columns) and scans its one row; pgx.ErrNoRows when there is none. When the
+// row's sealed values cannot be opened it returns the row as scanned with
+// the ErrCannotOpen error, so that a caller that locked it can let it go.
 func (s *Store) acquisition(ctx context.Context, sql string, args ...any) (*idemdriver.AcquireResult, error) {
 	res := &idemdriver.AcquireResult{Record: &idemdriver.KeyRecord{}}
 	dest := append([]any{&res.Acquired, &res.DBNow}, recordDest(res.Record)...)
 	if err := s.db.QueryRow(ctx, sql, args...).Scan(dest...); err != nil {
 		return nil, err
 	}
+	if err := s.open(res.Record); err != nil {
+		return res, err
+	}
 	return res, nil
+}
+
+// letGo unlocks a key the store locked (a takeover, a reconcile claim) but
+// could not open, with unlock (release or setNeedsReconcile, which keep its
+// status), recording why. Should it fail, the lease expires.
+func (s *Store) letGo(ctx context.Context, rec *idemdriver.KeyRecord, unlock string, why error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), beginTimeout)
+	defer cancel()
+	_, _ = s.control.Exec(ctx, unlock, rec.ID, rec.Fence, why.Error())
 }
 
 // ClaimReconcile implements idemdriver.Store.
@@ -222,6 +261,12 @@ func (s *Store) ClaimReconcile(ctx context.Context, p idemdriver.ClaimParams) (*
 	res, err := s.acquisition(ctx, s.q.claimReconcile, p.Now, p.Scope, p.Key, p.Lease.Microseconds())
 	if errors.Is(err, pgx.ErrNoRows) {
 		return &idemdriver.AcquireResult{Acquired: idemdriver.AcquiredNone}, nil
+	}
+	if errors.Is(err, ErrCannotOpen) {
+		if res.Acquired == idemdriver.AcquiredTakenOver {
+			s.letGo(ctx, res.Record, s.q.setNeedsReconcile, err)
+		}
+		return nil, err
 	}
 	if err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: claim for reconcile: %w", err))
@@ -243,7 +288,7 @@ func (s *Store) beginPhase(ctx context.Context, opts idemdriver.PhaseOptions) (*
 	if err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: begin phase: %w", err))
 	}
-	return &phaseTx{conn: conn, opts: pgx.TxOptions{IsoLevel: opts.Isolation}, q: s.q, stmtTimeout: opts.StatementTimeout}, nil
+	return &phaseTx{conn: conn, opts: pgx.TxOptions{IsoLevel: opts.Isolation}, q: s.q, seal: s.seal, stmtTimeout: opts.StatementTimeout}, nil
 }
 
 // Heartbeat implements idemdriver.Store.
@@ -337,6 +382,9 @@ func (s *Store) getKey(ctx context.Context, db rowQuerier, scope, key string) (*
 	if err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: get key: %w", err))
 	}
+	if err := s.open(&rec); err != nil {
+		return nil, err
+	}
 	return &rec, nil
 }
 
@@ -370,6 +418,11 @@ func (s *Store) listKeys(ctx context.Context, db pgxscan.Querier, p idemdriver.L
 	}
 	list := &idemdriver.KeyList{Keys: make([]*idemdriver.KeyRecord, len(rows))}
 	for i, row := range rows {
+		if !p.Reveal {
+			withoutPayload(&row.KeyRecord)
+		} else if err := s.open(&row.KeyRecord); err != nil {
+			return nil, fmt.Errorf("pgstore: list keys: %w", err)
+		}
 		list.Keys[i] = &row.KeyRecord
 		list.Now = row.DBNow
 	}
@@ -384,6 +437,12 @@ func (s *Store) listKeys(ctx context.Context, db pgxscan.Querier, p idemdriver.L
 		list.Now = clock.T
 	}
 	return list, nil
+}
+
+// withoutPayload empties what a listing shows only when asked to reveal it:
+// the input, the checkpoint data and the response's headers and body.
+func withoutPayload(rec *idemdriver.KeyRecord) {
+	rec.Params, rec.Checkpoint, rec.ResponseHeaders, rec.ResponseBody = nil, nil, nil, nil
 }
 
 // unlockRow is a key row plus whether the unlock statement changed it.
@@ -412,6 +471,9 @@ func (s *Store) unlockKey(ctx context.Context, db pgxscan.Querier, p idemdriver.
 	if len(rows) == 0 {
 		return nil, fmt.Errorf("%w: scope %q key %q", idemdriver.ErrNotFound, p.Scope, p.Key)
 	}
+	// An operator unlocks a key without the keyring: the result carries
+	// no payload.
+	withoutPayload(&rows[0].KeyRecord)
 	return &idemdriver.UnlockResult{Record: &rows[0].KeyRecord, Unlocked: rows[0].Unlocked}, nil
 }
 
@@ -433,6 +495,11 @@ func (s *Store) ClaimIdle(ctx context.Context, p idemdriver.ClaimIdleParams) ([]
 	if err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: claim idle keys: %w", err))
 	}
+	// Claims carry no payload: whoever runs a key reads it (and opens what
+	// is sealed) then, so one key that cannot be opened fails alone.
+	for _, rec := range recs {
+		withoutPayload(rec)
+	}
 	return recs, nil
 }
 
@@ -442,23 +509,50 @@ func (s *Store) Reap(ctx context.Context, p idemdriver.ReapParams) (int, error) 
 	if p.Limit <= 0 {
 		return 0, fmt.Errorf("%w: reap: Limit %d must be positive", idemdriver.ErrInvalidRequest, p.Limit)
 	}
+	return s.deleteBatch(ctx, "reap", p.StatementTimeout, s.q.reap, p.Now, p.Limit)
+}
+
+// ReapAbandoned implements idemdriver.Store, as Reap does.
+func (s *Store) ReapAbandoned(ctx context.Context, p idemdriver.ReapAbandonedParams) (int, error) {
+	if p.Limit <= 0 {
+		return 0, fmt.Errorf("%w: reap abandoned keys: Limit %d must be positive", idemdriver.ErrInvalidRequest, p.Limit)
+	}
+	// Ages travel in microseconds; a negative one (never) stays negative
+	// however short it is.
+	micros := func(d time.Duration) int64 {
+		if d < 0 {
+			return -1
+		}
+		return d.Microseconds()
+	}
+	flows, ages := make([]string, 0, len(p.FlowAfter)), make([]int64, 0, len(p.FlowAfter))
+	for flow, age := range p.FlowAfter {
+		flows, ages = append(flows, flow), append(ages, micros(age))
+	}
+	return s.deleteBatch(ctx, "reap abandoned keys", p.StatementTimeout, s.q.reapAbandoned,
+		p.Now, micros(p.After), flows, ages, p.Limit)
+}
+
+// deleteBatch runs one batch's DELETE in a transaction of its own, under its
+// statement timeout, and returns the rows it deleted.
+func (s *Store) deleteBatch(ctx context.Context, what string, timeout time.Duration, sql string, args ...any) (int, error) {
 	tx, err := s.db.Begin(ctx)
 	if err != nil {
-		return 0, mapError(fmt.Errorf("pgstore: reap: begin: %w", err))
+		return 0, mapError(fmt.Errorf("pgstore: %s: begin: %w", what, err))
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if p.StatementTimeout > 0 {
-		ms := max(p.StatementTimeout.Milliseconds(), 1)
+	if timeout > 0 {
+		ms := max(timeout.Milliseconds(), 1)
 		if _, err := tx.Exec(ctx, s.q.statementTimeout, fmt.Sprint(ms)); err != nil {
-			return 0, mapError(fmt.Errorf("pgstore: reap: set statement timeout: %w", err))
+			return 0, mapError(fmt.Errorf("pgstore: %s: set statement timeout: %w", what, err))
 		}
 	}
-	tag, err := tx.Exec(ctx, s.q.reap, p.Now, p.Limit)
+	tag, err := tx.Exec(ctx, sql, args...)
 	if err != nil {
-		return 0, mapError(fmt.Errorf("pgstore: reap: %w", err))
+		return 0, mapError(fmt.Errorf("pgstore: %s: %w", what, err))
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, mapError(fmt.Errorf("pgstore: reap: commit: %w", err))
+		return 0, mapError(fmt.Errorf("pgstore: %s: commit: %w", what, err))
 	}
 	return int(tag.RowsAffected()), nil
 }

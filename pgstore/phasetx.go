@@ -37,6 +37,8 @@ type phaseTx struct {
 	conn *pgxpool.Conn
 	opts pgx.TxOptions
 	q    *queries
+	// seal seals the response body a finishing phase stores (nil: none).
+	seal *sealer
 	// stmtTimeout bounds each of the phase's own statements (zero: none).
 	stmtTimeout time.Duration
 	tx          pgx.Tx // the real transaction once begun
@@ -355,7 +357,17 @@ func failedRows(err error) (pgx.Rows, error) {
 // CommitPhase implements idemdriver.PhaseTx: the fenced recovery-point update
 // and COMMIT, in one round trip.
 func (t *phaseTx) CommitPhase(ctx context.Context, p idemdriver.CommitParams) error {
-	sql, args, err := t.q.commitStatement(p)
+	bodyKeyID := ""
+	if p.Response != nil && t.seal != nil {
+		resp := *p.Response
+		var err error
+		if bodyKeyID, resp.Body, err = t.seal.seal(resp.Body, bodyAAD(p.Ref.ID)); err != nil {
+			_ = t.RollbackPhase(ctx)
+			return err
+		}
+		p.Response = &resp
+	}
+	sql, args, err := t.q.commitStatement(p, bodyKeyID)
 	if err != nil {
 		_ = t.RollbackPhase(ctx)
 		return err

@@ -36,7 +36,7 @@ type queries struct {
 	markForeign, clearForeignMark     string
 	setNeedsReconcile, getKey         string
 
-	unlockKey, claimIdle, reap, statementTimeout, clock string
+	unlockKey, claimIdle, reap, reapAbandoned, statementTimeout, clock string
 }
 
 // recordColumns renders the columns of idemdriver.KeyRecord from a progress
@@ -53,7 +53,8 @@ func recordColumns(k, l string) string {
 		CASE WHEN {k}status <> 'finished' THEN {l}lease_expires_at END AS lease_expires_at, {k}fence,
 		coalesce({k}response_status, 0) AS response_status, coalesce({k}response_headers, '{}') AS response_headers,
 		{k}response_body, {k}attempts, coalesce({k}last_error, '') AS last_error,
-		{k}created_at, {k}last_run_at, {k}finished_at, {k}expires_at`
+		{k}created_at, {k}last_run_at, {k}finished_at, {k}expires_at,
+		coalesce({k}params_key_id, '') AS params_key_id, coalesce({k}response_key_id, '') AS response_key_id`
 	return strings.NewReplacer("{k}", k+".", "{l}", l+".").Replace(cols)
 }
 
@@ -67,7 +68,8 @@ func recordDest(rec *idemdriver.KeyRecord) []any {
 		&rec.ForeignMark, &rec.LockedAt, &rec.LeaseExpiresAt, &rec.Fence,
 		&rec.ResponseStatus, &rec.ResponseHeaders,
 		&rec.ResponseBody, &rec.Attempts, &rec.LastError,
-		&rec.CreatedAt, &rec.LastRunAt, &rec.FinishedAt, &rec.ExpiresAt}
+		&rec.CreatedAt, &rec.LastRunAt, &rec.FinishedAt, &rec.ExpiresAt,
+		&rec.ParamsKeyID, &rec.ResponseKeyID}
 }
 
 // leaseOf joins progress rows k with their lease rows l for reading. A
@@ -98,15 +100,23 @@ func newQueries(prefix string) *queries {
 	// in-progress key alike.
 	//
 	//  - existing reads the key, if any, from the statement's snapshot.
-	//  - inserted inserts the key when there was none; ON CONFLICT DO
-	//    NOTHING turns a concurrent insert of the same key into "no row"
-	//    instead of a unique violation that would abort the caller.
+	//  - expired deletes it when it is a finished key past its expiry: such a
+	//    key is absent whether or not the reaper has run, and is never
+	//    replayed. Only a row existing found is probed; its lease row goes
+	//    with it (ON DELETE CASCADE).
+	//  - inserted inserts the key when there was none, or in place of the
+	//    expired one (a row the statement itself deleted is no conflict);
+	//    ON CONFLICT DO NOTHING turns a concurrent insert of the same key into
+	//    "no row" instead of a unique violation that would abort the caller.
 	//  - leased inserts the new key's lease row, locked.
-	//  - the final SELECT reports the insert, or the key as it is.
+	//  - the final SELECT reports the insert, or the key as it is, unless it
+	//    is expired.
 	//
 	// Replays and in-progress answers write nothing: no transaction id, no
-	// WAL, no row lock. Zero rows come back only when a concurrent insert
-	// committed after the snapshot; the caller runs the statement again.
+	// WAL, no row lock. Zero rows come back when a concurrent insert
+	// committed after the snapshot, or when a concurrent acquirer (or the
+	// reaper) deleted the expired row first; the caller runs the statement
+	// again, whose snapshot sees what that one did.
 	//
 	// Taking over an abandoned key is a second statement (takeOver), sent
 	// only when the key looks takeable: keeping an UPDATE out of this one
@@ -117,11 +127,17 @@ WITH clock AS (
 ), existing AS (
     SELECT {cols:k,l} FROM {t} k {leaseOf:k}
     WHERE k.scope = $2 AND k.key = $3
+), expired AS (
+    DELETE FROM {t} d
+    USING existing e
+    WHERE NOT $10::boolean AND e.status = 'finished' AND e.expires_at <= (SELECT t FROM clock)
+      AND d.id = e.id AND d.status = 'finished' AND d.expires_at <= (SELECT t FROM clock)
+    RETURNING d.id
 ), inserted AS (
-    INSERT INTO {t} (scope, key, flow, method, path, fingerprint, params, created_at, last_run_at)
-    SELECT $2, $3, $4, $5, $6, $7, $8, clock.t, clock.t
+    INSERT INTO {t} (scope, key, flow, method, path, fingerprint, params, created_at, last_run_at, params_key_id)
+    SELECT $2, $3, $4, $5, $6, $7, $8, clock.t, clock.t, nullif($11::text, '')
     FROM clock
-    WHERE NOT EXISTS (SELECT 1 FROM existing)
+    WHERE NOT $10::boolean AND (NOT EXISTS (SELECT 1 FROM existing) OR EXISTS (SELECT 1 FROM expired))
     ON CONFLICT (scope, key) DO NOTHING
     RETURNING *
 ), leased AS (
@@ -133,7 +149,8 @@ WITH clock AS (
 SELECT 'created' AS acquired, (SELECT t FROM clock) AS db_now, {cols:inserted,leased}
 FROM inserted JOIN leased ON leased.key_id = inserted.id
 UNION ALL
-SELECT 'none', (SELECT t FROM clock), existing.* FROM existing`)
+SELECT 'none', clock.t, existing.* FROM existing, clock
+WHERE NOT (existing.status = 'finished' AND existing.expires_at <= clock.t)`)
 
 	// takeOverLease is the part of takeOver and claimReconcile that takes
 	// the lease. target is the progress row, already locked as an UPDATE
@@ -233,7 +250,8 @@ SET status           = 'finished',
     expires_at       = coalesce($8::timestamptz, clock_timestamp()) + $7::bigint * interval '1 microsecond',
     response_status  = $4,
     response_headers = $5::jsonb,
-    response_body    = $6
+    response_body    = $6,
+    response_key_id  = nullif($9::text, '')
 WHERE id = $1 AND fence = $2
 RETURNING 1
 )
@@ -353,6 +371,32 @@ WHERE id = ANY(ARRAY(
     FOR UPDATE SKIP LOCKED
 ))`)
 
+	// reapAbandoned deletes one batch of keys abandoned unfinished: running
+	// (never needs_reconcile), nobody holding them, created longer ago than
+	// their flow's age ($3/$4 name flows with ages of their own, in
+	// microseconds; $2 is everyone else's; a negative age never abandons).
+	// Both rows are locked (SKIP LOCKED passes over a key a heartbeat or a
+	// takeover is writing), and the lease is re-checked on the lease row's
+	// latest version, so a key taken over meanwhile is left alone; its lease
+	// row goes with it (ON DELETE CASCADE). Candidates come from
+	// idem_keys_unfinished.
+	q.reapAbandoned = render(`
+DELETE FROM {t}
+WHERE id = ANY(ARRAY(
+    SELECT k.id
+    FROM {t} k
+    JOIN {l} l ON l.key_id = k.id
+    CROSS JOIN (SELECT coalesce($1::timestamptz, now()) AS t) c
+    LEFT JOIN unnest($3::text[], $4::bigint[]) AS f(flow, age) ON f.flow = k.flow
+    WHERE k.status <> 'finished' AND k.status = 'running'
+      AND (l.locked_at IS NULL OR l.lease_expires_at <= c.t)
+      AND coalesce(f.age, $2::bigint) >= 0
+      AND k.created_at <= c.t - coalesce(f.age, $2::bigint) * interval '1 microsecond'
+    ORDER BY k.id
+    LIMIT $5
+    FOR UPDATE OF k, l SKIP LOCKED
+))`)
+
 	// statementTimeout bounds the statements after it in the same
 	// transaction (milliseconds, as text).
 	q.statementTimeout = `SELECT set_config('statement_timeout', $1, true)`
@@ -363,7 +407,8 @@ WHERE id = ANY(ARRAY(
 
 // commitStatement is the guarded statement that records p on its key:
 // advancePhase for a phase that advances, finishPhase for one that responds.
-func (q *queries) commitStatement(p idemdriver.CommitParams) (string, []any, error) {
+// bodyKeyID names the key that sealed p.Response.Body ("": in the clear).
+func (q *queries) commitStatement(p idemdriver.CommitParams, bodyKeyID string) (string, []any, error) {
 	patch := []byte("{}")
 	if len(p.CheckpointPatch) > 0 {
 		var err error
@@ -380,7 +425,7 @@ func (q *queries) commitStatement(p idemdriver.CommitParams) (string, []any, err
 		if header == nil {
 			header = map[string][]string{}
 		}
-		return q.finishPhase, []any{p.Ref.ID, p.Ref.Fence, json.RawMessage(patch), p.Response.Status, header, body, p.Retention.Microseconds(), p.Now}, nil
+		return q.finishPhase, []any{p.Ref.ID, p.Ref.Fence, json.RawMessage(patch), p.Response.Status, header, body, p.Retention.Microseconds(), p.Now, bodyKeyID}, nil
 	case p.Status == idemdriver.StatusRunning:
 		return q.advancePhase, []any{p.Ref.ID, p.Ref.Fence, p.RecoveryPoint, json.RawMessage(patch), p.Now}, nil
 	}

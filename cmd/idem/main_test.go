@@ -204,7 +204,7 @@ func TestBinary(t *testing.T) {
 			res := b.runEnv(t, bins.idem, nil, args...)
 			require.Equal(t, idemcli.ExitOK, res.code, args)
 			require.Contains(t, res.stdout, "Usage: idem keys list")
-			require.Contains(t, res.stdout, "Examples:\n  idem keys list --state stale")
+			require.Contains(t, res.stdout, "Examples:\n  idem keys list --all-scopes --state stale")
 			require.Contains(t, res.stdout, "--state state")
 		}
 		// Every command's help has examples.
@@ -227,7 +227,8 @@ func TestBinary(t *testing.T) {
 			"no scope":     {[]string{"keys", "show", "k1"}, "--scope is required with KEY"},
 			"no key":       {[]string{"keys", "show", "--scope", "s"}, "usage: idem keys show KEY"},
 			"two keys":     {[]string{"keys", "unlock", "a", "b", "--scope", "s"}, "usage: idem keys unlock KEY"},
-			"no database":  {[]string{"keys", "list"}, "DATABASE_URL is not set"},
+			"no database":  {[]string{"keys", "list", "--all-scopes"}, "DATABASE_URL is not set"},
+			"no scope set": {[]string{"keys", "list"}, "--all-scopes"},
 			"bad format":   {[]string{"migrate", "sql", "--format", "flyway"}, `unknown format "flyway"`},
 			"bad schema":   {[]string{"migrate", "sql", "--schema", `a"b`}, "invalid schema name"},
 			"bad limit":    {[]string{"keys", "list", "--limit", "0"}, "--limit 0 is outside"},
@@ -251,10 +252,10 @@ func TestBinary(t *testing.T) {
 
 		res = b.run(t, bins.idem, "migrate", "up", "--schema", b.schema.Name)
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
-		require.Equal(t, "applied 0001, 0002, 0003: the schema went from version 0 to 3\n", res.stdout)
+		require.Equal(t, "applied 0001, 0002, 0003, 0004: the schema went from version 0 to 4\n", res.stdout)
 		res = b.run(t, bins.idem, "--json", "migrate", "up", "--schema", b.schema.Name)
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
-		require.JSONEq(t, `{"from": 3, "to": 3, "applied": []}`, res.stdout)
+		require.JSONEq(t, `{"from": 4, "to": 4, "applied": []}`, res.stdout)
 
 		status := decode[struct {
 			Current, Latest, Pending int
@@ -282,11 +283,17 @@ func TestBinary(t *testing.T) {
 		// resolves the tables without --schema too.
 		res = b.run(t, bins.idem, "migrate", "down")
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
+		require.Equal(t, "reverted 0004: the schema went from version 4 to 3\n", res.stdout)
+		res = b.run(t, bins.idem, "migrate", "down")
+		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
 		require.Equal(t, "reverted 0003: the schema went from version 3 to 2\n", res.stdout)
 		res = b.run(t, bins.idem, "migrate", "down")
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
 		require.Equal(t, "reverted 0002: the schema went from version 2 to 1\n", res.stdout)
 		res = b.run(t, bins.idem, "migrate", "down")
+		require.Equal(t, idemcli.ExitUsage, res.code, "going below version 1 drops the keys: it needs --yes")
+		require.Contains(t, res.stderr, "pass --yes")
+		res = b.run(t, bins.idem, "migrate", "down", "--yes")
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
 		require.Equal(t, "reverted 0001: the schema went from version 1 to 0\n", res.stdout)
 		require.Zero(t, b.count(t, "count(*) FROM pg_tables WHERE tablename = 'idem_keys' AND schemaname = current_schema()"))
@@ -309,7 +316,7 @@ func TestBinary(t *testing.T) {
 		b.abandonOrder(t, "stale-1")
 		b.doubtfulText(t, "doubtful-1", false)
 
-		res := b.run(t, bins.idem, "keys", "list", "--schema", b.schema.Name)
+		res := b.run(t, bins.idem, "keys", "list", "--all-scopes", "--schema", b.schema.Name)
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
 		lines := strings.Split(strings.TrimSpace(res.stdout), "\n")
 		require.Len(t, lines, 7, res.stdout) // header, five keys, paging hint
@@ -328,7 +335,7 @@ func TestBinary(t *testing.T) {
 			"running": "running-1", "stale": "stale-1", "needs_reconcile": "doubtful-1",
 			"finished": "finished-1", "expired": "expired-1",
 		} {
-			res := b.run(t, bins.idem, "keys", "list", "--state", state, "--json", "--schema", b.schema.Name)
+			res := b.run(t, bins.idem, "keys", "list", "--all-scopes", "--state", state, "--json", "--schema", b.schema.Name)
 			require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
 			list := decode[struct {
 				Now  time.Time
@@ -348,11 +355,11 @@ func TestBinary(t *testing.T) {
 		res = b.run(t, bins.idem, "keys", "list", "--scope", "nobody")
 		require.Equal(t, idemcli.ExitOK, res.code)
 		require.Equal(t, "no keys match\n", res.stdout)
-		res = b.run(t, bins.idem, "keys", "list", "--limit", "2", "--json")
+		res = b.run(t, bins.idem, "keys", "list", "--all-scopes", "--limit", "2", "--json")
 		require.Len(t, decode[struct{ Keys []any }](t, res.stdout).Keys, 2)
 
 		// show: flags after the key work too.
-		res = b.run(t, bins.idem, "keys", "show", "finished-1", "--scope", "user:1", "--schema", b.schema.Name)
+		res = b.run(t, bins.idem, "keys", "show", "finished-1", "--scope", "user:1", "--reveal", "--schema", b.schema.Name)
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
 		for _, want := range []string{
 			`(?m)^state\s+finished$`, `(?m)^flow\s+orders.create$`, `(?m)^request\s+POST /orders$`,
@@ -439,14 +446,14 @@ func TestBinary(t *testing.T) {
 
 		res := b.run(t, bins.idem, "reap", "--batch-size", "2", "--schema", b.schema.Name)
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
-		require.Equal(t, "reaped 3 expired key(s) in 2 batch(es)\n", res.stdout)
+		require.Equal(t, "reaped 3 expired key(s) in 2 batch(es), and 0 abandoned unfinished key(s)\n", res.stdout)
 		require.Equal(t, 2, b.count(t, "count(*) FROM idem_keys"))
 		require.Equal(t, 5, b.count(t, "count(*) FROM orders"), "business rows survive")
 		require.Equal(t, 3, b.count(t, "count(*) FROM orders WHERE key_id IS NULL"))
 
 		res = b.run(t, bins.idem, "reap", "--json")
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
-		require.JSONEq(t, `{"deleted": 0, "batches": 1}`, res.stdout)
+		require.JSONEq(t, `{"deleted": 0, "batches": 1, "abandoned": 0}`, res.stdout)
 
 		res = b.run(t, bins.idem, "reap", "--batch-size", "-1")
 		require.Equal(t, idemcli.ExitUsage, res.code)
