@@ -279,11 +279,17 @@ func (f *smsFailover) run() smsFigures {
 	// A marked key stays locked for its lease, then goes to needs_reconcile
 	// (its send is in doubt), and the Maintainer's reconcile run, once the
 	// key has been idle for IdleFor, asks the gateway.
+	// (With no key marked, the clock stays put: moving it under running
+	// requests would only make them fence themselves off.)
 	f.receive(held, fig.markedAtKill, "a retry finds its key held")
-	f.clock.Advance(lease)
+	if fig.markedAtKill > 0 {
+		f.clock.Advance(lease)
+	}
 	close(f.leaseOver)
 	f.receive(parked, fig.markedAtKill, "a retry finds its key in needs_reconcile")
-	f.clock.Advance(smsReconcileIdleFor)
+	if fig.markedAtKill > 0 {
+		f.clock.Advance(smsReconcileIdleFor)
+	}
 	close(f.reconcileDue)
 	require.NoError(t, f.wait(inFlightDone))
 	fig.reconciled = int(f.reconciled.Load())
