@@ -73,11 +73,11 @@ func TestRidesFlowDeclineAtEveryCrashPoint(t *testing.T) {
 // job; for a declined ride, neither.
 func (b *testBundle) checkOneRide(ctx context.Context, key *idem.KeyRecord, status string) error {
 	var rideID int64
-	var gotStatus string
+	var gotStatus, reference string
 	var chargeID *string
 	var rides int
-	err := b.pool.QueryRow(ctx, `SELECT count(*) OVER (), id, payment_status, charge_id FROM rides WHERE idempotency_key_id = $1`, key.ID).
-		Scan(&rides, &rideID, &gotStatus, &chargeID)
+	err := b.pool.QueryRow(ctx, `SELECT count(*) OVER (), id, payment_status, charge_id, charge_reference FROM rides WHERE idempotency_key_id = $1`, key.ID).
+		Scan(&rides, &rideID, &gotStatus, &chargeID, &reference)
 	if err != nil {
 		return fmt.Errorf("the key's ride: %w", err)
 	}
@@ -92,7 +92,7 @@ func (b *testBundle) checkOneRide(ctx context.Context, key *idem.KeyRecord, stat
 	}
 	var charges []string
 	for _, c := range b.provider.Charges() {
-		if c.IdempotencyKey == key.DownstreamKey(ridesapp.PhaseChargeCreated) || c.Description == ridesapp.ChargeDescription(rideID) {
+		if c.IdempotencyKey == key.DownstreamKey(ridesapp.PhaseChargeCreated) || c.Description == ridesapp.ChargeDescription(reference) {
 			charges = append(charges, c.ID)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -120,11 +121,15 @@ func (a *App) createRide(ctx context.Context, tx idem.Tx, run *idem.Attempt[Ride
 		// flow another way (a stored key from an older release, a test).
 		return idem.Result{}, fmt.Errorf("rides: invalid input: %s %s", problems[0].Field, problems[0].Detail)
 	}
+	// The charge's reference is the charge phase's downstream key: derived
+	// from the request, it is the same for every ride this request ever
+	// creates (see ChargeDescription).
 	var rideID int64
 	err := tx.QueryRow(ctx, `INSERT INTO `+a.prefix+`rides
-		(idempotency_key_id, user_id, origin_lat, origin_lon, target_lat, target_lon)
-		VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`,
-		run.Key().ID, in.UserID, *in.OriginLat, *in.OriginLon, *in.TargetLat, *in.TargetLon).Scan(&rideID)
+		(idempotency_key_id, user_id, origin_lat, origin_lon, target_lat, target_lon, charge_reference)
+		VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id`,
+		run.Key().ID, in.UserID, *in.OriginLat, *in.OriginLon, *in.TargetLat, *in.TargetLon,
+		run.Key().DownstreamKey(PhaseChargeCreated)).Scan(&rideID)
 	if err != nil {
 		return idem.Result{}, fmt.Errorf("rides: insert ride: %w", err)
 	}
@@ -160,18 +165,19 @@ type auditRideData struct {
 // rideOfKey is the ride a request created, found through its key as
 // rocket-rides-atomic does, so a resumed request needs nothing but the key.
 type rideOfKey struct {
-	ID         int64
-	UserID     int64
-	Email      string
-	CustomerID string
-	ChargeID   *string
+	ID              int64
+	UserID          int64
+	Email           string
+	CustomerID      string
+	ChargeID        *string
+	ChargeReference *string
 }
 
 func (a *App) loadRide(ctx context.Context, tx idem.Tx, keyID int64, phase string) (*rideOfKey, error) {
 	var r rideOfKey
-	err := tx.QueryRow(ctx, `SELECT r.id, r.user_id, u.email, u.customer_id, r.charge_id
+	err := tx.QueryRow(ctx, `SELECT r.id, r.user_id, u.email, u.customer_id, r.charge_id, r.charge_reference
 		FROM `+a.prefix+`rides r JOIN `+a.prefix+`users u ON u.id = r.user_id
-		WHERE r.idempotency_key_id = $1`, keyID).Scan(&r.ID, &r.UserID, &r.Email, &r.CustomerID, &r.ChargeID)
+		WHERE r.idempotency_key_id = $1`, keyID).Scan(&r.ID, &r.UserID, &r.Email, &r.CustomerID, &r.ChargeID, &r.ChargeReference)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// ride_created committed the ride with the recovery point, so this is
 		// a bug (or a hand-edited key), not a condition to retry.
@@ -191,6 +197,15 @@ func (a *App) loadRide(ctx context.Context, tx idem.Tx, keyID int64, phase strin
 // process dies, the commit fails), the phase runs again with the same
 // downstream key and the provider returns the original charge instead of
 // making a second one.
+//
+// Everything the call sends is derived from the request, never from a row
+// this request created: the downstream key (idem derives it) and the
+// description (the ride's charge reference, the same key). A failover to a
+// standby that had not received the ride loses the ride and the key, and the
+// retry creates a new ride with another id; a description naming that id
+// would differ from the first attempt's, and a provider that compares the
+// parameters sent under a key (Stripe does; so does fakepay) would refuse the
+// retry instead of returning the first charge.
 func (a *App) chargeRide(ctx context.Context, tx idem.Tx, run *idem.Attempt[RideParams]) (idem.Result, error) {
 	ride, err := a.loadRide(ctx, tx, run.Key().ID, run.Phase())
 	if err != nil {
@@ -200,12 +215,16 @@ func (a *App) chargeRide(ctx context.Context, tx idem.Tx, run *idem.Attempt[Ride
 	err = run.Foreign(ctx, "charge", func(ctx context.Context, downstreamKey string) error {
 		ctx, cancel := context.WithTimeout(ctx, a.paymentsTimeout)
 		defer cancel()
+		reference := downstreamKey // a ride from before charge_reference existed
+		if ride.ChargeReference != nil {
+			reference = *ride.ChargeReference
+		}
 		var err error
 		charge, err = a.payments.CreateCharge(ctx, downstreamKey, fakepay.ChargeParams{
 			Amount:      RideAmount,
 			Currency:    RideCurrency,
 			Customer:    ride.CustomerID,
-			Description: ChargeDescription(ride.ID),
+			Description: ChargeDescription(reference),
 		})
 		return err
 	})
@@ -249,16 +268,23 @@ func (a *App) setPaymentStatus(ctx context.Context, tx idem.Tx, rideID int64, st
 	return nil
 }
 
-// ChargeDescription is the description of a ride's charge at the provider.
-// The audit reads the ride id back from it (see ParseChargeDescription).
-func ChargeDescription(rideID int64) string { return fmt.Sprintf("Charge for ride %d", rideID) }
+// ChargeDescription is the description of a ride's charge at the provider:
+// it names the ride's charge reference (rides.charge_reference), which the
+// audit reads back (see ParseChargeDescription) to tie the ledger to the
+// rides. The reference is derived from the request, not from the ride's id,
+// so that every attempt of a request sends the same charge.
+func ChargeDescription(reference string) string { return chargeDescriptionPrefix + reference }
 
-// ParseChargeDescription returns the ride id a charge description names.
-func ParseChargeDescription(description string) (int64, bool) {
-	var id int64
-	var rest string
-	n, _ := fmt.Sscanf(description+"|", "Charge for ride %d%s", &id, &rest)
-	return id, n == 2 && rest == "|"
+const chargeDescriptionPrefix = "Charge for ride request "
+
+// ParseChargeDescription returns the charge reference a charge description
+// names.
+func ParseChargeDescription(description string) (string, bool) {
+	reference, ok := strings.CutPrefix(description, chargeDescriptionPrefix)
+	if !ok || reference == "" || strings.ContainsAny(reference, " \t\r\n") {
+		return "", false
+	}
+	return reference, true
 }
 
 // enqueueReceipt queues the receipt email with a transactional insert: the

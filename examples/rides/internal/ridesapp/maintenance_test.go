@@ -139,10 +139,39 @@ func TestReaperDeletesExpiredKeysAndTheRideSurvives(t *testing.T) {
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM river_job WHERE (args->>'ride_id')::bigint = $1`, ride.RideID))
 
 	// After its retention a key is forgotten: the same key with another
-	// request is a new request, not a mismatch. (The same request again
-	// would get a new ride but the old charge: its downstream key is derived
-	// from the request, so the provider recognises it; see docs/design.md.)
+	// request is a new request, not a mismatch. (The same request again is
+	// still the same request to the provider: see
+	// TestTheSameRequestAfterItsKeyWasReapedIsNotChargedTwice.)
 	again := b.postOK(t, "Bearer "+ridesapp.GoodUserEmail, key, otherBody).ride(t)
 	require.NotEqual(t, ride.RideID, again.RideID)
 	require.NotEqual(t, ride.ChargeID, again.ChargeID)
+}
+
+// The same request re-sent after its key was reaped is still the same
+// request to the provider: its downstream key and its charge's parameters
+// are derived from the request, so the provider (which never forgets)
+// returns the first charge. That charge is the first ride's, and a charge
+// is recorded on one ride only, so the charge phase fails rather than book
+// a second ride on the first one's payment: nobody is charged twice, and the
+// key is left unfinished for an operator.
+func TestTheSameRequestAfterItsKeyWasReapedIsNotChargedTwice(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	runner := b.app.Runner()
+	key := newKey()
+	first := b.ride(t, key).ride(t)
+	b.clock.Advance(runner.Config().Retention + time.Second)
+	res, err := runner.Reap(ctx, nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Deleted)
+
+	resp := b.ride(t, key)
+	require.Equal(t, http.StatusInternalServerError, resp.status, "%s", resp.body)
+	require.Len(t, b.provider.Charges(), 1, "the provider recognised the request")
+	require.Equal(t, first.ChargeID, b.provider.Charges()[0].ID)
+	rec := b.key(t, b.goodUserID, key)
+	require.Equal(t, idem.StatusRunning, rec.Status)
+	require.Equal(t, ridesapp.PhaseRideCreated, rec.RecoveryPoint)
+	require.Contains(t, rec.LastError, "rides_charge_id_key")
 }

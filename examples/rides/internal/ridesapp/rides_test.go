@@ -42,9 +42,11 @@ func requireOneRide(t *testing.T, b *testBundle, key string, ride ridesapp.RideR
 	require.Len(t, charges, 1)
 	require.Equal(t, ride.ChargeID, charges[0].ID)
 	require.Equal(t, ridesapp.RideAmount, charges[0].Amount)
-	require.Equal(t, ridesapp.ChargeDescription(ride.RideID), charges[0].Description)
 	rec := b.key(t, b.goodUserID, key)
 	require.Equal(t, rec.DownstreamKey(ridesapp.PhaseChargeCreated), charges[0].IdempotencyKey)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM rides WHERE id = $1 AND charge_reference = $2`,
+		ride.RideID, rec.DownstreamKey(ridesapp.PhaseChargeCreated)))
+	require.Equal(t, ridesapp.ChargeDescription(rec.DownstreamKey(ridesapp.PhaseChargeCreated)), charges[0].Description)
 	require.Equal(t, idem.StatusFinished, rec.Status)
 	require.Nil(t, rec.LockedAt)
 }
@@ -603,10 +605,10 @@ func TestMethodNotAllowedIsAProblem(t *testing.T) {
 
 func TestChargeDescriptionRoundTrips(t *testing.T) {
 	t.Parallel()
-	id, ok := ridesapp.ParseChargeDescription(ridesapp.ChargeDescription(42))
+	ref, ok := ridesapp.ParseChargeDescription(ridesapp.ChargeDescription("idem-0123abcd"))
 	require.True(t, ok)
-	require.EqualValues(t, 42, id)
-	for _, bad := range []string{"", "Charge for ride", "Charge for ride x", "Charge for ride 42 again", "charge for ride 42"} {
+	require.Equal(t, "idem-0123abcd", ref)
+	for _, bad := range []string{"", "Charge for ride request ", "Charge for ride 42", "Charge for ride request idem-1 again", "charge for ride request idem-1"} {
 		_, ok := ridesapp.ParseChargeDescription(bad)
 		require.False(t, ok, bad)
 	}

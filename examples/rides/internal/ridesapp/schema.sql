@@ -31,8 +31,17 @@ CREATE TABLE IF NOT EXISTS {{schema}}rides (
     payment_status     text        NOT NULL DEFAULT 'pending'
                                    CHECK (payment_status IN ('pending', 'charged', 'declined', 'failed')),
     charge_id          text        UNIQUE CHECK (char_length(charge_id) <= 255),
+    -- charge_reference names the ride's charge at the provider (its
+    -- description). It is the request's downstream idempotency key, derived
+    -- from the request rather than from the ride's id, so the retry of a
+    -- request whose ride a failover lost sends the very same charge and the
+    -- provider, which compares the parameters sent under a key, returns the
+    -- first charge instead of refusing. NULL on rides from before it existed.
+    charge_reference   text        CHECK (char_length(charge_reference) <= 255),
     CONSTRAINT rides_charged_has_charge CHECK ((payment_status = 'charged') = (charge_id IS NOT NULL))
 );
+ALTER TABLE {{schema}}rides ADD COLUMN IF NOT EXISTS charge_reference text CHECK (char_length(charge_reference) <= 255);
+CREATE INDEX IF NOT EXISTS rides_charge_reference ON {{schema}}rides (charge_reference);
 
 -- audit_records: what happened, written in the same transaction as the
 -- change it describes. origin_ip is the client's address; it is NULL when

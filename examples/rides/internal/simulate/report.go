@@ -269,23 +269,28 @@ func (s *simulator) audit(ctx context.Context, deadline time.Time, requests []*r
 		return fmt.Errorf("simulate: audit: list the ledger: %w", err)
 	}
 	rides := map[int64]ride{}
-	rows, err := s.cfg.Pool.Query(ctx, `SELECT r.id, r.payment_status, r.charge_id, k.key
+	rows, err := s.cfg.Pool.Query(ctx, `SELECT r.id, r.payment_status, r.charge_id, r.charge_reference, k.key
 		FROM `+prefix+`rides r LEFT JOIN `+prefix+`idem_keys k ON k.id = r.idempotency_key_id
 		WHERE r.created_at >= $1`, s.since)
 	if err != nil {
 		return fmt.Errorf("simulate: audit: %w", err)
 	}
 	byKey := map[string]int64{}
+	byReference := map[string]int64{}
 	for rows.Next() {
 		var id int64
 		var rd ride
-		if err := rows.Scan(&id, &rd.status, &rd.chargeID, &rd.key); err != nil {
+		var reference *string
+		if err := rows.Scan(&id, &rd.status, &rd.chargeID, &reference, &rd.key); err != nil {
 			rows.Close()
 			return fmt.Errorf("simulate: audit: %w", err)
 		}
 		rides[id] = rd
 		if rd.key != nil {
 			byKey[*rd.key] = id
+		}
+		if reference != nil {
+			byReference[*reference] = id
 		}
 	}
 	rows.Close()
@@ -299,25 +304,26 @@ func (s *simulator) audit(ctx context.Context, deadline time.Time, requests []*r
 	r.StuckKeys, r.ReceiptsMissing = stuck, missing
 	r.Rides = len(rides)
 
-	// Each ledger charge is this run's if it names one of this run's rides.
-	// Of those, the one recorded on the ride is its charge and any other is
-	// a double charge. A charge naming an older ride (an earlier run against
-	// the same provider) is not this run's business; a charge naming no ride
-	// at all is a charge without ride.
+	// Each ledger charge is this run's if it names one of this run's rides
+	// (by the ride's charge reference). Of those, the one recorded on the
+	// ride is its charge and any other is a double charge. A charge naming an
+	// older ride (an earlier run against the same provider) is not this
+	// run's business; a charge naming no ride at all is a charge without
+	// ride.
 	recorded := map[string]bool{}
 	for _, rd := range rides {
 		if rd.chargeID != nil {
 			recorded[*rd.chargeID] = true
 		}
 	}
-	older, err := s.olderRides(ctx, prefix, charges, rides)
+	older, err := s.olderRides(ctx, prefix, charges, byReference)
 	if err != nil {
 		return err
 	}
 	inLedger := map[string]bool{}
 	for _, c := range charges {
-		rideID, named := ridesapp.ParseChargeDescription(c.Description)
-		if named && older[rideID] {
+		reference, named := ridesapp.ParseChargeDescription(c.Description)
+		if named && older[reference] {
 			continue
 		}
 		r.ChargesInLedger++
@@ -325,7 +331,8 @@ func (s *simulator) audit(ctx context.Context, deadline time.Time, requests []*r
 		if recorded[c.ID] {
 			continue
 		}
-		if rd, found := rides[rideID]; named && found && rd.chargeID != nil {
+		rideID, found := byReference[reference]
+		if rd := rides[rideID]; named && found && rd.chargeID != nil {
 			r.DoubleCharges++
 			s.cfg.Logger.Warn("simulate: double charge", "ride_id", rideID, "charge_id", c.ID, "recorded_charge_id", *rd.chargeID)
 			continue
@@ -390,32 +397,33 @@ func (s *simulator) unsettled(ctx context.Context, prefix string) (stuckKeys, re
 	return stuckKeys, receiptsMissing, nil
 }
 
-// olderRides returns which of the rides the ledger's charges name exist but
-// predate this run.
-func (s *simulator) olderRides(ctx context.Context, prefix string, charges []fakepay.Charge, ours map[int64]ride) (map[int64]bool, error) {
-	var ids []int64
+// olderRides returns which of the charge references the ledger's charges
+// name belong to rides that exist but predate this run.
+func (s *simulator) olderRides(ctx context.Context, prefix string, charges []fakepay.Charge, ours map[string]int64) (map[string]bool, error) {
+	var references []string
 	for _, c := range charges {
-		if id, ok := ridesapp.ParseChargeDescription(c.Description); ok {
-			if _, mine := ours[id]; !mine {
-				ids = append(ids, id)
+		if reference, ok := ridesapp.ParseChargeDescription(c.Description); ok {
+			if _, mine := ours[reference]; !mine {
+				references = append(references, reference)
 			}
 		}
 	}
-	older := map[int64]bool{}
-	if len(ids) == 0 {
+	older := map[string]bool{}
+	if len(references) == 0 {
 		return older, nil
 	}
-	rows, err := s.cfg.Pool.Query(ctx, `SELECT id FROM `+prefix+`rides WHERE id = ANY($1) AND created_at < $2`, ids, s.since)
+	rows, err := s.cfg.Pool.Query(ctx, `SELECT DISTINCT charge_reference FROM `+prefix+`rides
+		WHERE charge_reference = ANY($1) AND created_at < $2`, references, s.since)
 	if err != nil {
 		return nil, fmt.Errorf("simulate: audit: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
+		var reference string
+		if err := rows.Scan(&reference); err != nil {
 			return nil, fmt.Errorf("simulate: audit: %w", err)
 		}
-		older[id] = true
+		older[reference] = true
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("simulate: audit: %w", err)

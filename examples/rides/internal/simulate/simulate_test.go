@@ -125,12 +125,15 @@ func TestAuditFindsViolations(t *testing.T) {
 		require.NoError(t, err)
 	}
 	var rideIDs []int64
-	rows, err := b.schema.Pool.Query(ctx, `SELECT id FROM rides ORDER BY id`)
+	var references []string
+	rows, err := b.schema.Pool.Query(ctx, `SELECT id, charge_reference FROM rides ORDER BY id`)
 	require.NoError(t, err)
 	for rows.Next() {
 		var id int64
-		require.NoError(t, rows.Scan(&id))
+		var reference string
+		require.NoError(t, rows.Scan(&id, &reference))
 		rideIDs = append(rideIDs, id)
+		references = append(references, reference)
 	}
 	require.NoError(t, rows.Err())
 	require.Len(t, rideIDs, 5)
@@ -149,9 +152,9 @@ func TestAuditFindsViolations(t *testing.T) {
 		t.Fatalf("could not charge %s", key)
 	}
 	// A second charge for a ride, under another key.
-	charge("rogue-1", ridesapp.ChargeDescription(rideIDs[0]))
+	charge("rogue-1", ridesapp.ChargeDescription(references[0]))
 	// A charge for no ride at all.
-	charge("rogue-2", "Charge for ride 999999999")
+	charge("rogue-2", ridesapp.ChargeDescription("idem-no-such-ride"))
 	// A ride that lost its charge, a receipt that was never written, a key
 	// left unfinished, and an answer that no longer matches the database.
 	exec(`UPDATE rides SET charge_id = NULL, payment_status = 'failed' WHERE id = $1`, rideIDs[1])
