@@ -123,6 +123,7 @@ func (r *Runner) Execute(ctx context.Context, flow AnyFlow, req Request) (*Outco
 	started := time.Now()
 	ctx, end := r.startRequest(ctx, flow.Name(), req.Scope)
 	out, err := r.execute(ctx, flow, req)
+	err = callerGone(ctx, err)
 	out.settle(err)
 	end(out, err)
 	if out.Kind == OutcomeExecuted {
@@ -149,6 +150,11 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request) (*Outco
 	ev := Event{Flow: flow.Name(), Scope: req.Scope, Key: req.Key}
 	if err != nil {
 		err = r.storeError(ctx, err)
+		if ctx.Err() != nil {
+			// The caller went away; the store did not fail. Execute labels
+			// it OutcomeCanceled.
+			return &Outcome{}, fmt.Errorf("acquire: %w", err)
+		}
 		ev.Kind, ev.Err = EventStoreError, err
 		r.emit(ctx, ev)
 		r.log.ErrorContext(ctx, "idem: acquire failed; nothing executed", "flow", flow.Name(), "scope", req.Scope, "key", req.Key, "err", err)
@@ -298,8 +304,13 @@ func (r *Runner) fail(ctx context.Context, h *held, err error) (*Outcome, error)
 	case h.foreignMarked || h.reconciling:
 		return r.toNeedsReconcile(ctx, h, err.Error())
 	}
-	ev.Kind = EventPhaseFailed
-	r.emit(ctx, ev)
+	// A caller that went away interrupted the phase; it did not fail
+	// (Execute labels the outcome OutcomeCanceled).
+	gone := ctx.Err() != nil && !errors.Is(context.Cause(ctx), ErrLockLost)
+	if !gone {
+		ev.Kind = EventPhaseFailed
+		r.emit(ctx, ev)
+	}
 	h.lettingGo.Store(true)
 	// Release with a context detached from the request's: a client that
 	// went away must not leave the key locked for a whole lease.
@@ -314,6 +325,10 @@ func (r *Runner) fail(ctx context.Context, h *held, err error) (*Outcome, error)
 	case rerr != nil:
 		r.emit(ctx, h.event(EventStoreError, rerr))
 		r.log.ErrorContext(ctx, "idem: could not release key; it unlocks when its lease expires", "key", h.rec.Key, "err", rerr)
+	}
+	if gone {
+		r.log.InfoContext(ctx, "idem: the caller went away; phase rolled back and key released for retry", "flow", h.flow.Name(), "key", h.rec.Key, "phase", h.phaseName(), "err", err)
+		return h.outcome(nil), err
 	}
 	r.log.WarnContext(ctx, "idem: phase failed; key released for retry", "flow", h.flow.Name(), "key", h.rec.Key, "phase", h.phaseName(), "err", err)
 	return h.outcome(nil), err
