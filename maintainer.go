@@ -155,8 +155,10 @@ func (m *Maintainer) Serve(ctx context.Context) error {
 			return err
 		}},
 	}
-	m.log.InfoContext(ctx, "idem: maintainer started", "reap_interval", m.config.ReapInterval,
-		"complete_interval", m.config.CompleteInterval, "reconcile_interval", m.config.ReconcileInterval)
+	// Durations are logged as strings ("5m0s"): a JSON handler would write
+	// a time.Duration as integer nanoseconds.
+	m.log.InfoContext(ctx, "idem: maintainer started", "reap_interval", m.config.ReapInterval.String(),
+		"complete_interval", m.config.CompleteInterval.String(), "reconcile_interval", m.config.ReconcileInterval.String())
 	var wg sync.WaitGroup
 	for _, svc := range services {
 		if svc.interval <= 0 {

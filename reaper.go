@@ -129,7 +129,7 @@ func (r *Runner) Reap(ctx context.Context, config *ReapConfig) (*ReapResult, err
 		}
 	}
 	if res.Deleted > 0 {
-		r.log.InfoContext(ctx, "idem: reaped expired keys", "deleted", res.Deleted, "batches", res.Batches, "took", time.Since(started))
+		r.log.InfoContext(ctx, "idem: reaped expired keys", "deleted", res.Deleted, "batches", res.Batches, "took", time.Since(started).String())
 	} else {
 		r.log.DebugContext(ctx, "idem: reaper found no expired keys")
 	}
