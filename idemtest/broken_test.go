@@ -84,7 +84,7 @@ func TestCatchesACallWithoutTheDownstreamKeyThroughProviders(t *testing.T) {
 	})
 	cfg := b.config(flow)
 	cfg.Check = nil
-	cfg.Providers = []*idemtest.Provider{b.provider}
+	cfg.Providers = []idemtest.FakeProvider{b.provider}
 	rep, err := idemtest.ExploreContext(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Log(rep.Summary())

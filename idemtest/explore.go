@@ -157,7 +157,7 @@ func (x *explorer[In]) newScenario(name string, kind Kind, phase, description st
 func (x *explorer[In]) providerMarks() []int {
 	marks := make([]int, len(x.cfg.Providers))
 	for i, p := range x.cfg.Providers {
-		marks[i] = p.mark()
+		marks[i] = callMark(p)
 	}
 	return marks
 }
@@ -480,7 +480,7 @@ func (x *explorer[In]) checkProviders(sc *scenario) {
 	received := map[string]bool{}
 	reported := map[string]bool{}
 	for i, p := range x.cfg.Providers {
-		for _, c := range p.since(sc.marks[i]) {
+		for _, c := range callsSince(p, sc.marks[i]) {
 			received[c.Key] = true
 			if handed[c.Key] || reported[c.Key] {
 				continue
