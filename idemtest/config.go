@@ -76,6 +76,12 @@ type Config[In any] struct {
 	// them. Give each exploration providers of its own.
 	Providers []FakeProvider
 
+	// Bypass configures the check for writes that bypass the phase's
+	// transaction, made in every crash_before_commit scenario (see
+	// BypassCheck). The zero value watches every table on Pool's
+	// search_path but idem's own.
+	Bypass BypassCheck
+
 	// Kinds limits the scenario kinds explored. Default AllKinds().
 	Kinds []Kind
 

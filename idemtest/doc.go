@@ -51,6 +51,9 @@
 //     unless a reconcile hook said it had not happened;
 //   - the registered Providers received only downstream keys the runner
 //     handed out in the scenario, and all of them;
+//   - in crash_before_commit, no row that another transaction wrote while
+//     the phase ran outlived the phase's rollback: a write through the pool
+//     instead of the phase's tx (see [BypassCheck]);
 //   - Config.Check holds.
 //
 // # How faults are injected
@@ -75,11 +78,12 @@
 // # What it cannot see
 //
 // The kit sees what the runner does: phases, commits, foreign calls made
-// through Attempt.Foreign and the keys handed to them. It cannot see your
-// tables or your providers. A write made through the pool instead of the
-// phase's tx, or a call made outside Attempt.Foreign or with a key other than
-// the one it was handed, is only caught by a Config.Check that counts rows
-// or charges, or by a Provider given in Config.Providers. It explores the
+// through Attempt.Foreign and the keys handed to them; of your tables, only
+// the rows a write through the pool left behind after a rollback (see
+// [BypassCheck]). It cannot see your providers. A call made outside
+// Attempt.Foreign or with a key other than the one it was handed is only
+// caught by a Config.Check that counts charges, or by a provider given in
+// Config.Providers; a delete through the pool, only by a Check. It explores the
 // path Input takes; explore each other path (a decline, a validation
 // failure) with an Input that takes it. And it trusts a reconcile hook's
 // verdict: a hook that says "not done" about a message that was sent makes

@@ -184,12 +184,13 @@ func (x *explorer[In]) runBaseline(ctx context.Context) *Scenario {
 
 func (x *explorer[In]) runScenario(ctx context.Context, kind Kind, phase, foreign string) *Scenario {
 	sc := x.newScenario(string(kind)+"@"+phase, kind, phase, kind.describe(phase, foreign))
-	f := &fault{kind: kind, phase: phase}
+	f := &fault{kind: kind, phase: phase, bypass: x.newBypassWatch(kind)}
 	var final *idem.Response
 	if kind == LeaseTakeover {
 		final = x.takeover(ctx, sc, f)
 	} else {
 		out, err := x.call(ctx, sc, f, opRun, x.store)
+		f.bypass.check(ctx, sc, phase) // see bypass.go
 		if !f.fired {
 			sc.violate("the fault point was never reached: the first run went another way than the baseline (%s); is the flow deterministic for one input?", outcomeText(out, err))
 		}
@@ -610,6 +611,9 @@ func (w *worker) hook(ctx context.Context, at idem.HookPoint) error {
 	if !ours {
 		return nil
 	}
+	if f != nil && !f.fired && at.Phase == f.phase {
+		f.bypass.note(ctx, at.Where) // see bypass.go
+	}
 	if f == nil || f.fired || at.Phase != f.phase || at.Where != f.kind.where() {
 		return nil
 	}
@@ -700,8 +704,9 @@ type fault struct {
 	phase string
 	// fired is set on the worker's goroutine and read after its call
 	// returned.
-	fired bool
-	park  *parking
+	fired  bool
+	park   *parking
+	bypass *bypassWatch
 }
 
 func (f *fault) inject(ctx context.Context, w *worker) error {
