@@ -136,9 +136,9 @@ func charge(ctx context.Context, tx idem.Tx, run *idem.Attempt[Params], payments
 	if err != nil {
 		return idem.Result{}, err
 	}
-	orderID, ok, err := idem.CheckpointOf[int64](run, "order_id")
-	if err != nil || !ok {
-		return idem.Result{}, fmt.Errorf("orders: no order_id checkpoint (found %v): %w", ok, err)
+	orderID, err := orderIDOf(run)
+	if err != nil {
+		return idem.Result{}, err
 	}
 	q := db.New(tx)
 	order, err := q.GetOrder(ctx, db.GetOrderParams{TenantID: tenant, ID: orderID})
@@ -168,9 +168,9 @@ func respond(ctx context.Context, tx idem.Tx, run *idem.Attempt[Params]) (idem.R
 	if err != nil {
 		return idem.Result{}, err
 	}
-	orderID, ok, err := idem.CheckpointOf[int64](run, "order_id")
-	if err != nil || !ok {
-		return idem.Result{}, fmt.Errorf("orders: no order_id checkpoint (found %v): %w", ok, err)
+	orderID, err := orderIDOf(run)
+	if err != nil {
+		return idem.Result{}, err
 	}
 	order, err := db.New(tx).GetOrder(ctx, db.GetOrderParams{TenantID: tenant, ID: orderID})
 	if err != nil {
@@ -180,4 +180,13 @@ func respond(ctx context.Context, tx idem.Tx, run *idem.Attempt[Params]) (idem.R
 	return idem.RespondJSONWith(http.StatusCreated, location, Order{
 		ID: order.ID, SKU: order.Sku, Quantity: order.Quantity, AmountCents: order.AmountCents, ChargeID: order.ChargeID.String,
 	}), nil
+}
+
+// orderIDOf returns the order the first phase created, from its checkpoint.
+func orderIDOf(run *idem.Attempt[Params]) (int64, error) {
+	id, ok, err := idem.CheckpointOf[int64](run, "order_id")
+	if err == nil && !ok {
+		err = errors.New("orders: no order_id checkpoint")
+	}
+	return id, err
 }
