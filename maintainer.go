@@ -20,7 +20,7 @@ import (
 //
 //	runner, _ := idem.NewRunner(store, &idem.Config{Flows: []idem.AnyFlow{rides}, Logger: logger})
 //	maint, _ := idem.NewMaintainer(runner, nil)
-//	go func() { _ = maint.Run(ctx) }() // returns once ctx is done
+//	go func() { _ = maint.Serve(ctx) }() // returns once ctx is done
 //
 // Every instance may run every service: a reaper batch deletes rows no other
 // batch is deleting (SKIP LOCKED), and the completer and reconcile runs claim
@@ -95,7 +95,7 @@ func (c *MaintainerConfig) validate(r *Runner) error {
 var ErrMaintainerRunning = errors.New("idem: maintainer already running")
 
 // Maintainer runs the reaper, the completer and reconcile runs on intervals.
-// Make one per application instance with [NewMaintainer] and call Run.
+// Make one per application instance with [NewMaintainer] and call Serve.
 type Maintainer struct {
 	runner  *Runner
 	config  *MaintainerConfig

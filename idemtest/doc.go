@@ -9,14 +9,18 @@
 //
 //	func TestCreateOrder(t *testing.T) {
 //		t.Parallel()
+//		schema := idemtest.NewSchema(t) // idem's tables migrated; create yours in it
+//		...
 //		idemtest.Explore(t, idemtest.Config[orders.Params]{
-//			Pool:    pool, // idem's tables migrated, your tables created
-//			Flow:    orders.CreateFlow,
-//			Input:   orders.Params{Item: "book", Amount: 12_00},
-//			Compare: idemtest.EqualJSON("order_id", "charge_id"),
+//			Pool:    schema.Pool,
+//			Flow:    orders.NewFlow(payments),
+//			Input:   orders.Params{SKU: "rocket", Quantity: 2},
+//			Compare: idemtest.EqualJSON("id", "charge_id"),
 //			Check:   exactlyOneOrderAndOneCharge,
 //		})
 //	}
+//
+// (examples/orders in the repository has this test in full.)
 //
 // # Scenarios
 //

@@ -31,8 +31,8 @@ import (
 //	func TestCreateOrder(t *testing.T) {
 //		t.Parallel()
 //		idemtest.Explore(t, idemtest.Config[orders.Params]{
-//			Pool: pool, Flow: orders.CreateFlow, Input: orders.Params{Item: "book", Amount: 12_00},
-//			Compare: idemtest.EqualJSON("order_id", "charge_id"),
+//			Pool: pool, Flow: orders.NewFlow(payments), Input: orders.Params{SKU: "rocket", Quantity: 2},
+//			Compare: idemtest.EqualJSON("id", "charge_id"),
 //			Check:   exactlyOneOrderAndOneCharge,
 //		})
 //	}
