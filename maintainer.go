@@ -20,7 +20,7 @@ import (
 //
 //	runner, _ := idem.NewRunner(store, &idem.Config{Flows: []idem.AnyFlow{rides}, Logger: logger})
 //	maint, _ := idem.NewMaintainer(runner, nil)
-//	go func() { _ = maint.Run(ctx) }() // returns once ctx is done
+//	go func() { _ = maint.Serve(ctx) }() // returns once ctx is done
 //
 // Every instance may run every service: a reaper batch deletes rows no other
 // batch is deleting (SKIP LOCKED), and the completer and reconcile runs claim
@@ -95,7 +95,7 @@ func (c *MaintainerConfig) validate(r *Runner) error {
 var ErrMaintainerRunning = errors.New("idem: maintainer already running")
 
 // Maintainer runs the reaper, the completer and reconcile runs on intervals.
-// Make one per application instance with [NewMaintainer] and call Run.
+// Make one per application instance with [NewMaintainer] and call Serve.
 type Maintainer struct {
 	runner  *Runner
 	config  *MaintainerConfig
@@ -155,8 +155,10 @@ func (m *Maintainer) Serve(ctx context.Context) error {
 			return err
 		}},
 	}
-	m.log.InfoContext(ctx, "idem: maintainer started", "reap_interval", m.config.ReapInterval,
-		"complete_interval", m.config.CompleteInterval, "reconcile_interval", m.config.ReconcileInterval)
+	// Durations are logged as strings ("5m0s"): a JSON handler would write
+	// a time.Duration as integer nanoseconds.
+	m.log.InfoContext(ctx, "idem: maintainer started", "reap_interval", m.config.ReapInterval.String(),
+		"complete_interval", m.config.CompleteInterval.String(), "reconcile_interval", m.config.ReconcileInterval.String())
 	var wg sync.WaitGroup
 	for _, svc := range services {
 		if svc.interval <= 0 {

@@ -42,6 +42,15 @@ const (
 	// OutcomeInvalid: the request was rejected before anything was written
 	// (ErrInvalidRequest, or ErrNotFound for a key that does not exist).
 	OutcomeInvalid OutcomeKind = "invalid"
+	// OutcomeCanceled: the caller's context ended (cancelled, or its
+	// deadline passed) before the request could finish. The error wraps the
+	// context's error (errors.Is(err, context.Canceled) or
+	// context.DeadlineExceeded holds) and what the runner was doing when it
+	// noticed. Nothing was stored; a phase that was running rolled back and
+	// the key was released, so a retry resumes after the phases that
+	// committed. It is the caller's doing, not a failure of the store or of
+	// a phase, and is logged as neither.
+	OutcomeCanceled OutcomeKind = "canceled"
 	// OutcomeAbandoned: a Config.Test.Hook simulated a crash
 	// (ErrSimulatedCrash); the key is left exactly as a dead process would
 	// leave it. Only tests see it.
@@ -59,6 +68,8 @@ func kindOf(err error, replayed bool, rec *KeyRecord) OutcomeKind {
 		return OutcomeExecuted
 	case errors.Is(err, ErrSimulatedCrash):
 		return OutcomeAbandoned
+	case isCallerGone(err):
+		return OutcomeCanceled
 	case errors.Is(err, ErrNothingToReconcile) && rec != nil:
 		switch rec.Status {
 		case StatusFinished:

@@ -73,8 +73,8 @@ func (k ForeignKind) String() string {
 	return "unknown"
 }
 
-// Result is how a phase ends. Build one with [Advance], [Respond] or
-// [RespondJSON].
+// Result is how a phase ends. Build one with [Advance], [Respond],
+// [RespondJSON] or [RespondJSONWith].
 type Result struct {
 	response *Response
 	err      error
@@ -99,7 +99,16 @@ func Respond(status int, header http.Header, body []byte) Result {
 
 // RespondJSON is Respond with v encoded as JSON and Content-Type set. An
 // encoding error, or a status outside 200-599, fails the phase.
-func RespondJSON(status int, v any) Result {
+func RespondJSON(status int, v any) Result { return RespondJSONWith(status, nil, v) }
+
+// RespondJSONWith is RespondJSON with headers of the phase's own, such as a
+// Location for the resource it created. header is copied; Content-Type is
+// application/json unless header sets one. Which headers reach the client
+// (and every replay) is the HTTP adapter's choice: idemhttp sends
+// Content-Type and the names in its Config.ReplayHeaders.
+//
+//	return idem.RespondJSONWith(http.StatusCreated, http.Header{"Location": {"/orders/" + id}}, order), nil
+func RespondJSONWith(status int, header http.Header, v any) Result {
 	if err := checkStatus(status); err != nil {
 		return Result{err: err}
 	}
@@ -107,11 +116,14 @@ func RespondJSON(status int, v any) Result {
 	if err != nil {
 		return Result{err: err}
 	}
-	return Result{response: &Response{
-		Status: status,
-		Header: http.Header{"Content-Type": []string{"application/json"}},
-		Body:   body,
-	}}
+	h := header.Clone()
+	if h == nil {
+		h = http.Header{}
+	}
+	if h.Get("Content-Type") == "" {
+		h.Set("Content-Type", "application/json")
+	}
+	return Result{response: &Response{Status: status, Header: h, Body: body}}
 }
 
 // checkStatus refuses what cannot be a request's stored outcome: a 1xx is

@@ -152,7 +152,7 @@ func (r *Runner) reapExpired(ctx context.Context, cfg *ReapConfig) (*ReapResult,
 		}
 	}
 	if res.Deleted > 0 {
-		r.log.InfoContext(ctx, "idem: reaped expired keys", "deleted", res.Deleted, "batches", res.Batches, "took", time.Since(started))
+		r.log.InfoContext(ctx, "idem: reaped expired keys", "deleted", res.Deleted, "batches", res.Batches, "took", time.Since(started).String())
 	} else {
 		r.log.DebugContext(ctx, "idem: reaper found no expired keys")
 	}

@@ -32,6 +32,7 @@ var ErrNothingToReconcile = errors.New("idem: key does not need reconciliation")
 // Config.Flows.
 func (r *Runner) Reconcile(ctx context.Context, scope, key string) (*Outcome, error) {
 	out, err := r.reconcile(ctx, scope, key)
+	err = callerGone(ctx, err)
 	out.settle(err)
 	return out, err
 }
@@ -43,7 +44,9 @@ func (r *Runner) reconcile(ctx context.Context, scope, key string) (*Outcome, er
 	cancel()
 	if err != nil {
 		err = r.storeError(ctx, err)
-		r.emit(ctx, Event{Kind: EventStoreError, Scope: scope, Key: key, Err: err})
+		if ctx.Err() == nil { // else the caller went away: Reconcile labels it canceled
+			r.emit(ctx, Event{Kind: EventStoreError, Scope: scope, Key: key, Err: err})
+		}
 		return &Outcome{}, fmt.Errorf("claim for reconcile: %w", err)
 	}
 	rec := acq.Record

@@ -130,6 +130,7 @@ func (r *Runner) executeWith(ctx context.Context, flow AnyFlow, req Request, sto
 	started := time.Now()
 	ctx, end := r.startRequest(ctx, flow.Name(), req.Scope)
 	out, err := r.execute(ctx, flow, req, stored)
+	err = callerGone(ctx, err)
 	out.settle(err)
 	end(out, err)
 	if out.Kind == OutcomeExecuted {
@@ -182,6 +183,11 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request, stored 
 	ev := Event{Flow: flow.Name(), Scope: req.Scope, Key: req.Key}
 	if err != nil {
 		err = r.storeError(ctx, err)
+		if ctx.Err() != nil {
+			// The caller went away; the store did not fail. Execute labels
+			// it OutcomeCanceled.
+			return &Outcome{}, fmt.Errorf("acquire: %w", err)
+		}
 		ev.Kind, ev.Err = EventStoreError, err
 		r.emit(ctx, ev)
 		r.log.ErrorContext(ctx, "idem: acquire failed; nothing executed", r.logAttrs(req.Scope, req.Key, 0, "flow", flow.Name(), "err", r.redact(err))...)
@@ -378,8 +384,13 @@ func (r *Runner) fail(ctx context.Context, h *held, err error) (*Outcome, error)
 	case h.foreignMarked || h.reconciling:
 		return r.toNeedsReconcile(ctx, h, r.errorText(err))
 	}
-	ev.Kind = EventPhaseFailed
-	r.emit(ctx, ev)
+	// A caller that went away interrupted the phase; it did not fail
+	// (Execute labels the outcome OutcomeCanceled).
+	gone := ctx.Err() != nil && !errors.Is(context.Cause(ctx), ErrLockLost)
+	if !gone {
+		ev.Kind = EventPhaseFailed
+		r.emit(ctx, ev)
+	}
 	h.lettingGo.Store(true)
 	// Release with a context detached from the request's: a client that
 	// went away must not leave the key locked for a whole lease.
@@ -394,6 +405,10 @@ func (r *Runner) fail(ctx context.Context, h *held, err error) (*Outcome, error)
 	case rerr != nil:
 		r.emit(ctx, h.event(EventStoreError, rerr))
 		r.log.ErrorContext(ctx, "idem: could not release key; it unlocks when its lease expires", h.logAttrs("err", r.redact(rerr))...)
+	}
+	if gone {
+		r.log.InfoContext(ctx, "idem: the caller went away; phase rolled back and key released for retry", h.logAttrs("flow", h.flow.Name(), "phase", h.phaseName(), "err", r.redact(err))...)
+		return h.outcome(nil), err
 	}
 	r.log.WarnContext(ctx, "idem: phase failed; key released for retry", h.logAttrs("flow", h.flow.Name(), "phase", h.phaseName(), "err", r.redact(err))...)
 	return h.outcome(nil), err

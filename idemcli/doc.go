@@ -7,16 +7,13 @@
 // application's own phases and reconcile hooks. An application that wants
 // them builds its own binary with its flows registered:
 //
-//	// cmd/ridesctl/main.go
+//	// cmd/ordersctl/main.go
 //	func main() {
-//		pool, _ := pgxpool.New(context.Background(), os.Getenv("DATABASE_URL"))
-//		idemcli.Main(&idemcli.Config{
-//			Name:  "ridesctl",
-//			Flows: []idem.AnyFlow{rides.NewFlow(pool, payments.NewClient())},
-//		})
+//		payments := newPaymentsClient() // complete and reconcile run your phases, with their dependencies
+//		idemcli.Main(&idemcli.Config{Name: "ordersctl", Flows: []idem.AnyFlow{orders.NewFlow(payments)}})
 //	}
 //
-// and runs `ridesctl complete` or `ridesctl reconcile` like any other
+// and runs `ordersctl complete` or `ordersctl reconcile` like any other
 // command. Every command prints a human table by default and JSON with
 // --json, logs to stderr, and exits with one of the documented codes
 // ([ExitOK], [ExitFailure], [ExitUsage], [ExitNotFound], [ExitNoFlows]).

@@ -38,7 +38,7 @@
 // card as FAILED_PRECONDITION). Either is stored with the phase's commit and
 // replayed to every retry:
 //
-//	{Name: "charge_created", Do: func(ctx context.Context, tx pgx.Tx, a *idem.Attempt[idemgrpc.Input[*ridespb.CreateRideRequest]]) (idem.Result, error) {
+//	{Name: "charge_created", Do: func(ctx context.Context, tx idem.Tx, a *idem.Attempt[idemgrpc.Input[*ridespb.CreateRideRequest]]) (idem.Result, error) {
 //		...
 //		if declined {
 //			return idemgrpc.RespondStatus(status.New(codes.FailedPrecondition, "Your card was declined."))

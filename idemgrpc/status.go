@@ -149,6 +149,12 @@ func outcomeStatus(out *idem.Outcome, err error, d delays, src keySource) (st *s
 			"The request failed before it completed. Nothing was stored for its idempotency key: "+
 				"retry it with the same key and it resumes where it stopped.",
 			d.failed), true
+	case idem.OutcomeCanceled:
+		// The runner's caller went away (the handler runs the flow detached
+		// from the call's cancellation, so this is a runner shared with
+		// code that cancels it). Nothing was stored; CANCELLED is what gRPC
+		// answers a call its client gave up on.
+		return status.New(codes.Canceled, "idemgrpc: the request was cancelled before it completed; a retry with the same key resumes it"), true
 	case idem.OutcomeAbandoned:
 		// A test hook simulated a crash; a dead server sends nothing, so
 		// the nearest is what a client sees of a dropped connection.

@@ -1,6 +1,7 @@
 package idemgrpc
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -78,6 +79,9 @@ func TestOutcomeStatus(t *testing.T) {
 	st, ok := outcomeStatus(&idem.Outcome{Kind: idem.OutcomeAbandoned}, idem.ErrSimulatedCrash, d, keySource{})
 	require.True(t, ok)
 	require.Equal(t, codes.Unavailable, st.Code())
+	st, ok = outcomeStatus(&idem.Outcome{Kind: idem.OutcomeCanceled}, fmt.Errorf("acquire: %w", context.Canceled), d, keySource{})
+	require.True(t, ok)
+	require.Equal(t, codes.Canceled, st.Code())
 	for _, kind := range []idem.OutcomeKind{idem.OutcomeExecuted, idem.OutcomeReplayed} {
 		_, ok := outcomeStatus(&idem.Outcome{Kind: kind}, nil, d, keySource{})
 		require.False(t, ok, "%s has a response", kind)

@@ -53,7 +53,10 @@ type Config[In any] struct {
 	// Never put per-attempt data (client IP, time, a trace id) in the input:
 	// it is fingerprinted, so a retry would no longer match its first
 	// attempt. Phases get such data from the request's context, which the
-	// handler passes through.
+	// handler passes through (its values, not its cancellation or
+	// deadline). The completer re-drives an abandoned request without that
+	// context, so a phase must not depend on it: what it cannot do without
+	// (the tenant, say) belongs in the key's scope or in the input.
 	//
 	// An error answers 500 (ProblemInternal), unless it is a *Problem, which
 	// is written as it is, or wraps idem.ErrStoreUnavailable, which answers

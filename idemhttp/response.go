@@ -10,6 +10,13 @@ import (
 	"github.com/go-idem/idem"
 )
 
+// StatusClientClosedRequest (499, nginx's "client closed request") is what
+// the handler answers, without a body, when the runner reports
+// idem.OutcomeCanceled: the caller went away, nothing was stored, and a
+// retry with the same key resumes. Access logs show it apart from the
+// server's own failures.
+const StatusClientClosedRequest = 499
+
 // writeOutcome maps the runner's outcome to the response.
 func (h *Handler[In]) writeOutcome(w http.ResponseWriter, r *http.Request, req idem.Request, out *idem.Outcome, err error) {
 	ctx := r.Context()
@@ -49,6 +56,14 @@ func (h *Handler[In]) writeOutcome(w http.ResponseWriter, r *http.Request, req i
 	case idem.OutcomeFailed:
 		h.writeProblem(w, h.problem(specRequestFailed, "The request failed before it completed. Its Idempotency-Key stays bound to this request "+
 			"and keeps the steps that completed: retry it with the same key and the same body, and it resumes where it stopped."))
+	case idem.OutcomeCanceled:
+		// The runner's caller went away. The handler runs the flow detached
+		// from the request's cancellation, so this is a runner shared with
+		// code that cancels it; the client is gone either way. Nothing was
+		// stored and the key was released: answer 499 (nginx's "client
+		// closed request") without a body, for access logs, and log nothing
+		// at error.
+		w.WriteHeader(StatusClientClosedRequest)
 	case idem.OutcomeAbandoned:
 		// A test hook simulated a crash. A dead server sends nothing, so the
 		// client sees the connection drop, as it would.

@@ -84,7 +84,7 @@ func TestCatchesACallWithoutTheDownstreamKeyThroughProviders(t *testing.T) {
 	})
 	cfg := b.config(flow)
 	cfg.Check = nil
-	cfg.Providers = []*idemtest.Provider{b.provider}
+	cfg.Providers = []idemtest.FakeProvider{b.provider}
 	rep, err := idemtest.ExploreContext(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Log(rep.Summary())
@@ -117,10 +117,11 @@ func TestCatchesAWrapperCallThatIgnoresItsKey(t *testing.T) {
 }
 
 // (c) A phase that writes through the pool instead of its transaction: the
-// write survives the phase's rollback and happens again on the re-run.
-// Only a Check that counts the rows sees it; without one the kit passes,
-// because it cannot see your tables.
-func TestWritesOutsideTheTransactionAreCaughtOnlyByCheck(t *testing.T) {
+// write survives the phase's rollback and happens again on the re-run. The
+// kit's bypass check (Config.Bypass) sees the row that outlived the
+// rollback in crash_before_commit; a Check that counts the rows sees the
+// duplicate in every scenario that re-runs the phase.
+func TestWritesOutsideTheTransactionAreCaught(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	flow := idem.MustNewFlow("orders.audited", []idem.Phase[orderInput]{
@@ -160,11 +161,30 @@ func TestWritesOutsideTheTransactionAreCaughtOnlyByCheck(t *testing.T) {
 	require.Equal(t, []string{"crash_before_commit@order_created", "serialization_failure@order_created", "lease_takeover@order_created"}, failedNames(rep))
 	require.Contains(t, rep.Err().Error(), "Check: 2 audit rows for the key, want 1")
 
+	// Without a Check, the bypass check alone catches it.
 	cfg.Check = nil
 	rep, err = idemtest.ExploreContext(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Log(rep.Summary())
-	require.NoError(t, rep.Err(), "without a Check the kit cannot see the duplicate rows")
+	require.Equal(t, []string{"crash_before_commit@order_created"}, failedNames(rep))
+	require.Contains(t, rep.Err().Error(), `phase "order_created" wrote 1 row(s) to `+b.schema+`.audit through a connection other than its transaction`)
+	require.NotContains(t, rep.Err().Error(), ".orders", "the phase's own insert rolled back")
+
+	// Ignoring the table, or turning the check off, and the kit cannot see
+	// the duplicate rows.
+	cfg.Bypass = idemtest.BypassCheck{Ignore: []string{"audit"}}
+	rep, err = idemtest.ExploreContext(context.Background(), cfg)
+	require.NoError(t, err)
+	require.NoError(t, rep.Err())
+	cfg.Bypass = idemtest.BypassCheck{Off: true}
+	rep, err = idemtest.ExploreContext(context.Background(), cfg)
+	require.NoError(t, err)
+	require.NoError(t, rep.Err())
+	// Watching only orders, the phase's own table, finds nothing either.
+	cfg.Bypass = idemtest.BypassCheck{Tables: []string{b.schema + ".orders"}}
+	rep, err = idemtest.ExploreContext(context.Background(), cfg)
+	require.NoError(t, err)
+	require.NoError(t, rep.Err())
 }
 
 // A not-idempotent flow: the gateway has no idempotency keys, so the phase

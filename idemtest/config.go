@@ -70,12 +70,19 @@ type Config[In any] struct {
 	// outside Attempt.Foreign.
 	Check func(ctx context.Context, key *idem.KeyRecord) error
 
-	// Providers are fake providers (see Provider) that the flow's
-	// idempotent foreign calls go to. When set, the kit checks that every
-	// call they received during a scenario carried a downstream key the
-	// runner handed out in that scenario, and that every such key reached
-	// one of them. Give each exploration providers of its own.
-	Providers []*Provider
+	// Providers are fake providers that the flow's idempotent foreign
+	// calls go to: *Provider, or a fake of your own with a Calls method
+	// (see FakeProvider). When set, the kit checks that every call they
+	// received during a scenario carried a downstream key the runner
+	// handed out in that scenario, and that every such key reached one of
+	// them. Give each exploration providers of its own.
+	Providers []FakeProvider
+
+	// Bypass configures the check for writes that bypass the phase's
+	// transaction, made in every crash_before_commit scenario (see
+	// BypassCheck). The zero value watches every table on Pool's
+	// search_path but idem's own.
+	Bypass BypassCheck
 
 	// Kinds limits the scenario kinds explored. Default AllKinds().
 	Kinds []Kind

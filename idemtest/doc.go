@@ -9,14 +9,18 @@
 //
 //	func TestCreateOrder(t *testing.T) {
 //		t.Parallel()
+//		schema := idemtest.NewSchema(t) // idem's tables migrated; create yours in it
+//		...
 //		idemtest.Explore(t, idemtest.Config[orders.Params]{
-//			Pool:    pool, // idem's tables migrated, your tables created
-//			Flow:    orders.CreateFlow,
-//			Input:   orders.Params{Item: "book", Amount: 12_00},
-//			Compare: idemtest.EqualJSON("order_id", "charge_id"),
+//			Pool:    schema.Pool,
+//			Flow:    orders.NewFlow(payments),
+//			Input:   orders.Params{SKU: "rocket", Quantity: 2},
+//			Compare: idemtest.EqualJSON("id", "charge_id"),
 //			Check:   exactlyOneOrderAndOneCharge,
 //		})
 //	}
+//
+// (examples/orders in the repository has this test in full.)
 //
 // # Scenarios
 //
@@ -51,6 +55,9 @@
 //     unless a reconcile hook said it had not happened;
 //   - the registered Providers received only downstream keys the runner
 //     handed out in the scenario, and all of them;
+//   - in crash_before_commit, no row that another transaction wrote while
+//     the phase ran outlived the phase's rollback: a write through the pool
+//     instead of the phase's tx (see [BypassCheck]);
 //   - Config.Check holds.
 //
 // # Wire scenarios
@@ -104,11 +111,12 @@
 // # What it cannot see
 //
 // The kit sees what the runner does: phases, commits, foreign calls made
-// through Attempt.Foreign and the keys handed to them. It cannot see your
-// tables or your providers. A write made through the pool instead of the
-// phase's tx, or a call made outside Attempt.Foreign or with a key other than
-// the one it was handed, is only caught by a Config.Check that counts rows
-// or charges, or by a Provider given in Config.Providers. It explores the
+// through Attempt.Foreign and the keys handed to them; of your tables, only
+// the rows a write through the pool left behind after a rollback (see
+// [BypassCheck]). It cannot see your providers. A call made outside
+// Attempt.Foreign or with a key other than the one it was handed is only
+// caught by a Config.Check that counts charges, or by a provider given in
+// Config.Providers; a delete through the pool, only by a Check. It explores the
 // path Input takes; explore each other path (a decline, a validation
 // failure) with an Input that takes it. And it trusts a reconcile hook's
 // verdict: a hook that says "not done" about a message that was sent makes

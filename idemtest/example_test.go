@@ -60,7 +60,7 @@ func ExampleExploreContext() {
 		Flow:      flow,
 		Input:     payment{Customer: "cus_1", Amount: 20_00},
 		Compare:   idemtest.EqualJSON("payment_id", "charge"), // generated afresh by every run
-		Providers: []*idemtest.Provider{provider},
+		Providers: []idemtest.FakeProvider{provider},
 		Check: func(ctx context.Context, key *idem.KeyRecord) error {
 			return provider.ExpectOne(key.Key) // one charge per request, whatever happened
 		},

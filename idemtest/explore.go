@@ -26,8 +26,8 @@ import (
 //	func TestCreateOrder(t *testing.T) {
 //		t.Parallel()
 //		idemtest.Explore(t, idemtest.Config[orders.Params]{
-//			Pool: pool, Flow: orders.CreateFlow, Input: orders.Params{Item: "book", Amount: 12_00},
-//			Compare: idemtest.EqualJSON("order_id", "charge_id"),
+//			Pool: pool, Flow: orders.NewFlow(payments), Input: orders.Params{SKU: "rocket", Quantity: 2},
+//			Compare: idemtest.EqualJSON("id", "charge_id"),
 //			Check:   exactlyOneOrderAndOneCharge,
 //		})
 //	}
@@ -174,7 +174,7 @@ func (x *explorer[In]) newScenario(name string, kind Kind, phase, description st
 func (x *explorer[In]) providerMarks() []int {
 	marks := make([]int, len(x.cfg.Providers))
 	for i, p := range x.cfg.Providers {
-		marks[i] = p.mark()
+		marks[i] = callMark(p)
 	}
 	return marks
 }
@@ -201,12 +201,13 @@ func (x *explorer[In]) runBaseline(ctx context.Context) *Scenario {
 
 func (x *explorer[In]) runScenario(ctx context.Context, kind Kind, phase, foreign string) *Scenario {
 	sc := x.newScenario(string(kind)+"@"+phase, kind, phase, kind.describe(phase, foreign))
-	f := &fault{kind: kind, phase: phase}
+	f := &fault{kind: kind, phase: phase, bypass: x.newBypassWatch(kind)}
 	var final *idem.Response
 	if kind == LeaseTakeover {
 		final = x.takeover(ctx, sc, f)
 	} else {
 		out, err := x.call(ctx, sc, f, opRun, x.store)
+		f.bypass.check(ctx, sc, phase) // see bypass.go
 		if !f.fired {
 			sc.violate("the fault point was never reached: the first run went another way than the baseline (%s); is the flow deterministic for one input?", outcomeText(out, err))
 		}

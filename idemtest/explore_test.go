@@ -26,7 +26,7 @@ func TestCorrectFlowPassesEveryScenario(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	cfg := b.config(b.orderFlow("orders.create", nil))
-	cfg.Providers = []*idemtest.Provider{b.provider}
+	cfg.Providers = []idemtest.FakeProvider{b.provider}
 	cfg.DatabaseURL = b.url
 	rep := idemtest.Explore(t, cfg)
 
@@ -146,7 +146,7 @@ func TestInvalidConfigIsRefused(t *testing.T) {
 		"unknown kind":     {Pool: b.pool, Flow: flow, Kinds: []idemtest.Kind{"meteor_strike"}},
 		"negative retries": {Pool: b.pool, Flow: flow, MaxAttempts: -1},
 		"bad runner":       {Pool: b.pool, Flow: flow, Runner: &idem.Config{Lease: 1}},
-		"nil provider":     {Pool: b.pool, Flow: flow, Providers: []*idemtest.Provider{nil}},
+		"nil provider":     {Pool: b.pool, Flow: flow, Providers: []idemtest.FakeProvider{nil}},
 		"long scope":       {Pool: b.pool, Flow: flow, Scope: strings.Repeat("s", 256)},
 		"wire without url": {Pool: b.pool, Flow: flow, Kinds: []idemtest.Kind{idemtest.LostReply}},
 		"url not a url":    {Pool: b.pool, Flow: flow, DatabaseURL: "host=db password=hunter2"},

@@ -19,8 +19,9 @@ type fault struct {
 	phase string
 	// fired is set on the worker's goroutine and read after its call
 	// returned.
-	fired bool
-	park  *parking
+	fired  bool
+	park   *parking
+	bypass *bypassWatch
 }
 
 func (f *fault) inject(ctx context.Context, w *worker) error {

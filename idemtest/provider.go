@@ -143,18 +143,37 @@ func (p *Provider) ExpectOne(subject string) error {
 	return fmt.Errorf("provider made %d effects for %q, want exactly one: %s", len(effects), subject, strings.Join(desc, ", "))
 }
 
-// mark returns a position in the call log, for since.
-func (p *Provider) mark() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.calls)
+// FakeProvider is a fake downstream service the kit can audit
+// (Config.Providers): Calls returns every call it has received so far, in
+// order, each with the idempotency key it carried ("" for none) and what it
+// was for (ProviderCall.Subject, used in reports). Calls only ever grows.
+// *Provider is one; a fake of your own needs only this method:
+//
+//	func (f *fakeStripe) Calls() []idemtest.ProviderCall {
+//		f.mu.Lock()
+//		defer f.mu.Unlock()
+//		out := make([]idemtest.ProviderCall, len(f.requests))
+//		for i, r := range f.requests {
+//			out[i] = idemtest.ProviderCall{Key: r.IdempotencyKey, Subject: r.Customer}
+//		}
+//		return out
+//	}
+type FakeProvider interface {
+	Calls() []ProviderCall
 }
 
-// since returns the calls made after mark.
-func (p *Provider) since(mark int) []ProviderCall {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return append([]ProviderCall(nil), p.calls[mark:]...)
+var _ FakeProvider = (*Provider)(nil)
+
+// callMark returns a position in p's call log, for callsSince.
+func callMark(p FakeProvider) int { return len(p.Calls()) }
+
+// callsSince returns the calls p received after mark.
+func callsSince(p FakeProvider, mark int) []ProviderCall {
+	calls := p.Calls()
+	if mark >= len(calls) {
+		return nil
+	}
+	return calls[mark:]
 }
 
 // scenarioKey is the context key under which the kit's workers carry their

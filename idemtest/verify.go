@@ -120,7 +120,7 @@ func (x *explorer[In]) checkProviders(sc *scenario) {
 	received := map[string]bool{}
 	reported := map[string]bool{}
 	for i, p := range x.cfg.Providers {
-		for _, c := range p.since(sc.marks[i]) {
+		for _, c := range callsSince(p, sc.marks[i]) {
 			if c.scenario != "" && c.scenario != sc.report.Key {
 				continue // a scenario running beside this one made it
 			}

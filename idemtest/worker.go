@@ -47,6 +47,9 @@ func (w *worker) hook(ctx context.Context, at idem.HookPoint) error {
 	if !ours {
 		return nil
 	}
+	if f != nil && !f.fired && at.Phase == f.phase {
+		f.bypass.note(ctx, at.Where) // see bypass.go
+	}
 	if f == nil || f.fired || at.Phase != f.phase || at.Where != f.kind.where() {
 		return nil
 	}

@@ -8,8 +8,9 @@
 //
 // Up and Down take a transaction-scoped advisory lock derived from the schema,
 // so several processes starting at once apply each migration exactly once,
-// and calling them again is harmless. Teams that run goose, tern or atlas can
-// print the same SQL with [Migrator.Script] (or `idem migrate sql`) instead.
+// and calling them again is harmless. Teams that run goose, tern or another
+// tool that applies SQL files can print the same SQL with [Migrator.Script]
+// (or `idem migrate sql`) instead.
 // The printed SQL records itself in idem_migrations too, so Version and Up
 // keep working whichever tool applied it.
 package migrations
@@ -300,7 +301,8 @@ func (m *Migrator) migrateTx(ctx context.Context, tx pgx.Tx, target int) (*Resul
 type Format string
 
 const (
-	// FormatSQL is plain SQL, one section per version (atlas, psql, Flyway).
+	// FormatSQL is plain SQL, one section per version, for psql or a tool
+	// that applies SQL files as they are.
 	FormatSQL Format = "sql"
 	// FormatGoose wraps each version in goose's -- +goose Up/Down annotations.
 	FormatGoose Format = "goose"

