@@ -33,8 +33,9 @@ func (r *Attempt[In]) Number() int { return r.h.attempt }
 
 // IdempotencyKey returns the downstream idempotency key for this phase's
 // foreign call: stable across every retry, crash and takeover of this request,
-// distinct for each phase, and unique across databases (it is derived from
-// the key record's random request id). It is also passed to the Foreign
+// distinct for each phase, and derived from the request itself (scope, key,
+// flow, fingerprint, phase; see KeyRecord.DownstreamKey), so it survives the
+// loss of the key row in a failover. It is also passed to the Foreign
 // callback.
 func (r *Attempt[In]) IdempotencyKey() string { return r.h.downstreamKey() }
 

@@ -96,7 +96,9 @@ func (r *Runner) attemptBody(ctx context.Context, h *held, b body, iso pgx.TxIso
 	if cp.Status == StatusFinished {
 		h.lettingGo.Store(true)
 	}
-	cctx, cancel := r.storeContext(ctx)
+	// The commit does not depend on the caller staying: a phase whose body
+	// finished is committed (or refused by the fence), within the bound.
+	cctx, cancel := r.storeContext(context.WithoutCancel(ctx))
 	err = tx.CommitPhase(cctx, *cp)
 	cancel()
 	over = true
@@ -184,6 +186,12 @@ func (r *Runner) classify(ctx context.Context, h *held, tx idemdriver.PhaseTx, e
 	mapped := err
 	if tx != nil {
 		mapped = r.storeError(ctx, tx.ClassifyError(err))
+	}
+	if errors.Is(mapped, ErrInvalidRequest) && h.rec.RecoveryPoint != RecoveryPointStarted {
+		// Input the database cannot store is bad input only while nothing
+		// has committed; after a phase did, the request is not "nothing
+		// written", and its retry resumes.
+		return fmt.Errorf("%w: phase %q: %w", ErrPhaseFailed, h.phaseName(), mapped)
 	}
 	if errors.Is(mapped, ErrSerialization) || errors.Is(mapped, ErrStoreUnavailable) || errors.Is(mapped, ErrInvalidRequest) {
 		return mapped

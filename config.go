@@ -129,7 +129,7 @@ type Config struct {
 
 	// Flows registers flows by name, so keys can be completed and
 	// reconciled by the maintenance services and the CLI, which have only
-	// the stored key to go on. Run works with unregistered flows too.
+	// the stored key to go on. Execute works with unregistered flows too.
 	Flows []AnyFlow
 
 	// Logger receives the runner's structured logs. Default slog.Default().

@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"sync"
@@ -38,7 +39,15 @@ func TestPhaseCannotEndItsTransaction(t *testing.T) {
 			if _, ok := tx.(interface{ Rollback(context.Context) error }); ok {
 				return idem.Result{}, errors.New("the phase's Tx can be rolled back")
 			}
+			for _, control := range []string{"COMMIT", "rollback", "  /* quietly */ END", "-- a comment\nBEGIN"} {
+				if _, err := tx.Exec(ctx, control); !errors.Is(err, pgstore.ErrPhaseEndedTx) {
+					return idem.Result{}, fmt.Errorf("%q through the phase's Tx: %v", control, err)
+				}
+			}
 			view := a.PgxTx()
+			if _, ok := view.(interface{ RollbackPhase(context.Context) error }); ok {
+				return idem.Result{}, errors.New("the pgx.Tx view exposes the store's RollbackPhase")
+			}
 			if err := view.Commit(ctx); !errors.Is(err, idem.ErrPhaseOwnsTx) {
 				return idem.Result{}, errors.New("the pgx.Tx view committed")
 			}
@@ -296,4 +305,43 @@ func TestMarksDoNotWaitOnThePhasePool(t *testing.T) {
 		require.NoError(t, err, "request %d", i)
 	}
 	require.Equal(t, n, b.countRows(t, "messages WHERE sent"))
+}
+
+// A phase that ends its transaction behind the runner's back, through the
+// raw connection of its pgx.Tx view, fails: the guarded commit refuses to run
+// outside a transaction, rather than record the recovery point alone.
+func TestPhaseThatCommitsThroughItsConnectionFails(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	flow := idem.MustNewFlow("commit.sneaky", []idem.Phase[rideInput]{{
+		Name: "write",
+		Do: func(ctx context.Context, tx idem.Tx, a *idem.Attempt[rideInput]) (idem.Result, error) {
+			if _, err := tx.Exec(ctx, `INSERT INTO jobs (ride_id, kind) VALUES (0, 'sneaky')`); err != nil {
+				return idem.Result{}, err
+			}
+			_, err := a.PgxTx().Conn().Exec(ctx, "COMMIT")
+			return idem.RespondJSON(http.StatusCreated, map[string]any{"ok": true}), err
+		},
+	}}, nil)
+	r := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{flow}})
+	out, err := r.Execute(context.Background(), flow, b.request("k1", rideInput{Origin: "SF"}))
+	require.ErrorIs(t, err, pgstore.ErrPhaseEndedTx)
+	require.Equal(t, idem.OutcomeFailed, out.Kind)
+	require.Equal(t, idem.RecoveryPointStarted, b.key(t, "k1").RecoveryPoint, "no recovery point without the phase's transaction")
+}
+
+// Input the database refuses in a later phase is a phase failure, not "bad
+// input, nothing written": an earlier phase committed, and the retry resumes.
+func TestUnstorableInputInALaterPhaseIsAPhaseFailure(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := b.runner(t, nil)
+	b.hooks["charge_created"] = func(ctx context.Context, tx idem.Tx, _ *idem.Attempt[rideInput]) error {
+		_, err := tx.Exec(ctx, `INSERT INTO jobs (ride_id, kind) VALUES (1, convert_from('\x6100'::bytea, 'UTF8'))`)
+		return err
+	}
+	out, err := r.Execute(context.Background(), b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	require.ErrorIs(t, err, idem.ErrPhaseFailed)
+	require.Equal(t, idem.OutcomeFailed, out.Kind)
+	require.Equal(t, "ride_created", b.key(t, "k1").RecoveryPoint)
 }

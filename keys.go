@@ -103,6 +103,11 @@ func (r *Runner) GetKey(ctx context.Context, scope, key string) (*KeyRecord, tim
 // keeps its recovery point and any foreign-call mark, so the next attempt
 // resumes (or goes to reconcile) exactly as after a crash.
 //
+// Unlocking cannot stop a foreign call already on the wire: a worker that
+// was wedged inside a not-idempotent call may still complete it. Before a
+// reconcile run decides such a key was "not done", make sure the old worker
+// is gone (its process dead, or its call's own timeout passed).
+//
 // A finished key is returned unchanged with Unlocked false.
 func (r *Runner) UnlockKey(ctx context.Context, scope, key, reason string) (*UnlockResult, error) {
 	if scope == "" || key == "" {

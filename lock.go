@@ -91,8 +91,10 @@ func (r *Runner) holdLease(ctx context.Context, h *held) (context.Context, func(
 		}
 	}()
 	return ctx, func() {
+		// Cancel first: a beat in flight ends now rather than holding up
+		// the request's answer.
 		close(stop)
-		<-done
 		cancel(nil)
+		<-done
 	}
 }

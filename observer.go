@@ -6,7 +6,8 @@ import (
 )
 
 // Observer receives the runner's events: counts (one event each) and
-// durations. It is called synchronously on the request's goroutine, so it
+// durations. It is called synchronously, on the request's goroutine or, for
+// heartbeats, on the lease's own goroutine concurrently with it, so it
 // must be fast and must not block; aggregate and export elsewhere. The
 // idemotel package adapts it to OpenTelemetry metrics.
 type Observer interface {

@@ -88,6 +88,10 @@ func kindOf(err error, replayed bool, rec *KeyRecord) OutcomeKind {
 		return OutcomeMismatch
 	case errors.Is(err, ErrTooManyKeys):
 		return OutcomeTooManyKeys
+	case errors.Is(err, ErrPhaseFailed):
+		// A phase's failure, whatever it wraps (input the database refused
+		// after an earlier phase committed, say): the retry resumes.
+		return OutcomeFailed
 	case errors.Is(err, ErrInvalidRequest), errors.Is(err, ErrNotFound):
 		return OutcomeInvalid
 	case errors.Is(err, ErrStoreUnavailable):

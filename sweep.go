@@ -49,9 +49,11 @@ func (r *Runner) sweep(ctx context.Context, status Status, flows []string, idleF
 				return nil
 			}
 		}
-		recs, err := r.store.ClaimIdle(ctx, idemdriver.ClaimIdleParams{
+		cctx, cancel := r.storeContext(ctx)
+		recs, err := r.store.ClaimIdle(cctx, idemdriver.ClaimIdleParams{
 			Status: status, Flows: flows, IdleFor: idleFor, MaxAttempts: maxAttempts, Limit: limit, Now: r.now(),
 		})
+		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return context.Cause(ctx)

@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -117,24 +119,32 @@ var commands = []*command{
 		},
 	},
 	{
-		name: "migrate sql", args: "[--format sql|goose|tern] [--direction up|down] [--version N]",
+		name: "migrate sql", args: "[--format sql|goose|tern] [--direction up|down] [--version N] [--out-dir DIR]",
 		summary: "print the migrations' SQL for another migration tool",
 		help: "Prints the SQL of every migration (or of --version) for teams that apply migrations with their\n" +
 			"own tool. The SQL records itself in idem_migrations, so `migrate status` and `migrate up` keep\n" +
-			"working whichever tool applied it. Needs no database.",
+			"working whichever tool applied it. Needs no database.\n" +
+			"With --out-dir, writes one file per version into DIR instead (goose: 00001_idem_idem_keys.sql,\n" +
+			"tern: 001_idem_idem_keys.sql, sql: an .up.sql and a .down.sql each), leaving files that are\n" +
+			"already there alone: after upgrading idem, run it again and your tool applies the new files.\n" +
+			"Renumber a file's prefix to fit your own sequence if you need to; version N must run after N-1.",
 		examples: []string{
+			"idem migrate sql --format goose --out-dir migrations",
 			"idem migrate sql > 0001_idem.sql",
-			"idem migrate sql --format goose --schema idem > migrations/20260101000000_idem.sql",
 			"idem migrate sql --direction down --version 1",
 		},
 		setup: func(fs *flag.FlagSet) runFunc {
 			format := fs.String("format", "sql", "`layout`: sql (plain), goose or tern")
 			direction := fs.String("direction", "up", "`up` or down (sql format only; goose and tern hold both)")
 			version := fs.Int("version", 0, "print only this `version` (default: all)")
+			outDir := fs.String("out-dir", "", "write one file per version into `dir` instead of printing")
 			return func(ctx context.Context, e *env, _ []string) error {
 				m, err := e.migrator()
 				if err != nil {
 					return err
+				}
+				if *outDir != "" {
+					return e.writeMigrationFiles(m, migrations.Format(*format), *outDir)
 				}
 				script, err := m.Script(migrations.Format(*format), migrations.Direction(*direction), *version)
 				if err != nil {
@@ -525,4 +535,46 @@ func upperFirst(s string) string {
 		return s
 	}
 	return strings.ToUpper(s[:1]) + s[1:]
+}
+
+// writeMigrationFiles writes one file per migration version into dir,
+// keeping files that exist (a team may have edited their prefix or applied
+// them already), and says which it wrote.
+func (e *env) writeMigrationFiles(m *migrations.Migrator, format migrations.Format, dir string) error {
+	files, err := m.Files(format)
+	if err != nil {
+		return &exitError{code: ExitUsage, err: err, hint: "migrate sql"}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	names := make([]string, 0, len(files))
+	for name := range files {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	written := []string{}
+	for _, name := range names {
+		path := filepath.Join(dir, name)
+		if _, err := os.Stat(path); err == nil {
+			continue
+		}
+		if err := os.WriteFile(path, []byte(files[name]), 0o644); err != nil {
+			return err
+		}
+		written = append(written, name)
+	}
+	if e.json {
+		return e.printJSON(map[string]any{"dir": dir, "written": written})
+	}
+	if len(written) == 0 {
+		_, err = fmt.Fprintf(e.out, "%s already holds every migration\n", dir)
+		return err
+	}
+	for _, name := range written {
+		if _, err := fmt.Fprintf(e.out, "wrote %s\n", filepath.Join(dir, name)); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -294,7 +294,50 @@ func (m *Migrator) migrateTx(ctx context.Context, tx pgx.Tx, target int) (*Resul
 		res.Applied = append(res.Applied, mig.Version)
 		res.To = mig.Version - 1
 	}
+	if target == 0 && from > 0 {
+		// Nothing of idem is left: its bookkeeping table goes too.
+		if _, err := tx.Exec(ctx, m.render(`DROP TABLE IF EXISTS {{schema}}idem_migrations`)); err != nil {
+			return nil, fmt.Errorf("migrations: drop idem_migrations: %w", err)
+		}
+	}
 	return res, nil
+}
+
+// Files returns the migrations as one file per version in format, keyed by
+// file name, for tools that keep a directory of migrations (goose, tern):
+// "00001_idem_idem_keys.sql" and so on for goose, "001_idem_idem_keys.sql"
+// for tern, and an .up.sql and a .down.sql per version for plain SQL. Each
+// file holds exactly one version, so a later version is a new file: copy the
+// new ones into your directory when you upgrade idem, renumbering their
+// prefix to follow your own sequence if you need to (version N must run after
+// N-1), and let your tool apply them.
+func (m *Migrator) Files(format Format) (map[string]string, error) {
+	files := map[string]string{}
+	for _, mig := range all {
+		switch format {
+		case FormatGoose, FormatTern:
+			script, err := m.Script(format, DirectionUp, mig.Version)
+			if err != nil {
+				return nil, err
+			}
+			pattern := "%05d_idem_%s.sql"
+			if format == FormatTern {
+				pattern = "%03d_idem_%s.sql"
+			}
+			files[fmt.Sprintf(pattern, mig.Version, mig.Name)] = script
+		case FormatSQL, "":
+			for _, dir := range []Direction{DirectionUp, DirectionDown} {
+				script, err := m.Script(FormatSQL, dir, mig.Version)
+				if err != nil {
+					return nil, err
+				}
+				files[fmt.Sprintf("%04d_idem_%s.%s.sql", mig.Version, mig.Name, dir)] = script
+			}
+		default:
+			return nil, fmt.Errorf("migrations: unknown format %q (sql, goose or tern)", format)
+		}
+	}
+	return files, nil
 }
 
 // Format selects the layout of [Migrator.Script].
@@ -329,8 +372,12 @@ func (m *Migrator) Script(format Format, dir Direction, version int) (string, er
 			m.render(fmt.Sprintf("INSERT INTO {{schema}}idem_migrations (version, name) VALUES (%d, '%s') ON CONFLICT (version) DO NOTHING;", mig.Version, mig.Name)))
 	}
 	down := func(mig Migration) string {
-		return fmt.Sprintf("%s\n%s\n", strings.TrimSpace(m.render(mig.Down)),
-			m.render(fmt.Sprintf("DELETE FROM {{schema}}idem_migrations WHERE version = %d;", mig.Version)))
+		bookkeeping := fmt.Sprintf("DELETE FROM {{schema}}idem_migrations WHERE version = %d;", mig.Version)
+		if mig.Version == 1 {
+			// Reverting the first version leaves nothing of idem behind.
+			bookkeeping = "DROP TABLE IF EXISTS {{schema}}idem_migrations;"
+		}
+		return fmt.Sprintf("%s\n%s\n", strings.TrimSpace(m.render(mig.Down)), m.render(bookkeeping))
 	}
 	var b strings.Builder
 	switch format {

@@ -360,7 +360,9 @@ func (s *Store) guarded(ctx context.Context, what string, ref idemdriver.LockRef
 
 // GetKey implements idemdriver.Store.
 func (s *Store) GetKey(ctx context.Context, scope, key string) (*idemdriver.KeyRecord, error) {
-	return s.getKey(ctx, s.db, scope, key)
+	// The control pool: the runner re-reads a key through it while a full
+	// phase pool may be waiting on it.
+	return s.getKey(ctx, s.control, scope, key)
 }
 
 // GetKeyTx is GetKey inside the caller's transaction.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
+	"strings"
 	"time"
 
 	"github.com/go-idem/idem/idemdriver"
@@ -120,6 +122,9 @@ func needsOwnBegin(exec bool, args []any) bool {
 }
 
 func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if err := refuseTxControl(sql); err != nil {
+		return pgconn.CommandTag{}, err
+	}
 	ctx, cancel := t.stmtContext(ctx)
 	defer cancel()
 	if t.lazy() && !needsOwnBegin(true, args) {
@@ -140,6 +145,9 @@ func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 }
 
 func (t *phaseTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := refuseTxControl(sql); err != nil {
+		return failedRows(err)
+	}
 	ctx, cancel := t.stmtContext(ctx)
 	rows, err := t.query(ctx, sql, args...)
 	if err != nil {
@@ -249,6 +257,14 @@ func (t *phaseTx) commitGuarded(ctx context.Context, guard string, args ...any) 
 		_, err := t.conn.Exec(ctx, guard, args...)
 		return classifyGuard(err)
 	}
+	if status := t.conn.Conn().PgConn().TxStatus(); status == 'I' {
+		// The phase ended its transaction itself (a COMMIT or ROLLBACK sent
+		// as a statement, or through the connection): whatever it wrote is
+		// no longer tied to the recovery point, and the guard must not run
+		// outside a transaction.
+		defer t.release()
+		return ErrPhaseEndedTx
+	}
 	b := &pgx.Batch{}
 	b.Queue(guard, args...)
 	b.Queue("commit")
@@ -272,6 +288,27 @@ func (t *phaseTx) commitGuarded(ctx context.Context, guard string, args ...any) 
 		// The transaction was already failed (a statement error the phase
 		// ignored), so COMMIT rolled it back.
 		return fmt.Errorf("%w: the phase's transaction was rolled back at commit", pgx.ErrTxCommitRollback)
+	}
+	return nil
+}
+
+// ErrPhaseEndedTx is the phase failure of a phase that ended its own
+// transaction: a transaction-control statement (COMMIT, ROLLBACK, BEGIN,
+// END, ABORT, SAVEPOINT and their kin) sent through its Tx is refused before
+// it reaches the server, and a transaction found over at commit (ended
+// through the connection) fails the phase.
+var ErrPhaseEndedTx = errors.New("pgstore: a phase may not end or nest its transaction; the runner commits it with the recovery point")
+
+// txControl matches a statement that starts with a transaction-control
+// keyword, after whitespace and comments.
+var txControl = regexp.MustCompile(`(?is)^(?:\s+|--[^\n]*\n|/\*.*?\*/)*(commit|rollback|begin|end|abort|start\s+transaction|savepoint|release|prepare\s+transaction)\b`)
+
+// refuseTxControl refuses a transaction-control statement sent through a
+// phase's Tx: the runner owns the transaction. (pgx.Tx's savepoints stay
+// available through Attempt.PgxTx's Begin.)
+func refuseTxControl(sql string) error {
+	if m := txControl.FindStringSubmatch(sql); m != nil {
+		return fmt.Errorf("%w: %q", ErrPhaseEndedTx, strings.ToUpper(m[1]))
 	}
 	return nil
 }
@@ -432,11 +469,31 @@ func (b *boundedBatch) Close() error {
 
 // PgxTx implements idemdriver.PhaseTx: the phase's transaction with pgx.Tx's
 // full method set, Commit and Rollback disarmed.
-func (t *phaseTx) PgxTx() pgx.Tx { return pgxView{t} }
+func (t *phaseTx) PgxTx() pgx.Tx { return pgxView{t: t} }
 
 // pgxView is PgxTx's view: the phase's transaction with pgx.Tx's full method
 // set and Commit and Rollback disarmed.
-type pgxView struct{ *phaseTx }
+type pgxView struct{ t *phaseTx }
+
+func (v pgxView) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return v.t.Exec(ctx, sql, args...)
+}
+
+func (v pgxView) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return v.t.Query(ctx, sql, args...)
+}
+
+func (v pgxView) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return v.t.QueryRow(ctx, sql, args...)
+}
+
+func (v pgxView) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	return v.t.SendBatch(ctx, b)
+}
+
+func (v pgxView) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	return v.t.CopyFrom(ctx, table, columns, src)
+}
 
 var _ pgx.Tx = pgxView{}
 
@@ -444,19 +501,19 @@ func (v pgxView) Commit(context.Context) error   { return idemdriver.ErrPhaseOwn
 func (v pgxView) Rollback(context.Context) error { return idemdriver.ErrPhaseOwnsTx }
 
 func (v pgxView) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	if err := v.begin(ctx); err != nil {
+	if err := v.t.begin(ctx); err != nil {
 		return nil, err
 	}
-	return v.tx.Prepare(ctx, name, sql)
+	return v.t.tx.Prepare(ctx, name, sql)
 }
 
 // Begin starts a pseudo nested transaction (a savepoint) in the phase's
 // transaction.
 func (v pgxView) Begin(ctx context.Context) (pgx.Tx, error) {
-	if err := v.begin(ctx); err != nil {
+	if err := v.t.begin(ctx); err != nil {
 		return nil, err
 	}
-	return v.tx.Begin(ctx)
+	return v.t.tx.Begin(ctx)
 }
 
 // LargeObjects begins the transaction first, since large objects only work
@@ -465,12 +522,12 @@ func (v pgxView) Begin(ctx context.Context) (pgx.Tx, error) {
 func (v pgxView) LargeObjects() pgx.LargeObjects {
 	ctx, cancel := context.WithTimeout(context.Background(), beginTimeout)
 	defer cancel()
-	if err := v.begin(ctx); err != nil {
+	if err := v.t.begin(ctx); err != nil {
 		b := &pgx.Batch{}
-		b.BeginTx(v.opts)
+		b.BeginTx(v.t.opts)
 		return pgx.FailedBatchResults(b, err).(interface{ Tx() pgx.Tx }).Tx().LargeObjects()
 	}
-	return v.tx.LargeObjects()
+	return v.t.tx.LargeObjects()
 }
 
 // Conn returns the phase's connection. It begins the transaction first, so
@@ -478,6 +535,6 @@ func (v pgxView) LargeObjects() pgx.LargeObjects {
 func (v pgxView) Conn() *pgx.Conn {
 	ctx, cancel := context.WithTimeout(context.Background(), beginTimeout)
 	defer cancel()
-	_ = v.begin(ctx) // a failure resurfaces on the next statement
-	return v.conn.Conn()
+	_ = v.t.begin(ctx) // a failure resurfaces on the next statement
+	return v.t.conn.Conn()
 }
