@@ -22,5 +22,5 @@ func ExampleMigrator_Script() {
 	// Output:
 	// -- idem migration 0001_idem_keys (down)
 	// DROP TABLE IF EXISTS "billing".idem_keys;
-	// DELETE FROM "billing".idem_migrations WHERE version = 1;
+	// DROP TABLE IF EXISTS "billing".idem_migrations;
 }
