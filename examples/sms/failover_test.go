@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/examples/internal/clients"
 	"github.com/go-idem/idem/examples/sms"
 	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/internal/pgtest"
@@ -390,41 +391,10 @@ func (f *smsFailover) sendAll(qs []*smsRequest, hook smsAttemptHook) {
 }
 
 func (f *smsFailover) sendAllAsync(qs []*smsRequest, hook smsAttemptHook) <-chan error {
-	work := make(chan *smsRequest, len(qs))
-	for _, q := range qs {
-		work <- q
-	}
-	close(work)
-	done := make(chan error, 1)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var errs []error
-	for range min(smsFailoverClients, len(qs)) {
-		wg.Go(func() {
-			for q := range work {
-				if err := f.send(q, hook); err != nil {
-					mu.Lock()
-					errs = append(errs, err)
-					mu.Unlock()
-				}
-			}
-		})
-	}
-	go func() {
-		wg.Wait()
-		done <- errors.Join(errs...)
-	}()
-	return done
+	return clients.Start(qs, smsFailoverClients, func(q *smsRequest) error { return f.send(q, hook) })
 }
 
-func (f *smsFailover) wait(done <-chan error) error {
-	select {
-	case err := <-done:
-		return err
-	case <-f.ctx.Done():
-		return fmt.Errorf("requests unfinished: %w", f.ctx.Err())
-	}
-}
+func (f *smsFailover) wait(done <-chan error) error { return clients.Wait(f.ctx, done) }
 
 // send executes q until it has a final answer (a response, executed or
 // replayed), retrying whatever else with a short backoff; a key held by

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/examples/internal/clients"
 	"github.com/go-idem/idem/examples/rides/fakepay"
 	"github.com/go-idem/idem/examples/rides/internal/ridesapp"
 	"github.com/go-idem/idem/idemtest"
@@ -389,41 +390,10 @@ func (f *ridesFailover) sendAll(qs []*rideRequest, hook attemptHook) {
 
 // sendAllAsync is sendAll in the background; wait for the channel.
 func (f *ridesFailover) sendAllAsync(qs []*rideRequest, hook attemptHook) <-chan error {
-	work := make(chan *rideRequest, len(qs))
-	for _, q := range qs {
-		work <- q
-	}
-	close(work)
-	done := make(chan error, 1)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var errs []error
-	for range min(failoverClients, len(qs)) {
-		wg.Go(func() {
-			for q := range work {
-				if err := f.send(q, hook); err != nil {
-					mu.Lock()
-					errs = append(errs, err)
-					mu.Unlock()
-				}
-			}
-		})
-	}
-	go func() {
-		wg.Wait()
-		done <- errors.Join(errs...)
-	}()
-	return done
+	return clients.Start(qs, failoverClients, func(q *rideRequest) error { return f.send(q, hook) })
 }
 
-func (f *ridesFailover) wait(done <-chan error) error {
-	select {
-	case err := <-done:
-		return err
-	case <-f.ctx.Done():
-		return fmt.Errorf("requests unfinished: %w", f.ctx.Err())
-	}
-}
+func (f *ridesFailover) wait(done <-chan error) error { return clients.Wait(f.ctx, done) }
 
 // send posts q until it gets a final answer: anything but a 409, a 500, a
 // 503 or no answer at all (a 502 is the provider's stored refusal). Attempts go to the servers round robin, with a short
