@@ -266,6 +266,7 @@ func TestWorkerPausedPastItsLeaseDoesNotMakeItsCall(t *testing.T) {
 
 	out, err = r.Execute(ctx, b.flow, b.req("k1"))
 	require.ErrorIs(t, err, idem.ErrNeedsReconcile, "the mark says a call may have happened")
+	require.Equal(t, idem.OutcomeNeedsReconcile, out.Kind)
 	out, err = r.Reconcile(ctx, "user:1", "k1")
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)

@@ -54,6 +54,19 @@ func (r *Runner) hold(flow AnyFlow, rec *KeyRecord, input any, tookOver bool, ac
 		tookOver: tookOver, renewedAt: acquiredAt}
 }
 
+// nextPhase is the index of the phase after the key's recovery point: where
+// the held key resumes.
+func (h *held) nextPhase() (int, error) {
+	if h.rec.RecoveryPoint == RecoveryPointStarted {
+		return 0, nil
+	}
+	i, ok := h.flow.phaseIndex(h.rec.RecoveryPoint)
+	if !ok {
+		return 0, fmt.Errorf("%w: key %q is at %q, which flow %q does not have", ErrUnknownRecoveryPoint, h.rec.Key, h.rec.RecoveryPoint, h.flow.Name())
+	}
+	return i + 1, nil
+}
+
 // enterPhase moves to phase i with a fresh attempt count.
 func (h *held) enterPhase(i int) {
 	if i != h.phase {

@@ -264,6 +264,7 @@ func TestMigration0003MovesLeasesAndMarks(t *testing.T) {
 	b.clock.Advance(2 * time.Minute)
 	out, err = texts.Execute(ctx, b.flow, b.req("in-doubt"))
 	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
+	require.Equal(t, idem.OutcomeNeedsReconcile, out.Kind)
 	out, err = texts.Execute(ctx, b.flow, b.req("retired"))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)

@@ -163,16 +163,12 @@ func (r *Runner) withdrawMark(ctx context.Context, h *held) error {
 // resumeUnmarked takes a key out of needs_reconcile that has no foreign call
 // in doubt and drives it on from its recovery point.
 func (r *Runner) resumeUnmarked(ctx context.Context, h *held) (*Outcome, error) {
-	from := 0
-	if h.rec.RecoveryPoint != RecoveryPointStarted {
-		i, ok := h.flow.phaseIndex(h.rec.RecoveryPoint)
-		if !ok {
-			return r.leaveUnreconciled(ctx, h, fmt.Errorf("%w: key %q is at %q, which flow %q does not have", ErrUnknownRecoveryPoint, h.rec.Key, h.rec.RecoveryPoint, h.flow.Name()))
-		}
-		from = i + 1
+	from, err := h.nextPhase()
+	if err != nil {
+		return r.leaveUnreconciled(ctx, h, err)
 	}
 	h.enterPhase(from)
-	_, err := r.runBody(ctx, h, func(context.Context, Tx) (Result, *idemdriver.CommitParams, error) {
+	_, err = r.runBody(ctx, h, func(context.Context, Tx) (Result, *idemdriver.CommitParams, error) {
 		return r.resolution(h, ReconcileNotDone())
 	})
 	if err != nil {

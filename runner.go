@@ -302,14 +302,9 @@ func (r *Runner) resume(ctx context.Context, h *held) (*Outcome, error) {
 		// committing: never re-run it blindly.
 		return r.toNeedsReconcile(ctx, h, fmt.Sprintf("phase %q may have made its foreign call without committing", h.rec.ForeignMark))
 	}
-	from := 0
-	if h.rec.RecoveryPoint != RecoveryPointStarted {
-		i, ok := h.flow.phaseIndex(h.rec.RecoveryPoint)
-		if !ok {
-			err := fmt.Errorf("%w: key %q is at %q, which flow %q does not have", ErrUnknownRecoveryPoint, h.rec.Key, h.rec.RecoveryPoint, h.flow.Name())
-			return r.fail(ctx, h, err)
-		}
-		from = i + 1
+	from, err := h.nextPhase()
+	if err != nil {
+		return r.fail(ctx, h, err)
 	}
 	return r.drive(ctx, h, from)
 }

@@ -2,7 +2,6 @@ package idemcli
 
 import (
 	"flag"
-	"strings"
 )
 
 // parseInterspersed parses flags that may come before, between or after
@@ -26,10 +25,4 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 		positional = append(positional, rest[0])
 		args = rest[1:]
 	}
-}
-
-// isHelpArg reports whether a is a request for help.
-func isHelpArg(a string) bool {
-	a = strings.TrimLeft(a, "-")
-	return a == "h" || a == "help"
 }

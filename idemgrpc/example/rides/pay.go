@@ -191,21 +191,3 @@ func (c *payClient) createCharge(ctx context.Context, key string, p chargeParams
 	}
 	return nil, fmt.Errorf("payments: HTTP %d: %s", resp.StatusCode, raw)
 }
-
-// listCharges returns the provider's ledger.
-func (c *payClient) listCharges(ctx context.Context) ([]charge, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.baseURL+"/charges", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	var out []charge
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return nil, err
-	}
-	return out, nil
-}
