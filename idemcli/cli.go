@@ -259,8 +259,10 @@ func lookup(args []string) (*command, []string, error) {
 
 // connect opens the pool and the runner. Commands call it after checking
 // their flags, so a bad command line fails before any connection is made.
-// A request being completed holds two connections (its phase and its
-// heartbeat): four is plenty.
+// The store's control statements (marks, heartbeats) share the pool
+// (ControlDB) rather than open one of their own: the CLI completes and
+// reconciles one key at a time, which holds at most two connections (its
+// phase and a mark or heartbeat), so the pool's four never run out.
 func (e *env) connect(ctx context.Context) error {
 	if err := e.connectPool(ctx); err != nil {
 		return err
