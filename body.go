@@ -58,8 +58,7 @@ func (r *Runner) runBody(ctx context.Context, h *held, b body) (Result, error) {
 
 // attemptBody is one try of the body in its own transaction.
 func (r *Runner) attemptBody(ctx context.Context, h *held, b body, iso pgx.TxIsoLevel) (res Result, err error) {
-	name := h.phaseName()
-	ctx, end := r.startPhase(ctx, h.flow.Name(), name, h.attempt)
+	ctx, end := r.startPhase(ctx, h.flow.Name(), h.phaseName(), h.attempt)
 	defer func() { end(err) }()
 	started := time.Now()
 
@@ -116,20 +115,29 @@ func (r *Runner) attemptBody(ctx context.Context, h *held, b body, iso pgx.TxIso
 		}
 	}
 	h.committed(cp)
-	if cp.RecoveryPoint != name && cp.Status != StatusFinished {
+	if cp.RecoveryPoint != h.phaseName() && cp.Status != StatusFinished {
 		// A reconcile verdict of not done: it cleared the mark and left the
 		// recovery point where it was; the phase itself has not committed.
 		return res, nil
 	}
-	r.emit(ctx, Event{Kind: EventPhaseCommitted, Flow: h.flow.Name(), Scope: h.rec.Scope, Key: h.rec.Key, Phase: name, Attempt: h.attempt, Duration: time.Since(started)})
-	if herr := r.hook(ctx, h, HookAfterCommit); herr != nil {
-		if h.crashed {
-			return res, herr
-		}
-		// A test playing a lost acknowledgement: this worker cannot know
-		// the commit landed, so it reads the key as it would for a real one.
-		if landed, err := r.commitLanded(ctx, h, cp, herr); !landed {
-			return res, err
+	// Every phase of the transaction committed at once: the first and those
+	// that joined it, each reported as a phase of its own, and then each
+	// phase's after-commit test point in turn.
+	last, took := h.phase, time.Since(started)
+	defer func() { h.phase = last }()
+	for h.phase = h.first; h.phase <= last; h.phase++ {
+		r.emit(ctx, Event{Kind: EventPhaseCommitted, Flow: h.flow.Name(), Scope: h.rec.Scope, Key: h.rec.Key, Phase: h.phaseName(), Attempt: h.attempt, Duration: took})
+	}
+	for h.phase = h.first; h.phase <= last; h.phase++ {
+		if herr := r.hook(ctx, h, HookAfterCommit); herr != nil {
+			if h.crashed {
+				return res, herr
+			}
+			// A test playing a lost acknowledgement: this worker cannot know
+			// the commit landed, so it reads the key as it would for a real one.
+			if landed, err := r.commitLanded(ctx, h, cp, herr); !landed {
+				return res, err
+			}
 		}
 	}
 	return res, nil

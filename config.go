@@ -221,6 +221,12 @@ const (
 	HookAfterCommit HookWhere = "after_commit"
 )
 
+// Phases joined by Phase.JoinPrevious pass the same points as phases of
+// their own, in order, around the one transaction they share: a joined
+// phase's HookPhaseStart comes after the phase before it reached
+// HookBeforeCommit, in the same transaction, and once the shared commit
+// landed every one of them reaches HookAfterCommit.
+
 // Defaults of [Config]'s fields.
 const (
 	LeaseDefault             = 90 * time.Second

@@ -29,6 +29,10 @@
 // interrupted phase goes to reconciliation ([Runner.Reconcile]) instead of
 // running twice.
 //
+// A phase that makes no foreign call may share the transaction and commit
+// of the phase before it ([Phase].JoinPrevious): one commit fewer per
+// request, at the price of re-running both after a crash between them.
+//
 // # The runner
 //
 // [Runner.Execute] does, for one attempt of a request:

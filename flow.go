@@ -69,7 +69,7 @@ var (
 
 // NewFlow declares a flow. It checks the declaration: a valid unique name per
 // phase, a Do function on each, a Reconcile hook on every not-idempotent
-// phase. Flow names are stored with each key, so a name must keep meaning
+// phase, and Phase.JoinPrevious only where a shared commit is safe. Flow names are stored with each key, so a name must keep meaning
 // the same endpoint across deploys.
 func NewFlow[In any](name string, phases []Phase[In], config *FlowConfig[In]) (*Flow[In], error) {
 	if !flowNamePattern.MatchString(name) {
@@ -99,6 +99,9 @@ func NewFlow[In any](name string, phases []Phase[In], config *FlowConfig[In]) (*
 		case p.Foreign != ForeignIdempotent && p.Foreign != ForeignNotIdempotent:
 			return nil, fmt.Errorf("idem: flow %q phase %q: unknown foreign kind %d", name, p.Name, p.Foreign)
 		}
+		if err := checkJoin(name, phases, i); err != nil {
+			return nil, err
+		}
 		if _, dup := f.index[p.Name]; dup {
 			return nil, fmt.Errorf("idem: flow %q has two phases named %q", name, p.Name)
 		}
@@ -106,6 +109,31 @@ func NewFlow[In any](name string, phases []Phase[In], config *FlowConfig[In]) (*
 		f.names = append(f.names, p.Name)
 	}
 	return f, nil
+}
+
+// checkJoin checks phase i's Phase.JoinPrevious against its neighbours.
+func checkJoin[In any](flow string, phases []Phase[In], i int) error {
+	p := phases[i]
+	if !p.JoinPrevious {
+		return nil
+	}
+	if i == 0 {
+		return fmt.Errorf("idem: flow %q phase %q: the first phase has no phase before it to join", flow, p.Name)
+	}
+	prev := phases[i-1]
+	first := i - 1
+	for first > 0 && phases[first].JoinPrevious {
+		first--
+	}
+	switch {
+	case p.Foreign == ForeignNotIdempotent:
+		return fmt.Errorf("idem: flow %q phase %q makes a not-idempotent foreign call, so it commits alone and cannot join %q", flow, p.Name, prev.Name)
+	case prev.Foreign == ForeignNotIdempotent:
+		return fmt.Errorf("idem: flow %q phase %q cannot join %q, which makes a not-idempotent foreign call and commits alone", flow, p.Name, prev.Name)
+	case p.Isolation != "" && p.Isolation != phases[first].Isolation:
+		return fmt.Errorf("idem: flow %q phase %q joins the transaction of %q, whose isolation level it cannot change (%q)", flow, p.Name, phases[first].Name, p.Isolation)
+	}
+	return nil
 }
 
 // MustNewFlow is NewFlow for package-level declarations; it panics on an
@@ -134,6 +162,9 @@ type AnyFlow interface {
 	abandonAfterOr(d time.Duration) time.Duration
 	phaseIndex(name string) (int, bool)
 	phaseMeta(i int) (name string, kind ForeignKind, iso pgx.TxIsoLevel)
+	// joinsPrevious reports whether phase i runs in the transaction of
+	// phase i-1 (Phase.JoinPrevious).
+	joinsPrevious(i int) bool
 	prepare(params any, fingerprintKey []byte) (*prepared, error)
 	decode(stored []byte) (any, error)
 	redrives() bool
@@ -186,6 +217,10 @@ func (f *Flow[In]) phaseIndex(name string) (int, bool) {
 func (f *Flow[In]) phaseMeta(i int) (string, ForeignKind, pgx.TxIsoLevel) {
 	p := f.phases[i]
 	return p.Name, p.Foreign, p.Isolation
+}
+
+func (f *Flow[In]) joinsPrevious(i int) bool {
+	return i > 0 && i < len(f.phases) && f.phases[i].JoinPrevious
 }
 
 // prepare accepts the input as In, *In, or JSON (json.RawMessage or []byte),

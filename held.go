@@ -23,12 +23,17 @@ type held struct {
 	// tookOver: this call resumed a key another attempt left unfinished.
 	tookOver bool
 
-	phase   int
-	attempt int
+	// phase is the running phase; first is the first phase of its
+	// transaction, where every attempt starts (they differ only in a chain
+	// of phases joined by Phase.JoinPrevious).
+	phase, first int
+	attempt      int
 	// tx is the running attempt's transaction, for Attempt.PgxTx.
-	tx            idemdriver.PhaseTx
-	patch         map[string]json.RawMessage
-	foreignCalled bool
+	tx    idemdriver.PhaseTx
+	patch map[string]json.RawMessage
+	// foreignBy names the phase that made the transaction's foreign call
+	// this attempt, if any.
+	foreignBy string
 	// foreignMarked survives attempts: once a not-idempotent call may have
 	// happened, the request can only go forward by committing or reconcile.
 	foreignMarked bool
@@ -67,17 +72,20 @@ func (h *held) nextPhase() (int, error) {
 	return i + 1, nil
 }
 
-// enterPhase moves to phase i with a fresh attempt count.
+// enterPhase moves to phase i, the first of a transaction, with a fresh
+// attempt count.
 func (h *held) enterPhase(i int) {
 	if i != h.phase {
 		h.foreignMarked = false
 	}
-	h.phase, h.attempt = i, 0
+	h.phase, h.first, h.attempt = i, i, 0
 }
 
+// beginAttempt starts a try of the transaction from its first phase.
 func (h *held) beginAttempt() {
 	h.attempt++
-	h.patch, h.foreignCalled = nil, false
+	h.phase = h.first
+	h.patch, h.foreignBy = nil, ""
 }
 
 func (h *held) phaseName() string {
@@ -146,10 +154,14 @@ func (h *held) outcome(resp *Response) *Outcome {
 // foreign makes the phase's one foreign call (see [Attempt.Foreign]).
 func (h *held) foreign(ctx context.Context, name string, call func(ctx context.Context, idempotencyKey string) error) error {
 	r := h.runner
-	if h.foreignCalled {
+	switch {
+	case h.foreignBy == h.phaseName():
 		return fmt.Errorf("%w: phase %q already made its foreign call; %q was not made", ErrSecondForeignCall, h.phaseName(), name)
+	case h.foreignBy != "":
+		return fmt.Errorf("%w: phase %q joins the transaction of phase %q, which already made its foreign call; %q was not made",
+			ErrSecondForeignCall, h.phaseName(), h.foreignBy, name)
 	}
-	h.foreignCalled = true
+	h.foreignBy = h.phaseName()
 	_, kind, _ := h.flow.phaseMeta(h.phase)
 	if kind == ForeignNotIdempotent && !h.foreignMarked {
 		mctx, cancel := r.storeContext(ctx)

@@ -43,8 +43,30 @@ type Phase[In any] struct {
 
 	// Isolation is the phase transaction's isolation level. Empty uses
 	// Config.Isolation (default read committed). Serialization failures and
-	// deadlocks are retried either way.
+	// deadlocks are retried either way. A phase that joins the one before it
+	// runs in that phase's transaction, so its Isolation must be empty or the
+	// same.
 	Isolation pgx.TxIsoLevel
+
+	// JoinPrevious runs the phase in the transaction of the phase before it:
+	// the two (or more, in a chain) commit together, once, with the
+	// recovery point of the last one that ran. It saves a commit and a
+	// round trip per request. Default false: every phase commits on its own.
+	//
+	// Joined phases are one atomic step. A crash before their shared commit
+	// loses all their writes and the retry runs them all again, from the
+	// first; no recovery point between them is ever recorded. So a
+	// transaction of joined phases makes at most one foreign call between
+	// them (a second returns ErrSecondForeignCall), and a ForeignNotIdempotent
+	// phase is never joined, neither to the phase before it nor by the phase
+	// after it: NewFlow refuses both. Join a phase that makes no foreign call
+	// (recording a result, enqueueing a job, building the response) to its
+	// neighbour; keep the phases apart where a crash between them must not
+	// undo the first, such as a record that must exist before a charge.
+	// Phases keep their names, checkpoints and observer events: each joined
+	// phase reports its own EventPhaseCommitted when the shared commit lands.
+	// The first phase cannot join.
+	JoinPrevious bool
 }
 
 // ForeignKind classifies a phase's foreign call.

@@ -309,9 +309,10 @@ func (r *Runner) resume(ctx context.Context, h *held) (*Outcome, error) {
 	return r.drive(ctx, h, from)
 }
 
-// drive runs phases from index from until one responds.
+// drive runs phases from index from until one responds: each transaction
+// from its first phase through the phases that join it.
 func (r *Runner) drive(ctx context.Context, h *held, from int) (*Outcome, error) {
-	for i := from; i < len(h.flow.PhaseNames()); i++ {
+	for i := from; i < len(h.flow.PhaseNames()); i = h.phase + 1 {
 		h.enterPhase(i)
 		res, err := r.runBody(ctx, h, r.phaseBody(h))
 		if err != nil {
@@ -325,24 +326,40 @@ func (r *Runner) drive(ctx context.Context, h *held, from int) (*Outcome, error)
 	return r.fail(ctx, h, fmt.Errorf("%w: flow %q ran out of phases", ErrPhaseFailed, h.flow.Name()))
 }
 
-// phaseBody is the body of the held key's current phase: its Do, and the
-// commit its result asks for.
+// phaseBody is the body of the held key's current transaction: the Do of
+// its first phase and of each phase that joins it (Phase.JoinPrevious), in
+// order, until one responds or the next does not join; then the commit the
+// last one's result asks for. Each joined phase starts and ends at the test
+// hooks as a phase of its own, so the crash kit can stop between them.
 func (r *Runner) phaseBody(h *held) body {
 	return func(ctx context.Context, tx Tx) (Result, *idemdriver.CommitParams, error) {
-		res, err := h.flow.callDo(ctx, tx, h)
-		if err != nil {
-			return res, nil, err
+		for {
+			res, err := h.flow.callDo(ctx, tx, h)
+			if err != nil {
+				return res, nil, err
+			}
+			if res.err != nil {
+				return res, nil, fmt.Errorf("phase %q built its response: %w", h.phaseName(), res.err)
+			}
+			if !res.Responds() && h.phase == len(h.flow.PhaseNames())-1 {
+				return res, nil, fmt.Errorf("phase %q is the last of flow %q and must respond, not advance", h.phaseName(), h.flow.Name())
+			}
+			if res.Responds() {
+				res.response = storableResponse(res.response)
+				return res, r.commitFor(h, res), nil
+			}
+			if !h.flow.joinsPrevious(h.phase + 1) {
+				return res, r.commitFor(h, res), nil
+			}
+			// The phase's work is done and its commit is the next phase's.
+			if err := r.hook(ctx, h, HookBeforeCommit); err != nil {
+				return res, nil, err
+			}
+			h.phase++
+			if err := r.hook(ctx, h, HookPhaseStart); err != nil {
+				return res, nil, err
+			}
 		}
-		if res.err != nil {
-			return res, nil, fmt.Errorf("phase %q built its response: %w", h.phaseName(), res.err)
-		}
-		if !res.Responds() && h.phase == len(h.flow.PhaseNames())-1 {
-			return res, nil, fmt.Errorf("phase %q is the last of flow %q and must respond, not advance", h.phaseName(), h.flow.Name())
-		}
-		if res.Responds() {
-			res.response = storableResponse(res.response)
-		}
-		return res, r.commitFor(h, res), nil
 	}
 }
 

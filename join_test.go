@@ -1,0 +1,217 @@
+package idem_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
+)
+
+// joinedOrder is a three-phase flow whose last phase joins the second
+// (Phase.JoinPrevious): the order row commits alone, then the charge, its
+// record and the receipt job commit together, and the response with them.
+func joinedOrder(payments *idemtest.Provider) *idem.Flow[rideInput] {
+	return idem.MustNewFlow("orders.joined", []idem.Phase[rideInput]{
+		{
+			Name: "order_created",
+			Do: func(ctx context.Context, tx idem.Tx, a *idem.Attempt[rideInput]) (idem.Result, error) {
+				var id int64
+				if err := tx.QueryRow(ctx, `INSERT INTO orders (origin) VALUES ($1) RETURNING id`, a.Input().Origin).Scan(&id); err != nil {
+					return idem.Result{}, err
+				}
+				return idem.Advance(), a.SetCheckpoint("order_id", id)
+			},
+		},
+		{
+			Name: "order_charged",
+			Do: func(ctx context.Context, tx idem.Tx, a *idem.Attempt[rideInput]) (idem.Result, error) {
+				var orderID int64
+				if _, err := a.Checkpoint("order_id", &orderID); err != nil {
+					return idem.Result{}, err
+				}
+				var charge idemtest.Effect
+				if err := a.Foreign(ctx, "charge", func(ctx context.Context, key string) (err error) {
+					charge, err = payments.Do(ctx, key, fmt.Sprint("order:", orderID))
+					return err
+				}); err != nil {
+					return idem.Result{}, err
+				}
+				if _, err := tx.Exec(ctx, `UPDATE orders SET charge_id = $1 WHERE id = $2`, charge.ID, orderID); err != nil {
+					return idem.Result{}, err
+				}
+				return idem.Advance(), a.SetCheckpoint("charge_id", charge.ID)
+			},
+		},
+		{
+			Name:         "receipt_enqueued",
+			JoinPrevious: true,
+			Do: func(ctx context.Context, tx idem.Tx, a *idem.Attempt[rideInput]) (idem.Result, error) {
+				var orderID int64
+				var chargeID string
+				if _, err := a.Checkpoint("order_id", &orderID); err != nil {
+					return idem.Result{}, err
+				}
+				// The joined phase sees the checkpoint its transaction's
+				// earlier phase set, before anything committed.
+				if ok, err := a.Checkpoint("charge_id", &chargeID); err != nil || !ok {
+					return idem.Result{}, fmt.Errorf("no charge_id checkpoint (found %v): %v", ok, err)
+				}
+				if _, err := tx.Exec(ctx, `INSERT INTO receipts (order_id) VALUES ($1)`, orderID); err != nil {
+					return idem.Result{}, err
+				}
+				return idem.RespondJSON(http.StatusCreated, map[string]any{"status": "charged"}), nil
+			},
+		},
+	}, nil)
+}
+
+func joinedOrderTables(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), `
+		CREATE TABLE orders (id bigserial PRIMARY KEY, origin text NOT NULL, charge_id text);
+		CREATE TABLE receipts (id bigserial PRIMARY KEY, order_id bigint NOT NULL)`)
+	require.NoError(t, err)
+}
+
+// Joined phases commit once: the charge's record and the receipt carry the
+// same transaction id, while the order row, from the phase before, has its
+// own. Each phase still reports its own commit.
+func TestJoinedPhasesShareOneCommit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	joinedOrderTables(t, b.pool)
+	payments := &idemtest.Provider{}
+	flow := joinedOrder(payments)
+	var mu sync.Mutex
+	var committed []string
+	r := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{flow}, Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) {
+		if e.Kind == idem.EventPhaseCommitted {
+			mu.Lock()
+			defer mu.Unlock()
+			committed = append(committed, e.Phase)
+		}
+	})})
+
+	out, err := r.Execute(context.Background(), flow, b.request("k1", rideInput{Origin: "home"}))
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeExecuted, out.Kind)
+
+	var created, charged, receipt string
+	require.NoError(t, b.pool.QueryRow(context.Background(),
+		`SELECT o.xmin::text, r.xmin::text FROM orders o JOIN receipts r ON r.order_id = o.id`).Scan(&charged, &receipt))
+	require.Equal(t, charged, receipt, "the charge's record and the receipt commit in one transaction")
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT xmin::text FROM idem_keys WHERE key = 'k1'`).Scan(&created))
+	require.Equal(t, receipt, created, "the key's finishing update commits with them")
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []string{"order_created", "order_charged", "receipt_enqueued"}, committed)
+	require.Len(t, payments.Effects(""), 1)
+}
+
+// The crash kit explores joined phases like any others: a crash before the
+// shared commit, after it, a lost acknowledgement, a serialization failure
+// and a takeover at each phase, and the lost and stalled replies of every
+// round trip; the charge happens once and the receipt exists once.
+func TestJoinedPhasesUnderTheCrashKit(t *testing.T) {
+	t.Parallel()
+	schema := idemtest.NewSchema(t)
+	joinedOrderTables(t, schema.Pool)
+	payments := &idemtest.Provider{}
+	rep := idemtest.Explore(t, idemtest.Config[rideInput]{
+		Pool:        schema.Pool,
+		DatabaseURL: schema.URL,
+		Flow:        joinedOrder(payments),
+		Input:       rideInput{Origin: "home"},
+		Scope:       "tenant:joined",
+		Providers:   []idemtest.FakeProvider{payments},
+		Check: func(ctx context.Context, key *idem.KeyRecord) error {
+			var orders, receipts int
+			err := schema.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM orders WHERE charge_id IS NOT NULL), (SELECT count(*) FROM receipts)`).Scan(&orders, &receipts)
+			if err == nil && (orders != receipts) {
+				err = fmt.Errorf("%d charged orders and %d receipts", orders, receipts)
+			}
+			return err
+		},
+	})
+	require.Equal(t, []string{"order_created", "order_charged", "receipt_enqueued"}, rep.Phases)
+	require.Empty(t, rep.Unreached)
+}
+
+// A transaction of joined phases makes at most one foreign call between
+// them: the second is refused, names the phase that made the first, and the
+// request fails without committing either phase.
+func TestJoinedPhasesMakeOneForeignCall(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	payments := &idemtest.Provider{}
+	call := func(ctx context.Context, a *idem.Attempt[rideInput]) error {
+		return a.Foreign(ctx, "charge", func(ctx context.Context, key string) error {
+			_, err := payments.Do(ctx, key, "subject")
+			return err
+		})
+	}
+	flow := idem.MustNewFlow("two.calls", []idem.Phase[rideInput]{
+		{Name: "first", Do: func(ctx context.Context, _ idem.Tx, a *idem.Attempt[rideInput]) (idem.Result, error) {
+			return idem.Advance(), call(ctx, a)
+		}},
+		{Name: "second", JoinPrevious: true, Do: func(ctx context.Context, _ idem.Tx, a *idem.Attempt[rideInput]) (idem.Result, error) {
+			if err := call(ctx, a); err != nil {
+				return idem.Result{}, err
+			}
+			return idem.RespondJSON(http.StatusOK, nil), nil
+		}},
+	}, nil)
+	r := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{flow}})
+	_, err := r.Execute(context.Background(), flow, b.request("k1", rideInput{}))
+	require.ErrorIs(t, err, idem.ErrSecondForeignCall)
+	require.ErrorContains(t, err, `phase "second" joins the transaction of phase "first"`)
+	require.Len(t, payments.Calls(), 1)
+	require.Equal(t, idem.RecoveryPointStarted, b.key(t, "k1").RecoveryPoint)
+}
+
+func TestJoinPreviousIsChecked(t *testing.T) {
+	t.Parallel()
+	do := func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.Result, error) {
+		return idem.RespondJSON(http.StatusOK, nil), nil
+	}
+	reconcile := func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.Reconciliation, error) {
+		return idem.ReconcileUnknown("test"), nil
+	}
+	for _, tt := range []struct {
+		name   string
+		phases []idem.Phase[rideInput]
+		want   string
+	}{
+		{"the first phase", []idem.Phase[rideInput]{{Name: "a", Do: do, JoinPrevious: true}},
+			`the first phase has no phase before it to join`},
+		{"a not-idempotent phase", []idem.Phase[rideInput]{{Name: "a", Do: do},
+			{Name: "b", Do: do, JoinPrevious: true, Foreign: idem.ForeignNotIdempotent, Reconcile: reconcile}},
+			`phase "b" makes a not-idempotent foreign call, so it commits alone and cannot join "a"`},
+		{"a not-idempotent phase's transaction", []idem.Phase[rideInput]{{Name: "a", Do: do, Foreign: idem.ForeignNotIdempotent, Reconcile: reconcile},
+			{Name: "b", Do: do, JoinPrevious: true}},
+			`phase "b" cannot join "a", which makes a not-idempotent foreign call`},
+		{"another isolation level", []idem.Phase[rideInput]{{Name: "a", Do: do}, {Name: "b", Do: do},
+			{Name: "c", Do: do, JoinPrevious: true, Isolation: pgx.Serializable}},
+			`phase "c" joins the transaction of "b", whose isolation level it cannot change`},
+		{"another isolation level down a chain", []idem.Phase[rideInput]{{Name: "a", Do: do, Isolation: pgx.RepeatableRead},
+			{Name: "b", Do: do, JoinPrevious: true}, {Name: "c", Do: do, JoinPrevious: true, Isolation: pgx.Serializable}},
+			`phase "c" joins the transaction of "a"`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := idem.NewFlow("f", tt.phases, nil)
+			require.ErrorContains(t, err, tt.want)
+		})
+	}
+	_, err := idem.NewFlow("f", []idem.Phase[rideInput]{{Name: "a", Do: do, Isolation: pgx.RepeatableRead},
+		{Name: "b", Do: do, JoinPrevious: true, Isolation: pgx.RepeatableRead}, {Name: "c", Do: do, JoinPrevious: true}}, nil)
+	require.NoError(t, err, "a joined phase may repeat its transaction's isolation level or leave it empty")
+}
