@@ -154,9 +154,10 @@ func (e *env) newPool(ctx context.Context, maxConns int, configure func(*pgxpool
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
-// benchTables are the business tables of the measured flow, twice: once
-// referencing idem's keys (the runner) and once referencing the hand-rolled
-// baseline's own minimal key table, so both do exactly the same work.
+// benchTables are the business tables of the measured flow, three times:
+// once referencing idem's keys (the runner), once referencing the
+// hand-rolled baseline's own minimal key table and once the
+// single-transaction contender's, so all do exactly the same work.
 const benchTables = `
 CREATE TABLE runner_rides (
     id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -199,6 +200,18 @@ CREATE TABLE base_jobs (
     ride_id bigint NOT NULL,
     args    jsonb  NOT NULL
 );
+
+-- The single-transaction contender's: the baseline's shape, its own rows.
+CREATE TABLE single_keys (LIKE base_keys INCLUDING ALL);
+CREATE TABLE single_rides (
+    id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    key_id    bigint NOT NULL UNIQUE REFERENCES single_keys (id) ON DELETE SET NULL,
+    user_id   bigint NOT NULL,
+    origin    text   NOT NULL,
+    amount    bigint NOT NULL,
+    charge_id text
+);
+CREATE TABLE single_jobs (LIKE base_jobs INCLUDING ALL);
 
 -- The commit ceiling's table: the smallest write that has to commit.
 CREATE TABLE commit_probe (

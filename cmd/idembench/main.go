@@ -34,14 +34,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"os/signal"
 	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-idem/idem"
@@ -71,8 +69,6 @@ type options struct {
 	ReferenceAt   int
 	Workloads     map[string]bool
 }
-
-var allWorkloads = []string{"runner", "baseline", "plain", "replay", "select", "commit"}
 
 var allSections = []string{"load", "roundtrips", "storm", "scale"}
 
@@ -209,18 +205,13 @@ type results struct {
 // loadPoint is the side-by-side measurement at one concurrency.
 type loadPoint struct {
 	Concurrency int
-	Runner      *stats // new key, three phases
-	Baseline    *stats // hand-rolled, pipelined
-	Plain       *stats // hand-rolled, one round trip per statement
-	Replay      *stats // runner replays
-	Select      *stats // plain primary-key SELECT
-	Commit      *stats // single-row INSERT and commit
+	// Stats are each workload's figures, by name.
+	Stats map[string]*stats
 }
 
 // workload returns the named workload's figures, nil if it did not run.
 func (lp *loadPoint) workload(name string) *stats {
-	return map[string]*stats{"runner": lp.Runner, "baseline": lp.Baseline, "plain": lp.Plain,
-		"replay": lp.Replay, "select": lp.Select, "commit": lp.Commit}[name]
+	return lp.Stats[name]
 }
 
 func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
@@ -313,22 +304,19 @@ func measureLoad(ctx context.Context, e *env, o *options, logf func(string, ...a
 	if err != nil {
 		return nil, err
 	}
-	flow := newRunnerFlow()
-	pipelined := &baseline{pool: e.pool, pipelined: true}
-	plain := &baseline{pool: e.pool}
+	deps := &loadDeps{pool: e.pool, runner: runner, run: randomHex(4)}
 
 	// The replay workloads pick from finished keys made beforehand.
 	logf("idembench: preparing %d finished keys to replay", o.ReplayKeys)
-	replayInputs := make([]rideInput, o.ReplayKeys)
-	replayKey := func(i int) string { return "replay-" + strconv.Itoa(i) }
+	flow := newRunnerFlow()
+	deps.replayInputs = make([]rideInput, o.ReplayKeys)
 	if err := forEach(ctx, 16, o.ReplayKeys, func(ctx context.Context, i int) error {
-		replayInputs[i] = rideInput{UserID: int64(i), Origin: "SF", Amount: int64(1000 + i)}
-		_, err := runner.Execute(ctx, flow, idem.Request{Scope: "user:replay", Key: replayKey(i), Path: "/rides", Params: replayInputs[i]})
+		deps.replayInputs[i] = rideInput{UserID: int64(i), Origin: "SF", Amount: int64(1000 + i)}
+		_, err := runner.Execute(ctx, flow, idem.Request{Scope: "user:replay", Key: replayKey(i), Path: "/rides", Params: deps.replayInputs[i]})
 		return err
 	}); err != nil {
 		return nil, fmt.Errorf("prepare replay keys: %w", err)
 	}
-	var replayIDs []int64
 	rows, err := e.pool.Query(ctx, "SELECT id FROM idem_keys WHERE scope = 'user:replay' AND status = 'finished'")
 	if err != nil {
 		return nil, err
@@ -338,17 +326,15 @@ func measureLoad(ctx context.Context, e *env, o *options, logf func(string, ...a
 		if err := rows.Scan(&id); err != nil {
 			return nil, err
 		}
-		replayIDs = append(replayIDs, id)
+		deps.replayIDs = append(deps.replayIDs, id)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	if len(replayIDs) != o.ReplayKeys {
-		return nil, fmt.Errorf("prepared %d finished keys, want %d", len(replayIDs), o.ReplayKeys)
+	if len(deps.replayIDs) != o.ReplayKeys {
+		return nil, fmt.Errorf("prepared %d finished keys, want %d", len(deps.replayIDs), o.ReplayKeys)
 	}
 
-	// Every request of the new-key workloads gets a key never used before,
-	// across rounds and concurrencies.
 	cpu, err := newCPUMeter(ctx, e.pool)
 	if err != nil {
 		return nil, err
@@ -357,13 +343,11 @@ func measureLoad(ctx context.Context, e *env, o *options, logf func(string, ...a
 		logf("idembench: the server's processes are not readable here; no server CPU figures")
 	}
 
-	run := randomHex(4)
-	var seq atomic.Int64
-	newKey := func(prefix string, w int) (string, string) {
-		return "user:" + strconv.Itoa(w), prefix + "-" + run + "-" + strconv.FormatInt(seq.Add(1), 10)
-	}
-	input := func(w, i int) rideInput {
-		return rideInput{UserID: int64(w), Origin: "SF", Amount: int64(2000 + i%100)}
+	var variants []variant
+	for _, w := range workloads {
+		if o.Workloads[w.name] {
+			variants = append(variants, variant{w.name, w.op(deps)})
+		}
 	}
 	// Warm every connection the measurements will use before any of them:
 	// pgx prepares each statement once per connection, and Postgres plans
@@ -373,72 +357,24 @@ func measureLoad(ctx context.Context, e *env, o *options, logf func(string, ...a
 	// whichever point first uses more connections than the ones before.
 	poolWarmup := min(2*time.Second, o.Duration)
 	logf("idembench: warming the pool: each workload at concurrency %d for %s", slices.Max(o.Concurrency), poolWarmup)
+	for _, v := range variants {
+		if _, err := closedLoop(ctx, slices.Max(o.Concurrency), 0, poolWarmup, v.op); err != nil {
+			return nil, fmt.Errorf("warm up %s: %w", v.name, err)
+		}
+	}
 	var points []*loadPoint
 	for _, c := range o.Concurrency {
-		variants := []variant{
-			{"runner", func(ctx context.Context, w, i int) error {
-				scope, key := newKey("r", w)
-				out, err := runner.Execute(ctx, flow, idem.Request{Scope: scope, Key: key, Path: "/rides", Params: input(w, i)})
-				if err == nil && out.Kind != idem.OutcomeExecuted {
-					err = fmt.Errorf("outcome %s, want executed", out.Kind)
-				}
-				return err
-			}},
-			{"baseline", func(ctx context.Context, w, i int) error {
-				scope, key := newKey("b", w)
-				res, err := pipelined.run(ctx, scope, key, input(w, i))
-				if err == nil && res.replayed {
-					err = errors.New("replayed, want executed")
-				}
-				return err
-			}},
-			{"plain", func(ctx context.Context, w, i int) error {
-				scope, key := newKey("p", w)
-				res, err := plain.run(ctx, scope, key, input(w, i))
-				if err == nil && res.replayed {
-					err = errors.New("replayed, want executed")
-				}
-				return err
-			}},
-			{"replay", func(ctx context.Context, w, i int) error {
-				n := rand.IntN(len(replayInputs))
-				out, err := runner.Execute(ctx, flow, idem.Request{Scope: "user:replay", Key: replayKey(n), Path: "/rides", Params: replayInputs[n]})
-				if err == nil && (out.Kind != idem.OutcomeReplayed || out.Response.Status != 201) {
-					err = fmt.Errorf("outcome %s, want a replayed 201", out.Kind)
-				}
-				return err
-			}},
-			{"select", func(ctx context.Context, w, i int) error {
-				var (
-					status       int
-					header, body []byte
-				)
-				return e.pool.QueryRow(ctx, "SELECT response_status, response_headers, response_body FROM idem_keys WHERE id = $1",
-					replayIDs[rand.IntN(len(replayIDs))]).Scan(&status, &header, &body)
-			}},
-			{"commit", func(ctx context.Context, w, i int) error {
-				_, err := e.pool.Exec(ctx, "INSERT INTO commit_probe (worker, n) VALUES ($1, $2)", w, i)
-				return err
-			}},
-		}
-		variants = slices.DeleteFunc(variants, func(v variant) bool { return !o.Workloads[v.name] })
-		if c == o.Concurrency[0] {
-			for _, v := range variants {
-				if _, err := closedLoop(ctx, slices.Max(o.Concurrency), 0, poolWarmup, v.op); err != nil {
-					return nil, fmt.Errorf("warm up %s: %w", v.name, err)
-				}
-			}
-		}
 		logf("idembench: concurrency %d: %d workloads, %s each", c, len(variants), o.Duration)
 		got, err := interleaved(ctx, c, o.Rounds, o.Warmup, o.Duration, variants, walPosition(e), cpu)
 		if err != nil {
 			return nil, err
 		}
-		p := &loadPoint{Concurrency: c, Runner: got["runner"], Baseline: got["baseline"], Plain: got["plain"],
-			Replay: got["replay"], Select: got["select"], Commit: got["commit"]}
-		logf("idembench:   runner %.0f/s, baseline %.0f/s (ratio %.2f), replay %.0f/s, select %.0f/s, commit %.0f/s",
-			p.Runner.Throughput(), p.Baseline.Throughput(), ratio(p.Runner.Throughput(), p.Baseline.Throughput()),
-			p.Replay.Throughput(), p.Select.Throughput(), p.Commit.Throughput())
+		p := &loadPoint{Concurrency: c, Stats: got}
+		var line []string
+		for _, v := range variants {
+			line = append(line, fmt.Sprintf("%s %.0f/s", v.name, got[v.name].Throughput()))
+		}
+		logf("idembench:   %s", strings.Join(line, ", "))
 		points = append(points, p)
 	}
 	return points, nil

@@ -13,11 +13,10 @@ import (
 
 // Targets, as ratios measured in the same run.
 const (
-	targetOverhead    = 0.85 // runner/baseline throughput at the reference concurrency
-	targetReplay      = 0.80 // runner replays / plain SELECTs at the reference concurrency
-	targetScale       = 1.5  // acquisition p99 at the large table / at the small one
-	targetReaping     = 2.0  // acquisition p99 while reaping / without
-	commitsPerRequest = 4    // the acquisition's insert and three phase commits
+	targetOverhead = 0.85 // runner/baseline throughput at the reference concurrency
+	targetReplay   = 0.80 // runner replays / plain SELECTs at the reference concurrency
+	targetScale    = 1.5  // acquisition p99 at the large table / at the small one
+	targetReaping  = 2.0  // acquisition p99 while reaping / without
 )
 
 // target is one verdict of the report.
@@ -64,42 +63,71 @@ func renderReport(res *results) string {
 	}
 
 	if len(res.Load) > 0 {
+		flows := workloadsOf(kindFlow)
 		p("## 1. Framework overhead\n\n")
-		p("A new key per request through three phases (insert a ride; a foreign call with no latency, then record the charge; enqueue a job and respond 201). ")
-		p("*baseline* is the hand-rolled implementation with the runner's round trips (BEGIN rides with the first statement, COMMIT with the recovery-point update); ")
-		p("*plain tx* is the same code with pgx's ordinary BEGIN / statement / update / COMMIT.\n\n")
-		p("| concurrency | runner req/s | p50 | p99 | baseline req/s | p50 | p99 | runner / baseline | plain tx req/s | p50 | p99 | runner / plain tx |\n")
-		p("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		p("A new key per request through three steps (insert a ride; a foreign call with no latency, then record the charge; enqueue a job and respond 201). ")
+		p("*baseline* is the hand-rolled implementation with the runner's round trips and transactions (BEGIN rides with the first statement, COMMIT with the recovery-point update); ")
+		p("*single tx* is the shape of a single-phase idempotency library: the key claimed in one transaction, then all three statements, the stored response and the key's finish in a second one (pipelined alike: three round trips, two commits); ")
+		p("*plain tx* is the baseline's code with pgx's ordinary BEGIN / statement / update / COMMIT.\n\n")
+		// Throughput, with every runner flow against every other flow.
+		var ratios [][2]*workload
+		for i := range flows {
+			if !flows[i].runner {
+				continue
+			}
+			for j := range flows {
+				if !flows[j].runner {
+					ratios = append(ratios, [2]*workload{&flows[i], &flows[j]})
+				}
+			}
+		}
+		head, align := "| concurrency |", "|---:|"
+		for _, w := range flows {
+			head += " " + w.label + " req/s |"
+			align += "---:|"
+		}
+		for _, r := range ratios {
+			head += " " + r[0].label + " / " + r[1].label + " |"
+			align += "---:|"
+		}
+		p("%s\n%s\n", head, align)
 		for _, lp := range res.Load {
-			p("| %d | %s | %s | %s | %s | %s | %s | **%.2f** | %s | %s | %s | %.2f |\n", lp.Concurrency,
-				rate(lp.Runner), ms(lp.Runner.P50), ms(lp.Runner.P99),
-				rate(lp.Baseline), ms(lp.Baseline.P50), ms(lp.Baseline.P99),
-				ratio(lp.Runner.Throughput(), lp.Baseline.Throughput()),
-				rate(lp.Plain), ms(lp.Plain.P50), ms(lp.Plain.P99),
-				ratio(lp.Runner.Throughput(), lp.Plain.Throughput()))
+			p("| %d |", lp.Concurrency)
+			for _, w := range flows {
+				p(" %s |", rate(lp.workload(w.name)))
+			}
+			for _, r := range ratios {
+				p(" **%.2f** |", ratio(lp.workload(r[0].name).Throughput(), lp.workload(r[1].name).Throughput()))
+			}
+			p("\n")
+		}
+		p("\nLatency, the whole call as the client sees it:\n\n")
+		head, align = "| concurrency |", "|---:|"
+		for _, w := range flows {
+			head += " " + w.label + " p50 | p99 |"
+			align += "---:|---:|"
+		}
+		p("%s\n%s\n", head, align)
+		for _, lp := range res.Load {
+			p("| %d |", lp.Concurrency)
+			for _, w := range flows {
+				s := lp.workload(w.name)
+				p(" %s | %s |", ms(s.P50), ms(s.P99))
+			}
+			p("\n")
 		}
 		p("\n")
 		p("What the server wrote per request (WAL bytes, from `pg_current_wal_lsn()` around each run, warm-up included; background writers count too):\n\n")
-		p("| concurrency | runner | baseline | plain tx | replay | plain SELECT | INSERT+commit |\n")
-		p("|---:|---:|---:|---:|---:|---:|---:|\n")
-		for _, lp := range res.Load {
-			p("| %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n", lp.Concurrency, lp.Runner.WALPerOp, lp.Baseline.WALPerOp,
-				lp.Plain.WALPerOp, lp.Replay.WALPerOp, lp.Select.WALPerOp, lp.Commit.WALPerOp)
-		}
+		p("%s", workloadTable(res.Load, func(s *stats) string { return fmt.Sprintf("%.0f", s.WALPerOp) }))
 		p("\n")
 		p("CPU time per request, this process / the server backends serving the pool (µs, from getrusage and /proc, warm-up included). The client and Postgres share the %d cores, so this is what throughput is made of:\n\n", res.Server.Cores)
-		p("| concurrency | runner | baseline | plain tx | replay | plain SELECT | INSERT+commit |\n")
-		p("|---:|---:|---:|---:|---:|---:|---:|\n")
-		for _, lp := range res.Load {
-			p("| %d | %s | %s | %s | %s | %s | %s |\n", lp.Concurrency, cpuCell(lp.Runner), cpuCell(lp.Baseline),
-				cpuCell(lp.Plain), cpuCell(lp.Replay), cpuCell(lp.Select), cpuCell(lp.Commit))
-		}
+		p("%s", workloadTable(res.Load, cpuCell))
 		p("\n")
 		if ref != nil {
-			r := ratio(ref.Runner.Throughput(), ref.Baseline.Throughput())
+			r := ratio(ref.workload("runner").Throughput(), ref.workload("baseline").Throughput())
 			targets = append(targets, target{
 				Name:   fmt.Sprintf("runner/baseline throughput >= %.2f at concurrency %d", targetOverhead, ref.Concurrency),
-				Figure: fmt.Sprintf("%.2f (%s vs %s req/s)", r, rate(ref.Runner), rate(ref.Baseline)),
+				Figure: fmt.Sprintf("%.2f (%s vs %s req/s)", r, rate(ref.workload("runner")), rate(ref.workload("baseline"))),
 				Met:    r >= targetOverhead,
 			})
 		}
@@ -107,9 +135,9 @@ func renderReport(res *results) string {
 
 	if rt := res.RoundTrips; rt != nil {
 		p("## 2. Round trips per request\n\n")
-		p("One traced connection with a warm statement cache. *round trips* are flushed socket writes; *traced* counts what pgx's QueryTracer and BatchTracer saw (a query or a batch each).\n\n")
-		p("| implementation | path | round trips | traced | statements | prepares | acquisition | per phase: round trips (own statements) |\n")
-		p("|---|---|---:|---:|---:|---:|---:|---|\n")
+		p("One traced connection with a warm statement cache. *round trips* are flushed socket writes; *traced* counts what pgx's QueryTracer and BatchTracer saw (a query or a batch each); *transactions* are BEGIN ... COMMIT blocks plus statements sent outside one (each commits on its own).\n\n")
+		p("| implementation | path | round trips | traced | statements | transactions | prepares | acquisition | per phase: round trips (own statements) |\n")
+		p("|---|---|---:|---:|---:|---:|---:|---:|---|\n")
 		acquireOK, phasesOK := true, true
 		var worstPhase int64
 		for _, pt := range rt.Paths {
@@ -129,7 +157,7 @@ func renderReport(res *results) string {
 				}
 			}
 			phases = strings.Join(parts, ", ")
-			p("| %s | %s | %d | %d | %d | %d | %s | %s |\n", pt.Impl, pt.Path, pt.Writes, pt.Traced, pt.Statements, pt.Prepares, acq, phases)
+			p("| %s | %s | %d | %d | %d | %d | %d | %s | %s |\n", pt.Impl, pt.Path, pt.Writes, pt.Traced, pt.Statements, pt.Transactions, pt.Prepares, acq, phases)
 		}
 		p("\n")
 		var acqFig []string
@@ -150,16 +178,16 @@ func renderReport(res *results) string {
 		p("|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, lp := range res.Load {
 			p("| %d | %s | %s | %s | %s | %s | %s | **%.2f** |\n", lp.Concurrency,
-				rate(lp.Replay), ms(lp.Replay.P50), ms(lp.Replay.P99),
-				rate(lp.Select), ms(lp.Select.P50), ms(lp.Select.P99),
-				ratio(lp.Replay.Throughput(), lp.Select.Throughput()))
+				rate(lp.workload("replay")), ms(lp.workload("replay").P50), ms(lp.workload("replay").P99),
+				rate(lp.workload("select")), ms(lp.workload("select").P50), ms(lp.workload("select").P99),
+				ratio(lp.workload("replay").Throughput(), lp.workload("select").Throughput()))
 		}
 		p("\n")
 		if ref != nil {
-			r := ratio(ref.Replay.Throughput(), ref.Select.Throughput())
+			r := ratio(ref.workload("replay").Throughput(), ref.workload("select").Throughput())
 			targets = append(targets, target{
 				Name:   fmt.Sprintf("replays >= %.2f of plain SELECTs at concurrency %d", targetReplay, ref.Concurrency),
-				Figure: fmt.Sprintf("%.2f (%s vs %s/s)", r, rate(ref.Replay), rate(ref.Select)),
+				Figure: fmt.Sprintf("%.2f (%s vs %s/s)", r, rate(ref.workload("replay")), rate(ref.workload("select"))),
 				Met:    r >= targetReplay,
 			})
 		}
@@ -193,15 +221,26 @@ func renderReport(res *results) string {
 
 	if len(res.Load) > 0 {
 		p("## 5. Commit ceiling\n\n")
-		p("The database's own rate of `INSERT INTO commit_probe ... VALUES ($1, $2)` in autocommit, one round trip and one commit each, at the same concurrency. The runner commits %d times per request (the acquisition's insert and three phases).\n\n", commitsPerRequest)
-		p("| concurrency | INSERT+commit/s | p50 | p99 | runner commits/s | share of ceiling | baseline commits/s | share |\n")
-		p("|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		flows := workloadsOf(kindFlow)
+		var per []string
+		for _, w := range flows {
+			per = append(per, fmt.Sprintf("%s %d", w.label, w.commits))
+		}
+		p("The database's own rate of `INSERT INTO commit_probe ... VALUES ($1, $2)` in autocommit, one round trip and one commit each, at the same concurrency, against each flow's commits per second. Commits per request: %s (the runner's are the acquisition's insert and three phases).\n\n", strings.Join(per, ", "))
+		head, align := "| concurrency | INSERT+commit/s | p50 | p99 |", "|---:|---:|---:|---:|"
+		for _, w := range flows {
+			head += " " + w.label + " commits/s | share |"
+			align += "---:|---:|"
+		}
+		p("%s\n%s\n", head, align)
 		for _, lp := range res.Load {
-			rc := lp.Runner.Throughput() * commitsPerRequest
-			bc := lp.Baseline.Throughput() * commitsPerRequest
-			p("| %d | %s | %s | %s | %.0f | **%.0f%%** | %.0f | %.0f%% |\n", lp.Concurrency,
-				rate(lp.Commit), ms(lp.Commit.P50), ms(lp.Commit.P99),
-				rc, 100*ratio(rc, lp.Commit.Throughput()), bc, 100*ratio(bc, lp.Commit.Throughput()))
+			c := lp.workload("commit")
+			p("| %d | %s | %s | %s |", lp.Concurrency, rate(c), ms(c.P50), ms(c.P99))
+			for _, w := range flows {
+				n := lp.workload(w.name).Throughput() * float64(w.commits)
+				p(" %.0f | %.0f%% |", n, 100*ratio(n, c.Throughput()))
+			}
+			p("\n")
 		}
 		p("\n")
 	}
@@ -258,6 +297,35 @@ func renderReport(res *results) string {
 			p("| %s | %s | %s |\n", t.Name, t.Figure, verdict)
 		}
 		p("\n")
+	}
+	return b.String()
+}
+
+// workloadsOf returns the workloads of one kind, in order.
+func workloadsOf(kind workloadKind) []workload {
+	var out []workload
+	for _, w := range workloads {
+		if w.kind == kind {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// workloadTable is one figure of every workload, a row per concurrency.
+func workloadTable(points []*loadPoint, cell func(*stats) string) string {
+	var b strings.Builder
+	b.WriteString("| concurrency |")
+	for _, w := range workloads {
+		b.WriteString(" " + w.label + " |")
+	}
+	b.WriteString("\n|---:|" + strings.Repeat("---:|", len(workloads)) + "\n")
+	for _, lp := range points {
+		fmt.Fprintf(&b, "| %d |", lp.Concurrency)
+		for _, w := range workloads {
+			b.WriteString(" " + cell(lp.workload(w.name)) + " |")
+		}
+		b.WriteString("\n")
 	}
 	return b.String()
 }
