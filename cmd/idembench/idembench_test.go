@@ -199,7 +199,13 @@ func TestQuickRun(t *testing.T) {
 	require.Contains(t, report, "| duplicate storm: exactly one execution every round | 2 of 2 rounds;")
 	require.Contains(t, report, "| runner | new key | 7 | 7 |", "one round trip to acquire, two per phase")
 	require.Contains(t, report, "reaper deleted 1000 keys")
-	require.Equal(t, 2, strings.Count(report, "| runner/baseline throughput")+strings.Count(report, "| replays >="))
+	for _, name := range []string{"runner / baseline throughput >= 0.85 at concurrency 4", "runner / single tx throughput >= 1.00 at concurrency 4",
+		"replay / primary-key SELECT throughput >= 0.80 at concurrency 4", "WAL bytes per request: runner / baseline <= 1.2 at concurrency 4",
+		"server CPU per request: runner / baseline <= 1.2 at concurrency 4", "acquisition p99 at 5k within 1.5x of 500",
+		"acquisition p99 while reaping within 2x of without"} {
+		require.Equal(t, 1, strings.Count(report, "| "+name+" | "), "one target row %q", name)
+	}
+	require.Contains(t, report, "| single tx | new key | 3 | 3 | 7 | 2 |", "three round trips, two transactions")
 
 	written, err := os.ReadFile(filepath.Join(dir, "perf.md"))
 	require.NoError(t, err)
@@ -293,4 +299,48 @@ func TestTransactionsCountsBlocksAndImplicitOnes(t *testing.T) {
 	require.Equal(t, 0, transactions(nil))
 	require.Equal(t, 2, transactions([]string{"INSERT 1", "begin", "INSERT 2", "UPDATE 3", "commit"}))
 	require.Equal(t, 4, transactions([]string{"SELECT 1", "begin isolation level serializable", "x", "ROLLBACK", "select 2", "begin", "commit"}))
+}
+
+// The load targets judge the runner against the baseline and the
+// single-transaction contender at the reference point; a server whose CPU
+// is unknown leaves the CPU target unmeasured rather than missed.
+func TestLoadTargets(t *testing.T) {
+	t.Parallel()
+	mk := func(ops int, wal float64, client, server time.Duration) *stats {
+		return &stats{Ops: ops, Elapsed: time.Second, WALPerOp: wal, ClientCPU: client, ServerCPU: server}
+	}
+	ref := &loadPoint{Concurrency: 16, Stats: map[string]*stats{
+		"runner":   mk(900, 1100, 300*time.Microsecond, 600*time.Microsecond),
+		"baseline": mk(1000, 1000, 200*time.Microsecond, 500*time.Microsecond),
+		"single":   mk(1000, 900, 100*time.Microsecond, 300*time.Microsecond),
+		"plain":    mk(800, 1000, 200*time.Microsecond, 500*time.Microsecond),
+		"replay":   mk(700, 0, 0, 0),
+		"select":   mk(1000, 0, 0, 0),
+	}}
+	got := map[string]target{}
+	for _, tg := range loadTargets(ref) {
+		got[tg.Name] = tg
+	}
+	require.Len(t, got, 5)
+	check := func(name string, met bool, figure string) {
+		t.Helper()
+		tg, ok := got[name]
+		require.True(t, ok, "a row %q in %v", name, got)
+		require.Equal(t, met, tg.Met, name)
+		require.False(t, tg.Unmeasured, name)
+		require.Contains(t, tg.Figure, figure, name)
+	}
+	check("runner / baseline throughput >= 0.85 at concurrency 16", true, "0.90 (900 vs 1000 req/s)")
+	check("runner / single tx throughput >= 1.00 at concurrency 16", false, "0.90 (900 vs 1000 req/s)")
+	check("replay / primary-key SELECT throughput >= 0.80 at concurrency 16", false, "0.70")
+	check("WAL bytes per request: runner / baseline <= 1.2 at concurrency 16", true, "1.10 (1100 vs 1000 B)")
+	check("server CPU per request: runner / baseline <= 1.2 at concurrency 16", true, "1.20 (600 vs 500 µs); for information, client 1.50 (300 vs 200 µs), client+server 1.29 (900 vs 700 µs)")
+
+	ref.Stats["baseline"].ServerCPU = -1
+	for _, tg := range loadTargets(ref) {
+		if strings.HasPrefix(tg.Name, "server CPU") {
+			require.True(t, tg.Unmeasured)
+			require.Contains(t, tg.Figure, "client 1.50")
+		}
+	}
 }
