@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"image"
 	"image/color"
 	"image/png"
@@ -156,7 +157,18 @@ func TestParseFlags(t *testing.T) {
 	require.Equal(t, []int{4, 16}, o.Concurrency)
 	require.Equal(t, map[string]bool{"load": true}, o.Sections)
 
+	require.False(t, o.Durable)
+	o, err = parseFlags([]string{"-durable"}, io.Discard)
+	require.NoError(t, err)
+	require.True(t, o.Durable)
+	o, err = parseFlags([]string{"-durable", "-synchronous-commit", "on"}, io.Discard)
+	require.NoError(t, err)
+	require.True(t, o.Durable)
+	require.Equal(t, "on", o.SyncCommit)
+
 	for _, args := range [][]string{
+		{"-durable", "-synchronous-commit", "off"},
+		{"-durable=maybe"},
 		{"-concurrency", "0"},
 		{"-concurrency", "x"},
 		{"-sections", "nope"},
@@ -190,6 +202,7 @@ func TestQuickRun(t *testing.T) {
 	require.NoError(t, run(ctx, o, &stdout, &stderr), stderr.String())
 
 	report := stdout.String()
+	require.True(t, strings.HasPrefix(report, "# idembench: "), "the heading says how the server commits")
 	for _, section := range []string{"## 1. Framework overhead", "## 2. Round trips per request", "## 3. Replay path",
 		"## 4. Duplicate storm", "## 5. Commit ceiling", "## 6. Scale", "## Targets"} {
 		require.Contains(t, report, section)
@@ -227,7 +240,7 @@ func testEnv(t *testing.T) *env {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	e, err := openEnv(ctx, 4, nil, "", t.Logf)
+	e, err := openEnv(ctx, envConfig{MaxConns: 4, Logf: t.Logf})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, e.close()) })
 	return e
@@ -343,4 +356,49 @@ func TestLoadTargets(t *testing.T) {
 			require.Contains(t, tg.Figure, "client 1.50")
 		}
 	}
+}
+
+// -durable starts the throwaway cluster with durable commits, over pgtest's
+// speed-over-durability defaults; a server the run did not start is only
+// checked.
+func TestDurableEnv(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres")
+	}
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	e, err := openEnv(ctx, envConfig{MaxConns: 2, Durable: true, Logf: t.Logf})
+	if errors.Is(err, errNotDurable) {
+		// Only a server we were given may say no, and it has been checked,
+		// not changed.
+		require.True(t, os.Getenv("DATABASE_URL") != "" || os.Getenv("TEST_DATABASE_URL") != "", "%v", err)
+		return
+	}
+	require.NoError(t, err)
+	defer func() { require.NoError(t, e.close()) }()
+	info, err := describe(ctx, e.pool)
+	require.NoError(t, err)
+	set := map[string]string{}
+	for _, kv := range info.Settings {
+		set[kv[0]] = kv[1]
+	}
+	require.Equal(t, "on", set["fsync"])
+	require.NotEqual(t, "off", set["synchronous_commit"])
+	require.Equal(t, "on", set["full_page_writes"])
+	require.Equal(t, "durable commits", durability(info.Settings).short)
+}
+
+func TestDurabilityInWords(t *testing.T) {
+	t.Parallel()
+	settings := func(fsync, sc, fpw string) [][2]string {
+		return [][2]string{{"fsync", fsync}, {"full_page_writes", fpw}, {"shared_buffers", "128MB"}, {"synchronous_commit", sc}}
+	}
+	require.Equal(t, "durable commits", durability(settings("on", "on", "on")).short)
+	require.Equal(t, "fsync off", durability(settings("off", "off", "off")).short)
+	require.Equal(t, "fsync off", durability(settings("off", "on", "on")).short)
+	require.Equal(t, "asynchronous commits", durability(settings("on", "off", "on")).short)
+	require.Equal(t, "durable commits, full_page_writes off", durability(settings("on", "on", "off")).short)
+	require.Contains(t, durability(settings("off", "off", "off")).long, "fsync=off, synchronous_commit=off, full_page_writes=off")
+	require.Equal(t, "commits of unknown durability", durability(nil).short)
 }

@@ -23,7 +23,9 @@
 //
 // Without DATABASE_URL it starts a throwaway cluster (internal/pgtest),
 // which trades durability for speed (fsync=off, synchronous_commit=off):
-// commit-bound figures are then CPU figures, not disk figures. Either way
+// commit-bound figures are then CPU figures, not disk figures. -durable
+// starts it with durable commits instead (with DATABASE_URL it only checks
+// that the server has them). The report's heading says which. Either way
 // the run works in a schema of its own that it drops at the end.
 package main
 
@@ -63,11 +65,14 @@ type options struct {
 	// SharedBuffers sizes the throwaway cluster's buffer cache; a
 	// DATABASE_URL server is used as configured.
 	SharedBuffers string
-	CPUProfile    string
-	MaxConns      int
-	ReplayKeys    int
-	ReferenceAt   int
-	Workloads     map[string]bool
+	// Durable starts the throwaway cluster with durable commits; a
+	// DATABASE_URL server is only checked.
+	Durable     bool
+	CPUProfile  string
+	MaxConns    int
+	ReplayKeys  int
+	ReferenceAt int
+	Workloads   map[string]bool
 }
 
 var allSections = []string{"load", "roundtrips", "storm", "scale"}
@@ -94,6 +99,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.Scale.Concurrency, "scale-concurrency", 16, "acquiring workers in the scale section (half new keys, half replays)")
 	fs.DurationVar(&o.Scale.ReapTimeout, "reap-timeout", 5*time.Minute, "give up on the reaper pass after this long")
 	fs.StringVar(&o.SharedBuffers, "shared-buffers", "", "shared_buffers of the throwaway cluster, e.g. 2GB (ignored with DATABASE_URL); empty keeps pgtest's 128MB")
+	fs.BoolVar(&o.Durable, "durable", false, "durable commits: start the throwaway cluster with fsync=on, synchronous_commit=on and full_page_writes=on (pgtest's defaults turn them off for speed); with DATABASE_URL (or TEST_DATABASE_URL) nothing is changed, the server is only checked and the run stops unless it has all three on")
 	fs.StringVar(&o.SyncCommit, "synchronous-commit", "", "set synchronous_commit on every connection (on, off, ...); empty keeps the server's")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of this process to the file")
 	fs.IntVar(&o.MaxConns, "max-conns", 0, "pool size; 0 sizes it for the largest concurrency and the storm")
@@ -161,6 +167,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("-scale-concurrency must be at least 2")
 	case o.ReplayKeys < 1:
 		return nil, errors.New("-replay-keys must be positive")
+	case o.Durable && o.SyncCommit != "" && o.SyncCommit != "on":
+		return nil, fmt.Errorf("-durable commits with synchronous_commit on, not %q", o.SyncCommit)
 	}
 	o.Scale.Duration, o.Scale.Warmup = o.Duration, o.Warmup
 	if o.MaxConns == 0 {
@@ -233,7 +241,7 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	if o.SyncCommit != "" {
 		params["synchronous_commit"] = o.SyncCommit
 	}
-	e, err := openEnv(ctx, o.MaxConns, params, o.SharedBuffers, logf)
+	e, err := openEnv(ctx, envConfig{MaxConns: o.MaxConns, RuntimeParams: params, SharedBuffers: o.SharedBuffers, Durable: o.Durable, Logf: logf})
 	if err != nil {
 		return err
 	}

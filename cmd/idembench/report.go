@@ -95,7 +95,9 @@ func renderReport(res *results) string {
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	o := res.Opts
 
-	p("# idembench\n\n")
+	dur := durability(res.Server.Settings)
+	p("# idembench: %s\n\n", dur.short)
+	p("**%s.** %s\n\n", upperFirst(dur.short), dur.long)
 	p("- run: %s, took %s%s\n", res.Started.UTC().Format(time.RFC3339), res.Took.Round(time.Second), map[bool]string{true: " (-quick)", false: ""}[o.Quick])
 	p("- machine: %s, %d cores, GOMAXPROCS %d, %s/%s, %s\n", res.Server.CPU, res.Server.Cores, runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, res.Server.Go)
 	p("- load average (1, 5, 15 min): before %s, after %s\n", res.LoadBefore, res.LoadAfter)
@@ -341,7 +343,7 @@ func renderReport(res *results) string {
 		p("## Targets\n\n")
 		switch {
 		case len(res.Load) > 0 && ref != nil:
-			p("Throughput, WAL and CPU targets are judged at concurrency %d.\n\n", ref.Concurrency)
+			p("Throughput, WAL and CPU targets are judged at concurrency %d, with %s.\n\n", ref.Concurrency, dur.short)
 		case len(res.Load) > 0:
 			p("The throughput, WAL and CPU targets are judged at concurrency %d, which this run did not measure.\n\n", o.ReferenceAt)
 		}
@@ -388,6 +390,45 @@ func workloadTable(points []*loadPoint, cell func(*stats) string) string {
 		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+// durabilityInfo says in words how the measured server commits.
+type durabilityInfo struct {
+	short string // for the heading: "durable commits", "fsync off", ...
+	long  string // what that means for the figures
+}
+
+// durability reads fsync, synchronous_commit and full_page_writes from the
+// server's settings.
+func durability(settings [][2]string) durabilityInfo {
+	set := map[string]string{}
+	for _, kv := range settings {
+		set[kv[0]] = kv[1]
+	}
+	fsync, sc, fpw := set["fsync"], set["synchronous_commit"], set["full_page_writes"]
+	these := fmt.Sprintf("fsync=%s, synchronous_commit=%s, full_page_writes=%s", fsync, sc, fpw)
+	switch {
+	case fsync == "" || sc == "" || fpw == "":
+		return durabilityInfo{"commits of unknown durability", "The server's fsync, synchronous_commit and full_page_writes could not be read."}
+	case fsync != "on":
+		return durabilityInfo{"fsync off", "The server runs with " + these + ": commits do not wait for the disk and a crash can lose or corrupt data, " +
+			"so commit-bound figures are CPU figures, not disk figures (pgtest's throwaway defaults; -durable runs with durable commits)."}
+	case sc == "off":
+		return durabilityInfo{"asynchronous commits", "The server runs with " + these + ": a commit returns before its WAL reaches the disk, " +
+			"so a crash can lose the last commits (but not corrupt data); commit-bound figures are mostly CPU figures."}
+	case fpw != "on":
+		return durabilityInfo{"durable commits, full_page_writes off", "The server runs with " + these + ": every commit waits for its WAL to reach the disk, " +
+			"but without full-page images a torn page after a crash is not repaired."}
+	}
+	return durabilityInfo{"durable commits", "The server runs with " + these + ": every commit waits for its WAL to be flushed to the disk, " +
+		"so commit-bound figures include the disk's flush latency."}
+}
+
+func upperFirst(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
 }
 
 // refPoint is the load point at the reference concurrency, or nil.
