@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"image"
 	"image/color"
 	"image/png"
@@ -150,6 +151,8 @@ func TestParseFlags(t *testing.T) {
 	require.Equal(t, 104, o.MaxConns, "room for the storm")
 	require.Len(t, o.Sections, len(allSections))
 
+	require.Equal(t, steadyConfig{Window: time.Second, MaxWindows: 30}, o.Scale.Steady)
+
 	o, err = parseFlags([]string{"-quick", "-duration", "1s", "-concurrency", "16, 4,4", "-sections", "load"}, io.Discard)
 	require.NoError(t, err)
 	require.Equal(t, time.Second, o.Duration, "an explicit flag beats -quick")
@@ -175,6 +178,8 @@ func TestParseFlags(t *testing.T) {
 		{"-workloads", "nope"},
 		{"-scale-large", "10"},
 		{"-rounds", "0"},
+		{"-steady-window", "0s"},
+		{"-steady-max-windows", "2"},
 		{"stray"},
 	} {
 		_, err := parseFlags(args, io.Discard)
@@ -192,7 +197,7 @@ func TestQuickRun(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	o, err := parseFlags([]string{"-quick", "-concurrency", "1,4", "-duration", "100ms", "-storm-size", "20", "-storm-rounds", "2",
-		"-scale-small", "500", "-scale-large", "5000", "-scale-expired", "1000", "-replay-keys", "20",
+		"-scale-small", "500", "-scale-large", "5000", "-scale-expired", "1000", "-replay-keys", "20", "-steady-window", "50ms",
 		"-plot", filepath.Join(dir, "perf.png"), "-out", filepath.Join(dir, "perf.md")}, io.Discard)
 	require.NoError(t, err)
 	o.ReferenceAt = 4
@@ -212,6 +217,8 @@ func TestQuickRun(t *testing.T) {
 	require.Contains(t, report, "| duplicate storm: exactly one execution every round | 2 of 2 rounds;")
 	require.Contains(t, report, "| runner | new key | 7 | 7 |", "one round trip to acquire, two per phase")
 	require.Contains(t, report, "reaper deleted 1000 keys")
+	require.Contains(t, report, "Every point is measured in steady state.")
+	require.Equal(t, 3, strings.Count(report, ": pg_prewarm ")+strings.Count(report, ": SELECTs read "), "each point says how it was prewarmed")
 	for _, name := range []string{"runner / baseline throughput >= 0.85 at concurrency 4", "runner / single tx throughput >= 1.00 at concurrency 4",
 		"replay / primary-key SELECT throughput >= 0.80 at concurrency 4", "WAL bytes per request: runner / baseline <= 1.2 at concurrency 4",
 		"server CPU per request: runner / baseline <= 1.2 at concurrency 4", "acquisition p99 at 5k within 1.5x of 500",
@@ -401,4 +408,66 @@ func TestDurabilityInWords(t *testing.T) {
 	require.Equal(t, "durable commits, full_page_writes off", durability(settings("on", "on", "off")).short)
 	require.Contains(t, durability(settings("off", "off", "off")).long, "fsync=off, synchronous_commit=off, full_page_writes=off")
 	require.Equal(t, "commits of unknown durability", durability(nil).short)
+}
+
+// Throughput is steady once a window is not more than 3% above the best
+// before it, two windows in a row.
+func TestSteadyRule(t *testing.T) {
+	t.Parallel()
+	steadyAfter := func(tps ...float64) int {
+		r := &steadyRule{rise: 0.03, calm: 2}
+		for i, tp := range tps {
+			if r.add(tp) {
+				return i + 1
+			}
+		}
+		return -1
+	}
+	require.Equal(t, 3, steadyAfter(100, 100, 100), "the first window is never calm")
+	require.Equal(t, 3, steadyAfter(100, 103, 90))
+	require.Equal(t, 5, steadyAfter(100, 110, 120, 121, 119))
+	require.Equal(t, 7, steadyAfter(100, 103, 120, 100, 125, 110, 111), "a rise of more than 3% starts the count again")
+	require.Equal(t, -1, steadyAfter(100, 110, 121, 133, 146))
+	require.Equal(t, "950 4.1k 12.3k", windowsText([]float64{950, 4100, 12345}))
+	require.Equal(t, "40 ms", shortDuration(40*time.Millisecond))
+	require.Equal(t, "2.5 s", shortDuration(2500*time.Millisecond))
+}
+
+// A scale point's table and indexes are prewarmed with pg_prewarm where it
+// is available, and otherwise by SELECTs that read every page.
+func TestPrewarm(t *testing.T) {
+	t.Parallel()
+	e := testEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, generateKeys(ctx, e, "idem_keys", 1, 300, 1, 30, t.Logf))
+	_, err := e.pool.Exec(ctx, "VACUUM (ANALYZE) idem_keys")
+	require.NoError(t, err)
+
+	rels, err := tableRelations(ctx, e, "idem_keys")
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(rels), 3)
+	require.True(t, rels[0].index && rels[0].unique, "unique indexes first: %+v", rels)
+	require.False(t, rels[len(rels)-1].index, "the heap last")
+	for _, r := range rels[:len(rels)-1] {
+		require.NotEmpty(t, r.columns, r.name)
+	}
+
+	what, _, err := (&prewarmer{}).warm(ctx, e, "idem_keys")
+	require.NoError(t, err)
+	require.Contains(t, what, fmt.Sprintf("SELECTs read %d relations", len(rels)))
+
+	pw, err := newPrewarmer(ctx, e)
+	require.NoError(t, err)
+	require.Positive(t, pw.sharedBuffers)
+	if pw.fn == "" {
+		t.Skipf("pg_prewarm is not available: %s", pw.why)
+	}
+	what, _, err = pw.warm(ctx, e, "idem_keys")
+	require.NoError(t, err)
+	require.Contains(t, what, fmt.Sprintf("pg_prewarm 'buffer' all %d relations", len(rels)))
+	pw.sharedBuffers = 0 // nothing fits: everything into the page cache
+	what, _, err = pw.warm(ctx, e, "idem_keys")
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(what, "pg_prewarm 'read' "), what)
 }

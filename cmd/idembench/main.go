@@ -98,6 +98,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.Scale.Expired, "scale-expired", 1_000_000, "expired keys among the large table's, for the reaper")
 	fs.IntVar(&o.Scale.Concurrency, "scale-concurrency", 16, "acquiring workers in the scale section (half new keys, half replays)")
 	fs.DurationVar(&o.Scale.ReapTimeout, "reap-timeout", 5*time.Minute, "give up on the reaper pass after this long")
+	fs.DurationVar(&o.Scale.Steady.Window, "steady-window", time.Second, "scale: warm up in windows this long until throughput stops rising (a window at most 3% above the best before it, twice in a row)")
+	fs.IntVar(&o.Scale.Steady.MaxWindows, "steady-max-windows", 30, "scale: measure anyway after this many warm-up windows")
 	fs.StringVar(&o.SharedBuffers, "shared-buffers", "", "shared_buffers of the throwaway cluster, e.g. 2GB (ignored with DATABASE_URL); empty keeps pgtest's 128MB")
 	fs.BoolVar(&o.Durable, "durable", false, "durable commits: start the throwaway cluster with fsync=on, synchronous_commit=on and full_page_writes=on (pgtest's defaults turn them off for speed); with DATABASE_URL (or TEST_DATABASE_URL) nothing is changed, the server is only checked and the run stops unless it has all three on")
 	fs.StringVar(&o.SyncCommit, "synchronous-commit", "", "set synchronous_commit on every connection (on, off, ...); empty keeps the server's")
@@ -127,6 +129,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		quick("scale-large", func() { o.Scale.Large = 100_000 })
 		quick("scale-expired", func() { o.Scale.Expired = 10_000 })
 		quick("reap-timeout", func() { o.Scale.ReapTimeout = time.Minute })
+		quick("steady-window", func() { o.Scale.Steady.Window = 200 * time.Millisecond })
+		quick("steady-max-windows", func() { o.Scale.Steady.MaxWindows = 15 })
 		quick("replay-keys", func() { o.ReplayKeys = 200 })
 	}
 	for _, f := range strings.Split(conc, ",") {
@@ -165,12 +169,14 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("scale: need 1 <= -scale-small < -scale-large and 1 <= -scale-expired <= large - small")
 	case o.Scale.Concurrency < 2:
 		return nil, errors.New("-scale-concurrency must be at least 2")
+	case o.Scale.Steady.Window <= 0 || o.Scale.Steady.MaxWindows < steadyCalm+1:
+		return nil, fmt.Errorf("-steady-window must be positive and -steady-max-windows at least %d", steadyCalm+1)
 	case o.ReplayKeys < 1:
 		return nil, errors.New("-replay-keys must be positive")
 	case o.Durable && o.SyncCommit != "" && o.SyncCommit != "on":
 		return nil, fmt.Errorf("-durable commits with synchronous_commit on, not %q", o.SyncCommit)
 	}
-	o.Scale.Duration, o.Scale.Warmup = o.Duration, o.Warmup
+	o.Scale.Duration = o.Duration
 	if o.MaxConns == 0 {
 		o.MaxConns = max(slices.Max(o.Concurrency), o.StormSize, o.Scale.Concurrency) + 4
 	}

@@ -302,19 +302,37 @@ func renderReport(res *results) string {
 		p("## 6. Scale\n\n")
 		p("`Store.Acquire` alone (the one acquisition statement), %d workers: half acquire new keys (an insert into the table and its indexes), half replay a random sample of unexpired finished keys spread over the whole table. ", sc.Config.Concurrency)
 		p("Generated keys are finished, with log-uniform scopes over a million users, random UUID keys and realistic response and checkpoint sizes. The large table was grown from the small one; the reaper then deletes its %s expired keys (`Runner.Reap`, default batches of 1000) while acquisitions run.\n\n", humanCount(sc.Config.Expired))
-		p("| table | rows at start | new key p50 | new key p99 | replay p50 | replay p99 | acquisitions/s | notes |\n")
+		prewarm := "with `pg_prewarm` (indexes first, unique ones first: 'buffer' into shared_buffers while they fit in three quarters of it, 'read' into the operating system's page cache for the rest)"
+		if sc.NoPrewarm != "" {
+			prewarm = fmt.Sprintf("with SELECTs that read every page (a sequential scan of the heap, a full scan of each index), because `pg_prewarm` is not available here: %s", sc.NoPrewarm)
+		}
+		p("Every point is measured in steady state. Before it, the table and its indexes are prewarmed %s; then the same workload runs in windows of %s until its throughput stops rising (a window not more than %.0f%% above the best before it, %d windows in a row; at most %d windows), and only then is the point measured for %s. ",
+			prewarm, sc.Config.Steady.Window, 100*steadyRise, steadyCalm, sc.Config.Steady.MaxWindows, sc.Config.Duration)
+		p("The reaping point warms up the same way without the reaper, then starts it and measures while it runs. The warm-up's new keys stay in the table, so rows are counted when the measurement starts.\n\n")
+		p("| table | rows when measured | new key p50 | new key p99 | replay p50 | replay p99 | acquisitions/s | notes |\n")
 		p("|---|---:|---:|---:|---:|---:|---:|---|\n")
 		for i, pt := range sc.Points {
 			note := ""
 			switch i {
 			case 0, 1:
-				note = "generated in " + pt.Took.Round(100*time.Millisecond).String()
+				note = "generated in " + shortDuration(pt.Took)
 			case 2:
 				note = fmt.Sprintf("reaper deleted %d keys in %d batches in %s (%.0f keys/s)", pt.Reaped, pt.Batches,
-					pt.ReapTook.Round(100*time.Millisecond), float64(pt.Reaped)/pt.ReapTook.Seconds())
+					shortDuration(pt.ReapTook), float64(pt.Reaped)/pt.ReapTook.Seconds())
 			}
 			p("| %s | %d | %s | %s | %s | %s | %.0f | %s |\n", pt.Label, pt.Rows, ms(pt.New.P50), ms(pt.New.P99),
 				ms(pt.Replay.P50), ms(pt.Replay.P99), pt.New.Throughput()+pt.Replay.Throughput(), note)
+		}
+		p("\nWarm-up before each point (acquisitions/s of each window):\n\n")
+		p("| table | prewarm | windows | acquisitions/s per window |\n|---|---|---|---|\n")
+		for _, pt := range sc.Points {
+			w := pt.Warmup
+			state := "steady"
+			if !w.Steady {
+				state = "**not steady**, measured anyway"
+			}
+			p("| %s | %s: %s | %d in %s, %s | %s |\n", pt.Label, shortDuration(w.PrewarmTook), w.Prewarm,
+				len(w.Windows), shortDuration(w.Took), state, windowsText(w.Windows))
 		}
 		p("\nLarge table on disk: %s. Growing it: %s.\n\n", sc.TableSize, strings.Join(sc.GenSteps, "; "))
 		small, large, reap := sc.Points[0], sc.Points[1], sc.Points[2]
