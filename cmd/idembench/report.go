@@ -97,7 +97,7 @@ func renderReport(res *results) string {
 
 	dur := durability(res.Server.Settings)
 	p("# idembench: %s\n\n", dur.short)
-	p("**%s.** %s\n\n", upperFirst(dur.short), dur.long)
+	p("**Commits: %s.** %s\n\n", dur.short, dur.long)
 	p("- run: %s, took %s%s\n", res.Started.UTC().Format(time.RFC3339), res.Took.Round(time.Second), map[bool]string{true: " (-quick)", false: ""}[o.Quick])
 	p("- machine: %s, %d cores, GOMAXPROCS %d, %s/%s, %s\n", res.Server.CPU, res.Server.Cores, runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, res.Server.Go)
 	p("- load average (1, 5, 15 min): before %s, after %s\n", res.LoadBefore, res.LoadAfter)
@@ -440,13 +440,6 @@ func durability(settings [][2]string) durabilityInfo {
 	}
 	return durabilityInfo{"durable commits", "The server runs with " + these + ": every commit waits for its WAL to be flushed to the disk, " +
 		"so commit-bound figures include the disk's flush latency."}
-}
-
-func upperFirst(s string) string {
-	if s == "" {
-		return s
-	}
-	return strings.ToUpper(s[:1]) + s[1:]
 }
 
 // refPoint is the load point at the reference concurrency, or nil.
