@@ -3,7 +3,9 @@
 //
 //  1. framework overhead: a three-phase flow shaped like rocket rides through
 //     the runner, against a hand-rolled baseline that sends the same
-//     statements in the same transactions with its own minimal key table;
+//     statements in the same transactions with its own minimal key table,
+//     and against a single-transaction contender (the shape of a
+//     single-phase idempotency library: two commits per request);
 //  2. round trips per request for a new key, a replay and an in-progress
 //     answer, counted by a pgx tracer and on the socket;
 //  3. the replay path against a plain primary-key SELECT on the same pool;
@@ -12,7 +14,9 @@
 //  5. the commit ceiling: the database's own single-row INSERT-and-commit
 //     rate at the same concurrency;
 //  6. scale: acquisition latency with 10 thousand and 10 million keys, and
-//     while the reaper deletes a million expired ones.
+//     while the reaper deletes a million expired ones, each point measured
+//     in steady state (prewarmed, then warmed up until throughput stops
+//     rising).
 //
 // It prints a markdown report with the targets met or missed, and writes a
 // PNG plot of throughput and latency against client concurrency.
