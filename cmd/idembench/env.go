@@ -38,11 +38,38 @@ type env struct {
 	close func() error
 }
 
+// envConfig is what openEnv needs to know.
+type envConfig struct {
+	MaxConns int
+	// RuntimeParams go with every connection (synchronous_commit, say).
+	RuntimeParams map[string]string
+	// SharedBuffers sizes a throwaway cluster's buffer cache; empty keeps
+	// pgtest's.
+	SharedBuffers string
+	// Durable starts a throwaway cluster with durable commits (fsync,
+	// synchronous_commit and full_page_writes on), and checks that a server
+	// it did not start has them: it never changes a server it does not own.
+	Durable bool
+	Logf    func(string, ...any)
+}
+
+// durableSettings are the settings -durable starts a throwaway cluster
+// with; pgtest applies them after its own speed-over-durability defaults,
+// so they win.
+var durableSettings = []string{"fsync=on", "synchronous_commit=on", "full_page_writes=on"}
+
+// errNotDurable is a -durable run on a server without durable commits.
+var errNotDurable = errors.New("-durable: the server does not commit durably")
+
 // openEnv connects to DATABASE_URL when it is set and otherwise starts a
 // throwaway cluster through pgtest. Either way the run gets a schema that
 // did not exist before and is dropped afterwards, so figures never include
 // another run's rows.
-func openEnv(ctx context.Context, maxConns int, runtimeParams map[string]string, sharedBuffers string, logf func(string, ...any)) (*env, error) {
+func openEnv(ctx context.Context, c envConfig) (*env, error) {
+	logf := c.Logf
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
 	e := &env{schema: "idembench_" + randomHex(6)}
 	var closers []func() error
 	e.close = func() error {
@@ -59,8 +86,11 @@ func openEnv(ctx context.Context, maxConns int, runtimeParams map[string]string,
 		e.source = "DATABASE_URL"
 	} else {
 		opts := &pgtest.Options{Logf: logf}
-		if sharedBuffers != "" {
-			opts.Settings = []string{"shared_buffers=" + sharedBuffers}
+		if c.SharedBuffers != "" {
+			opts.Settings = append(opts.Settings, "shared_buffers="+c.SharedBuffers)
+		}
+		if c.Durable {
+			opts.Settings = append(opts.Settings, durableSettings...)
 		}
 		server, err := pgtest.Start(ctx, opts)
 		if err != nil {
@@ -112,17 +142,30 @@ func openEnv(ctx context.Context, maxConns int, runtimeParams map[string]string,
 		e.where, e.local = "on the same machine", true
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = e.schema
-	for k, v := range runtimeParams {
+	for k, v := range c.RuntimeParams {
 		cfg.ConnConfig.RuntimeParams[k] = v
 	}
-	cfg.MaxConns = int32(maxConns)
-	cfg.MinConns = int32(maxConns)
+	cfg.MaxConns = int32(c.MaxConns)
+	cfg.MinConns = int32(c.MaxConns)
 	if e.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return fail(fmt.Errorf("pool: %w", err))
 	}
 	closers = append(closers, func() error { e.pool.Close(); return nil })
 	e.url = dbURL
 	e.runtimeParams = cfg.ConnConfig.RuntimeParams
+	if c.Durable {
+		// Whether the cluster took the settings, or the server we were
+		// given has them: as the pool's connections see them.
+		var fsync, syncCommit, fpw string
+		if err := e.pool.QueryRow(ctx, "SELECT current_setting('fsync'), current_setting('synchronous_commit'), current_setting('full_page_writes')").
+			Scan(&fsync, &syncCommit, &fpw); err != nil {
+			return fail(err)
+		}
+		if fsync != "on" || syncCommit == "off" || fpw != "on" {
+			return fail(fmt.Errorf("%w (%s: fsync=%s, synchronous_commit=%s, full_page_writes=%s); a server the run did not start is only checked, never changed",
+				errNotDurable, e.source, fsync, syncCommit, fpw))
+		}
+	}
 
 	m, err := migrations.New(e.pool, &migrations.Config{Schema: e.schema})
 	if err != nil {
@@ -154,9 +197,10 @@ func (e *env) newPool(ctx context.Context, maxConns int, configure func(*pgxpool
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
-// benchTables are the business tables of the measured flow, twice: once
-// referencing idem's keys (the runner) and once referencing the hand-rolled
-// baseline's own minimal key table, so both do exactly the same work.
+// benchTables are the business tables of the measured flow, three times:
+// once referencing idem's keys (the runner), once referencing the
+// hand-rolled baseline's own minimal key table and once the
+// single-transaction contender's, so all do exactly the same work.
 const benchTables = `
 CREATE TABLE runner_rides (
     id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -199,6 +243,18 @@ CREATE TABLE base_jobs (
     ride_id bigint NOT NULL,
     args    jsonb  NOT NULL
 );
+
+-- The single-transaction contender's: the baseline's shape, its own rows.
+CREATE TABLE single_keys (LIKE base_keys INCLUDING ALL);
+CREATE TABLE single_rides (
+    id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    key_id    bigint NOT NULL UNIQUE REFERENCES single_keys (id) ON DELETE SET NULL,
+    user_id   bigint NOT NULL,
+    origin    text   NOT NULL,
+    amount    bigint NOT NULL,
+    charge_id text
+);
+CREATE TABLE single_jobs (LIKE base_jobs INCLUDING ALL);
 
 -- The commit ceiling's table: the smallest write that has to commit.
 CREATE TABLE commit_probe (

@@ -3,7 +3,9 @@
 //
 //  1. framework overhead: a three-phase flow shaped like rocket rides through
 //     the runner, against a hand-rolled baseline that sends the same
-//     statements in the same transactions with its own minimal key table;
+//     statements in the same transactions with its own minimal key table,
+//     and against a single-transaction contender (the shape of a
+//     single-phase idempotency library: two commits per request);
 //  2. round trips per request for a new key, a replay and an in-progress
 //     answer, counted by a pgx tracer and on the socket;
 //  3. the replay path against a plain primary-key SELECT on the same pool;
@@ -12,7 +14,9 @@
 //  5. the commit ceiling: the database's own single-row INSERT-and-commit
 //     rate at the same concurrency;
 //  6. scale: acquisition latency with 10 thousand and 10 million keys, and
-//     while the reaper deletes a million expired ones.
+//     while the reaper deletes a million expired ones, each point measured
+//     in steady state (prewarmed, then warmed up until throughput stops
+//     rising).
 //
 // It prints a markdown report with the targets met or missed, and writes a
 // PNG plot of throughput and latency against client concurrency.
@@ -23,7 +27,9 @@
 //
 // Without DATABASE_URL it starts a throwaway cluster (internal/pgtest),
 // which trades durability for speed (fsync=off, synchronous_commit=off):
-// commit-bound figures are then CPU figures, not disk figures. Either way
+// commit-bound figures are then CPU figures, not disk figures. -durable
+// starts it with durable commits instead (with DATABASE_URL it only checks
+// that the server has them). The report's heading says which. Either way
 // the run works in a schema of its own that it drops at the end.
 package main
 
@@ -34,14 +40,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"os/signal"
 	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-idem/idem"
@@ -65,14 +69,15 @@ type options struct {
 	// SharedBuffers sizes the throwaway cluster's buffer cache; a
 	// DATABASE_URL server is used as configured.
 	SharedBuffers string
-	CPUProfile    string
-	MaxConns      int
-	ReplayKeys    int
-	ReferenceAt   int
-	Workloads     map[string]bool
+	// Durable starts the throwaway cluster with durable commits; a
+	// DATABASE_URL server is only checked.
+	Durable     bool
+	CPUProfile  string
+	MaxConns    int
+	ReplayKeys  int
+	ReferenceAt int
+	Workloads   map[string]bool
 }
-
-var allWorkloads = []string{"runner", "baseline", "plain", "replay", "select", "commit"}
 
 var allSections = []string{"load", "roundtrips", "storm", "scale"}
 
@@ -97,7 +102,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.Scale.Expired, "scale-expired", 1_000_000, "expired keys among the large table's, for the reaper")
 	fs.IntVar(&o.Scale.Concurrency, "scale-concurrency", 16, "acquiring workers in the scale section (half new keys, half replays)")
 	fs.DurationVar(&o.Scale.ReapTimeout, "reap-timeout", 5*time.Minute, "give up on the reaper pass after this long")
+	fs.DurationVar(&o.Scale.Steady.Window, "steady-window", time.Second, "scale: warm up in windows this long until throughput stops rising (a window at most 3% above the best before it, twice in a row)")
+	fs.IntVar(&o.Scale.Steady.MaxWindows, "steady-max-windows", 30, "scale: measure anyway after this many warm-up windows")
 	fs.StringVar(&o.SharedBuffers, "shared-buffers", "", "shared_buffers of the throwaway cluster, e.g. 2GB (ignored with DATABASE_URL); empty keeps pgtest's 128MB")
+	fs.BoolVar(&o.Durable, "durable", false, "durable commits: start the throwaway cluster with fsync=on, synchronous_commit=on and full_page_writes=on (pgtest's defaults turn them off for speed); with DATABASE_URL (or TEST_DATABASE_URL) nothing is changed, the server is only checked and the run stops unless it has all three on")
 	fs.StringVar(&o.SyncCommit, "synchronous-commit", "", "set synchronous_commit on every connection (on, off, ...); empty keeps the server's")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of this process to the file")
 	fs.IntVar(&o.MaxConns, "max-conns", 0, "pool size; 0 sizes it for the largest concurrency and the storm")
@@ -125,6 +133,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		quick("scale-large", func() { o.Scale.Large = 100_000 })
 		quick("scale-expired", func() { o.Scale.Expired = 10_000 })
 		quick("reap-timeout", func() { o.Scale.ReapTimeout = time.Minute })
+		quick("steady-window", func() { o.Scale.Steady.Window = 200 * time.Millisecond })
+		quick("steady-max-windows", func() { o.Scale.Steady.MaxWindows = 15 })
 		quick("replay-keys", func() { o.ReplayKeys = 200 })
 	}
 	for _, f := range strings.Split(conc, ",") {
@@ -163,10 +173,14 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("scale: need 1 <= -scale-small < -scale-large and 1 <= -scale-expired <= large - small")
 	case o.Scale.Concurrency < 2:
 		return nil, errors.New("-scale-concurrency must be at least 2")
+	case o.Scale.Steady.Window <= 0 || o.Scale.Steady.MaxWindows < steadyCalm+1:
+		return nil, fmt.Errorf("-steady-window must be positive and -steady-max-windows at least %d", steadyCalm+1)
 	case o.ReplayKeys < 1:
 		return nil, errors.New("-replay-keys must be positive")
+	case o.Durable && o.SyncCommit != "" && o.SyncCommit != "on":
+		return nil, fmt.Errorf("-durable commits with synchronous_commit on, not %q", o.SyncCommit)
 	}
-	o.Scale.Duration, o.Scale.Warmup = o.Duration, o.Warmup
+	o.Scale.Duration = o.Duration
 	if o.MaxConns == 0 {
 		o.MaxConns = max(slices.Max(o.Concurrency), o.StormSize, o.Scale.Concurrency) + 4
 	}
@@ -209,18 +223,13 @@ type results struct {
 // loadPoint is the side-by-side measurement at one concurrency.
 type loadPoint struct {
 	Concurrency int
-	Runner      *stats // new key, three phases
-	Baseline    *stats // hand-rolled, pipelined
-	Plain       *stats // hand-rolled, one round trip per statement
-	Replay      *stats // runner replays
-	Select      *stats // plain primary-key SELECT
-	Commit      *stats // single-row INSERT and commit
+	// Stats are each workload's figures, by name.
+	Stats map[string]*stats
 }
 
 // workload returns the named workload's figures, nil if it did not run.
 func (lp *loadPoint) workload(name string) *stats {
-	return map[string]*stats{"runner": lp.Runner, "baseline": lp.Baseline, "plain": lp.Plain,
-		"replay": lp.Replay, "select": lp.Select, "commit": lp.Commit}[name]
+	return lp.Stats[name]
 }
 
 func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
@@ -242,7 +251,7 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	if o.SyncCommit != "" {
 		params["synchronous_commit"] = o.SyncCommit
 	}
-	e, err := openEnv(ctx, o.MaxConns, params, o.SharedBuffers, logf)
+	e, err := openEnv(ctx, envConfig{MaxConns: o.MaxConns, RuntimeParams: params, SharedBuffers: o.SharedBuffers, Durable: o.Durable, Logf: logf})
 	if err != nil {
 		return err
 	}
@@ -313,22 +322,19 @@ func measureLoad(ctx context.Context, e *env, o *options, logf func(string, ...a
 	if err != nil {
 		return nil, err
 	}
-	flow := newRunnerFlow()
-	pipelined := &baseline{pool: e.pool, pipelined: true}
-	plain := &baseline{pool: e.pool}
+	deps := &loadDeps{pool: e.pool, runner: runner, run: randomHex(4)}
 
 	// The replay workloads pick from finished keys made beforehand.
 	logf("idembench: preparing %d finished keys to replay", o.ReplayKeys)
-	replayInputs := make([]rideInput, o.ReplayKeys)
-	replayKey := func(i int) string { return "replay-" + strconv.Itoa(i) }
+	flow := newRunnerFlow()
+	deps.replayInputs = make([]rideInput, o.ReplayKeys)
 	if err := forEach(ctx, 16, o.ReplayKeys, func(ctx context.Context, i int) error {
-		replayInputs[i] = rideInput{UserID: int64(i), Origin: "SF", Amount: int64(1000 + i)}
-		_, err := runner.Execute(ctx, flow, idem.Request{Scope: "user:replay", Key: replayKey(i), Path: "/rides", Params: replayInputs[i]})
+		deps.replayInputs[i] = rideInput{UserID: int64(i), Origin: "SF", Amount: int64(1000 + i)}
+		_, err := runner.Execute(ctx, flow, idem.Request{Scope: "user:replay", Key: replayKey(i), Path: "/rides", Params: deps.replayInputs[i]})
 		return err
 	}); err != nil {
 		return nil, fmt.Errorf("prepare replay keys: %w", err)
 	}
-	var replayIDs []int64
 	rows, err := e.pool.Query(ctx, "SELECT id FROM idem_keys WHERE scope = 'user:replay' AND status = 'finished'")
 	if err != nil {
 		return nil, err
@@ -338,17 +344,15 @@ func measureLoad(ctx context.Context, e *env, o *options, logf func(string, ...a
 		if err := rows.Scan(&id); err != nil {
 			return nil, err
 		}
-		replayIDs = append(replayIDs, id)
+		deps.replayIDs = append(deps.replayIDs, id)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	if len(replayIDs) != o.ReplayKeys {
-		return nil, fmt.Errorf("prepared %d finished keys, want %d", len(replayIDs), o.ReplayKeys)
+	if len(deps.replayIDs) != o.ReplayKeys {
+		return nil, fmt.Errorf("prepared %d finished keys, want %d", len(deps.replayIDs), o.ReplayKeys)
 	}
 
-	// Every request of the new-key workloads gets a key never used before,
-	// across rounds and concurrencies.
 	cpu, err := newCPUMeter(ctx, e.pool)
 	if err != nil {
 		return nil, err
@@ -357,13 +361,11 @@ func measureLoad(ctx context.Context, e *env, o *options, logf func(string, ...a
 		logf("idembench: the server's processes are not readable here; no server CPU figures")
 	}
 
-	run := randomHex(4)
-	var seq atomic.Int64
-	newKey := func(prefix string, w int) (string, string) {
-		return "user:" + strconv.Itoa(w), prefix + "-" + run + "-" + strconv.FormatInt(seq.Add(1), 10)
-	}
-	input := func(w, i int) rideInput {
-		return rideInput{UserID: int64(w), Origin: "SF", Amount: int64(2000 + i%100)}
+	var variants []variant
+	for _, w := range workloads {
+		if o.Workloads[w.name] {
+			variants = append(variants, variant{w.name, w.op(deps)})
+		}
 	}
 	// Warm every connection the measurements will use before any of them:
 	// pgx prepares each statement once per connection, and Postgres plans
@@ -373,72 +375,24 @@ func measureLoad(ctx context.Context, e *env, o *options, logf func(string, ...a
 	// whichever point first uses more connections than the ones before.
 	poolWarmup := min(2*time.Second, o.Duration)
 	logf("idembench: warming the pool: each workload at concurrency %d for %s", slices.Max(o.Concurrency), poolWarmup)
+	for _, v := range variants {
+		if _, err := closedLoop(ctx, slices.Max(o.Concurrency), 0, poolWarmup, v.op); err != nil {
+			return nil, fmt.Errorf("warm up %s: %w", v.name, err)
+		}
+	}
 	var points []*loadPoint
 	for _, c := range o.Concurrency {
-		variants := []variant{
-			{"runner", func(ctx context.Context, w, i int) error {
-				scope, key := newKey("r", w)
-				out, err := runner.Execute(ctx, flow, idem.Request{Scope: scope, Key: key, Path: "/rides", Params: input(w, i)})
-				if err == nil && out.Kind != idem.OutcomeExecuted {
-					err = fmt.Errorf("outcome %s, want executed", out.Kind)
-				}
-				return err
-			}},
-			{"baseline", func(ctx context.Context, w, i int) error {
-				scope, key := newKey("b", w)
-				res, err := pipelined.run(ctx, scope, key, input(w, i))
-				if err == nil && res.replayed {
-					err = errors.New("replayed, want executed")
-				}
-				return err
-			}},
-			{"plain", func(ctx context.Context, w, i int) error {
-				scope, key := newKey("p", w)
-				res, err := plain.run(ctx, scope, key, input(w, i))
-				if err == nil && res.replayed {
-					err = errors.New("replayed, want executed")
-				}
-				return err
-			}},
-			{"replay", func(ctx context.Context, w, i int) error {
-				n := rand.IntN(len(replayInputs))
-				out, err := runner.Execute(ctx, flow, idem.Request{Scope: "user:replay", Key: replayKey(n), Path: "/rides", Params: replayInputs[n]})
-				if err == nil && (out.Kind != idem.OutcomeReplayed || out.Response.Status != 201) {
-					err = fmt.Errorf("outcome %s, want a replayed 201", out.Kind)
-				}
-				return err
-			}},
-			{"select", func(ctx context.Context, w, i int) error {
-				var (
-					status       int
-					header, body []byte
-				)
-				return e.pool.QueryRow(ctx, "SELECT response_status, response_headers, response_body FROM idem_keys WHERE id = $1",
-					replayIDs[rand.IntN(len(replayIDs))]).Scan(&status, &header, &body)
-			}},
-			{"commit", func(ctx context.Context, w, i int) error {
-				_, err := e.pool.Exec(ctx, "INSERT INTO commit_probe (worker, n) VALUES ($1, $2)", w, i)
-				return err
-			}},
-		}
-		variants = slices.DeleteFunc(variants, func(v variant) bool { return !o.Workloads[v.name] })
-		if c == o.Concurrency[0] {
-			for _, v := range variants {
-				if _, err := closedLoop(ctx, slices.Max(o.Concurrency), 0, poolWarmup, v.op); err != nil {
-					return nil, fmt.Errorf("warm up %s: %w", v.name, err)
-				}
-			}
-		}
 		logf("idembench: concurrency %d: %d workloads, %s each", c, len(variants), o.Duration)
 		got, err := interleaved(ctx, c, o.Rounds, o.Warmup, o.Duration, variants, walPosition(e), cpu)
 		if err != nil {
 			return nil, err
 		}
-		p := &loadPoint{Concurrency: c, Runner: got["runner"], Baseline: got["baseline"], Plain: got["plain"],
-			Replay: got["replay"], Select: got["select"], Commit: got["commit"]}
-		logf("idembench:   runner %.0f/s, baseline %.0f/s (ratio %.2f), replay %.0f/s, select %.0f/s, commit %.0f/s",
-			p.Runner.Throughput(), p.Baseline.Throughput(), ratio(p.Runner.Throughput(), p.Baseline.Throughput()),
-			p.Replay.Throughput(), p.Select.Throughput(), p.Commit.Throughput())
+		p := &loadPoint{Concurrency: c, Stats: got}
+		var line []string
+		for _, v := range variants {
+			line = append(line, fmt.Sprintf("%s %.0f/s", v.name, got[v.name].Throughput()))
+		}
+		logf("idembench:   %s", strings.Join(line, ", "))
 		points = append(points, p)
 	}
 	return points, nil

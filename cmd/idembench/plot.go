@@ -35,9 +35,12 @@ var (
 	colBaseline = color.RGBA{0xd6, 0x27, 0x28, 0xff}
 	colPlain    = color.RGBA{0x7f, 0x7f, 0x7f, 0xff}
 	colCommit   = color.RGBA{0x2c, 0xa0, 0x2c, 0xff}
+	colSingle   = color.RGBA{0x94, 0x67, 0xbd, 0xff}
 	colAxis     = color.RGBA{0x33, 0x33, 0x33, 0xff}
 	colGrid     = color.RGBA{0xe3, 0xe3, 0xe3, 0xff}
 	colText     = color.RGBA{0x11, 0x11, 0x11, 0xff}
+	// plotPalette colours the flows that have no colour of their own.
+	plotPalette = []color.RGBA{{0xff, 0x7f, 0x0e, 0xff}, {0x8c, 0x56, 0x4b, 0xff}, {0xe3, 0x77, 0xc2, 0xff}, {0x17, 0xbe, 0xcf, 0xff}}
 )
 
 // writePlot draws throughput and latency against client concurrency for
@@ -80,37 +83,46 @@ func renderPlot(points []*loadPoint) (*image.RGBA, error) {
 		}
 		return s.P50.Seconds() * 1000
 	}
-	panels := []panel{
-		{
-			Title:  "Throughput (higher is better)",
-			YLabel: "requests per second",
-			Series: []series{
-				{Name: "runner", Color: colRunner, Values: pick(func(p *loadPoint) float64 { return p.Runner.Throughput() })},
-				{Name: "baseline (pipelined)", Color: colBaseline, Values: pick(func(p *loadPoint) float64 { return p.Baseline.Throughput() })},
-				{Name: "baseline (plain tx)", Color: colPlain, Values: pick(func(p *loadPoint) float64 { return p.Plain.Throughput() })},
-				{Name: "INSERT+commit / 4", Color: colCommit, Dashed: true, Values: pick(func(p *loadPoint) float64 { return p.Commit.Throughput() / commitsPerRequest })},
-			},
-		},
-		{
-			Title:  "Latency (lower is better)",
-			YLabel: "milliseconds (log scale)",
-			LogY:   true,
-			Series: []series{
-				{Name: "runner p50", Color: colRunner, Values: pick(func(p *loadPoint) float64 { return msOf(p.Runner, false) })},
-				{Name: "runner p99", Color: colRunner, Dashed: true, Values: pick(func(p *loadPoint) float64 { return msOf(p.Runner, true) })},
-				{Name: "baseline p50", Color: colBaseline, Values: pick(func(p *loadPoint) float64 { return msOf(p.Baseline, false) })},
-				{Name: "baseline p99", Color: colBaseline, Dashed: true, Values: pick(func(p *loadPoint) float64 { return msOf(p.Baseline, true) })},
-			},
-		},
+	// Every flow's throughput, against the commit ceiling divided by the
+	// runner's commits per request; the latency of the flows but the
+	// plain transaction (the baseline's code, shown by throughput).
+	runner := workloadNamed("runner")
+	through := panel{Title: "Throughput (higher is better)", YLabel: "requests per second"}
+	latency := panel{Title: "Latency (lower is better)", YLabel: "milliseconds (log scale)", LogY: true}
+	extra := 0
+	for _, w := range workloadsOf(kindFlow) {
+		col := w.color
+		if col == (color.RGBA{}) {
+			col = plotPalette[extra%len(plotPalette)]
+			extra++
+		}
+		name := w.name
+		through.Series = append(through.Series, series{Name: w.label, Color: col,
+			Values: pick(func(p *loadPoint) float64 { return p.workload(name).Throughput() })})
+		if name == "plain" {
+			continue
+		}
+		latency.Series = append(latency.Series,
+			series{Name: w.label + " p50", Color: col, Values: pick(func(p *loadPoint) float64 { return msOf(p.workload(name), false) })},
+			series{Name: w.label + " p99", Color: col, Dashed: true, Values: pick(func(p *loadPoint) float64 { return msOf(p.workload(name), true) })})
+	}
+	through.Series = append(through.Series, series{Name: fmt.Sprintf("INSERT+commit / %d", runner.commits), Color: colCommit, Dashed: true,
+		Values: pick(func(p *loadPoint) float64 { return p.workload("commit").Throughput() / float64(runner.commits) })})
+	panels := []panel{through, latency}
+	legendRows := 0
+	for _, pn := range panels {
+		legendRows = max(legendRows, (len(pn.Series)+1)/2)
 	}
 
 	const (
-		width, height = 1400, 680
-		scale         = 2
-		panelW        = 560
-		panelH        = 430
-		top           = 90
+		width  = 1400
+		scale  = 2
+		panelW = 560
+		panelH = 430
+		top    = 90
 	)
+	// Room below the panels for the axis label and the legend's rows.
+	height := max(680, top+panelH+70+legendRows*26+24)
 	img := image.NewRGBA(image.Rect(0, 0, width, height))
 	fillRect(img, 0, 0, width, height, color.White)
 	title := "idem: three-phase flow, a new key per request, against client concurrency"

@@ -12,12 +12,16 @@ import (
 )
 
 // Targets, as ratios measured in the same run.
+// The load targets are judged at the reference concurrency, for every
+// runner flow.
 const (
-	targetOverhead    = 0.85 // runner/baseline throughput at the reference concurrency
-	targetReplay      = 0.80 // runner replays / plain SELECTs at the reference concurrency
-	targetScale       = 1.5  // acquisition p99 at the large table / at the small one
-	targetReaping     = 2.0  // acquisition p99 while reaping / without
-	commitsPerRequest = 4    // the acquisition's insert and three phase commits
+	targetOverhead = 0.85 // runner/baseline throughput
+	targetSingle   = 1.0  // runner/single-transaction contender throughput
+	targetReplay   = 0.80 // runner replays / plain primary-key SELECTs
+	targetWAL      = 1.2  // runner/baseline WAL bytes per request, at most
+	targetCPU      = 1.2  // runner/baseline server CPU per request, at most
+	targetScale    = 1.5  // acquisition p99 at the large table / at the small one
+	targetReaping  = 2.0  // acquisition p99 while reaping / without
 )
 
 // target is one verdict of the report.
@@ -25,6 +29,65 @@ type target struct {
 	Name   string
 	Figure string
 	Met    bool
+	// Unmeasured is a target this run could not judge (say, server CPU of
+	// a server on another machine).
+	Unmeasured bool
+}
+
+// loadTargets judges every runner flow at the reference point against the
+// baseline and the single-transaction contender (throughput, WAL and server
+// CPU per request), and replays against primary-key SELECTs.
+func loadTargets(ref *loadPoint) []target {
+	var through, costs []target
+	base, single := ref.workload("baseline"), ref.workload("single")
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+	for _, w := range workloadsOf(kindFlow) {
+		r := ref.workload(w.name)
+		if !w.runner || r == nil || base == nil || single == nil {
+			continue
+		}
+		tb, ts := ratio(r.Throughput(), base.Throughput()), ratio(r.Throughput(), single.Throughput())
+		wal := ratio(r.WALPerOp, base.WALPerOp)
+		through = append(through,
+			target{
+				Name:   fmt.Sprintf("%s / baseline throughput >= %.2f at concurrency %d", w.label, targetOverhead, ref.Concurrency),
+				Figure: fmt.Sprintf("%.2f (%s vs %s req/s)", tb, rate(r), rate(base)),
+				Met:    tb >= targetOverhead,
+			},
+			target{
+				Name:   fmt.Sprintf("%s / single tx throughput >= %.2f at concurrency %d", w.label, targetSingle, ref.Concurrency),
+				Figure: fmt.Sprintf("%.2f (%s vs %s req/s)", ts, rate(r), rate(single)),
+				Met:    ts >= targetSingle,
+			})
+		costs = append(costs,
+			target{
+				Name:   fmt.Sprintf("WAL bytes per request: %s / baseline <= %.1f at concurrency %d", w.label, targetWAL, ref.Concurrency),
+				Figure: fmt.Sprintf("%.2f (%.0f vs %.0f B)", wal, r.WALPerOp, base.WALPerOp),
+				Met:    wal <= targetWAL,
+			})
+		cpu := target{Name: fmt.Sprintf("server CPU per request: %s / baseline <= %.1f at concurrency %d", w.label, targetCPU, ref.Concurrency)}
+		client := fmt.Sprintf("client %.2f (%.0f vs %.0f µs)", ratio(us(r.ClientCPU), us(base.ClientCPU)), us(r.ClientCPU), us(base.ClientCPU))
+		if r.ServerCPU < 0 || base.ServerCPU < 0 {
+			cpu.Unmeasured = true
+			cpu.Figure = "the server's processes are not readable here; for information, " + client
+		} else {
+			sr := ratio(us(r.ServerCPU), us(base.ServerCPU))
+			rt, bt := r.ClientCPU+r.ServerCPU, base.ClientCPU+base.ServerCPU
+			cpu.Figure = fmt.Sprintf("%.2f (%.0f vs %.0f µs); for information, %s, client+server %.2f (%.0f vs %.0f µs)",
+				sr, us(r.ServerCPU), us(base.ServerCPU), client, ratio(us(rt), us(bt)), us(rt), us(bt))
+			cpu.Met = sr <= targetCPU
+		}
+		costs = append(costs, cpu)
+	}
+	if replay, sel := ref.workload("replay"), ref.workload("select"); replay != nil && sel != nil {
+		r := ratio(replay.Throughput(), sel.Throughput())
+		through = append(through, target{
+			Name:   fmt.Sprintf("replay / primary-key SELECT throughput >= %.2f at concurrency %d", targetReplay, ref.Concurrency),
+			Figure: fmt.Sprintf("%.2f (%s vs %s/s)", r, rate(replay), rate(sel)),
+			Met:    r >= targetReplay,
+		})
+	}
+	return append(through, costs...)
 }
 
 func renderReport(res *results) string {
@@ -32,7 +95,9 @@ func renderReport(res *results) string {
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	o := res.Opts
 
-	p("# idembench\n\n")
+	dur := durability(res.Server.Settings)
+	p("# idembench: %s\n\n", dur.short)
+	p("**Commits: %s.** %s\n\n", dur.short, dur.long)
 	p("- run: %s, took %s%s\n", res.Started.UTC().Format(time.RFC3339), res.Took.Round(time.Second), map[bool]string{true: " (-quick)", false: ""}[o.Quick])
 	p("- machine: %s, %d cores, GOMAXPROCS %d, %s/%s, %s\n", res.Server.CPU, res.Server.Cores, runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, res.Server.Go)
 	p("- load average (1, 5, 15 min): before %s, after %s\n", res.LoadBefore, res.LoadAfter)
@@ -64,52 +129,76 @@ func renderReport(res *results) string {
 	}
 
 	if len(res.Load) > 0 {
+		flows := workloadsOf(kindFlow)
 		p("## 1. Framework overhead\n\n")
-		p("A new key per request through three phases (insert a ride; a foreign call with no latency, then record the charge; enqueue a job and respond 201). ")
-		p("*baseline* is the hand-rolled implementation with the runner's round trips (BEGIN rides with the first statement, COMMIT with the recovery-point update); ")
-		p("*plain tx* is the same code with pgx's ordinary BEGIN / statement / update / COMMIT.\n\n")
-		p("| concurrency | runner req/s | p50 | p99 | baseline req/s | p50 | p99 | runner / baseline | plain tx req/s | p50 | p99 | runner / plain tx |\n")
-		p("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		p("A new key per request through three steps (insert a ride; a foreign call with no latency, then record the charge; enqueue a job and respond 201). ")
+		p("*baseline* is the hand-rolled implementation with the runner's round trips and transactions (BEGIN rides with the first statement, COMMIT with the recovery-point update); ")
+		p("*single tx* is the shape of a single-phase idempotency library: the key claimed in one transaction, then all three statements, the stored response and the key's finish in a second one (pipelined alike: three round trips, two commits); ")
+		p("*plain tx* is the baseline's code with pgx's ordinary BEGIN / statement / update / COMMIT.\n\n")
+		// Throughput, with every runner flow against every other flow.
+		var ratios [][2]*workload
+		for i := range flows {
+			if !flows[i].runner {
+				continue
+			}
+			for j := range flows {
+				if !flows[j].runner {
+					ratios = append(ratios, [2]*workload{&flows[i], &flows[j]})
+				}
+			}
+		}
+		head, align := "| concurrency |", "|---:|"
+		for _, w := range flows {
+			head += " " + w.label + " req/s |"
+			align += "---:|"
+		}
+		for _, r := range ratios {
+			head += " " + r[0].label + " / " + r[1].label + " |"
+			align += "---:|"
+		}
+		p("%s\n%s\n", head, align)
 		for _, lp := range res.Load {
-			p("| %d | %s | %s | %s | %s | %s | %s | **%.2f** | %s | %s | %s | %.2f |\n", lp.Concurrency,
-				rate(lp.Runner), ms(lp.Runner.P50), ms(lp.Runner.P99),
-				rate(lp.Baseline), ms(lp.Baseline.P50), ms(lp.Baseline.P99),
-				ratio(lp.Runner.Throughput(), lp.Baseline.Throughput()),
-				rate(lp.Plain), ms(lp.Plain.P50), ms(lp.Plain.P99),
-				ratio(lp.Runner.Throughput(), lp.Plain.Throughput()))
+			p("| %d |", lp.Concurrency)
+			for _, w := range flows {
+				p(" %s |", rate(lp.workload(w.name)))
+			}
+			for _, r := range ratios {
+				p(" **%.2f** |", ratio(lp.workload(r[0].name).Throughput(), lp.workload(r[1].name).Throughput()))
+			}
+			p("\n")
+		}
+		p("\nLatency, the whole call as the client sees it:\n\n")
+		head, align = "| concurrency |", "|---:|"
+		for _, w := range flows {
+			head += " " + w.label + " p50 | p99 |"
+			align += "---:|---:|"
+		}
+		p("%s\n%s\n", head, align)
+		for _, lp := range res.Load {
+			p("| %d |", lp.Concurrency)
+			for _, w := range flows {
+				s := lp.workload(w.name)
+				p(" %s | %s |", ms(s.P50), ms(s.P99))
+			}
+			p("\n")
 		}
 		p("\n")
 		p("What the server wrote per request (WAL bytes, from `pg_current_wal_lsn()` around each run, warm-up included; background writers count too):\n\n")
-		p("| concurrency | runner | baseline | plain tx | replay | plain SELECT | INSERT+commit |\n")
-		p("|---:|---:|---:|---:|---:|---:|---:|\n")
-		for _, lp := range res.Load {
-			p("| %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n", lp.Concurrency, lp.Runner.WALPerOp, lp.Baseline.WALPerOp,
-				lp.Plain.WALPerOp, lp.Replay.WALPerOp, lp.Select.WALPerOp, lp.Commit.WALPerOp)
-		}
+		p("%s", workloadTable(res.Load, func(s *stats) string { return fmt.Sprintf("%.0f", s.WALPerOp) }))
 		p("\n")
 		p("CPU time per request, this process / the server backends serving the pool (µs, from getrusage and /proc, warm-up included). The client and Postgres share the %d cores, so this is what throughput is made of:\n\n", res.Server.Cores)
-		p("| concurrency | runner | baseline | plain tx | replay | plain SELECT | INSERT+commit |\n")
-		p("|---:|---:|---:|---:|---:|---:|---:|\n")
-		for _, lp := range res.Load {
-			p("| %d | %s | %s | %s | %s | %s | %s |\n", lp.Concurrency, cpuCell(lp.Runner), cpuCell(lp.Baseline),
-				cpuCell(lp.Plain), cpuCell(lp.Replay), cpuCell(lp.Select), cpuCell(lp.Commit))
-		}
+		p("%s", workloadTable(res.Load, cpuCell))
 		p("\n")
 		if ref != nil {
-			r := ratio(ref.Runner.Throughput(), ref.Baseline.Throughput())
-			targets = append(targets, target{
-				Name:   fmt.Sprintf("runner/baseline throughput >= %.2f at concurrency %d", targetOverhead, ref.Concurrency),
-				Figure: fmt.Sprintf("%.2f (%s vs %s req/s)", r, rate(ref.Runner), rate(ref.Baseline)),
-				Met:    r >= targetOverhead,
-			})
+			targets = append(targets, loadTargets(ref)...)
 		}
 	}
 
 	if rt := res.RoundTrips; rt != nil {
 		p("## 2. Round trips per request\n\n")
-		p("One traced connection with a warm statement cache. *round trips* are flushed socket writes; *traced* counts what pgx's QueryTracer and BatchTracer saw (a query or a batch each).\n\n")
-		p("| implementation | path | round trips | traced | statements | prepares | acquisition | per phase: round trips (own statements) |\n")
-		p("|---|---|---:|---:|---:|---:|---:|---|\n")
+		p("One traced connection with a warm statement cache. *round trips* are flushed socket writes; *traced* counts what pgx's QueryTracer and BatchTracer saw (a query or a batch each); *transactions* are BEGIN ... COMMIT blocks plus statements sent outside one (each commits on its own).\n\n")
+		p("| implementation | path | round trips | traced | statements | transactions | prepares | acquisition | per phase: round trips (own statements) |\n")
+		p("|---|---|---:|---:|---:|---:|---:|---:|---|\n")
 		acquireOK, phasesOK := true, true
 		var worstPhase int64
 		for _, pt := range rt.Paths {
@@ -129,7 +218,7 @@ func renderReport(res *results) string {
 				}
 			}
 			phases = strings.Join(parts, ", ")
-			p("| %s | %s | %d | %d | %d | %d | %s | %s |\n", pt.Impl, pt.Path, pt.Writes, pt.Traced, pt.Statements, pt.Prepares, acq, phases)
+			p("| %s | %s | %d | %d | %d | %d | %d | %s | %s |\n", pt.Impl, pt.Path, pt.Writes, pt.Traced, pt.Statements, pt.Transactions, pt.Prepares, acq, phases)
 		}
 		p("\n")
 		var acqFig []string
@@ -150,19 +239,11 @@ func renderReport(res *results) string {
 		p("|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, lp := range res.Load {
 			p("| %d | %s | %s | %s | %s | %s | %s | **%.2f** |\n", lp.Concurrency,
-				rate(lp.Replay), ms(lp.Replay.P50), ms(lp.Replay.P99),
-				rate(lp.Select), ms(lp.Select.P50), ms(lp.Select.P99),
-				ratio(lp.Replay.Throughput(), lp.Select.Throughput()))
+				rate(lp.workload("replay")), ms(lp.workload("replay").P50), ms(lp.workload("replay").P99),
+				rate(lp.workload("select")), ms(lp.workload("select").P50), ms(lp.workload("select").P99),
+				ratio(lp.workload("replay").Throughput(), lp.workload("select").Throughput()))
 		}
 		p("\n")
-		if ref != nil {
-			r := ratio(ref.Replay.Throughput(), ref.Select.Throughput())
-			targets = append(targets, target{
-				Name:   fmt.Sprintf("replays >= %.2f of plain SELECTs at concurrency %d", targetReplay, ref.Concurrency),
-				Figure: fmt.Sprintf("%.2f (%s vs %s/s)", r, rate(ref.Replay), rate(ref.Select)),
-				Met:    r >= targetReplay,
-			})
-		}
 	}
 
 	if s := res.Storm; s != nil {
@@ -193,15 +274,26 @@ func renderReport(res *results) string {
 
 	if len(res.Load) > 0 {
 		p("## 5. Commit ceiling\n\n")
-		p("The database's own rate of `INSERT INTO commit_probe ... VALUES ($1, $2)` in autocommit, one round trip and one commit each, at the same concurrency. The runner commits %d times per request (the acquisition's insert and three phases).\n\n", commitsPerRequest)
-		p("| concurrency | INSERT+commit/s | p50 | p99 | runner commits/s | share of ceiling | baseline commits/s | share |\n")
-		p("|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		flows := workloadsOf(kindFlow)
+		var per []string
+		for _, w := range flows {
+			per = append(per, fmt.Sprintf("%s %d", w.label, w.commits))
+		}
+		p("The database's own rate of `INSERT INTO commit_probe ... VALUES ($1, $2)` in autocommit, one round trip and one commit each, at the same concurrency, against each flow's commits per second. Commits per request: %s (the runner's are the acquisition's insert and three phases).\n\n", strings.Join(per, ", "))
+		head, align := "| concurrency | INSERT+commit/s | p50 | p99 |", "|---:|---:|---:|---:|"
+		for _, w := range flows {
+			head += " " + w.label + " commits/s | share |"
+			align += "---:|---:|"
+		}
+		p("%s\n%s\n", head, align)
 		for _, lp := range res.Load {
-			rc := lp.Runner.Throughput() * commitsPerRequest
-			bc := lp.Baseline.Throughput() * commitsPerRequest
-			p("| %d | %s | %s | %s | %.0f | **%.0f%%** | %.0f | %.0f%% |\n", lp.Concurrency,
-				rate(lp.Commit), ms(lp.Commit.P50), ms(lp.Commit.P99),
-				rc, 100*ratio(rc, lp.Commit.Throughput()), bc, 100*ratio(bc, lp.Commit.Throughput()))
+			c := lp.workload("commit")
+			p("| %d | %s | %s | %s |", lp.Concurrency, rate(c), ms(c.P50), ms(c.P99))
+			for _, w := range flows {
+				n := lp.workload(w.name).Throughput() * float64(w.commits)
+				p(" %.0f | %.0f%% |", n, 100*ratio(n, c.Throughput()))
+			}
+			p("\n")
 		}
 		p("\n")
 	}
@@ -210,19 +302,37 @@ func renderReport(res *results) string {
 		p("## 6. Scale\n\n")
 		p("`Store.Acquire` alone (the one acquisition statement), %d workers: half acquire new keys (an insert into the table and its indexes), half replay a random sample of unexpired finished keys spread over the whole table. ", sc.Config.Concurrency)
 		p("Generated keys are finished, with log-uniform scopes over a million users, random UUID keys and realistic response and checkpoint sizes. The large table was grown from the small one; the reaper then deletes its %s expired keys (`Runner.Reap`, default batches of 1000) while acquisitions run.\n\n", humanCount(sc.Config.Expired))
-		p("| table | rows at start | new key p50 | new key p99 | replay p50 | replay p99 | acquisitions/s | notes |\n")
+		prewarm := "with `pg_prewarm` (indexes first, unique ones first: 'buffer' into shared_buffers while they fit in three quarters of it, 'read' into the operating system's page cache for the rest)"
+		if sc.NoPrewarm != "" {
+			prewarm = fmt.Sprintf("with SELECTs that read every page (a sequential scan of the heap, a full scan of each index), because `pg_prewarm` is not available here: %s", sc.NoPrewarm)
+		}
+		p("Every point is measured in steady state. Before it, the table and its indexes are prewarmed %s; then the same workload runs in windows of %s until its throughput stops rising (a window not more than %.0f%% above the best before it, %d windows in a row; at most %d windows), and only then is the point measured for %s. ",
+			prewarm, sc.Config.Steady.Window, 100*steadyRise, steadyCalm, sc.Config.Steady.MaxWindows, sc.Config.Duration)
+		p("The reaping point warms up the same way without the reaper, then starts it and measures while it runs. The warm-up's new keys stay in the table, so rows are counted when the measurement starts.\n\n")
+		p("| table | rows when measured | new key p50 | new key p99 | replay p50 | replay p99 | acquisitions/s | notes |\n")
 		p("|---|---:|---:|---:|---:|---:|---:|---|\n")
 		for i, pt := range sc.Points {
 			note := ""
 			switch i {
 			case 0, 1:
-				note = "generated in " + pt.Took.Round(100*time.Millisecond).String()
+				note = "generated in " + shortDuration(pt.Took)
 			case 2:
 				note = fmt.Sprintf("reaper deleted %d keys in %d batches in %s (%.0f keys/s)", pt.Reaped, pt.Batches,
-					pt.ReapTook.Round(100*time.Millisecond), float64(pt.Reaped)/pt.ReapTook.Seconds())
+					shortDuration(pt.ReapTook), float64(pt.Reaped)/pt.ReapTook.Seconds())
 			}
 			p("| %s | %d | %s | %s | %s | %s | %.0f | %s |\n", pt.Label, pt.Rows, ms(pt.New.P50), ms(pt.New.P99),
 				ms(pt.Replay.P50), ms(pt.Replay.P99), pt.New.Throughput()+pt.Replay.Throughput(), note)
+		}
+		p("\nWarm-up before each point (acquisitions/s of each window):\n\n")
+		p("| table | prewarm | windows | acquisitions/s per window |\n|---|---|---|---|\n")
+		for _, pt := range sc.Points {
+			w := pt.Warmup
+			state := "steady"
+			if !w.Steady {
+				state = "**not steady**, measured anyway"
+			}
+			p("| %s | %s: %s | %d in %s, %s | %s |\n", pt.Label, shortDuration(w.PrewarmTook), w.Prewarm,
+				len(w.Windows), shortDuration(w.Took), state, windowsText(w.Windows))
 		}
 		p("\nLarge table on disk: %s. Growing it: %s.\n\n", sc.TableSize, strings.Join(sc.GenSteps, "; "))
 		small, large, reap := sc.Points[0], sc.Points[1], sc.Points[2]
@@ -249,10 +359,19 @@ func renderReport(res *results) string {
 
 	if len(targets) > 0 {
 		p("## Targets\n\n")
+		switch {
+		case len(res.Load) > 0 && ref != nil:
+			p("Throughput, WAL and CPU targets are judged at concurrency %d, with %s.\n\n", ref.Concurrency, dur.short)
+		case len(res.Load) > 0:
+			p("The throughput, WAL and CPU targets are judged at concurrency %d, which this run did not measure.\n\n", o.ReferenceAt)
+		}
 		p("| target | figure | result |\n|---|---|---|\n")
 		for _, t := range targets {
 			verdict := "**missed**"
-			if t.Met {
+			switch {
+			case t.Unmeasured:
+				verdict = "not measured"
+			case t.Met:
 				verdict = "met"
 			}
 			p("| %s | %s | %s |\n", t.Name, t.Figure, verdict)
@@ -260,6 +379,67 @@ func renderReport(res *results) string {
 		p("\n")
 	}
 	return b.String()
+}
+
+// workloadsOf returns the workloads of one kind, in order.
+func workloadsOf(kind workloadKind) []workload {
+	var out []workload
+	for _, w := range workloads {
+		if w.kind == kind {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// workloadTable is one figure of every workload, a row per concurrency.
+func workloadTable(points []*loadPoint, cell func(*stats) string) string {
+	var b strings.Builder
+	b.WriteString("| concurrency |")
+	for _, w := range workloads {
+		b.WriteString(" " + w.label + " |")
+	}
+	b.WriteString("\n|---:|" + strings.Repeat("---:|", len(workloads)) + "\n")
+	for _, lp := range points {
+		fmt.Fprintf(&b, "| %d |", lp.Concurrency)
+		for _, w := range workloads {
+			b.WriteString(" " + cell(lp.workload(w.name)) + " |")
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// durabilityInfo says in words how the measured server commits.
+type durabilityInfo struct {
+	short string // for the heading: "durable commits", "fsync off", ...
+	long  string // what that means for the figures
+}
+
+// durability reads fsync, synchronous_commit and full_page_writes from the
+// server's settings.
+func durability(settings [][2]string) durabilityInfo {
+	set := map[string]string{}
+	for _, kv := range settings {
+		set[kv[0]] = kv[1]
+	}
+	fsync, sc, fpw := set["fsync"], set["synchronous_commit"], set["full_page_writes"]
+	these := fmt.Sprintf("fsync=%s, synchronous_commit=%s, full_page_writes=%s", fsync, sc, fpw)
+	switch {
+	case fsync == "" || sc == "" || fpw == "":
+		return durabilityInfo{"commits of unknown durability", "The server's fsync, synchronous_commit and full_page_writes could not be read."}
+	case fsync != "on":
+		return durabilityInfo{"fsync off", "The server runs with " + these + ": commits do not wait for the disk and a crash can lose or corrupt data, " +
+			"so commit-bound figures are CPU figures, not disk figures (pgtest's throwaway defaults; -durable runs with durable commits)."}
+	case sc == "off":
+		return durabilityInfo{"asynchronous commits", "The server runs with " + these + ": a commit returns before its WAL reaches the disk, " +
+			"so a crash can lose the last commits (but not corrupt data); commit-bound figures are mostly CPU figures."}
+	case fpw != "on":
+		return durabilityInfo{"durable commits, full_page_writes off", "The server runs with " + these + ": every commit waits for its WAL to reach the disk, " +
+			"but without full-page images a torn page after a crash is not repaired."}
+	}
+	return durabilityInfo{"durable commits", "The server runs with " + these + ": every commit waits for its WAL to be flushed to the disk, " +
+		"so commit-bound figures include the disk's flush latency."}
 }
 
 // refPoint is the load point at the reference concurrency, or nil.

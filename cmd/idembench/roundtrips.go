@@ -24,6 +24,27 @@ func own(s wirecount.Span) int64 {
 	return n
 }
 
+// transactions counts the transactions that statements, sent in order on
+// one connection, ran in: each BEGIN ... COMMIT (or ROLLBACK) is one, and so
+// is every statement sent outside one (an implicit transaction, which
+// commits on its own).
+func transactions(statements []string) int {
+	n, open := 0, false
+	for _, sql := range statements {
+		word, _, _ := strings.Cut(strings.ToLower(strings.TrimSpace(sql)), " ")
+		switch {
+		case word == "begin" || word == "start":
+			open = true
+		case open && (word == "commit" || word == "rollback" || word == "end" || word == "abort"):
+			open = false
+			n++
+		case !open:
+			n++
+		}
+	}
+	return n
+}
+
 // countedPool is a one-connection pool (so its statement cache is warm after
 // one pass) whose every statement and socket write is counted.
 func countedPool(ctx context.Context, e *env) (*pgxpool.Pool, *wirecount.Counter, error) {
@@ -50,6 +71,7 @@ type pathTrips struct {
 	Writes       int64 // socket writes: round trips on the wire
 	Traced       int64 // round trips as pgx's tracer saw them
 	Statements   int
+	Transactions int // see transactions
 	Prepares     int64
 	Acquisition  int64 // round trips before the first phase (runner only)
 	Phases       []phaseTrips
@@ -61,7 +83,8 @@ type roundTripReport struct {
 }
 
 // measureRoundTrips counts round trips for a new key, a replay and an
-// in-progress answer, for the runner and both baselines, after warming the
+// in-progress answer, for the runner, the baselines and the
+// single-transaction contender, after warming the
 // statement cache of the single counted connection.
 func measureRoundTrips(ctx context.Context, e *env) (*roundTripReport, error) {
 	pool, counter, err := countedPool(ctx, e)
@@ -125,7 +148,8 @@ func measureRoundTrips(ctx context.Context, e *env) (*roundTripReport, error) {
 			return nil, fmt.Errorf("%s %s: %w", impl, path, err)
 		}
 		s := counter.Between(from, counter.Position())
-		pt := &pathTrips{Impl: impl, Path: path, Writes: s.Writes, Traced: s.RoundTrips, Statements: len(s.Statements), Prepares: s.Prepares}
+		pt := &pathTrips{Impl: impl, Path: path, Writes: s.Writes, Traced: s.RoundTrips, Statements: len(s.Statements),
+			Transactions: transactions(s.Statements), Prepares: s.Prepares}
 		if len(marks) > 0 {
 			pt.Acquisition = marks[0].at.Writes - from.Writes
 			var start wirecount.Position
@@ -178,34 +202,40 @@ func measureRoundTrips(ctx context.Context, e *env) (*roundTripReport, error) {
 		rep.Paths[i].AcquireLimit = 1
 	}
 
-	// The baselines, on the same counted connection.
+	// The hand-rolled implementations, on the same counted connection,
+	// each with a key of its own left in progress.
 	fp, err := baseFingerprint(in)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := pool.Exec(ctx, `INSERT INTO base_keys (scope, key, fingerprint, locked_at) VALUES ('user:rt', 'held', $1, now())`, fp); err != nil {
-		return nil, err
+	for _, table := range []string{"base_keys", "single_keys"} {
+		if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (scope, key, fingerprint, locked_at) VALUES ('user:rt', 'held', $1, now())`, fp); err != nil {
+			return nil, err
+		}
 	}
 	for _, b := range []struct {
-		name string
-		impl *baseline
-	}{{"baseline (pipelined)", &baseline{pool: pool, pipelined: true}}, {"baseline (plain tx)", &baseline{pool: pool}}} {
-		key := "new-" + strings.Fields(b.name)[1]
-		warm := "warm-" + strings.Fields(b.name)[1]
-		if _, err := b.impl.run(ctx, "user:rt", warm, in); err != nil {
+		name, tag string
+		run       func(ctx context.Context, scope, key string, in rideInput) (*baseResult, error)
+	}{
+		{"baseline (pipelined)", "pipelined", (&baseline{pool: pool, pipelined: true}).run},
+		{"single tx", "single", (&single{pool: pool}).run},
+		{"baseline (plain tx)", "plain", (&baseline{pool: pool}).run},
+	} {
+		key, warm := "new-"+b.tag, "warm-"+b.tag
+		if _, err := b.run(ctx, "user:rt", warm, in); err != nil {
 			return nil, fmt.Errorf("%s warm-up: %w", b.name, err)
 		}
-		if _, err := b.impl.run(ctx, "user:rt", warm, in); err != nil {
+		if _, err := b.run(ctx, "user:rt", warm, in); err != nil {
 			return nil, fmt.Errorf("%s warm-up replay: %w", b.name, err)
 		}
 		if _, err := measure(b.name, "new key", func() error {
-			_, err := b.impl.run(ctx, "user:rt", key, in)
+			_, err := b.run(ctx, "user:rt", key, in)
 			return err
 		}); err != nil {
 			return nil, err
 		}
 		if _, err := measure(b.name, "replay", func() error {
-			res, err := b.impl.run(ctx, "user:rt", key, in)
+			res, err := b.run(ctx, "user:rt", key, in)
 			if err == nil && !res.replayed {
 				err = errors.New("not replayed")
 			}
@@ -214,8 +244,8 @@ func measureRoundTrips(ctx context.Context, e *env) (*roundTripReport, error) {
 			return nil, err
 		}
 		if _, err := measure(b.name, "in progress", func() error {
-			_, err := b.impl.run(ctx, "user:rt", "held", in)
-			if !errors.Is(err, errBaselineInProgress) {
+			_, err := b.run(ctx, "user:rt", "held", in)
+			if !errors.Is(err, errKeyInProgress) {
 				return fmt.Errorf("%v, want in progress", err)
 			}
 			return nil

@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -24,8 +25,8 @@ type scaleConfig struct {
 	Expired      int // rows among Large that the reaper deletes
 	Concurrency  int
 	Duration     time.Duration
-	Warmup       time.Duration
 	ReapTimeout  time.Duration
+	Steady       steadyConfig
 }
 
 // scalePoint is one measurement of acquisitions: half the workers acquire
@@ -33,7 +34,8 @@ type scaleConfig struct {
 // existing finished keys (an index lookup and a heap fetch).
 type scalePoint struct {
 	Label    string
-	Rows     int64 // rows in the table when the measurement started
+	Rows     int64 // rows in the table when the measurement started (after the warm-up)
+	Warmup   *warmup
 	New      *stats
 	Replay   *stats
 	Took     time.Duration // generating the rows, for the size points
@@ -47,6 +49,8 @@ type scaleReport struct {
 	Points    []*scalePoint // 10k, 10M, 10M while reaping
 	TableSize string
 	GenSteps  []string // what generating the large table spent its time on
+	// NoPrewarm says why pg_prewarm was not used, when it was not.
+	NoPrewarm string
 }
 
 // measureScale grows one keys table of its own from Small to Large rows and
@@ -84,6 +88,14 @@ func measureScale(ctx context.Context, e *env, cfg scaleConfig, logf func(string
 		return nil, err
 	}
 	rep := &scaleReport{Config: cfg}
+	pw, err := newPrewarmer(ctx, e)
+	if err != nil {
+		return nil, err
+	}
+	rep.NoPrewarm = pw.why
+	if pw.why != "" {
+		logf("idembench: pg_prewarm is not available (%s); prewarming with SELECTs", pw.why)
+	}
 
 	// The expired rows are the oldest: right after the small table's.
 	expiredFrom, expiredTo := int64(cfg.Small)+1, int64(cfg.Small+cfg.Expired)
@@ -97,11 +109,7 @@ func measureScale(ctx context.Context, e *env, cfg scaleConfig, logf func(string
 	}
 	smallTook := time.Since(started)
 	settle(ctx, e, logf)
-	// Every point warms up alike, long enough for each connection to plan
-	// the acquisition statement for good (see measureLoad), and for the
-	// large point to get past the bulk load's aftermath.
-	cfg.Warmup = max(cfg.Warmup, min(2*time.Second, cfg.Duration))
-	small, err := measureAcquisitions(ctx, e, store, table, cfg, "10k", nil)
+	small, err := measurePoint(ctx, e, store, pw, table, cfg, "small", nil, logf)
 	if err != nil {
 		return nil, err
 	}
@@ -120,7 +128,7 @@ func measureScale(ctx context.Context, e *env, cfg scaleConfig, logf func(string
 		what = "checkpoint and sync(2)"
 	}
 	rep.GenSteps = append(rep.GenSteps, fmt.Sprintf("%s: %s", what, settled.Round(100*time.Millisecond)))
-	large, err := measureAcquisitions(ctx, e, store, table, cfg, "10M", nil)
+	large, err := measurePoint(ctx, e, store, pw, table, cfg, "large", nil, logf)
 	if err != nil {
 		return nil, err
 	}
@@ -136,25 +144,28 @@ func measureScale(ctx context.Context, e *env, cfg scaleConfig, logf func(string
 		return nil, err
 	}
 
-	// Reap the expired rows while acquisitions run, and measure those
-	// acquisitions for exactly as long as the reaper works.
-	logf("idembench: reaping %d expired keys under load", cfg.Expired)
-	reapCtx, cancelReap := context.WithTimeout(ctx, cfg.ReapTimeout)
-	defer cancelReap()
-	done := make(chan struct{})
+	// Warm up again without the reaper, then reap the expired rows while
+	// acquisitions run, and measure those acquisitions for exactly as long
+	// as the reaper works.
 	var (
 		reaped  *idem.ReapResult
 		reapErr error
 		reapDur time.Duration
 	)
-	go func() {
-		defer close(done)
-		began := time.Now()
-		reaped, reapErr = runner.Reap(reapCtx, nil)
-		reapDur = time.Since(began)
-	}()
-	during, err := measureAcquisitions(ctx, e, store, table, cfg, "reap", done)
-	<-done
+	startReaper := func() <-chan struct{} {
+		logf("idembench: reaping %d expired keys under load", cfg.Expired)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			reapCtx, cancelReap := context.WithTimeout(ctx, cfg.ReapTimeout)
+			defer cancelReap()
+			began := time.Now()
+			reaped, reapErr = runner.Reap(reapCtx, nil)
+			reapDur = time.Since(began)
+		}()
+		return done
+	}
+	during, err := measurePoint(ctx, e, store, pw, table, cfg, "reap", startReaper, logf)
 	if err != nil {
 		return nil, err
 	}
@@ -295,10 +306,15 @@ type replayTarget struct {
 	params      []byte
 }
 
-// measureAcquisitions runs cfg.Concurrency workers for cfg.Duration (or
-// until stop closes, when it is not nil): the first half acquire new keys,
-// the second half replay a random sample of unexpired finished keys.
-func measureAcquisitions(ctx context.Context, e *env, store *pgstore.Store, table string, cfg scaleConfig, tag string, stop <-chan struct{}) (*scalePoint, error) {
+// measurePoint measures acquisitions on table in steady state: it
+// prewarms the table and its indexes, runs the workload in windows until
+// its throughput stops rising, and then measures cfg.Concurrency workers
+// for cfg.Duration: the first half acquire new keys, the second half replay
+// a random sample of unexpired finished keys. With background not nil, the
+// measurement starts what it returns (the reaper) after the warm-up and
+// lasts until that is done.
+func measurePoint(ctx context.Context, e *env, store *pgstore.Store, pw *prewarmer, table string, cfg scaleConfig, tag string,
+	background func() <-chan struct{}, logf func(string, ...any)) (*scalePoint, error) {
 	var rowCount int64
 	if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&rowCount); err != nil {
 		return nil, err
@@ -332,15 +348,17 @@ func measureAcquisitions(ctx context.Context, e *env, store *pgstore.Store, tabl
 	if err != nil {
 		return nil, err
 	}
-	half := max(cfg.Concurrency/2, 1)
+	conc := max(cfg.Concurrency, 2)
+	half := max(conc/2, 1)
 	run := randomHex(4)
+	var seq, created atomic.Int64
 	acquire := func(ctx context.Context, w, i int) error {
 		p := idemdriver.AcquireParams{Flow: flowName, Method: "POST", Path: "/rides", Lease: 90 * time.Second}
 		want := idemdriver.AcquiredNone
 		if w < half {
 			u := rand.Float64()
 			p.Scope = "user:" + strconv.Itoa(int(math.Exp(13.815510557964274*u)))
-			p.Key = "scale-" + tag + "-" + run + "-" + strconv.Itoa(w) + "-" + strconv.Itoa(i)
+			p.Key = "scale-" + tag + "-" + run + "-" + strconv.FormatInt(seq.Add(1), 10)
 			p.Fingerprint, p.Params = newFP, []byte(`{"amount":2000,"origin":"SF","user_id":7}`)
 			want = idemdriver.AcquiredCreated
 		} else {
@@ -354,14 +372,38 @@ func measureAcquisitions(ctx context.Context, e *env, store *pgstore.Store, tabl
 		if res.Acquired != want || (want == idemdriver.AcquiredNone && res.Record.Status != idem.StatusFinished) {
 			return fmt.Errorf("acquire %s/%s: %s (%s), want %s", p.Scope, p.Key, res.Acquired, res.Record.Status, want)
 		}
+		if want == idemdriver.AcquiredCreated {
+			created.Add(1)
+		}
 		return nil
 	}
-	warmup := cfg.Warmup
-	d := cfg.Duration
-	if stop != nil {
-		warmup, d = 0, cfg.ReapTimeout
+
+	what, prewarmTook, err := pw.warm(ctx, e, table)
+	if err != nil {
+		return nil, err
 	}
-	lats, window, err := drive(ctx, max(cfg.Concurrency, 2), warmup, d, stop, acquire)
+	warm, err := runWindows(ctx, conc, cfg.Steady, acquire)
+	if err != nil {
+		return nil, err
+	}
+	warm.Prewarm, warm.PrewarmTook = what, prewarmTook
+	state := "steady"
+	if !warm.Steady {
+		state = "not steady"
+	}
+	logf("idembench: %s: prewarmed in %s, %s after %d windows in %s: %s/s", tag, shortDuration(prewarmTook),
+		state, len(warm.Windows), shortDuration(warm.Took), windowsText(warm.Windows))
+
+	pt := &scalePoint{Rows: rowCount + created.Load(), Warmup: warm}
+	d, stop := cfg.Duration, (<-chan struct{})(nil)
+	if background != nil {
+		stop = background()
+		d = cfg.ReapTimeout
+	}
+	lats, window, err := drive(ctx, conc, 0, d, stop, acquire)
+	if stop != nil {
+		<-stop
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -373,7 +415,8 @@ func measureAcquisitions(ctx context.Context, e *env, store *pgstore.Store, tabl
 			replayLat = append(replayLat, l...)
 		}
 	}
-	return &scalePoint{Rows: rowCount, New: newStats(newLat, window), Replay: newStats(replayLat, window)}, nil
+	pt.New, pt.Replay = newStats(newLat, window), newStats(replayLat, window)
+	return pt, nil
 }
 
 func humanCount(n int) string {
