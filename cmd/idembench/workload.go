@@ -61,9 +61,30 @@ func jobArgs(rideID int64) string {
 // downstream idempotency key, as a provider that deduplicates would return.
 func fakeCharge(key string) string { return "ch_" + key }
 
-func newRunnerFlow() *idem.Flow[rideInput] {
+func newRunnerFlow() *idem.Flow[rideInput] { return newRidesFlow(joinNone) }
+
+// joins says which of the rides flow's phases share a transaction
+// (Phase.JoinPrevious). The phases, their statements and the foreign call
+// are the same in every variant; only the commits between them go.
+type joins int
+
+const (
+	// joinNone: three phases, three transactions (four commits with the
+	// acquisition), as the baseline.
+	joinNone joins = iota
+	// joinReceipt: the receipt, which makes no foreign call, joins the
+	// charge's transaction: three commits.
+	joinReceipt
+	// joinAll: the charge joins the ride and the receipt joins both: one
+	// transaction after the acquisition, two commits, the single-transaction
+	// contender's shape.
+	joinAll
+)
+
+func newRidesFlow(j joins) *idem.Flow[rideInput] {
 	insertRide, chargeRide, insertJob := insertRideSQL("runner"), chargeRideSQL("runner"), insertJobSQL("runner")
-	return idem.MustNewFlow(flowName, []idem.Phase[rideInput]{
+	name := map[joins]string{joinNone: flowName, joinReceipt: flowName + ".joined", joinAll: flowName + ".onetx"}[j]
+	return idem.MustNewFlow(name, []idem.Phase[rideInput]{
 		{
 			Name: "ride_created",
 			Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) (idem.Result, error) {
@@ -76,7 +97,8 @@ func newRunnerFlow() *idem.Flow[rideInput] {
 			},
 		},
 		{
-			Name: "charge_created",
+			Name:         "charge_created",
+			JoinPrevious: j == joinAll,
 			Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) (idem.Result, error) {
 				var rideID int64
 				if _, err := run.Checkpoint("ride_id", &rideID); err != nil {
@@ -96,7 +118,8 @@ func newRunnerFlow() *idem.Flow[rideInput] {
 			},
 		},
 		{
-			Name: "receipt_enqueued",
+			Name:         "receipt_enqueued",
+			JoinPrevious: j != joinNone,
 			Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) (idem.Result, error) {
 				var rideID int64
 				var chargeID string

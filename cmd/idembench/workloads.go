@@ -52,6 +52,10 @@ type workload struct {
 var workloads = []workload{
 	{name: "runner", label: "runner", runner: true, commits: 4, color: colRunner,
 		op: func(d *loadDeps) op { return d.runnerOp("r", newRunnerFlow()) }},
+	{name: "runner-joined", label: "runner, receipt joined", runner: true, commits: 3,
+		op: func(d *loadDeps) op { return d.runnerOp("rj", newRidesFlow(joinReceipt)) }},
+	{name: "runner-onetx", label: "runner, all joined", runner: true, commits: 2,
+		op: func(d *loadDeps) op { return d.runnerOp("r1", newRidesFlow(joinAll)) }},
 	{name: "baseline", label: "baseline", commits: 4, color: colBaseline,
 		op: func(d *loadDeps) op { return d.baselineOp("b", (&baseline{pool: d.pool, pipelined: true}).run) }},
 	{name: "single", label: "single tx", commits: 2, color: colSingle,
