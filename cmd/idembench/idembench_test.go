@@ -116,7 +116,7 @@ func TestWritePlotWritesALabelledPNG(t *testing.T) {
 			return &stats{Ops: ops * (i + 1), Elapsed: time.Second, P50: f * time.Millisecond, P99: 3 * f * time.Millisecond}
 		}
 		points = append(points, &loadPoint{Concurrency: c, Stats: map[string]*stats{
-			"runner": mk(500), "baseline": mk(600), "single": mk(700), "plain": mk(400), "commit": mk(3000)}})
+			"runner": mk(500), "runner-joined": mk(550), "runner-onetx": mk(580), "baseline": mk(600), "single": mk(700), "plain": mk(400), "commit": mk(3000)}})
 	}
 	path := filepath.Join(t.TempDir(), "docs", "performance.png")
 	require.NoError(t, writePlot(path, points))
