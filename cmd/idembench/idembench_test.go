@@ -116,7 +116,7 @@ func TestWritePlotWritesALabelledPNG(t *testing.T) {
 			return &stats{Ops: ops * (i + 1), Elapsed: time.Second, P50: f * time.Millisecond, P99: 3 * f * time.Millisecond}
 		}
 		points = append(points, &loadPoint{Concurrency: c, Stats: map[string]*stats{
-			"runner": mk(500), "baseline": mk(600), "single": mk(700), "plain": mk(400), "commit": mk(3000)}})
+			"runner": mk(500), "runner-joined": mk(550), "runner-onetx": mk(580), "baseline": mk(600), "single": mk(700), "plain": mk(400), "commit": mk(3000)}})
 	}
 	path := filepath.Join(t.TempDir(), "docs", "performance.png")
 	require.NoError(t, writePlot(path, points))
@@ -470,4 +470,51 @@ func TestPrewarm(t *testing.T) {
 	what, _, err = pw.warm(ctx, e, "idem_keys")
 	require.NoError(t, err)
 	require.True(t, strings.HasPrefix(what, "pg_prewarm 'read' "), what)
+}
+
+// The profile section runs every path on one traced connection and, with
+// the server on this machine, finds the runner's acquisition costing the
+// backend CPU time.
+func TestProfileSection(t *testing.T) {
+	t.Parallel()
+	e := testEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rep, err := measureProfile(ctx, e, 3, 1)
+	require.NoError(t, err)
+	require.Len(t, rep.Paths, 7)
+	paths := map[string]profilePath{}
+	for _, pp := range rep.Paths {
+		require.NotEmpty(t, pp.Rows, pp.Name)
+		paths[pp.Name] = pp
+	}
+	runner, ok := paths["runner, new key"]
+	require.True(t, ok, "%v", rep.Paths)
+	require.Equal(t, "acquisition", runner.Rows[0].Label)
+	require.Equal(t, 1.0, runner.Rows[0].PerRequest)
+	require.Len(t, runner.Rows, 7, "the acquisition and two round trips per phase: %+v", runner.Rows)
+	require.Equal(t, "phase receipt_enqueued: guarded finish + COMMIT", runner.Rows[6].Label)
+	require.Equal(t, "primary-key SELECT", paths["plain primary-key SELECT"].Rows[0].Label)
+	if !rep.Measured {
+		t.Logf("server CPU not measured: %s", rep.Why)
+		require.Negative(t, runner.Rows[0].Server)
+		require.Contains(t, renderProfile(rep), "not measured")
+		return
+	}
+	require.Positive(t, runner.Rows[0].Server, "the backend's CPU time for the acquisition")
+	require.Positive(t, runner.Server)
+	out := renderProfile(rep)
+	require.Contains(t, out, "## 7. Where the time goes")
+	require.Contains(t, out, "| runner, new key | acquisition | 1 |")
+}
+
+func TestDescribeTrip(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "claim (INSERT ON CONFLICT)", describeTrip([]string{baseAcquireSQL}))
+	require.Equal(t, "BEGIN + INSERT base_rides", describeTrip([]string{"begin", baseInsertRideSQL}))
+	require.Equal(t, "INSERT single_jobs + finish key (UPDATE) + COMMIT", describeTrip([]string{insertJobSQL("single"), singleFinishSQL, "commit"}))
+	require.Equal(t, "guarded finish", describeStatement("WITH guarded AS (\nUPDATE s.idem_keys\nSET status           = 'finished' WHERE id = $1) SELECT 1"))
+	require.Equal(t, "guarded phase update", describeStatement("WITH guarded AS (UPDATE s.idem_keys SET status = 'running') SELECT 1"))
+	require.Equal(t, "SELECT pg_backend_pid()", describeStatement("SELECT pg_backend_pid()"))
+	require.Equal(t, "DELETE idem_keys", describeStatement("DELETE FROM s.idem_keys WHERE id = $1"))
 }

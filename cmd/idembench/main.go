@@ -16,7 +16,10 @@
 //  6. scale: acquisition latency with 10 thousand and 10 million keys, and
 //     while the reaper deletes a million expired ones, each point measured
 //     in steady state (prewarmed, then warmed up until throughput stops
-//     rising).
+//     rising);
+//  7. where the time goes: server CPU (the backend's schedstat) and wall time
+//     per round trip of each path, and client CPU per request, one request
+//     at a time on one traced connection.
 //
 // It prints a markdown report with the targets met or missed, and writes a
 // PNG plot of throughput and latency against client concurrency.
@@ -77,9 +80,13 @@ type options struct {
 	ReplayKeys  int
 	ReferenceAt int
 	Workloads   map[string]bool
+	// ProfileN and ProfileWarmup are the profile section's repetitions
+	// of each path, and its unmeasured warm-up runs before them.
+	ProfileN      int
+	ProfileWarmup int
 }
 
-var allSections = []string{"load", "roundtrips", "storm", "scale"}
+var allSections = []string{"load", "roundtrips", "storm", "scale", "profile"}
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("idembench", flag.ContinueOnError)
@@ -90,7 +97,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.Warmup, "warmup", 300*time.Millisecond, "unmeasured warm-up before each round of each point")
 	fs.IntVar(&o.Rounds, "rounds", 2, "rounds per point; workloads alternate order each round")
 	fs.StringVar(&conc, "concurrency", "1,4,16,64", "client concurrencies, comma-separated")
-	fs.StringVar(&sections, "sections", strings.Join(allSections, ","), "sections to run: load (overhead, replay, commit ceiling), roundtrips, storm, scale")
+	fs.StringVar(&sections, "sections", strings.Join(allSections, ","), "sections to run: load (overhead, replay, commit ceiling), roundtrips, storm, scale, profile (server and client CPU per round trip)")
 	fs.StringVar(&workloads, "workloads", strings.Join(allWorkloads, ","), "load workloads to run (for profiling one alone); the report and plot need them all")
 	fs.StringVar(&o.Plot, "plot", "docs/performance.png", "where to write the PNG plot (empty: none)")
 	fs.StringVar(&o.Out, "out", "", "also write the markdown report to this file")
@@ -110,6 +117,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of this process to the file")
 	fs.IntVar(&o.MaxConns, "max-conns", 0, "pool size; 0 sizes it for the largest concurrency and the storm")
 	fs.IntVar(&o.ReplayKeys, "replay-keys", 2000, "finished keys the replay workloads pick from")
+	fs.IntVar(&o.ProfileN, "profile-n", 300, "profile: measured requests per path (each pass)")
+	fs.IntVar(&o.ProfileWarmup, "profile-warmup", 50, "profile: unmeasured requests per path before them")
 	fs.IntVar(&o.ReferenceAt, "reference-concurrency", 16, "concurrency at which the ratio targets are judged")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -136,6 +145,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		quick("steady-window", func() { o.Scale.Steady.Window = 200 * time.Millisecond })
 		quick("steady-max-windows", func() { o.Scale.Steady.MaxWindows = 15 })
 		quick("replay-keys", func() { o.ReplayKeys = 200 })
+		quick("profile-n", func() { o.ProfileN = 50 })
+		quick("profile-warmup", func() { o.ProfileWarmup = 20 })
 	}
 	for _, f := range strings.Split(conc, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -177,6 +188,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("-steady-window must be positive and -steady-max-windows at least %d", steadyCalm+1)
 	case o.ReplayKeys < 1:
 		return nil, errors.New("-replay-keys must be positive")
+	case o.ProfileN < 1 || o.ProfileWarmup < 0:
+		return nil, errors.New("-profile-n must be positive and -profile-warmup not negative")
 	case o.Durable && o.SyncCommit != "" && o.SyncCommit != "on":
 		return nil, fmt.Errorf("-durable commits with synchronous_commit on, not %q", o.SyncCommit)
 	}
@@ -218,6 +231,7 @@ type results struct {
 	RoundTrips *roundTripReport
 	Storm      *stormReport
 	Scale      *scaleReport
+	Profile    *profileReport
 }
 
 // loadPoint is the side-by-side measurement at one concurrency.
@@ -288,6 +302,12 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 		logf("idembench: scale: %d then %d keys", o.Scale.Small, o.Scale.Large)
 		if res.Scale, err = measureScale(ctx, e, o.Scale, logf); err != nil {
 			return fmt.Errorf("scale: %w", err)
+		}
+	}
+	if o.Sections["profile"] {
+		logf("idembench: profile: %d requests per path, one at a time on one traced connection", o.ProfileN)
+		if res.Profile, err = measureProfile(ctx, e, o.ProfileN, o.ProfileWarmup); err != nil {
+			return fmt.Errorf("profile: %w", err)
 		}
 	}
 	res.Took = time.Since(res.Started)

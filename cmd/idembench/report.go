@@ -124,7 +124,7 @@ func renderReport(res *results) string {
 			}
 		}
 		p("\n")
-		res = &results{Opts: o, RoundTrips: res.RoundTrips, Storm: res.Storm, Scale: res.Scale}
+		res = &results{Opts: o, RoundTrips: res.RoundTrips, Storm: res.Storm, Scale: res.Scale, Profile: res.Profile}
 		ref = nil
 	}
 
@@ -357,6 +357,10 @@ func renderReport(res *results) string {
 		})
 	}
 
+	if pr := res.Profile; pr != nil {
+		p("%s", renderProfile(pr))
+	}
+
 	if len(targets) > 0 {
 		p("## Targets\n\n")
 		switch {
@@ -477,4 +481,42 @@ func ratioD(a, b time.Duration) float64 {
 		return 0
 	}
 	return float64(a) / float64(b)
+}
+
+// renderProfile is the profile section: CPU and wall time per round trip.
+func renderProfile(pr *profileReport) string {
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	us := func(d time.Duration) string {
+		if d < 0 {
+			return "not measured"
+		}
+		return fmt.Sprintf("%.0f", float64(d)/float64(time.Microsecond))
+	}
+	p("## 7. Where the time goes\n\n")
+	p("One request at a time on one connection (a pool of one, warm statement cache), each path %d times after %d unmeasured requests, twice. ", pr.N, pr.Warmup)
+	p("The traced pass reads the connection's backend's `/proc/<pid>/schedstat` (nanoseconds on the CPU, kept by the scheduler) when pgx's QueryTracer or BatchTracer starts and ends each query or batch: the difference is what that round trip cost the server. ")
+	p("A batch is one row, named after its statements; the runner's rows are named after the phase they ran in (the test hook's phase start and commit). ")
+	p("*between* is the backend's CPU in the traced pass outside every round trip's window (work it did after answering). ")
+	p("The totals come from the untraced pass: the backend's schedstat around the whole pass, this process's getrusage (client CPU, per request only: the process's threads are not told apart), and wall time, each divided by %d. ", pr.N)
+	p("With nothing else running, these are costs, not throughput: the load section's figures under concurrency add contention and scheduling.\n\n")
+	if !pr.Measured {
+		p("Server CPU is not measured: %s.\n\n", pr.Why)
+	}
+	p("| path | round trip | per request | server CPU µs | wall µs |\n|---|---|---:|---:|---:|\n")
+	for _, pp := range pr.Paths {
+		for _, r := range pp.Rows {
+			p("| %s | %s | %.3g | %s | %s |\n", pp.Name, r.Label, r.PerRequest, us(r.Server), us(r.Wall))
+		}
+		if pp.Between >= 0 {
+			p("| %s | *between round trips* | | %s | |\n", pp.Name, us(pp.Between))
+		}
+	}
+	p("\nPer request (untraced pass):\n\n")
+	p("| path | server CPU µs | client CPU µs | wall µs |\n|---|---:|---:|---:|\n")
+	for _, pp := range pr.Paths {
+		p("| %s | %s | %s | %s |\n", pp.Name, us(pp.Server), us(pp.Client), us(pp.Wall))
+	}
+	p("\n")
+	return b.String()
 }
