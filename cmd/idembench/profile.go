@@ -202,7 +202,8 @@ func describeStatement(sql string) string {
 		return "guarded finish"
 	case strings.HasPrefix(lower, "with guarded"):
 		return "guarded phase update"
-	case strings.HasPrefix(lower, "with clock") && strings.Contains(lower, "inserted as"):
+	case strings.HasPrefix(lower, "with clock") && strings.Contains(lower, "inserted as"),
+		strings.Contains(lower, "idem_acquire("):
 		return "acquisition"
 	case strings.HasPrefix(lower, "with clock") && strings.Contains(lower, "taken"):
 		return "take-over"
