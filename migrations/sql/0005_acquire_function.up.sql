@@ -14,8 +14,8 @@
 -- compares them, and the values, with the statements that read keys). A
 -- finished key comes back without its params and checkpoint (NULL): a replay
 -- needs neither, and they can be large. No row means nothing live and
--- p_no_create, or a concurrent acquirer or the reaper got in the way in a way
--- only a new snapshot sees: the caller calls again.
+-- p_no_create; or, rarely, that a concurrent acquirer or the reaper got in
+-- the way in a way only a new snapshot sees, and the caller calls again.
 --
 -- Parameters: p_now overrides the database clock (NULL: now()); p_params is
 -- the JSON to store, as text, parsed only when a key is inserted; p_lease is
@@ -26,9 +26,9 @@
 --
 -- Each statement below gets its own snapshot under read committed and shares
 -- the transaction's under repeatable read or serializable; the comments say
--- what each case does. Nothing is written unless a key is inserted, so a
--- replay or an in-progress answer takes no transaction id, writes no WAL and
--- locks no row. PL/pgSQL prepares each statement the first time a connection
+-- what each case does. Nothing is written unless the key is absent or
+-- expired, so a replay or an in-progress answer takes no transaction id,
+-- writes no WAL and locks no row. PL/pgSQL prepares each statement the first time a connection
 -- runs it and keeps the plan (generic after a few calls; every statement
 -- finds its rows through a unique index either way).
 CREATE FUNCTION {{schema}}idem_acquire(
