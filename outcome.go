@@ -112,7 +112,9 @@ type Outcome struct {
 	// Response is set for OutcomeExecuted and OutcomeReplayed.
 	Response *Response
 	// Record is the key as this call last knew it; nil when the store was
-	// never reached or the request was invalid.
+	// never reached or the request was invalid. A replay's record has no
+	// Params or Checkpoint (the acquisition does not read them);
+	// Runner.GetKey returns the whole key.
 	Record *KeyRecord
 	// RetryAfter suggests when to retry an OutcomeInProgress (the time left
 	// on the holder's lease, rounded up to whole seconds, at least one and

@@ -69,7 +69,9 @@ type KeyRecord struct {
 	// Params is the input as JSON (or what the flow's FlowConfig.Store
 	// keeps of it), kept so the request can be re-driven server-side
 	// without the client. It is always the plain JSON once read, however it
-	// is stored.
+	// is stored. Records that carry no payload leave it nil: a finished
+	// key's from Store.Acquire (and so Outcome.Record of a replay), and
+	// listings and claims without it (see Store.ListKeys, Store.ClaimIdle).
 	Params json.RawMessage `db:"params" json:"params"`
 	// ParamsKeyID names the key of the store's keyring that seals Params at
 	// rest (pgstore.Config.Cipher); empty when it is stored in the clear.
@@ -77,7 +79,8 @@ type KeyRecord struct {
 
 	Status        Status `db:"status" json:"status"`
 	RecoveryPoint string `db:"recovery_point" json:"recovery_point"`
-	// Checkpoint is what committed phases recorded for later ones.
+	// Checkpoint is what committed phases recorded for later ones; nil
+	// where Params is.
 	Checkpoint map[string]json.RawMessage `db:"checkpoint" json:"checkpoint"`
 	// ForeignMark names the phase whose not-idempotent foreign call was
 	// attempted without the phase committing; empty otherwise.

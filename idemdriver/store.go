@@ -23,8 +23,9 @@ type Store interface {
 	// Acquire inserts the key locked, or takes over an existing unfinished
 	// key with the same flow, fingerprint, method and path whose lease has
 	// expired or that is unlocked, or reports the row as it is, in one
-	// statement. A finished key past its expiry is absent: it is replaced,
-	// atomically, never reported.
+	// statement. A finished key is reported without its Params and
+	// Checkpoint (see AcquireResult.Record). A finished key past its expiry
+	// is absent: it is replaced, atomically, never reported.
 	Acquire(ctx context.Context, p AcquireParams) (*AcquireResult, error)
 
 	// ClaimReconcile locks a key in StatusNeedsReconcile for a reconcile run,
@@ -163,7 +164,11 @@ type ClaimParams struct {
 // AcquireResult is what [Store.Acquire] found or made.
 type AcquireResult struct {
 	Acquired Acquisition
-	Record   *KeyRecord
+	// Record is the key as created, taken over or found. A finished key's
+	// record comes without its Params and Checkpoint (nil), which a replay
+	// does not use: an acquisition does not read or decode them. GetKey
+	// returns them.
+	Record *KeyRecord
 	// DBNow is the clock the statement used, for lease arithmetic that does
 	// not depend on the application host's clock.
 	DBNow time.Time

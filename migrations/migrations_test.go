@@ -2,10 +2,13 @@ package migrations_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -202,4 +205,71 @@ func TestMixedCaseSchema(t *testing.T) {
 	require.True(t, tableExists(t, b.schema.Pool, `"Idem_Mixed_`+b.schema.Name+`".idem_keys`))
 	_, err = b.schema.Pool.Exec(ctx, `DROP SCHEMA "Idem_Mixed_`+b.schema.Name+`" CASCADE`)
 	require.NoError(t, err)
+}
+
+// schemaShape describes what a schema holds, for comparing two states of
+// it: relations, columns (by name, with type, nullability, default and
+// identity), constraints, indexes, functions and the recorded versions.
+func schemaShape(t *testing.T, b *bundle) []string {
+	t.Helper()
+	rows, err := b.schema.Pool.Query(context.Background(), `
+		WITH ns AS (SELECT oid FROM pg_namespace WHERE nspname = $1)
+		SELECT 'relation ' || c.relkind::text || ' ' || c.relname || ' ' || coalesce(array_to_string(c.reloptions, ','), '')
+		FROM pg_class c, ns WHERE c.relnamespace = ns.oid
+		UNION ALL
+		SELECT 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+		       || ' ' || a.attnotnull || ' ' || a.attidentity::text || ' ' || coalesce(pg_get_expr(d.adbin, d.adrelid), '')
+		FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN ns ON c.relnamespace = ns.oid
+		LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+		WHERE a.attnum > 0 AND NOT a.attisdropped AND c.relkind IN ('r', 'p')
+		UNION ALL
+		SELECT 'constraint ' || c.relname || '.' || con.conname || ' ' || pg_get_constraintdef(con.oid)
+		FROM pg_constraint con JOIN pg_class c ON c.oid = con.conrelid JOIN ns ON c.relnamespace = ns.oid
+		UNION ALL
+		SELECT 'index ' || pg_get_indexdef(i.indexrelid)
+		FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN ns ON c.relnamespace = ns.oid
+		UNION ALL
+		SELECT 'function ' || p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')'
+		FROM pg_proc p, ns WHERE p.pronamespace = ns.oid
+		UNION ALL
+		SELECT 'trigger ' || tg.tgname || ' ' || c.relname
+		FROM pg_trigger tg JOIN pg_class c ON c.oid = tg.tgrelid JOIN ns ON c.relnamespace = ns.oid
+		WHERE NOT tg.tgisinternal`, b.schema.Name)
+	require.NoError(t, err)
+	shape, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	v, err := b.migrator.Version(context.Background())
+	require.NoError(t, err)
+	shape = append(shape, fmt.Sprintf("version %d", v))
+	slices.Sort(shape)
+	return shape
+}
+
+// Each version's down leaves the schema as the version before left it.
+// (Columns are compared by name: a column a down adds back comes last.)
+func TestEachDownRestoresThePreviousVersion(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	shapes := [][]string{schemaShape(t, b)}
+	for v := 1; v <= migrations.Latest(); v++ {
+		script, err := b.migrator.Script(migrations.FormatSQL, migrations.DirectionUp, v)
+		require.NoError(t, err)
+		_, err = b.schema.Pool.Exec(ctx, script)
+		require.NoError(t, err)
+		shapes = append(shapes, schemaShape(t, b))
+	}
+	require.Contains(t, shapes[migrations.Latest()], "function idem_acquire(p_now timestamp with time zone, p_scope text, p_key text, p_flow text, p_method text, p_path text, p_fingerprint bytea, p_params text, p_lease bigint, p_no_create boolean, p_params_key_id text)")
+	for v := migrations.Latest(); v >= 1; v-- {
+		_, err := b.migrator.Down(ctx, v-1)
+		require.NoError(t, err)
+		require.Equal(t, shapes[v-1], schemaShape(t, b), "down from %d", v)
+		if v > 1 {
+			_, err = b.migrator.Up(ctx)
+			require.NoError(t, err)
+			require.Equal(t, shapes[migrations.Latest()], schemaShape(t, b), "up again from %d", v-1)
+			_, err = b.migrator.Down(ctx, v-1)
+			require.NoError(t, err)
+		}
+	}
 }

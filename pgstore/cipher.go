@@ -137,9 +137,10 @@ func (s *Store) sealParams(scope, key string, params []byte) (json.RawMessage, s
 }
 
 // open replaces rec's sealed params and response body with their plain
-// values; ErrCannotOpen when it cannot.
+// values; ErrCannotOpen when it cannot. Params that were not read (a finished
+// key's, from the acquisition) are left as they are: nil.
 func (s *Store) open(rec *idemdriver.KeyRecord) error {
-	if rec.ParamsKeyID != "" {
+	if rec.ParamsKeyID != "" && rec.Params != nil {
 		var text string
 		if err := json.Unmarshal(rec.Params, &text); err != nil {
 			return fmt.Errorf("%w: params of key %d: %w", ErrCannotOpen, rec.ID, err)

@@ -1,7 +1,9 @@
 // Package pgstore is idem's Postgres store, on pgx/v5.
 //
-// All of idem's SQL lives in this package (queries.go), and every error that
-// comes back from the driver passes through one function, mapError, which
+// All of idem's SQL lives in this package (queries.go), but for the body of
+// the acquisition function idem_acquire, which a migration creates
+// (migrations/sql/0005_acquire_function.up.sql). Every error that comes back
+// from the driver passes through one function, mapError, which
 // turns connection failures into idemdriver.ErrStoreUnavailable and serialization
 // failures and deadlocks into idemdriver.ErrSerialization. The tables must exist:
 // apply the migrations package first.
@@ -171,9 +173,10 @@ func (s *Store) DB() DB { return s.db }
 // applications that reference it from their own tables.
 func (s *Store) Table() string { return s.q.table }
 
-// maxAcquireStatements bounds the re-runs of the acquisition statement. A
-// re-run is needed only when a concurrent insert of the same key committed
-// after the statement's snapshot was taken, which one more statement sees.
+// maxAcquireStatements bounds the calls of the acquisition (idem_acquire). A
+// second call is needed only when a concurrent acquirer inserted, replaced or
+// deleted the key in a way the first call's snapshots could not see (see
+// queries.acquire), which the next call's snapshot does.
 const maxAcquireStatements = 4
 
 // Acquire implements idemdriver.Store.
@@ -184,7 +187,7 @@ func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemd
 	}
 	for i := 0; i < maxAcquireStatements; i++ {
 		res, err := s.acquisition(ctx, s.q.acquire,
-			p.Now, p.Scope, p.Key, p.Flow, p.Method, p.Path, p.Fingerprint, params, p.Lease.Microseconds(), p.NoCreate, paramsKeyID)
+			p.Now, p.Scope, p.Key, p.Flow, p.Method, p.Path, p.Fingerprint, []byte(params), p.Lease.Microseconds(), p.NoCreate, paramsKeyID)
 		if errors.Is(err, pgx.ErrNoRows) {
 			if p.NoCreate {
 				// No live key; whatever a concurrent insert did, the
@@ -197,9 +200,9 @@ func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemd
 			err = mapError(fmt.Errorf("pgstore: acquire: %w", err))
 			if errors.Is(err, idemdriver.ErrSerialization) {
 				// Under a server default of repeatable read or serializable,
-				// a concurrent insert of the same key that the statement's
+				// a concurrent insert of the same key that the call's
 				// snapshot cannot see is a serialization failure, not a
-				// conflict: the next statement's snapshot sees it.
+				// conflict: the next call's snapshot sees it.
 				continue
 			}
 			return nil, err

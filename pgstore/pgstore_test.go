@@ -60,7 +60,11 @@ func TestQueriesAreFullyRendered(t *testing.T) {
 			for _, placeholder := range []string{"{t}", "{l}", "{k}", "{cols", "{leaseOf", "$LEASE"} {
 				require.NotContains(t, sql, placeholder)
 			}
-			if sql != q.clearForeignMark {
+			switch sql {
+			case q.acquire:
+				require.Contains(t, sql, prefix+"idem_acquire(")
+			case q.clearForeignMark:
+			default:
 				require.Contains(t, sql, prefix+"idem_keys")
 			}
 		}

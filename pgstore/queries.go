@@ -97,60 +97,41 @@ func newQueries(prefix string) *queries {
 	}
 
 	// acquire: one statement, one round trip, for a new key, a replay and an
-	// in-progress key alike.
+	// in-progress key alike. It calls idem_acquire, a PL/pgSQL function
+	// (migrations/sql/0005_acquire_function.up.sql), which
 	//
-	//  - existing reads the key, if any, from the statement's snapshot.
-	//  - expired deletes it when it is a finished key past its expiry: such a
-	//    key is absent whether or not the reaper has run, and is never
-	//    replayed. Only a row existing found is probed; its lease row goes
-	//    with it (ON DELETE CASCADE).
-	//  - inserted inserts the key when there was none, or in place of the
-	//    expired one (a row the statement itself deleted is no conflict);
-	//    ON CONFLICT DO NOTHING turns a concurrent insert of the same key into
-	//    "no row" instead of a unique violation that would abort the caller.
-	//  - leased inserts the new key's lease row, locked.
-	//  - the final SELECT reports the insert, or the key as it is, unless it
-	//    is expired.
+	//  - reads the key's progress row, and its lease row unless it is
+	//    finished (a finished key's lease row means nothing);
+	//  - reports it if it is live. A finished key past its expiry is absent,
+	//    whether or not the reaper has run, and is never replayed;
+	//  - otherwise, unless NoCreate, deletes the expired key (its lease row
+	//    goes with it, ON DELETE CASCADE) and inserts the key and its lease
+	//    row, locked. ON CONFLICT DO NOTHING turns a concurrent insert of the
+	//    same key into "nothing inserted" instead of a unique violation that
+	//    would abort the caller; the function then reads the winner's key.
+	//
+	// It returns (acquired, db_now, recordColumns), except that a finished
+	// key comes back without its params and checkpoint, which a replay does
+	// not need. TestAcquireFunctionMatchesRecordColumns holds the function to
+	// recordColumns: a change to one needs a migration that replaces the
+	// function.
 	//
 	// Replays and in-progress answers write nothing: no transaction id, no
-	// WAL, no row lock. Zero rows come back when a concurrent insert
-	// committed after the snapshot, or when a concurrent acquirer (or the
-	// reaper) deleted the expired row first; the caller runs the statement
-	// again, whose snapshot sees what that one did.
+	// WAL, no row lock. Zero rows come back when NoCreate finds nothing live
+	// and, rarely, when the key the insert lost to is no longer live when the
+	// function reads it again; a serialization failure, under a server
+	// default of repeatable read or serializable, when a concurrent acquirer
+	// inserted or replaced the key since the snapshot. In the last two cases
+	// the caller (Store.Acquire) calls again, and the new snapshot sees what
+	// the other did.
 	//
 	// Taking over an abandoned key is a second statement (takeOver), sent
 	// only when the key looks takeable: keeping an UPDATE out of this one
 	// spares every replay the cost of setting one up, and takeovers are rare.
-	q.acquire = render(`
-WITH clock AS (
-    SELECT coalesce($1::timestamptz, now()) AS t
-), existing AS (
-    SELECT {cols:k,l} FROM {t} k {leaseOf:k}
-    WHERE k.scope = $2 AND k.key = $3
-), expired AS (
-    DELETE FROM {t} d
-    USING existing e
-    WHERE NOT $10::boolean AND e.status = 'finished' AND e.expires_at <= (SELECT t FROM clock)
-      AND d.id = e.id AND d.status = 'finished' AND d.expires_at <= (SELECT t FROM clock)
-    RETURNING d.id
-), inserted AS (
-    INSERT INTO {t} (scope, key, flow, method, path, fingerprint, params, created_at, last_run_at, params_key_id)
-    SELECT $2, $3, $4, $5, $6, $7, $8, clock.t, clock.t, nullif($11::text, '')
-    FROM clock
-    WHERE NOT $10::boolean AND (NOT EXISTS (SELECT 1 FROM existing) OR EXISTS (SELECT 1 FROM expired))
-    ON CONFLICT (scope, key) DO NOTHING
-    RETURNING *
-), leased AS (
-    INSERT INTO {l} (key_id, fence, locked_at, lease_expires_at)
-    SELECT inserted.id, inserted.fence, clock.t, clock.t + $9::bigint * interval '1 microsecond'
-    FROM inserted, clock
-    RETURNING *
-)
-SELECT 'created' AS acquired, (SELECT t FROM clock) AS db_now, {cols:inserted,leased}
-FROM inserted JOIN leased ON leased.key_id = inserted.id
-UNION ALL
-SELECT 'none', clock.t, existing.* FROM existing, clock
-WHERE NOT (existing.status = 'finished' AND existing.expires_at <= clock.t)`)
+	//
+	// Params travel as text: the function parses them only when it inserts.
+	q.acquire = `SELECT * FROM ` + prefix + `idem_acquire($1::timestamptz, $2::text, $3::text, $4::text, $5::text, $6::text,
+    $7::bytea, $8::text, $9::bigint, $10::boolean, $11::text)`
 
 	// takeOverLease is the part of takeOver and claimReconcile that takes
 	// the lease. target is the progress row, already locked as an UPDATE
