@@ -100,7 +100,8 @@ func (s version4Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) 
 }
 
 // Keys written on version 4 carry on across migration 0005, which moves the
-// acquisition into a function and changes nothing in the tables: a finished
+// acquisition into a function and changes nothing in the tables, and 0006,
+// which turns the column checks into domains over the same types: a finished
 // key replays, an expired one is replaced, a held one is in progress, one in
 // needs_reconcile waits for its reconcile, and one left in flight by a
 // crashed worker resumes after its last committed phase and finishes. Going
@@ -175,10 +176,11 @@ func TestMigration0005KeepsKeysWorking(t *testing.T) {
 	require.Equal(t, idem.StatusRunning, b.key(t, "in-flight").Status)
 	require.Equal(t, "ride_created", b.key(t, "in-flight").RecoveryPoint)
 
-	// Version 5, with a store made for it.
+	// The latest version (0005 and 0006 applied to what version 4 left),
+	// with a store made for it.
 	_, err = m.Up(ctx)
 	require.NoError(t, err)
-	atVersion(5)
+	atVersion(migrations.Latest())
 	store, err := pgstore.New(schema.Pool, &pgstore.Config{Schema: schema.Name})
 	require.NoError(t, err)
 	t.Cleanup(store.Close)
@@ -225,8 +227,8 @@ func TestMigration0005KeepsKeysWorking(t *testing.T) {
 	require.Equal(t, 5, b.countRows(t, "rides"), "a ride each for expired (twice), in-flight, held and finished")
 	require.Zero(t, b.countRows(t, "rides WHERE charge_id IS NULL"))
 
-	// Back to version 4: version 4's store carries on with what version 5
-	// wrote.
+	// Back to version 4: version 4's store carries on with what the latest
+	// version wrote.
 	_, err = m.Down(ctx, 4)
 	require.NoError(t, err)
 	atVersion(4)

@@ -98,6 +98,7 @@ INSERT INTO idem_leases (key_id, fence, locked_at, lease_expires_at)
 SELECT id, fence, %[1]s, %[3]s FROM k WHERE status <> 'finished'`, locked, expires, lease)
 	// Every $1 is the clock; say so once for the type inference.
 	sql = strings.ReplaceAll(sql, "$1", "$1::timestamptz")
+	sql = strings.ReplaceAll(sql, "$4", "$4::text") // status is a domain, compared as text too
 	// The params and fingerprint of a real rides.create request, so the
 	// completer can run the unfinished ones.
 	params, err := json.Marshal(rideInput{Origin: "SF"})

@@ -25,18 +25,18 @@ func insertHostileKeys(t *testing.T, schema *pgtest.Schema) {
 	_, err := schema.Pool.Exec(ctx, `
 INSERT INTO idem_keys (scope, key, flow, method, path, fingerprint, params, status, recovery_point,
                        response_status, response_headers, response_body, finished_at, expires_at, last_error)
-VALUES ($1, $1 || '-1', $1, 'POST', '/x' || $1, '\x00', jsonb_build_object('note', $1::text), 'finished', 'finished',
-        201, jsonb_build_object('X-Note', jsonb_build_array($1::text)), convert_to($1, 'UTF8'), now(), now() + interval '1 hour', $1)`,
+VALUES ($1::text, $1::text || '-1', $1::text, 'POST', '/x' || $1::text, '\x00', jsonb_build_object('note', $1::text), 'finished', 'finished',
+        201, jsonb_build_object('X-Note', jsonb_build_array($1::text)), convert_to($1::text, 'UTF8'), now(), now() + interval '1 hour', $1::text)`,
 		hostile)
 	require.NoError(t, err)
 	_, err = schema.Pool.Exec(ctx, `
 WITH k AS (
     INSERT INTO idem_keys (scope, key, flow, method, path, fingerprint, params, status, recovery_point, last_error)
-    VALUES ($1, $1 || '-2', $1, 'POST', '/x', '\x00', '{}', 'needs_reconcile', $1, $1)
+    VALUES ($1::text, $1::text || '-2', $1::text, 'POST', '/x', '\x00', '{}', 'needs_reconcile', $1::text, $1::text)
     RETURNING id, fence, recovery_point
 )
 INSERT INTO idem_leases (key_id, fence, foreign_mark, foreign_mark_after)
-SELECT id, fence, $1, recovery_point FROM k`, hostile)
+SELECT id, fence, $1::text, recovery_point FROM k`, hostile)
 	require.NoError(t, err)
 }
 

@@ -41,12 +41,15 @@ type queries struct {
 
 // recordColumns renders the columns of idemdriver.KeyRecord from a progress
 // row alias k and a lease row alias l (NULL when the key has no lease row),
-// mapping NULLs of text and int columns to zero values. A finished key shows
+// mapping NULLs of text and int columns to zero values. The columns that are
+// domains over text (migration 0006) are read as text, so a statement's
+// result type is the same on either side of that migration. A finished key shows
 // no lease and no mark, and a mark shows only while the key is still at the
 // recovery point it was made at (see the migration that made idem_leases).
 func recordColumns(k, l string) string {
-	cols := `{k}id, {k}request_id::text AS request_id, {k}downstream_scheme, {k}scope, {k}key, {k}flow, {k}method, {k}path,
-		{k}fingerprint, {k}params, {k}status, {k}recovery_point, {k}checkpoint,
+	cols := `{k}id, {k}request_id::text AS request_id, {k}downstream_scheme, {k}scope::text AS scope, {k}key::text AS key,
+		{k}flow::text AS flow, {k}method::text AS method, {k}path::text AS path,
+		{k}fingerprint, {k}params, {k}status::text AS status, {k}recovery_point::text AS recovery_point, {k}checkpoint,
 		CASE WHEN {k}status <> 'finished' AND {l}foreign_mark_after = {k}recovery_point
 		     THEN coalesce({l}foreign_mark, '') ELSE '' END AS foreign_mark,
 		CASE WHEN {k}status <> 'finished' THEN {l}locked_at END AS locked_at,

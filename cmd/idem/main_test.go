@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -252,10 +253,10 @@ func TestBinary(t *testing.T) {
 
 		res = b.run(t, bins.idem, "migrate", "up", "--schema", b.schema.Name)
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
-		require.Equal(t, "applied 0001, 0002, 0003, 0004, 0005: the schema went from version 0 to 5\n", res.stdout)
+		require.Equal(t, "applied 0001, 0002, 0003, 0004, 0005, 0006: the schema went from version 0 to 6\n", res.stdout)
 		res = b.run(t, bins.idem, "--json", "migrate", "up", "--schema", b.schema.Name)
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
-		require.JSONEq(t, `{"from": 5, "to": 5, "applied": []}`, res.stdout)
+		require.JSONEq(t, `{"from": 6, "to": 6, "applied": []}`, res.stdout)
 
 		status := decode[struct {
 			Current, Latest, Pending int
@@ -283,6 +284,9 @@ func TestBinary(t *testing.T) {
 		// resolves the tables without --schema too.
 		res = b.run(t, bins.idem, "migrate", "down")
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
+		require.Equal(t, "reverted 0006: the schema went from version 6 to 5\n", res.stdout)
+		res = b.run(t, bins.idem, "migrate", "down")
+		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
 		require.Equal(t, "reverted 0005: the schema went from version 5 to 4\n", res.stdout)
 		res = b.run(t, bins.idem, "migrate", "down")
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
@@ -300,7 +304,7 @@ func TestBinary(t *testing.T) {
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
 		require.Equal(t, "reverted 0001: the schema went from version 1 to 0\n", res.stdout)
 		require.Zero(t, b.count(t, "count(*) FROM pg_tables WHERE tablename = 'idem_keys' AND schemaname = current_schema()"))
-		res = b.run(t, bins.idem, "migrate", "down", "--to", "6")
+		res = b.run(t, bins.idem, "migrate", "down", "--to", strconv.Itoa(migrations.Latest()+1))
 		require.Equal(t, idemcli.ExitUsage, res.code)
 		require.Contains(t, res.stderr, "unknown version")
 	})
