@@ -20,15 +20,18 @@ type Attempt[In any] struct {
 // Input returns the request's decoded input.
 func (r *Attempt[In]) Input() In { return r.input }
 
-// Key returns the key record as of the start of this phase. It is a copy;
-// changing it changes nothing.
+// Key returns the key record as of the start of this phase's transaction
+// (for a phase joined to the one before it, Phase.JoinPrevious, the
+// transaction they share, so its recovery point is not the phase before).
+// It is a copy; changing it changes nothing.
 func (r *Attempt[In]) Key() *KeyRecord { return r.h.rec.Clone() }
 
 // Phase returns the running phase's name.
 func (r *Attempt[In]) Phase() string { return r.h.phaseName() }
 
 // Number counts this worker's tries of the phase, from 1; it grows when a
-// serialization failure or deadlock makes the runner retry the phase.
+// serialization failure or deadlock makes the runner retry the phase (for
+// joined phases, the transaction they share, from its first phase).
 func (r *Attempt[In]) Number() int { return r.h.attempt }
 
 // IdempotencyKey returns the downstream idempotency key for this phase's

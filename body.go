@@ -25,7 +25,14 @@ type body func(ctx context.Context, tx Tx) (Result, *idemdriver.CommitParams, er
 // and deadlocks with backoff. It returns once the commit is known to have
 // landed, or with the error that ended the phase.
 func (r *Runner) runBody(ctx context.Context, h *held, b body) (Result, error) {
-	name, _, iso := h.flow.phaseMeta(h.phase)
+	// A transaction of joined phases runs at its head's isolation level,
+	// also when a key resumes in the middle of the chain (the flow gained a
+	// JoinPrevious while the key was in flight).
+	head := h.phase
+	for head > 0 && h.flow.joinsPrevious(head) {
+		head--
+	}
+	_, _, iso := h.flow.phaseMeta(head)
 	if iso == "" {
 		iso = r.config.Isolation
 	}
@@ -42,10 +49,10 @@ func (r *Runner) runBody(ctx context.Context, h *held, b body) (Result, error) {
 			return res, err
 		}
 		if h.attempt > r.config.MaxPhaseRetries {
-			return res, fmt.Errorf("%w: phase %q failed %d times: %w", ErrRetriesExhausted, name, h.attempt, err)
+			return res, fmt.Errorf("%w: phase %q failed %d times: %w", ErrRetriesExhausted, h.phaseName(), h.attempt, err)
 		}
 		r.emit(ctx, h.event(EventPhaseRetried, err))
-		r.log.DebugContext(ctx, "idem: retrying phase", h.logAttrs("flow", h.flow.Name(), "phase", name, "attempt", h.attempt, "err", r.redact(err))...)
+		r.log.DebugContext(ctx, "idem: retrying phase", h.logAttrs("flow", h.flow.Name(), "phase", h.phaseName(), "attempt", h.attempt, "err", r.redact(err))...)
 		wait := backoff/2 + rand.N(backoff/2+1)
 		backoff *= 2
 		select {

@@ -201,6 +201,12 @@ type HookPoint struct {
 }
 
 // HookWhere names a point in a phase's life.
+//
+// Phases joined by Phase.JoinPrevious pass the same points as phases of
+// their own, in order, around the one transaction they share: a joined
+// phase's HookPhaseStart comes after the phase before it reached
+// HookBeforeCommit, in the same transaction, and once the shared commit
+// landed every one of them reaches HookAfterCommit.
 type HookWhere string
 
 const (
@@ -220,12 +226,6 @@ const (
 	// HookAfterCommit: the phase committed; the caller has not been told.
 	HookAfterCommit HookWhere = "after_commit"
 )
-
-// Phases joined by Phase.JoinPrevious pass the same points as phases of
-// their own, in order, around the one transaction they share: a joined
-// phase's HookPhaseStart comes after the phase before it reached
-// HookBeforeCommit, in the same transaction, and once the shared commit
-// landed every one of them reaches HookAfterCommit.
 
 // Defaults of [Config]'s fields.
 const (

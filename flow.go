@@ -69,8 +69,9 @@ var (
 
 // NewFlow declares a flow. It checks the declaration: a valid unique name per
 // phase, a Do function on each, a Reconcile hook on every not-idempotent
-// phase, and Phase.JoinPrevious only where a shared commit is safe. Flow names are stored with each key, so a name must keep meaning
-// the same endpoint across deploys.
+// phase, and Phase.JoinPrevious only where a shared commit is safe. Flow
+// names are stored with each key, so a name must keep meaning the same
+// endpoint across deploys.
 func NewFlow[In any](name string, phases []Phase[In], config *FlowConfig[In]) (*Flow[In], error) {
 	if !flowNamePattern.MatchString(name) {
 		return nil, fmt.Errorf("idem: flow name %q: use 1-128 letters, digits and _.:/- starting with a letter or digit", name)

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -214,4 +215,42 @@ func TestJoinPreviousIsChecked(t *testing.T) {
 	_, err := idem.NewFlow("f", []idem.Phase[rideInput]{{Name: "a", Do: do, Isolation: pgx.RepeatableRead},
 		{Name: "b", Do: do, JoinPrevious: true, Isolation: pgx.RepeatableRead}, {Name: "c", Do: do, JoinPrevious: true}}, nil)
 	require.NoError(t, err, "a joined phase may repeat its transaction's isolation level or leave it empty")
+}
+
+// A key in flight when its flow gains a JoinPrevious resumes in the middle
+// of the new chain, at the isolation level of the chain's first phase.
+func TestResumingInsideAJoinedChainKeepsItsIsolation(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var seen string
+	flow := func(join bool) *idem.Flow[rideInput] {
+		return idem.MustNewFlow("joined.later", []idem.Phase[rideInput]{
+			{Name: "first", Isolation: pgx.Serializable, Do: func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.Result, error) {
+				return idem.Advance(), nil
+			}},
+			{Name: "second", JoinPrevious: join, Do: func(ctx context.Context, tx idem.Tx, _ *idem.Attempt[rideInput]) (idem.Result, error) {
+				if err := tx.QueryRow(ctx, `SHOW transaction_isolation`).Scan(&seen); err != nil {
+					return idem.Result{}, err
+				}
+				return idem.RespondJSON(http.StatusOK, nil), nil
+			}},
+		}, nil)
+	}
+	before := flow(false)
+	crashing := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{before}, Test: idem.TestConfig{Hook: func(_ context.Context, at idem.HookPoint) error {
+		if at.Where == idem.HookAfterCommit && at.Phase == "first" {
+			return idem.ErrSimulatedCrash
+		}
+		return nil
+	}}})
+	_, err := crashing.Execute(context.Background(), before, b.request("k1", rideInput{}))
+	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.Equal(t, "first", b.key(t, "k1").RecoveryPoint)
+
+	b.clock.Advance(idem.LeaseDefault + time.Second)
+	after := flow(true)
+	out, err := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{after}}).Execute(context.Background(), after, b.request("k1", rideInput{}))
+	require.NoError(t, err)
+	require.True(t, out.TookOver)
+	require.Equal(t, "serializable", seen)
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/georgysavva/scany/v2/pgxscan"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
@@ -240,4 +241,44 @@ func TestMigration0005KeepsKeysWorking(t *testing.T) {
 	out, err = old.Execute(ctx, b.testBundle.flow, b.request("new-at-4", ride))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
+}
+
+// A connection that has called idem_acquire keeps acquiring across
+// migration 0006 and back: PL/pgSQL keeps a function compiled per session
+// with the column types it saw, and the migration makes every session
+// compile it afresh rather than fail every later call.
+func TestAcquireOnOneConnectionAcrossMigration0006(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.NewMigratedSchema(t)
+	cfg, err := pgxpool.ParseConfig(schema.URL)
+	require.NoError(t, err)
+	cfg.MaxConns = 1 // every acquisition on the same session
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	store, err := pgstore.New(pool, &pgstore.Config{Schema: schema.Name})
+	require.NoError(t, err)
+	t.Cleanup(store.Close)
+	m, err := migrations.New(schema.Pool, &migrations.Config{Schema: schema.Name})
+	require.NoError(t, err)
+
+	acquire := func(key string) {
+		t.Helper()
+		res, err := store.Acquire(ctx, idemdriver.AcquireParams{Scope: "s", Key: key, Flow: "f", Method: "POST", Path: "/",
+			Fingerprint: []byte{1}, Params: []byte(`{}`), Lease: time.Minute})
+		require.NoError(t, err, key)
+		require.Equal(t, idemdriver.AcquiredCreated, res.Acquired, key)
+		res, err = store.Acquire(ctx, idemdriver.AcquireParams{Scope: "s", Key: key, Flow: "f", Method: "POST", Path: "/",
+			Fingerprint: []byte{1}, Params: []byte(`{}`), Lease: time.Minute})
+		require.NoError(t, err, key)
+		require.Equal(t, idemdriver.AcquiredNone, res.Acquired, key)
+	}
+	acquire("at-6")
+	_, err = m.Down(ctx, 5)
+	require.NoError(t, err)
+	acquire("at-5")
+	_, err = m.Up(ctx)
+	require.NoError(t, err)
+	acquire("at-6-again")
 }

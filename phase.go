@@ -64,8 +64,11 @@ type Phase[In any] struct {
 	// neighbour; keep the phases apart where a crash between them must not
 	// undo the first, such as a record that must exist before a charge.
 	// Phases keep their names, checkpoints and observer events: each joined
-	// phase reports its own EventPhaseCommitted when the shared commit lands.
-	// The first phase cannot join.
+	// phase reports its own EventPhaseCommitted when the shared commit lands,
+	// with the whole transaction's duration. A Tracer sees one phase span per
+	// transaction, named after its first phase. Attempt.Key and
+	// Attempt.Number describe the shared transaction. The first phase cannot
+	// join.
 	JoinPrevious bool
 }
 
