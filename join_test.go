@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -20,7 +21,22 @@ import (
 // (Phase.JoinPrevious): the order row commits alone, then the charge, its
 // record and the receipt job commit together, and the response with them.
 func joinedOrder(payments *idemtest.Provider) *idem.Flow[rideInput] {
-	return idem.MustNewFlow("orders.joined", []idem.Phase[rideInput]{
+	return joinedOrderFlow("orders.joined", payments, false, orderSubject)
+}
+
+// orderSubject is what the charge is for, as the provider sees it: the
+// order's row id.
+func orderSubject(_ *idem.KeyRecord, orderID int64) string { return fmt.Sprint("order:", orderID) }
+
+// requestSubject names the charge after the request instead, which every
+// retry of it shares.
+func requestSubject(key *idem.KeyRecord, _ int64) string { return "request:" + key.Key }
+
+// joinedOrderFlow is joinedOrder; with chargeJoins the charge joins the
+// order's insert too, and all three phases share one transaction. subject
+// says what the charge is for.
+func joinedOrderFlow(name string, payments *idemtest.Provider, chargeJoins bool, subject func(*idem.KeyRecord, int64) string) *idem.Flow[rideInput] {
+	return idem.MustNewFlow(name, []idem.Phase[rideInput]{
 		{
 			Name: "order_created",
 			Do: func(ctx context.Context, tx idem.Tx, a *idem.Attempt[rideInput]) (idem.Result, error) {
@@ -32,7 +48,8 @@ func joinedOrder(payments *idemtest.Provider) *idem.Flow[rideInput] {
 			},
 		},
 		{
-			Name: "order_charged",
+			Name:         "order_charged",
+			JoinPrevious: chargeJoins,
 			Do: func(ctx context.Context, tx idem.Tx, a *idem.Attempt[rideInput]) (idem.Result, error) {
 				var orderID int64
 				if _, err := a.Checkpoint("order_id", &orderID); err != nil {
@@ -40,7 +57,7 @@ func joinedOrder(payments *idemtest.Provider) *idem.Flow[rideInput] {
 				}
 				var charge idemtest.Effect
 				if err := a.Foreign(ctx, "charge", func(ctx context.Context, key string) (err error) {
-					charge, err = payments.Do(ctx, key, fmt.Sprint("order:", orderID))
+					charge, err = payments.Do(ctx, key, subject(a.Key(), orderID))
 					return err
 				}); err != nil {
 					return idem.Result{}, err
@@ -139,6 +156,38 @@ func TestJoinedPhasesUnderTheCrashKit(t *testing.T) {
 			err := schema.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM orders WHERE charge_id IS NOT NULL), (SELECT count(*) FROM receipts)`).Scan(&orders, &receipts)
 			if err == nil && (orders != receipts) {
 				err = fmt.Errorf("%d charged orders and %d receipts", orders, receipts)
+			}
+			return err
+		},
+	})
+	require.Equal(t, []string{"order_created", "order_charged", "receipt_enqueued"}, rep.Phases)
+	require.Empty(t, rep.Unreached)
+}
+
+// The same with all three phases in one transaction: the charge, which
+// makes the foreign call, joins the order's insert, and a crash anywhere
+// before the one commit re-runs all three, the charge with its one
+// downstream key. The charge is for the request, which every retry shares.
+func TestAllPhasesJoinedUnderTheCrashKit(t *testing.T) {
+	t.Parallel()
+	schema := idemtest.NewSchema(t)
+	joinedOrderTables(t, schema.Pool)
+	payments := &idemtest.Provider{}
+	rep := idemtest.Explore(t, idemtest.Config[rideInput]{
+		Pool:        schema.Pool,
+		DatabaseURL: schema.URL,
+		Flow:        joinedOrderFlow("orders.onetx", payments, true, requestSubject),
+		Input:       rideInput{Origin: "home"},
+		Scope:       "tenant:onetx",
+		Providers:   []idemtest.FakeProvider{payments},
+		Check: func(ctx context.Context, key *idem.KeyRecord) error {
+			var orders, charged, receipts int
+			err := schema.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM orders WHERE charge_id IS NOT NULL),
+				(SELECT count(*) FROM receipts)`).Scan(&orders, &charged, &receipts)
+			// Scenarios share the tables: in one transaction, no order is
+			// ever left without its charge or its receipt.
+			if err == nil && (orders != charged || orders != receipts) {
+				err = fmt.Errorf("%d orders, %d charged, %d receipts; want as many of each", orders, charged, receipts)
 			}
 			return err
 		},
@@ -253,4 +302,35 @@ func TestResumingInsideAJoinedChainKeepsItsIsolation(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, out.TookOver)
 	require.Equal(t, "serializable", seen)
+}
+
+// Joining a charge to the insert of the row it charges for is a mistake
+// when the charge names that row: the insert rolls back with the crash, the
+// retry inserts a row with a new id, and the provider sees the one
+// downstream key sent with another charge. The crash kit finds it (as a
+// provider checking its idempotency keys would, in production).
+func TestTheCrashKitFindsAJoinThatRenamesTheCharge(t *testing.T) {
+	t.Parallel()
+	schema := idemtest.NewSchema(t)
+	joinedOrderTables(t, schema.Pool)
+	payments := &idemtest.Provider{}
+	rep, err := idemtest.ExploreContext(context.Background(), idemtest.Config[rideInput]{
+		Pool:      schema.Pool,
+		Flow:      joinedOrderFlow("orders.renamed", payments, true, orderSubject),
+		Input:     rideInput{Origin: "home"},
+		Scope:     "tenant:renamed",
+		Providers: []idemtest.FakeProvider{payments},
+		Kinds:     []idemtest.Kind{idemtest.CrashBeforeCommit},
+	})
+	require.NoError(t, err)
+	require.Error(t, rep.Err(), "a crash before the shared commit renames the order the charge is for")
+	var failed *idemtest.Scenario
+	for i := range rep.Scenarios {
+		if rep.Scenarios[i].Failed() {
+			failed = rep.Scenarios[i]
+			break
+		}
+	}
+	require.NotNil(t, failed)
+	require.Contains(t, strings.Join(failed.Steps, "\n"), "was first used for subject")
 }

@@ -61,8 +61,12 @@ type Phase[In any] struct {
 	// phase is never joined, neither to the phase before it nor by the phase
 	// after it: NewFlow refuses both. Join a phase that makes no foreign call
 	// (recording a result, enqueueing a job, building the response) to its
-	// neighbour; keep the phases apart where a crash between them must not
-	// undo the first, such as a record that must exist before a charge.
+	// neighbour. Keep phases apart where a crash between them must not undo
+	// the first, and wherever a foreign call names something an earlier
+	// phase of the same transaction created: a row inserted there gets a new
+	// id on the retry after a crash, and the provider would see the one
+	// downstream key sent with another request (the crash kit reports it).
+	// A call that names only the request's own input may join.
 	// Phases keep their names, checkpoints and observer events: each joined
 	// phase reports its own EventPhaseCommitted when the shared commit lands,
 	// with the whole transaction's duration. A Tracer sees one phase span per

@@ -2,8 +2,7 @@
 -- below). Postgres rebuilds every CHECK constraint of a table from its
 -- stored expression on each execution of a statement that inserts or
 -- updates a row, whichever columns the statement sets: the single-column
--- checks cost a phase's guarded update about as much again as the rest of
--- the update. A domain's check is kept ready per connection and runs only on
+-- checks cost about half of a single-row update of the key row. A domain's check is kept ready per connection and runs only on
 -- a value assigned to a column of that domain: key, flow, method and path
 -- are checked when a key is created, status and recovery_point when a
 -- statement sets them. The rules are the same as before. The check that
@@ -15,9 +14,10 @@
 -- changed to a domain that has a check is rewritten, one changed to a domain
 -- without one is not. The checks are NOT VALID because the table checks
 -- dropped here, in the same transaction, held every existing row to the same
--- rules; they hold every value written from now on. What remains is a
--- rebuild of the two partial indexes whose predicates name status, under an
--- exclusive lock on idem_keys.
+-- rules; they hold every value written from now on. What remains, under an
+-- exclusive lock on idem_keys, is a scan that validates the table check
+-- naming status again, and a rebuild of the two partial indexes whose
+-- predicates name it.
 CREATE DOMAIN {{schema}}idem_key AS text;
 CREATE DOMAIN {{schema}}idem_flow AS text;
 CREATE DOMAIN {{schema}}idem_method AS text;
