@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem/idemdriver"
@@ -168,17 +167,7 @@ func TestAcquireMeetsAConcurrentInsert(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			schema := pgtest.NewMigratedSchema(t)
-			cfg, err := pgxpool.ParseConfig(schema.URL)
-			require.NoError(t, err)
-			cfg.MaxConns = 1 // so the acquisition runs on the connection whose pid we know
-			cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = isolation
-			pool, err := pgxpool.NewWithConfig(ctx, cfg)
-			require.NoError(t, err)
-			t.Cleanup(pool.Close)
-			store, err := New(pool, &Config{Schema: schema.Name, ControlDB: schema.Pool})
-			require.NoError(t, err)
-			var pid int
-			require.NoError(t, pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+			store, pid := storeOnOneConnection(t, schema, map[string]string{"default_transaction_isolation": isolation})
 
 			// The other acquirer's insert, not yet committed.
 			other, err := schema.Pool.Begin(ctx)
@@ -193,21 +182,8 @@ func TestAcquireMeetsAConcurrentInsert(t *testing.T) {
 				INSERT INTO idem_leases (key_id, fence, locked_at, lease_expires_at)
 				SELECT id, fence, now(), now() + interval '1 hour' FROM k RETURNING key_id`).Scan(&otherID))
 
-			done := make(chan *idemdriver.AcquireResult, 1)
-			go func() {
-				res, err := store.Acquire(ctx, idemdriver.AcquireParams{Scope: "s", Key: "k", Flow: "f", Method: "POST", Path: "/",
-					Fingerprint: []byte{1}, Params: []byte(`{}`), Lease: time.Minute})
-				if err != nil {
-					t.Error(err)
-				}
-				done <- res
-			}()
-			require.Eventually(t, func() bool {
-				var waiting bool
-				require.NoError(t, schema.Pool.QueryRow(ctx,
-					`SELECT coalesce(bool_or(wait_event_type = 'Lock'), false) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting))
-				return waiting
-			}, 30*time.Second, 10*time.Millisecond, "the insert waits for the other transaction")
+			done := acquireBlocked(t, schema, store, pid, idemdriver.AcquireParams{Scope: "s", Key: "k", Flow: "f", Method: "POST", Path: "/",
+				Fingerprint: []byte{1}, Params: []byte(`{}`), Lease: time.Minute}, "the insert waits for the other transaction")
 			require.NoError(t, other.Commit(ctx))
 
 			res := <-done

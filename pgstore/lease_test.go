@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem/idemdriver"
@@ -31,16 +30,7 @@ func TestTakeoverWaitsForTheLeaseRowInFlight(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			schema := pgtest.NewMigratedSchema(t)
-			cfg, err := pgxpool.ParseConfig(schema.URL)
-			require.NoError(t, err)
-			cfg.MaxConns = 1 // so the takeover runs on the connection whose pid we know
-			pool, err := pgxpool.NewWithConfig(ctx, cfg)
-			require.NoError(t, err)
-			t.Cleanup(pool.Close)
-			store, err := New(pool, &Config{Schema: schema.Name, ControlDB: schema.Pool})
-			require.NoError(t, err)
-			var pid int
-			require.NoError(t, pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+			store, pid := storeOnOneConnection(t, schema, nil)
 
 			t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 			p := idemdriver.AcquireParams{Scope: "s", Key: "k", Flow: "f", Method: "POST", Path: "/", Fingerprint: []byte{1},
@@ -58,20 +48,7 @@ func TestTakeoverWaitsForTheLeaseRowInFlight(t *testing.T) {
 			require.NoError(t, err)
 			later := t0.Add(2 * time.Minute)
 			p.Now = &later
-			done := make(chan *idemdriver.AcquireResult, 1)
-			go func() {
-				res, err := store.Acquire(ctx, p)
-				if err != nil {
-					t.Error(err)
-				}
-				done <- res
-			}()
-			require.Eventually(t, func() bool {
-				var waiting bool
-				require.NoError(t, schema.Pool.QueryRow(ctx,
-					`SELECT coalesce(bool_or(wait_event_type = 'Lock'), false) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting))
-				return waiting
-			}, 30*time.Second, 10*time.Millisecond, "the takeover waits for the lease row")
+			done := acquireBlocked(t, schema, store, pid, p, "the takeover waits for the lease row")
 			require.NoError(t, other.Commit(ctx))
 
 			res := <-done
