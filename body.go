@@ -25,14 +25,7 @@ type body func(ctx context.Context, tx Tx) (Result, *idemdriver.CommitParams, er
 // and deadlocks with backoff. It returns once the commit is known to have
 // landed, or with the error that ended the phase.
 func (r *Runner) runBody(ctx context.Context, h *held, b body) (Result, error) {
-	// A transaction of joined phases runs at its head's isolation level,
-	// also when a key resumes in the middle of the chain (the flow gained a
-	// JoinPrevious while the key was in flight).
-	head := h.phase
-	for head > 0 && h.flow.joinsPrevious(head) {
-		head--
-	}
-	_, _, iso := h.flow.phaseMeta(head)
+	_, _, iso := h.flow.phaseMeta(h.phase)
 	if iso == "" {
 		iso = r.config.Isolation
 	}

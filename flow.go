@@ -122,10 +122,7 @@ func checkJoin[In any](flow string, phases []Phase[In], i int) error {
 		return fmt.Errorf("idem: flow %q phase %q: the first phase has no phase before it to join", flow, p.Name)
 	}
 	prev := phases[i-1]
-	first := i - 1
-	for first > 0 && phases[first].JoinPrevious {
-		first--
-	}
+	first := joinHead(phases, i)
 	switch {
 	case p.Foreign == ForeignNotIdempotent:
 		return fmt.Errorf("idem: flow %q phase %q makes a not-idempotent foreign call, so it commits alone and cannot join %q", flow, p.Name, prev.Name)
@@ -135,6 +132,15 @@ func checkJoin[In any](flow string, phases []Phase[In], i int) error {
 		return fmt.Errorf("idem: flow %q phase %q joins the transaction of %q, whose isolation level it cannot change (%q)", flow, p.Name, phases[first].Name, p.Isolation)
 	}
 	return nil
+}
+
+// joinHead is the index of the first phase of the transaction phase i runs
+// in: i itself, or the phase its chain of Phase.JoinPrevious starts at.
+func joinHead[In any](phases []Phase[In], i int) int {
+	for i > 0 && phases[i].JoinPrevious {
+		i--
+	}
+	return i
 }
 
 // MustNewFlow is NewFlow for package-level declarations; it panics on an
@@ -162,6 +168,9 @@ type AnyFlow interface {
 	retentionOr(d time.Duration) time.Duration
 	abandonAfterOr(d time.Duration) time.Duration
 	phaseIndex(name string) (int, bool)
+	// phaseMeta describes phase i; iso is the isolation level of the
+	// transaction it runs in, its join chain's first phase's (empty: the
+	// runner's default).
 	phaseMeta(i int) (name string, kind ForeignKind, iso pgx.TxIsoLevel)
 	// joinsPrevious reports whether phase i runs in the transaction of
 	// phase i-1 (Phase.JoinPrevious).
@@ -217,7 +226,10 @@ func (f *Flow[In]) phaseIndex(name string) (int, bool) {
 
 func (f *Flow[In]) phaseMeta(i int) (string, ForeignKind, pgx.TxIsoLevel) {
 	p := f.phases[i]
-	return p.Name, p.Foreign, p.Isolation
+	// checkJoin holds a joined phase's own level to its chain's: the chain
+	// runs at its first phase's, also when a key resumes in the middle of it
+	// (the flow gained a JoinPrevious while the key was in flight).
+	return p.Name, p.Foreign, f.phases[joinHead(f.phases, i)].Isolation
 }
 
 func (f *Flow[In]) joinsPrevious(i int) bool {
