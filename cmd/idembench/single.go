@@ -45,18 +45,10 @@ ON CONFLICT (scope, key) DO NOTHING RETURNING id`
 )
 
 func (s *single) run(ctx context.Context, scope, key string, in rideInput) (*baseResult, error) {
-	fp, err := baseFingerprint(in)
-	if err != nil {
-		return nil, err
-	}
 	// First transaction: the claim, committed on its own.
-	var keyID int64
-	err = s.pool.QueryRow(ctx, singleAcquireSQL, scope, key, fp).Scan(&keyID)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return lookupKey(ctx, s.pool, singleLookupSQL, scope, key, fp)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("single: acquire: %w", err)
+	keyID, answer, err := claimKey(ctx, s.pool, singleAcquireSQL, singleLookupSQL, scope, key, in)
+	if err != nil || answer != nil {
+		return answer, err
 	}
 	res, err := s.execute(ctx, keyID, in)
 	if err != nil {

@@ -178,17 +178,9 @@ type baseResult struct {
 }
 
 func (b *baseline) run(ctx context.Context, scope, key string, in rideInput) (*baseResult, error) {
-	fp, err := baseFingerprint(in)
-	if err != nil {
-		return nil, err
-	}
-	var keyID int64
-	err = b.pool.QueryRow(ctx, baseAcquireSQL, scope, key, fp).Scan(&keyID)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return lookupKey(ctx, b.pool, baseLookupSQL, scope, key, fp)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("baseline: acquire: %w", err)
+	keyID, answer, err := claimKey(ctx, b.pool, baseAcquireSQL, baseLookupSQL, scope, key, in)
+	if err != nil || answer != nil {
+		return answer, err
 	}
 
 	var rideID int64
@@ -212,9 +204,30 @@ func (b *baseline) run(ctx context.Context, scope, key string, in rideInput) (*b
 	return &baseResult{status: http.StatusCreated, body: body}, nil
 }
 
+// claimKey claims key for a new request with acquireSQL (an INSERT ... ON
+// CONFLICT DO NOTHING RETURNING id into a hand-rolled key table) and returns
+// its id; when the key exists it returns lookupKey's answer instead. The
+// baseline and the single-transaction contender claim alike, each in its
+// own key table.
+func claimKey(ctx context.Context, pool *pgxpool.Pool, acquireSQL, lookupSQL, scope, key string, in rideInput) (int64, *baseResult, error) {
+	fp, err := baseFingerprint(in)
+	if err != nil {
+		return 0, nil, err
+	}
+	var keyID int64
+	err = pool.QueryRow(ctx, acquireSQL, scope, key, fp).Scan(&keyID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		answer, err := lookupKey(ctx, pool, lookupSQL, scope, key, fp)
+		return 0, answer, err
+	}
+	if err != nil {
+		return 0, nil, fmt.Errorf("claim: %w", err)
+	}
+	return keyID, nil, nil
+}
+
 // lookupKey answers a request whose key exists: a mismatch, the stored
-// response replayed, or "in progress". The baseline and the
-// single-transaction contender answer alike, each from its own key table.
+// response replayed, or "in progress".
 func lookupKey(ctx context.Context, pool *pgxpool.Pool, lookupSQL, scope, key string, fp []byte) (*baseResult, error) {
 	var (
 		keyID    int64
