@@ -135,33 +135,46 @@ func TestJoinedPhasesShareOneCommit(t *testing.T) {
 	require.Len(t, payments.Effects(""), 1)
 }
 
+// exploreJoinedOrders runs the crash kit over flow on tables of its own,
+// with every wire kind, and checks it reached all three phases; check says
+// what the order, charge and receipt counts must satisfy.
+func exploreJoinedOrders(t *testing.T, flow *idem.Flow[rideInput], payments *idemtest.Provider, check func(orders, charged, receipts int) error) {
+	t.Helper()
+	schema := idemtest.NewSchema(t)
+	joinedOrderTables(t, schema.Pool)
+	rep := idemtest.Explore(t, idemtest.Config[rideInput]{
+		Pool:        schema.Pool,
+		DatabaseURL: schema.URL,
+		Flow:        flow,
+		Input:       rideInput{Origin: "home"},
+		Scope:       "tenant:" + flow.Name(),
+		Providers:   []idemtest.FakeProvider{payments},
+		Check: func(ctx context.Context, key *idem.KeyRecord) error {
+			var orders, charged, receipts int
+			if err := schema.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM orders),
+				(SELECT count(*) FROM orders WHERE charge_id IS NOT NULL), (SELECT count(*) FROM receipts)`).Scan(&orders, &charged, &receipts); err != nil {
+				return err
+			}
+			return check(orders, charged, receipts)
+		},
+	})
+	require.Equal(t, []string{"order_created", "order_charged", "receipt_enqueued"}, rep.Phases)
+	require.Empty(t, rep.Unreached)
+}
+
 // The crash kit explores joined phases like any others: a crash before the
 // shared commit, after it, a lost acknowledgement, a serialization failure
 // and a takeover at each phase, and the lost and stalled replies of every
 // round trip; the charge happens once and the receipt exists once.
 func TestJoinedPhasesUnderTheCrashKit(t *testing.T) {
 	t.Parallel()
-	schema := idemtest.NewSchema(t)
-	joinedOrderTables(t, schema.Pool)
 	payments := &idemtest.Provider{}
-	rep := idemtest.Explore(t, idemtest.Config[rideInput]{
-		Pool:        schema.Pool,
-		DatabaseURL: schema.URL,
-		Flow:        joinedOrder(payments),
-		Input:       rideInput{Origin: "home"},
-		Scope:       "tenant:joined",
-		Providers:   []idemtest.FakeProvider{payments},
-		Check: func(ctx context.Context, key *idem.KeyRecord) error {
-			var orders, receipts int
-			err := schema.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM orders WHERE charge_id IS NOT NULL), (SELECT count(*) FROM receipts)`).Scan(&orders, &receipts)
-			if err == nil && (orders != receipts) {
-				err = fmt.Errorf("%d charged orders and %d receipts", orders, receipts)
-			}
-			return err
-		},
+	exploreJoinedOrders(t, joinedOrder(payments), payments, func(_, charged, receipts int) error {
+		if charged != receipts {
+			return fmt.Errorf("%d charged orders and %d receipts", charged, receipts)
+		}
+		return nil
 	})
-	require.Equal(t, []string{"order_created", "order_charged", "receipt_enqueued"}, rep.Phases)
-	require.Empty(t, rep.Unreached)
 }
 
 // The same with all three phases in one transaction: the charge, which
@@ -170,30 +183,15 @@ func TestJoinedPhasesUnderTheCrashKit(t *testing.T) {
 // downstream key. The charge is for the request, which every retry shares.
 func TestAllPhasesJoinedUnderTheCrashKit(t *testing.T) {
 	t.Parallel()
-	schema := idemtest.NewSchema(t)
-	joinedOrderTables(t, schema.Pool)
 	payments := &idemtest.Provider{}
-	rep := idemtest.Explore(t, idemtest.Config[rideInput]{
-		Pool:        schema.Pool,
-		DatabaseURL: schema.URL,
-		Flow:        joinedOrderFlow("orders.onetx", payments, true, requestSubject),
-		Input:       rideInput{Origin: "home"},
-		Scope:       "tenant:onetx",
-		Providers:   []idemtest.FakeProvider{payments},
-		Check: func(ctx context.Context, key *idem.KeyRecord) error {
-			var orders, charged, receipts int
-			err := schema.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM orders WHERE charge_id IS NOT NULL),
-				(SELECT count(*) FROM receipts)`).Scan(&orders, &charged, &receipts)
-			// Scenarios share the tables: in one transaction, no order is
-			// ever left without its charge or its receipt.
-			if err == nil && (orders != charged || orders != receipts) {
-				err = fmt.Errorf("%d orders, %d charged, %d receipts; want as many of each", orders, charged, receipts)
-			}
-			return err
-		},
+	exploreJoinedOrders(t, joinedOrderFlow("orders.onetx", payments, true, requestSubject), payments, func(orders, charged, receipts int) error {
+		// Scenarios share the tables: in one transaction, no order is
+		// ever left without its charge or its receipt.
+		if orders != charged || orders != receipts {
+			return fmt.Errorf("%d orders, %d charged, %d receipts; want as many of each", orders, charged, receipts)
+		}
+		return nil
 	})
-	require.Equal(t, []string{"order_created", "order_charged", "receipt_enqueued"}, rep.Phases)
-	require.Empty(t, rep.Unreached)
 }
 
 // A transaction of joined phases makes at most one foreign call between
