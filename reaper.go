@@ -120,36 +120,15 @@ func (r *Runner) Reap(ctx context.Context, config *ReapConfig) (*ReapResult, err
 func (r *Runner) reapExpired(ctx context.Context, cfg *ReapConfig) (*ReapResult, error) {
 	res := &ReapResult{}
 	started := time.Now()
-	for cfg.MaxBatches == 0 || res.Batches < cfg.MaxBatches {
-		if err := ctx.Err(); err != nil {
-			return res, context.Cause(ctx)
-		}
-		n, err := r.store.Reap(ctx, idemdriver.ReapParams{Limit: cfg.BatchSize, StatementTimeout: cfg.StatementTimeout, Now: r.now()})
-		if err != nil {
-			if ctx.Err() != nil {
-				return res, context.Cause(ctx)
-			}
-			r.emit(ctx, Event{Kind: EventStoreError, Err: err})
-			r.log.ErrorContext(ctx, "idem: reaper batch failed", "deleted_so_far", res.Deleted, "err", r.redact(err))
-			return res, fmt.Errorf("reap: %w", err)
-		}
-		res.Batches++
-		res.Deleted += n
-		if n > 0 {
-			r.emit(ctx, Event{Kind: EventReaped, Count: n})
-		}
-		if n < cfg.BatchSize {
-			// Nothing more is expired, or what is left is locked by
-			// another reaper, which will take it.
-			break
-		}
-		if cfg.Pause > 0 {
-			select {
-			case <-ctx.Done():
-				return res, context.Cause(ctx)
-			case <-time.After(cfg.Pause):
-			}
-		}
+	err := r.inBatches(ctx, cfg, EventReaped, "idem: reaper batch failed", &res.Deleted, &res.Batches,
+		func(ctx context.Context) (int, error) {
+			return r.store.Reap(ctx, idemdriver.ReapParams{Limit: cfg.BatchSize, StatementTimeout: cfg.StatementTimeout, Now: r.now()})
+		})
+	switch {
+	case err != nil && ctx.Err() == nil:
+		return res, fmt.Errorf("reap: %w", err)
+	case err != nil:
+		return res, err
 	}
 	if res.Deleted > 0 {
 		r.log.InfoContext(ctx, "idem: reaped expired keys", "deleted", res.Deleted, "batches", res.Batches, "took", time.Since(started).String())
@@ -157,6 +136,47 @@ func (r *Runner) reapExpired(ctx context.Context, cfg *ReapConfig) (*ReapResult,
 		r.log.DebugContext(ctx, "idem: reaper found no expired keys")
 	}
 	return res, nil
+}
+
+// inBatches runs batch until it deletes fewer than cfg.BatchSize keys,
+// cfg.MaxBatches is reached or ctx ends, pausing cfg.Pause between batches.
+// It adds each batch's count to *deleted and counts batches in *batches,
+// emits kind for a batch that deleted keys, and for a failing batch emits
+// EventStoreError, logs failed (with what was deleted so far) and returns
+// the error; when ctx ends it returns ctx's cause.
+func (r *Runner) inBatches(ctx context.Context, cfg *ReapConfig, kind EventKind, failed string, deleted, batches *int, batch func(context.Context) (int, error)) error {
+	for ran := 0; cfg.MaxBatches == 0 || ran < cfg.MaxBatches; ran++ {
+		if err := ctx.Err(); err != nil {
+			return context.Cause(ctx)
+		}
+		n, err := batch(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return context.Cause(ctx)
+			}
+			r.emit(ctx, Event{Kind: EventStoreError, Err: err})
+			r.log.ErrorContext(ctx, failed, "deleted_so_far", *deleted, "err", r.redact(err))
+			return err
+		}
+		*batches++
+		*deleted += n
+		if n > 0 {
+			r.emit(ctx, Event{Kind: kind, Count: n})
+		}
+		if n < cfg.BatchSize {
+			// Nothing more is left, or what is left is locked by another
+			// reaper, which will take it.
+			break
+		}
+		if cfg.Pause > 0 {
+			select {
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			case <-time.After(cfg.Pause):
+			}
+		}
+	}
+	return nil
 }
 
 // reapAbandoned deletes abandoned unfinished keys batch by batch, adding
@@ -169,33 +189,14 @@ func (r *Runner) reapAbandoned(ctx context.Context, cfg *ReapConfig, res *ReapRe
 			p.FlowAfter[name] = after
 		}
 	}
-	for batches := 0; cfg.MaxBatches == 0 || batches < cfg.MaxBatches; batches++ {
-		if err := ctx.Err(); err != nil {
-			return context.Cause(ctx)
-		}
-		n, err := r.store.ReapAbandoned(ctx, p)
-		if err != nil {
-			if ctx.Err() != nil {
-				return context.Cause(ctx)
-			}
-			r.emit(ctx, Event{Kind: EventStoreError, Err: err})
-			r.log.ErrorContext(ctx, "idem: reaper batch of abandoned keys failed", "abandoned_so_far", res.Abandoned, "err", r.redact(err))
-			return fmt.Errorf("reap abandoned keys: %w", err)
-		}
-		res.Abandoned += n
-		if n > 0 {
-			r.emit(ctx, Event{Kind: EventAbandoned, Count: n})
-		}
-		if n < cfg.BatchSize {
-			break
-		}
-		if cfg.Pause > 0 {
-			select {
-			case <-ctx.Done():
-				return context.Cause(ctx)
-			case <-time.After(cfg.Pause):
-			}
-		}
+	var batches int
+	err := r.inBatches(ctx, cfg, EventAbandoned, "idem: reaper batch of abandoned keys failed", &res.Abandoned, &batches,
+		func(ctx context.Context) (int, error) { return r.store.ReapAbandoned(ctx, p) })
+	switch {
+	case err != nil && ctx.Err() == nil:
+		return fmt.Errorf("reap abandoned keys: %w", err)
+	case err != nil:
+		return err
 	}
 	if res.Abandoned > 0 {
 		r.log.WarnContext(ctx, "idem: deleted unfinished keys abandoned past their AbandonAfter; a request with one of them runs anew",
