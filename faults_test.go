@@ -95,15 +95,9 @@ func TestPgErrorWithoutCodeIsAPhaseFailure(t *testing.T) {
 func TestConcurrentAcquireUnderRepeatableReadDefault(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	cfg, err := pgxpool.ParseConfig(b.schema.URL)
-	require.NoError(t, err)
-	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	store, err := pgstore.New(pool, &pgstore.Config{Schema: b.schema.Name})
-	require.NoError(t, err)
-	t.Cleanup(store.Close)
+	store := storeOn(t, b.schema, func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
+	})
 	r, err := idem.NewRunner(store, &idem.Config{Test: idem.TestConfig{Now: b.clock.Now}})
 	require.NoError(t, err)
 
@@ -279,15 +273,7 @@ func TestWorkerPausedPastItsLeaseDoesNotMakeItsCall(t *testing.T) {
 func TestMarksDoNotWaitOnThePhasePool(t *testing.T) {
 	t.Parallel()
 	b := setupSMS(t)
-	cfg, err := pgxpool.ParseConfig(b.schema.URL)
-	require.NoError(t, err)
-	cfg.MaxConns = 2
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	store, err := pgstore.New(pool, &pgstore.Config{Schema: b.schema.Name})
-	require.NoError(t, err)
-	t.Cleanup(store.Close)
+	store := storeOn(t, b.schema, func(cfg *pgxpool.Config) { cfg.MaxConns = 2 })
 	r, err := idem.NewRunner(store, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Test: idem.TestConfig{Now: b.clock.Now}})
 	require.NoError(t, err)
 

@@ -251,15 +251,7 @@ func TestAcquireOnOneConnectionAcrossMigration0006(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	schema := pgtest.NewMigratedSchema(t)
-	cfg, err := pgxpool.ParseConfig(schema.URL)
-	require.NoError(t, err)
-	cfg.MaxConns = 1 // every acquisition on the same session
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	store, err := pgstore.New(pool, &pgstore.Config{Schema: schema.Name})
-	require.NoError(t, err)
-	t.Cleanup(store.Close)
+	store := storeOn(t, schema, func(cfg *pgxpool.Config) { cfg.MaxConns = 1 }) // every acquisition on the same session
 	m, err := migrations.New(schema.Pool, &migrations.Config{Schema: schema.Name})
 	require.NoError(t, err)
 

@@ -9,7 +9,6 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/internal/wirecount"
-	"github.com/go-idem/idem/pgstore"
 )
 
 // Semantics 14: acquisition costs one round trip for a new key, a replay and
@@ -18,10 +17,11 @@ func TestAcquisitionIsOneRoundTrip(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(b.schema.URL)
-	require.NoError(t, err)
-	cfg.MaxConns = 1 // one connection, so its statement cache is warm after the warm-up
-	counter := wirecount.Install(cfg.ConnConfig)
+	var counter *wirecount.Counter
+	store := storeOn(t, b.schema, func(cfg *pgxpool.Config) {
+		cfg.MaxConns = 1 // one connection, so its statement cache is warm after the warm-up
+		counter = wirecount.Install(cfg.ConnConfig)
+	})
 	// snapshot returns what was sent since the last snapshot.
 	last := counter.Position()
 	snapshot := func() (sqls []string, prepares, writes int64) {
@@ -30,12 +30,6 @@ func TestAcquisitionIsOneRoundTrip(t *testing.T) {
 		last = now
 		return s.Statements, s.Prepares, s.Writes
 	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	store, err := pgstore.New(pool, &pgstore.Config{Schema: b.schema.Name})
-	require.NoError(t, err)
-	t.Cleanup(store.Close)
 
 	// writesAt records the socket writes seen at each hook point of the
 	// request being measured.

@@ -73,6 +73,23 @@ func (b *testBundle) storeFor(t *testing.T) *pgstore.Store {
 	return b.store
 }
 
+// storeOn returns a store on a pool of its own over schema, set up by tune
+// (its size, runtime parameters, a tracer) before it connects: a process
+// with settings of its own.
+func storeOn(t *testing.T, schema *pgtest.Schema, tune func(*pgxpool.Config)) *pgstore.Store {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(schema.URL)
+	require.NoError(t, err)
+	tune(cfg)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	store, err := pgstore.New(pool, &pgstore.Config{Schema: schema.Name})
+	require.NoError(t, err)
+	t.Cleanup(store.Close)
+	return store
+}
+
 // runner returns a new runner, as a new process would make one. Each test
 // runner uses the bundle's clock so leases expire on command.
 func (b *testBundle) runner(t *testing.T, cfg *idem.Config) *idem.Runner {
