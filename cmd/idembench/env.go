@@ -197,26 +197,11 @@ func (e *env) newPool(ctx context.Context, maxConns int, configure func(*pgxpool
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
-// benchTables are the business tables of the measured flow, three times:
-// once referencing idem's keys (the runner), once referencing the
+// benchTables are the business tables of the measured flow, three times
+// from one definition: once referencing idem's keys (the runner), once the
 // hand-rolled baseline's own minimal key table and once the
 // single-transaction contender's, so all do exactly the same work.
-const benchTables = `
-CREATE TABLE runner_rides (
-    id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    key_id    bigint NOT NULL UNIQUE REFERENCES idem_keys (id) ON DELETE SET NULL,
-    user_id   bigint NOT NULL,
-    origin    text   NOT NULL,
-    amount    bigint NOT NULL,
-    charge_id text
-);
-CREATE TABLE runner_jobs (
-    id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    kind    text   NOT NULL,
-    ride_id bigint NOT NULL,
-    args    jsonb  NOT NULL
-);
-
+var benchTables = businessTables("runner", "idem_keys") + `
 CREATE TABLE base_keys (
     id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     scope           text        NOT NULL,
@@ -228,40 +213,36 @@ CREATE TABLE base_keys (
     response_body   bytea,
     created_at      timestamptz NOT NULL DEFAULT now(),
     UNIQUE (scope, key)
-);
-CREATE TABLE base_rides (
-    id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    key_id    bigint NOT NULL UNIQUE REFERENCES base_keys (id) ON DELETE SET NULL,
-    user_id   bigint NOT NULL,
-    origin    text   NOT NULL,
-    amount    bigint NOT NULL,
-    charge_id text
-);
-CREATE TABLE base_jobs (
-    id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    kind    text   NOT NULL,
-    ride_id bigint NOT NULL,
-    args    jsonb  NOT NULL
-);
-
+);` + businessTables("base", "base_keys") + `
 -- The single-transaction contender's: the baseline's shape, its own rows.
-CREATE TABLE single_keys (LIKE base_keys INCLUDING ALL);
-CREATE TABLE single_rides (
-    id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    key_id    bigint NOT NULL UNIQUE REFERENCES single_keys (id) ON DELETE SET NULL,
-    user_id   bigint NOT NULL,
-    origin    text   NOT NULL,
-    amount    bigint NOT NULL,
-    charge_id text
-);
-CREATE TABLE single_jobs (LIKE base_jobs INCLUDING ALL);
-
+CREATE TABLE single_keys (LIKE base_keys INCLUDING ALL);` + businessTables("single", "single_keys") + `
 -- The commit ceiling's table: the smallest write that has to commit.
 CREATE TABLE commit_probe (
     id     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     worker int    NOT NULL,
     n      bigint NOT NULL
 );`
+
+// businessTables are one implementation's rides and jobs, prefixed, its
+// rides referencing keys.
+func businessTables(prefix, keys string) string {
+	return strings.NewReplacer("{p}", prefix, "{keys}", keys).Replace(`
+CREATE TABLE {p}_rides (
+    id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    key_id    bigint NOT NULL UNIQUE REFERENCES {keys} (id) ON DELETE SET NULL,
+    user_id   bigint NOT NULL,
+    origin    text   NOT NULL,
+    amount    bigint NOT NULL,
+    charge_id text
+);
+CREATE TABLE {p}_jobs (
+    id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    kind    text   NOT NULL,
+    ride_id bigint NOT NULL,
+    args    jsonb  NOT NULL
+);
+`)
+}
 
 // serverInfo describes the server and the machine for the report.
 type serverInfo struct {
