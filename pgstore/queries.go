@@ -47,7 +47,7 @@ type queries struct {
 // no lease and no mark, and a mark shows only while the key is still at the
 // recovery point it was made at (see the migration that made idem_leases).
 func recordColumns(k, l string) string {
-	cols := `{k}id, {k}request_id::text AS request_id, {k}downstream_scheme, {k}scope::text AS scope, {k}key::text AS key,
+	cols := `{k}id, {k}request_id::text AS request_id, {k}downstream_scheme, {k}scope, {k}key::text AS key,
 		{k}flow::text AS flow, {k}method::text AS method, {k}path::text AS path,
 		{k}fingerprint, {k}params, {k}status::text AS status, {k}recovery_point::text AS recovery_point, {k}checkpoint,
 		CASE WHEN {k}status <> 'finished' AND {l}foreign_mark_after = {k}recovery_point

@@ -114,11 +114,10 @@ BEGIN
     END IF;
 
     -- pgstore's recordColumns over k and l, except for a finished key's
-    -- params and checkpoint. The text columns are cast to text: from version
-    -- 6 on they are domains over text, and RETURN QUERY needs the declared
-    -- types exactly.
+    -- params and checkpoint. The columns that version 6 makes domains over
+    -- text are cast to text: RETURN QUERY needs the declared types exactly.
     RETURN QUERY SELECT v_acquired, v_now,
-        k.id, k.request_id::text, k.downstream_scheme, k.scope::text, k.key::text, k.flow::text, k.method::text, k.path::text,
+        k.id, k.request_id::text, k.downstream_scheme, k.scope, k.key::text, k.flow::text, k.method::text, k.path::text,
         k.fingerprint, CASE WHEN k.status <> 'finished' THEN k.params END,
         k.status::text, k.recovery_point::text, CASE WHEN k.status <> 'finished' THEN k.checkpoint END,
         CASE WHEN k.status <> 'finished' AND l.foreign_mark_after = k.recovery_point
