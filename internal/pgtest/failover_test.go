@@ -177,9 +177,11 @@ func TestRelayHoldsBothWays(t *testing.T) {
 		require.Equal(t, b, got[0])
 	}
 	roundTrip('a')
+	// The echo reaches the client before the relay counts its write; hold
+	// waits for writes under way, so after it the count is settled.
+	r.hold()
 	require.Equal(t, int64(2), r.forwardedBytes(), "one byte there, one back")
 
-	r.hold()
 	_, err = conn.Write([]byte{'b'})
 	require.NoError(t, err)
 	select {
