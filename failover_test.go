@@ -32,7 +32,7 @@ import (
 func TestFailoverRunnerAndMaintainerCarryOn(t *testing.T) {
 	t.Parallel()
 	pair := pgtest.NewPair(t, &pgtest.PairOptions{Synchronous: true, Logf: t.Logf})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 
 	// A pool that pings every connection before handing it out: after the

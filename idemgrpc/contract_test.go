@@ -617,10 +617,17 @@ func TestStoreStallsBeforeTheDeadline(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	stalled := &stallingStore{Store: b.store, gate: make(chan struct{})}
-	client := serveOrders(t, b.handler(t, b.newRunner(t, stalled), nil), nil)
+	// Margins generous enough for a loaded machine: the answer must leave
+	// the server well before the client gives up on the call, and the
+	// acquisition, once the store answers, must still be within its own
+	// statement timeout.
+	runner := b.newRunner(t, stalled, func(c *idem.Config) { c.StatementTimeout = time.Minute })
+	client := serveOrders(t, b.handler(t, runner, func(c *orderConfig) {
+		c.DeadlineMargin = 3 * time.Second
+	}), nil)
 
 	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(t.Context(),
-		"authorization", "Bearer "+testUser, idemgrpc.MetadataKey, "k-1"), 2*time.Second)
+		"authorization", "Bearer "+testUser, idemgrpc.MetadataKey, "k-1"), 10*time.Second)
 	defer cancel()
 	_, err := client.CreateOrder(ctx, orderRequest())
 	st := requireStatus(t, err, codes.Unavailable, idemgrpc.ReasonUnfinished)

@@ -87,9 +87,9 @@ func setup(t *testing.T) *bundle {
 	return b
 }
 
-func (b *bundle) newRunner(t *testing.T, store idemdriver.Store) *idem.Runner {
+func (b *bundle) newRunner(t *testing.T, store idemdriver.Store, adjust ...func(*idem.Config)) *idem.Runner {
 	t.Helper()
-	r, err := idem.NewRunner(store, &idem.Config{
+	cfg := &idem.Config{
 		Flows: []idem.AnyFlow{b.flow},
 		Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) {
 			ch := map[idem.EventKind]chan string{idem.EventFinished: b.finished, idem.EventInProgress: b.inProgress}[e.Kind]
@@ -101,7 +101,11 @@ func (b *bundle) newRunner(t *testing.T, store idemdriver.Store) *idem.Runner {
 			}
 		}),
 		Test: idem.TestConfig{Now: b.clock.Now},
-	})
+	}
+	for _, a := range adjust {
+		a(cfg)
+	}
+	r, err := idem.NewRunner(store, cfg)
 	require.NoError(t, err)
 	return r
 }

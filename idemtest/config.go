@@ -105,7 +105,8 @@ type Config[In any] struct {
 	// WireTimeout is the StatementTimeout and PhaseStatementTimeout of the
 	// runners whose requests go through the proxy: a request whose reply is
 	// stalled must answer within 10 times it. Raise it if a phase's
-	// statements legitimately take longer. Default 500ms.
+	// statements legitimately take longer. Default 2s, enough for a loaded CI
+	// machine running the race detector.
 	WireTimeout time.Duration
 }
 
@@ -220,7 +221,7 @@ var ErrInvalidConfig = errors.New("idemtest: invalid config")
 const (
 	defaultScope       = "idemtest"
 	defaultMaxAttempts = 10
-	defaultWireTimeout = 500 * time.Millisecond
+	defaultWireTimeout = 2 * time.Second
 )
 
 // withDefaults checks c and returns a copy with defaults filled in, the

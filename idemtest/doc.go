@@ -72,7 +72,7 @@
 //     worker's connection is reset.
 //   - [StalledReply]: the network stalls as round trip N's reply comes back,
 //     until the worker answers, which its statement timeouts
-//     (Config.WireTimeout, default 500ms) must make it do within ten times
+//     (Config.WireTimeout, default 2s) must make it do within ten times
 //     that.
 //
 // Then the network heals; the client retries at once, gives up, and once

@@ -201,7 +201,7 @@ func TestQuickRun(t *testing.T) {
 		"-plot", filepath.Join(dir, "perf.png"), "-out", filepath.Join(dir, "perf.md")}, io.Discard)
 	require.NoError(t, err)
 	o.ReferenceAt = 4
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
 	require.NoError(t, run(ctx, o, &stdout, &stderr), stderr.String())
@@ -245,7 +245,7 @@ func testEnv(t *testing.T) *env {
 	if testing.Short() {
 		t.Skip("needs Postgres")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	e, err := openEnv(ctx, envConfig{MaxConns: 4, Logf: t.Logf})
 	require.NoError(t, err)

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem/internal/pgtest"
@@ -142,7 +143,7 @@ func TestDemoStopsCleanlyOnInterrupt(t *testing.T) {
 	var out strings.Builder
 	lines := bufio.NewScanner(stdout)
 	servePID := regexp.MustCompile(`serve \d+: \S+ \(pid (\d+)\)`)
-	postgresAddr := regexp.MustCompile(`postgres: local server at (\S+),`)
+	postgresAddr := regexp.MustCompile(`postgres: local server at (\S+), database (\S+)`)
 	for lines.Scan() {
 		line := lines.Text()
 		out.WriteString(line + "\n")
@@ -151,7 +152,7 @@ func TestDemoStopsCleanlyOnInterrupt(t *testing.T) {
 			pids = append(pids, pid)
 		}
 		if m := postgresAddr.FindStringSubmatch(line); m != nil {
-			postgres = m[1]
+			postgres = "postgres://postgres@" + m[1] + "/" + m[2] + "?sslmode=disable&connect_timeout=10"
 		}
 		if strings.Contains(line, "simulating") {
 			break
@@ -173,11 +174,14 @@ func TestDemoStopsCleanlyOnInterrupt(t *testing.T) {
 		require.ErrorIs(t, syscall.Kill(pid, 0), syscall.ESRCH, "serve pid %d still exists", pid)
 	}
 	if postgres != "" { // a local cluster: it must be gone
-		conn, err := net.DialTimeout("tcp", postgres, time.Second)
+		// Its port may already serve another test's cluster, which would
+		// not have the demo's database: connecting to that database must
+		// fail either way.
+		conn, err := pgx.Connect(ctx, postgres)
 		if err == nil {
-			conn.Close()
+			_ = conn.Close(ctx)
 		}
-		require.Error(t, err, "the throwaway Postgres at %s still accepts connections", postgres)
+		require.Error(t, err, "the throwaway Postgres of %s still accepts connections", postgres)
 	}
 }
 
@@ -186,23 +190,24 @@ func TestDemoStopsCleanlyOnInterrupt(t *testing.T) {
 // database of the test's own.
 func TestCommandsByHand(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	// Cancelling kills the processes, so it comes after their SIGTERM
 	// cleanups (cleanups run last-registered first).
 	t.Cleanup(cancel)
 	schema := pgtest.NewSchema(t)
-	fakepayAddr, ridesAddr := freeAddr(t), freeAddr(t)
-
 	// Flags and their environment fallbacks: fakepay's address comes from
-	// the flag, serve's from RIDES_ADDR.
-	start(t, ctx, "fakepay", command(ctx, []string{"fakepay", "--addr", fakepayAddr, "--fail-rate", "0.1", "--drop-rate", "0.1", "--latency", "20ms"}),
-		"http://"+fakepayAddr+"/v1/charges")
-	start(t, ctx, "serve", command(ctx, []string{"serve", "--lease", "2s"},
-		"RIDES_ADDR="+ridesAddr, "DATABASE_URL="+schema.URL, "PAYMENTS_URL=http://"+fakepayAddr),
-		"http://"+ridesAddr+"/healthz")
+	// the flag, serve's from RIDES_ADDR. A lease long enough that a loaded
+	// machine's heartbeat keeps up; the drain below outlasts it.
+	fakepayAddr := startOnFreeAddr(t, ctx, "fakepay", func(addr string) *exec.Cmd {
+		return command(ctx, []string{"fakepay", "--addr", addr, "--fail-rate", "0.1", "--drop-rate", "0.1", "--latency", "20ms"})
+	}, "/v1/charges")
+	ridesAddr := startOnFreeAddr(t, ctx, "serve", func(addr string) *exec.Cmd {
+		return command(ctx, []string{"serve", "--lease", "10s"},
+			"RIDES_ADDR="+addr, "DATABASE_URL="+schema.URL, "PAYMENTS_URL=http://"+fakepayAddr)
+	}, "/healthz")
 
 	var stdout, stderr bytes.Buffer
-	sim := command(ctx, []string{"simulate", "--url", "http://" + ridesAddr, "--duration", "3s", "--clients", "4", "--drain", "30s"},
+	sim := command(ctx, []string{"simulate", "--url", "http://" + ridesAddr, "--duration", "3s", "--clients", "4", "--drain", "90s"},
 		"DATABASE_URL="+schema.URL, "PAYMENTS_URL=http://"+fakepayAddr)
 	sim.Stdout, sim.Stderr = &stdout, &stderr
 	require.NoError(t, sim.Run(), "simulate failed:\nstdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
@@ -219,37 +224,51 @@ func TestCommandsByHand(t *testing.T) {
 
 // start runs a long-lived command and waits until ready answers 200; it is
 // stopped with SIGTERM when the test ends and must then exit 0.
-func start(t *testing.T, ctx context.Context, name string, cmd *exec.Cmd, ready string) {
+// startOnFreeAddr starts the command cmdFor makes for a free local address
+// and waits until readyPath answers 200 there. The address is free when
+// picked but may be taken before the command binds it (other tests run at
+// the same time): a start that fails to bind is tried on another address.
+func startOnFreeAddr(t *testing.T, ctx context.Context, name string, cmdFor func(addr string) *exec.Cmd, readyPath string) string {
+	t.Helper()
+	for try := 1; ; try++ {
+		addr := freeAddr(t)
+		if start(t, ctx, name, cmdFor(addr), "http://"+addr+readyPath) {
+			return addr
+		}
+		require.Less(t, try, 5, "%s found its address taken %d times", name, try)
+		t.Logf("%s: %s was taken before it bound it; trying another address", name, addr)
+	}
+}
+
+// start runs cmd and waits until ready answers 200. It reports false when
+// the command exited because its address was taken, and fails the test on
+// any other exit.
+func start(t *testing.T, ctx context.Context, name string, cmd *exec.Cmd, ready string) bool {
 	t.Helper()
 	var output lockedBuffer
 	cmd.Stdout, cmd.Stderr = &output, &output
 	require.NoError(t, cmd.Start())
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-exited:
-			require.NoError(t, err, "%s did not exit cleanly on SIGTERM:\n%s", name, output.String())
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			t.Errorf("%s did not stop within 30s of SIGTERM:\n%s", name, output.String())
-		}
-	})
 	// Polling: the server is another process.
 	deadline := time.Now().Add(time.Minute)
 	for {
+		select {
+		case err := <-exited:
+			if strings.Contains(output.String(), "address already in use") {
+				return false
+			}
+			t.Fatalf("%s exited before it was ready (%v):\n%s", name, err, output.String())
+		default:
+		}
 		resp, err := http.Get(ready)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return
+				break
 			}
 		}
 		select {
-		case err := <-exited:
-			exited <- err
-			t.Fatalf("%s exited before it was ready (%v):\n%s", name, err, output.String())
 		case <-ctx.Done():
 			t.Fatalf("%s: %v", name, ctx.Err())
 		case <-time.After(50 * time.Millisecond):
@@ -258,6 +277,17 @@ func start(t *testing.T, ctx context.Context, name string, cmd *exec.Cmd, ready 
 			t.Fatalf("%s was not ready within a minute:\n%s", name, output.String())
 		}
 	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case err := <-exited:
+			require.NoError(t, err, "%s did not exit cleanly on SIGTERM:\n%s", name, output.String())
+		case <-time.After(time.Minute):
+			_ = cmd.Process.Kill()
+			t.Errorf("%s did not stop within a minute of SIGTERM:\n%s", name, output.String())
+		}
+	})
+	return true
 }
 
 func freeAddr(t *testing.T) string {

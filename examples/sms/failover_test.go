@@ -44,7 +44,7 @@ const (
 	smsFailoverClients = 3  // requests at once; as many in flight at the kill
 	// smsFailoverMaxAttempts bounds the attempts of one request.
 	smsFailoverMaxAttempts = 500
-	smsFailoverTimeout     = 2 * time.Minute
+	smsFailoverTimeout     = 10 * time.Minute
 )
 
 // An asynchronous standby: every request whose key (with its mark, or with

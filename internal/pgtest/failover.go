@@ -27,7 +27,7 @@ const standbySlot = "pgtest_standby"
 
 const (
 	// pairStartTimeout bounds NewPair's start.
-	pairStartTimeout = 2 * time.Minute
+	pairStartTimeout = 10 * time.Minute
 	// pollInterval is how often the pair asks a server whether what it waits for has happened.
 	pairPollInterval = 10 * time.Millisecond
 )

@@ -16,7 +16,7 @@ import (
 )
 
 // pairTestTimeout bounds a pair test once its pair has started.
-const pairTestTimeout = 2 * time.Minute
+const pairTestTimeout = 10 * time.Minute
 
 // An asynchronous pair loses, on failover, what the standby had not received: the rows written
 // while replication was held are gone from the new primary, those written before are there, and the

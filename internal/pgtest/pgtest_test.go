@@ -135,7 +135,7 @@ func TestStartWithoutAnySource(t *testing.T) {
 			t.Parallel()
 			// Docker's answer comes from the pgdocker helper, which go run builds first: on a cold
 			// build cache that takes a minute or more.
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 			defer cancel()
 
 			server, err := Start(ctx, tt.opts)

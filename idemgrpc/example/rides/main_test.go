@@ -89,8 +89,7 @@ func TestKilledServerChargesOnce(t *testing.T) {
 	crash := first.waitFor(t, "crash point: ")
 	t.Log(crash)
 	first.kill(t)
-	second := startChild(t, nil, args(addr)...)
-	second.waitFor(t, "listening on ")
+	restartOn(t, addr, args(addr)...)
 
 	final := <-booked
 	require.Nil(t, final.status, "the retry must book the ride: %v", final)
@@ -232,6 +231,39 @@ func startChild(t *testing.T, env []string, args ...string) *child {
 		}
 	})
 	return c
+}
+
+// restartOn starts a server on the address a killed one listened on. The
+// port is free again once the kill is through, but between the two another
+// test's outgoing connection may take it for a moment: a start that fails to
+// bind is tried again, for a bounded while.
+func restartOn(t *testing.T, addr string, args ...string) *child {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; {
+		c := startChild(t, nil, args...)
+		if c.listening() {
+			return c
+		}
+		if !strings.Contains(c.stderr.String(), "address already in use") || time.Now().After(deadline) {
+			t.Fatalf("the restarted server exited before listening on %s; stderr:\n%s", addr, c.stderr.String())
+		}
+		t.Logf("%s is taken for now; starting the server again", addr)
+	}
+}
+
+// listening reports whether the child prints that it listens before it
+// exits.
+func (c *child) listening() bool {
+	for {
+		select {
+		case l := <-c.lines:
+			if strings.HasPrefix(l, "listening on ") {
+				return true
+			}
+		case <-c.exited:
+			return false
+		}
+	}
 }
 
 // waitFor returns the child's next stdout line that starts with prefix.

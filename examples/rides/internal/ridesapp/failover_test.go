@@ -55,7 +55,7 @@ const (
 	// failoverMaxAttempts bounds the attempts of one request.
 	failoverMaxAttempts = 500
 	// failoverTestTimeout bounds a failover test once its pair has started.
-	failoverTestTimeout = 2 * time.Minute
+	failoverTestTimeout = 10 * time.Minute
 )
 
 // An asynchronous standby that received nothing of the last seconds: the
@@ -191,7 +191,7 @@ func (f *ridesFailover) startServer(paymentsURL string) *ridesServer {
 		api.Close()
 		stopWork()
 		require.NoError(t, <-served)
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		require.NoError(t, app.Stop(ctx))
 	})

@@ -132,7 +132,7 @@ func setup(t *testing.T, opts *options) *testBundle {
 		require.NoError(t, b.app.Start(ctx))
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		require.NoError(t, b.app.Stop(ctx))
 	})

@@ -48,7 +48,7 @@ func setup(t *testing.T) *testBundle {
 	require.NoError(t, err)
 	require.NoError(t, app.Start(ctx))
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		require.NoError(t, app.Stop(ctx))
 	})
