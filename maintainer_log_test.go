@@ -41,3 +41,30 @@ func TestMaintainerLogsDurationsAsStrings(t *testing.T) {
 	require.Equal(t, "1m30s", started["complete_interval"])
 	require.Equal(t, "1m0s", started["reconcile_interval"])
 }
+
+// Under a JSON handler a reconcile verdict reads as its name ("not_done"),
+// not as the integer behind it.
+func TestReconciledVerdictLogsAsItsName(t *testing.T) {
+	t.Parallel()
+	b := setupSMS(t)
+	ctx := context.Background()
+	var logs syncBuffer
+	r := b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	b.gateway.lose = true
+	_, err := r.Execute(ctx, b.flow, b.req("k1"))
+	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
+	_, err = r.Reconcile(ctx, "user:1", "k1")
+	require.NoError(t, err)
+
+	var verdicts []any
+	sc := bufio.NewScanner(strings.NewReader(logs.String()))
+	for sc.Scan() {
+		var line map[string]any
+		require.NoError(t, json.Unmarshal(sc.Bytes(), &line))
+		if line["msg"] == "idem: reconciled" {
+			verdicts = append(verdicts, line["verdict"])
+		}
+	}
+	t.Logf("verdicts logged: %v", verdicts)
+	require.Equal(t, []any{"not_done"}, verdicts, logs.String())
+}

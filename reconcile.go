@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/go-idem/idem/idemdriver"
@@ -210,6 +211,10 @@ func (r *Runner) leaveUnreconciled(ctx context.Context, h *held, cause error) (*
 	}
 	return out, err
 }
+
+// LogValue makes a log record show the verdict's name ("not_done") under
+// any handler, the JSON one included, rather than the integer behind it.
+func (v verdict) LogValue() slog.Value { return slog.StringValue(v.String()) }
 
 func (v verdict) String() string {
 	switch v {
