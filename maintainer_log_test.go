@@ -5,13 +5,17 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/pgstore"
 )
 
 // Under a JSON handler the maintainer's intervals read as durations
@@ -67,4 +71,82 @@ func TestReconciledVerdictLogsAsItsName(t *testing.T) {
 	}
 	t.Logf("verdicts logged: %v", verdicts)
 	require.Equal(t, []any{"not_done"}, verdicts, logs.String())
+}
+
+// While the database is down, each failed maintainer pass is logged once,
+// and its text is the store's ("store unavailable: ... connection
+// refused"), not a scanning library's "query multiple result rows".
+func TestMaintainerLogsEachFailedPassOnceWithAPlainMessage(t *testing.T) {
+	t.Parallel()
+	for _, service := range []string{"reaper", "completer", "reconciler"} {
+		t.Run(service, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			cfg, err := pgxpool.ParseConfig(b.schema.URL)
+			require.NoError(t, err)
+			cfg.ConnConfig.Host, cfg.ConnConfig.Port = "127.0.0.1", refusedPort(t)
+			cfg.ConnConfig.Fallbacks = nil
+			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			down, err := pgstore.New(pool, &pgstore.Config{Schema: b.schema.Name})
+			require.NoError(t, err, "an unreachable database is not checked")
+			t.Cleanup(down.Close)
+
+			var logs syncBuffer
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var storeErrors atomic.Int32
+			var firstPass atomic.Value
+			r, err := idem.NewRunner(down, &idem.Config{
+				Flows:  []idem.AnyFlow{b.flow},
+				Logger: slog.New(slog.NewJSONHandler(&logs, nil)),
+				Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) {
+					if e.Kind == idem.EventStoreError && storeErrors.Add(1) == 2 {
+						// The second pass failed: the first has logged all
+						// it will, and the second nothing yet.
+						firstPass.Store(logs.String())
+						cancel()
+					}
+				}),
+			})
+			require.NoError(t, err)
+			mc := &idem.MaintainerConfig{ReapInterval: -1, CompleteInterval: -1, ReconcileInterval: -1}
+			switch service {
+			case "reaper":
+				mc.ReapInterval = time.Millisecond
+			case "completer":
+				mc.CompleteInterval = time.Millisecond
+			case "reconciler":
+				mc.ReconcileInterval = time.Millisecond
+			}
+			m, err := idem.NewMaintainer(r, mc)
+			require.NoError(t, err)
+			require.NoError(t, m.Serve(ctx))
+
+			var failures []string
+			sc := bufio.NewScanner(strings.NewReader(firstPass.Load().(string)))
+			for sc.Scan() {
+				var line map[string]any
+				require.NoError(t, json.Unmarshal(sc.Bytes(), &line))
+				if line["level"] == "WARN" || line["level"] == "ERROR" {
+					failures = append(failures, sc.Text())
+				}
+			}
+			t.Logf("%s: lines for one failed pass: %v", service, failures)
+			require.Len(t, failures, 1, "one line per failed pass")
+			require.NotContains(t, failures[0], "scany")
+			require.Contains(t, failures[0], "connection refused")
+		})
+	}
+}
+
+// refusedPort is a TCP port on 127.0.0.1 that nobody listens on.
+func refusedPort(t *testing.T) uint16 {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := l.Addr().(*net.TCPAddr).Port
+	require.NoError(t, l.Close())
+	return uint16(port)
 }
