@@ -20,10 +20,12 @@ import (
 // command is one CLI command. setup registers its flags on fs and returns
 // the function that runs it with their parsed values.
 type command struct {
-	name     string // "keys list"
-	args     string // what follows the name in the usage line
-	summary  string
-	help     string
+	name    string // "keys list"
+	args    string // what follows the name in the usage line
+	summary string
+	help    string
+	// examples are command lines with PROG for the program's name
+	// (Config.Name), so an application's CLI shows its own.
 	examples []string
 
 	minArgs, maxArgs int
@@ -41,7 +43,7 @@ var commands = []*command{
 		summary: "apply every pending migration",
 		help: "Applies the embedded migrations the database does not have yet, in one transaction, under an\n" +
 			"advisory lock (several processes migrating at once is safe). A no-op when up to date.",
-		examples: []string{"DATABASE_URL=postgres://app@db/app idem migrate up", "idem migrate up --schema idem"},
+		examples: []string{"DATABASE_URL=postgres://app@db/app PROG migrate up", "PROG migrate up --schema idem"},
 		setup: func(fs *flag.FlagSet) runFunc {
 			return func(ctx context.Context, e *env, _ []string) error {
 				m, err := e.connectedMigrator(ctx)
@@ -62,7 +64,7 @@ var commands = []*command{
 		help: "Reverts the most recent migration, or every migration above --to. Reverting version 1 drops\n" +
 			"idem_keys and every key in it: in-flight requests lose their recovery points, finished ones\n" +
 			"their stored responses. Going below version 1 therefore needs --yes.",
-		examples: []string{"idem migrate down", "idem migrate down --to 0 --yes   # remove idem's tables and every key"},
+		examples: []string{"PROG migrate down", "PROG migrate down --to 0 --yes   # remove idem's tables and every key"},
 		setup: func(fs *flag.FlagSet) runFunc {
 			to := fs.Int("to", -1, "revert down to `version` (default: one below the current)")
 			yes := fs.Bool("yes", false, "confirm going below version 1, which drops idem_keys and every key in it")
@@ -103,7 +105,7 @@ var commands = []*command{
 	{
 		name: "migrate status", args: "[flags]", needsDB: true,
 		summary:  "show the schema version and pending migrations",
-		examples: []string{"idem migrate status", "idem migrate status --json | jq .pending"},
+		examples: []string{"PROG migrate status", "PROG migrate status --json | jq .pending"},
 		setup: func(fs *flag.FlagSet) runFunc {
 			return func(ctx context.Context, e *env, _ []string) error {
 				m, err := e.connectedMigrator(ctx)
@@ -129,9 +131,9 @@ var commands = []*command{
 			"already there alone: after upgrading idem, run it again and your tool applies the new files.\n" +
 			"Renumber a file's prefix to fit your own sequence if you need to; version N must run after N-1.",
 		examples: []string{
-			"idem migrate sql --format goose --out-dir migrations",
-			"idem migrate sql > 0001_idem.sql",
-			"idem migrate sql --direction down --version 1",
+			"PROG migrate sql --format goose --out-dir migrations",
+			"PROG migrate sql > 0001_idem.sql",
+			"PROG migrate sql --direction down --version 1",
 		},
 		setup: func(fs *flag.FlagSet) runFunc {
 			format := fs.String("format", "sql", "`layout`: sql (plain), goose or tern")
@@ -172,9 +174,9 @@ var commands = []*command{
 			"response (which may hold personal or payment data). Page backwards with --before-id set to the\n" +
 			"last id printed.",
 		examples: []string{
-			"idem keys list --all-scopes --state stale",
-			"idem keys list --all-scopes --state needs_reconcile --flow rides.create --json | jq -r '.keys[].key'",
-			"idem keys list --scope user:42 --limit 10",
+			"PROG keys list --all-scopes --state stale",
+			"PROG keys list --all-scopes --state needs_reconcile --flow rides.create --json | jq -r '.keys[].key'",
+			"PROG keys list --scope user:42 --limit 10",
 		},
 		setup: func(fs *flag.FlagSet) runFunc {
 			state := fs.String("state", "", "only keys in `state`: running, stale, needs_reconcile, finished or expired")
@@ -219,8 +221,8 @@ var commands = []*command{
 		help: "Prints the key's state, progress, lease, attempts and last error. --reveal adds its params,\n" +
 			"checkpoint data and stored response, which may hold personal or payment data.",
 		examples: []string{
-			"idem keys show 8d3c1a7e-5b7f-4f0e-9d51-3f1c2b6f9a10 --scope user:42",
-			"idem keys show order-77 --scope tenant:acme --reveal --json | jq .checkpoint",
+			"PROG keys show 8d3c1a7e-5b7f-4f0e-9d51-3f1c2b6f9a10 --scope user:42",
+			"PROG keys show order-77 --scope tenant:acme --reveal --json | jq .checkpoint",
 		},
 		setup: func(fs *flag.FlagSet) runFunc {
 			scope := fs.String("scope", "", "the key's `scope` (required)")
@@ -249,7 +251,7 @@ var commands = []*command{
 			"for a key held by a wedged worker whose heartbeat keeps its lease alive. A finished key is left\n" +
 			"as it is (exit 0, nothing to unlock).",
 		examples: []string{
-			"idem keys unlock order-77 --scope tenant:acme --reason 'worker pod wedged, INC-1234'",
+			"PROG keys unlock order-77 --scope tenant:acme --reason 'worker pod wedged, INC-1234'",
 		},
 		setup: func(fs *flag.FlagSet) runFunc {
 			scope := fs.String("scope", "", "the key's `scope` (required)")
@@ -275,7 +277,7 @@ var commands = []*command{
 			"never one a live lease holds nor one in needs_reconcile. A binary without the application's flows\n" +
 			"does not know their AbandonAfter, so it abandons keys only with --abandon-after, which then applies\n" +
 			"to every flow. Safe to run while the application serves traffic and while other reapers run.",
-		examples: []string{"idem reap", "idem reap --batch-size 500 --max-batches 100 --json", "idem reap --abandon-after 168h"},
+		examples: []string{"PROG reap", "PROG reap --batch-size 500 --max-batches 100 --json", "PROG reap --abandon-after 168h"},
 		setup: func(fs *flag.FlagSet) runFunc {
 			def := (&idem.ReapConfig{}).WithDefaults()
 			batch := fs.Int("batch-size", def.BatchSize, "keys deleted per statement")
@@ -313,9 +315,10 @@ var commands = []*command{
 		help: "Runs one completer pass: every unfinished key of a registered flow that nobody holds and that\n" +
 			"has not run for --idle-for is driven to its response from its stored params, through the flow's\n" +
 			"phases, exactly as a client retry would; the response is stored for the client's next retry.\n" +
-			"Keys in doubt go to needs_reconcile. Exits 1 if any key could not be finished.\n" +
+			"Keys in doubt go to needs_reconcile. Exits 1 if any key could not be finished or needs\n" +
+			"reconciliation (run reconcile next: right after, it finds them), 0 when every key finished.\n" +
 			"The generic idem binary has no flows: build your application's CLI with the idemcli package.",
-		examples: []string{"ridesctl complete", "ridesctl complete --idle-for 30m --max-keys 100 --json"},
+		examples: []string{"PROG complete", "PROG complete --idle-for 30m --max-keys 100 --json"},
 		setup: func(fs *flag.FlagSet) runFunc {
 			def := (&idem.CompleteConfig{}).WithDefaults()
 			idle := fs.Duration("idle-for", def.IdleFor, "only keys that have not run for this `duration`")
@@ -336,8 +339,15 @@ var commands = []*command{
 				if err != nil {
 					return err
 				}
+				var undone []error
 				if res.Failed > 0 {
-					return &exitError{code: ExitFailure, err: fmt.Errorf("%d key(s) could not be finished; see the log above and `keys list --state stale`", res.Failed)}
+					undone = append(undone, fmt.Errorf("%d key(s) could not be finished; see the log above and `%s keys list --all-scopes --state stale`", res.Failed, e.cfg.Name))
+				}
+				if res.NeedsReconcile > 0 {
+					undone = append(undone, fmt.Errorf("%d key(s) need reconciliation; run `%s reconcile`", res.NeedsReconcile, e.cfg.Name))
+				}
+				if len(undone) > 0 {
+					return &exitError{code: ExitFailure, err: errors.Join(undone...)}
 				}
 				return nil
 			}
@@ -347,17 +357,19 @@ var commands = []*command{
 		name: "reconcile", args: "[KEY --scope SCOPE] [--idle-for DURATION] [flags]", maxArgs: 1, needsDB: true, needsFlows: true,
 		summary: "run reconcile hooks on needs_reconcile keys (needs the application's flows)",
 		help: "With KEY, reconciles that key now. Without, runs one pass over every needs_reconcile key of a\n" +
-			"registered flow that has been idle for --idle-for. A key whose hook gives a verdict is carried on\n" +
+			"registered flow that nobody holds (with --idle-for, only those that have not run for that long;\n" +
+			"the Maintainer waits its IdleFor, 1 minute, between tries of a key whose hook cannot tell, but an\n" +
+			"operator's run takes them all). A key whose hook gives a verdict is carried on\n" +
 			"to its stored response; a hook that cannot tell leaves the key for later. Exits 1 if any key is\n" +
 			"left unresolved or failed, 3 if KEY does not exist, 0 if KEY does not need reconciling.",
 		examples: []string{
-			"ridesctl reconcile",
-			"ridesctl reconcile order-77 --scope tenant:acme",
-			"ridesctl reconcile --idle-for 1s --json",
+			"PROG reconcile",
+			"PROG reconcile order-77 --scope tenant:acme",
+			"PROG reconcile --idle-for 1s --json",
 		},
 		setup: func(fs *flag.FlagSet) runFunc {
 			scope := fs.String("scope", "", "the `scope` of KEY (required with KEY)")
-			idle := fs.Duration("idle-for", time.Second, "without KEY: only keys idle for this `duration`")
+			idle := fs.Duration("idle-for", 0, "without KEY: only keys that have not run for this `duration` (default: every key nobody holds)")
 			batch := fs.Int("batch-size", 10, "without KEY: keys claimed at a time")
 			maxKeys := fs.Int("max-keys", 0, "without KEY: stop after `n` keys (default: until none is left)")
 			return func(ctx context.Context, e *env, args []string) error {
@@ -367,7 +379,13 @@ var commands = []*command{
 				if len(args) == 1 {
 					return e.reconcileOne(ctx, *scope, args[0])
 				}
-				res, err := e.runner.ReconcileAll(ctx, &idem.ReconcileConfig{IdleFor: *idle, BatchSize: *batch, MaxKeys: *maxKeys})
+				if *idle < 0 {
+					return usageError(e.cmd, "--idle-for %s is negative", *idle)
+				}
+				// Every key nobody holds, however recently it ran (a
+				// complete run just before claimed it): the sweep needs a
+				// positive bound, and a microsecond is the store's grain.
+				res, err := e.runner.ReconcileAll(ctx, &idem.ReconcileConfig{IdleFor: max(*idle, time.Microsecond), BatchSize: *batch, MaxKeys: *maxKeys})
 				if res == nil {
 					return &exitError{code: ExitUsage, err: err, hint: "reconcile"}
 				}
@@ -460,7 +478,7 @@ func (e *env) printOverview(w io.Writer) {
 	}
 	fmt.Fprintf(w, "\nEnvironment:\n  DATABASE_URL     the database, e.g. postgres://app:secret@db:5432/app\n")
 	fmt.Fprintf(w, "\nExit codes:\n")
-	fmt.Fprintf(w, "  %d  ok\n  %d  failure, or work left undone (a key not completed or not resolved)\n", ExitOK, ExitFailure)
+	fmt.Fprintf(w, "  %d  ok\n  %d  failure, or work left undone (a key not completed, left to reconciliation, or not resolved)\n", ExitOK, ExitFailure)
 	fmt.Fprintf(w, "  %d  usage: bad command line or DATABASE_URL unset; nothing ran\n  %d  the key does not exist\n", ExitUsage, ExitNotFound)
 	fmt.Fprintf(w, "  %d  complete/reconcile need the application's flows, which this binary does not have\n", ExitNoFlows)
 	fmt.Fprintf(w, "\nFlows registered: %s\n", flowList(e.cfg.Flows))
@@ -500,7 +518,7 @@ func (e *env) printCommandHelp(cmd *command) {
 	}
 	fmt.Fprintf(w, "\nExamples:\n")
 	for _, ex := range cmd.examples {
-		fmt.Fprintf(w, "  %s\n", ex)
+		fmt.Fprintf(w, "  %s\n", strings.ReplaceAll(ex, "PROG", e.cfg.Name))
 	}
 }
 
