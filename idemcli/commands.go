@@ -207,35 +207,62 @@ var commands = []*command{
 				if err := e.connect(ctx); err != nil {
 					return err
 				}
+				// One key more than the page tells whether older ones exist.
+				if q.Limit < idem.MaxKeyListLimit {
+					q.Limit++
+				}
 				list, err := e.runner.ListKeys(ctx, q)
 				if err != nil {
 					return err
 				}
-				return e.printKeyList(list, *reveal)
+				more := len(list.Keys) >= q.Limit
+				if len(list.Keys) > *limit {
+					list.Keys = list.Keys[:*limit]
+				}
+				return e.printKeyList(list, *reveal, more)
 			}
 		},
 	},
 	{
-		name: "keys show", args: "KEY --scope SCOPE [--reveal] [flags]", minArgs: 1, maxArgs: 1, needsDB: true,
+		name: "keys show", args: "KEY --scope SCOPE | --id ID [--reveal] [flags]", maxArgs: 1, needsDB: true,
 		summary: "show one key: its state, progress and lease",
 		help: "Prints the key's state, progress, lease, attempts and last error. --reveal adds its params,\n" +
-			"checkpoint data and stored response, which may hold personal or payment data.",
+			"checkpoint data and stored response, which may hold personal or payment data. Name the key by\n" +
+			"its scope and key, or by its row id with --id: the key_id of log lines, the ID column of keys list.",
 		examples: []string{
 			"PROG keys show 8d3c1a7e-5b7f-4f0e-9d51-3f1c2b6f9a10 --scope user:42",
+			"PROG keys show --id 1234",
 			"PROG keys show order-77 --scope tenant:acme --reveal --json | jq .checkpoint",
 		},
 		setup: func(fs *flag.FlagSet) runFunc {
-			scope := fs.String("scope", "", "the key's `scope` (required)")
+			scope := fs.String("scope", "", "the key's `scope` (required with KEY)")
+			id := fs.Int64("id", 0, "the key's row `id` (key_id in logs), instead of KEY and --scope")
 			reveal := fs.Bool("reveal", false, "include the key's params, checkpoint data and stored response")
 			return func(ctx context.Context, e *env, args []string) error {
+				q := idem.KeyQuery{Limit: 1, Reveal: *reveal}
+				switch {
+				case *id < 0:
+					return usageError(e.cmd, "keys show: --id %d is not a key's id", *id)
+				case *id > 0 && (len(args) > 0 || *scope != ""):
+					return usageError(e.cmd, "keys show: name the key by KEY and --scope, or by --id, not both")
+				case *id > 0:
+					q.AllScopes, q.ID = true, *id
+				case len(args) == 0:
+					return usageError(e.cmd, "keys show: name the key: KEY --scope SCOPE, or --id ID")
+				default:
+					q.Scope, q.Key = *scope, args[0]
+				}
 				if err := e.connect(ctx); err != nil {
 					return err
 				}
-				list, err := e.runner.ListKeys(ctx, idem.KeyQuery{Scope: *scope, Key: args[0], Limit: 1, Reveal: *reveal})
+				list, err := e.runner.ListKeys(ctx, q)
 				if err != nil {
 					return err
 				}
 				if len(list.Keys) == 0 {
+					if q.ID > 0 {
+						return fmt.Errorf("%w: no key has id %d", idem.ErrNotFound, q.ID)
+					}
 					return fmt.Errorf("%w: scope %q key %q", idem.ErrNotFound, *scope, args[0])
 				}
 				return e.printKey(list.Keys[0], list.Now, *reveal)

@@ -234,6 +234,9 @@ type KeyQuery struct {
 	AllScopes bool
 	Key       string
 	Flow      string
+	// ID lists only the key with this row id (KeyRecord.ID, the key_id of
+	// log lines), when positive.
+	ID int64
 	// Reveal returns each key's payload too: its input (Params), its
 	// checkpoint data and its response's headers and body. Without it they
 	// are left empty, and a store that seals them at rest needs no key to

@@ -468,6 +468,9 @@ func (q *queries) listKeys(p idemdriver.ListKeysParams) (string, []any, error) {
 	if p.Flow != "" {
 		add("k.flow = $?", p.Flow)
 	}
+	if p.ID > 0 {
+		add("k.id = $?", p.ID)
+	}
 	if p.BeforeID > 0 {
 		add("k.id < $?", p.BeforeID)
 	}
