@@ -127,9 +127,10 @@ var commands = []*command{
 			"own tool. The SQL records itself in idem_migrations, so `migrate status` and `migrate up` keep\n" +
 			"working whichever tool applied it. Needs no database.\n" +
 			"With --out-dir, writes one file per version into DIR instead (goose: 00001_idem_idem_keys.sql,\n" +
-			"tern: 001_idem_idem_keys.sql, sql: an .up.sql and a .down.sql each), leaving files that are\n" +
-			"already there alone: after upgrading idem, run it again and your tool applies the new files.\n" +
-			"Renumber a file's prefix to fit your own sequence if you need to; version N must run after N-1.",
+			"tern: 001_idem_idem_keys.sql, sql: an .up.sql and a .down.sql each), leaving idem's files that\n" +
+			"are already there alone: after upgrading idem, run it again and your tool applies the new files.\n" +
+			"For goose and tern, DIR may hold your own migrations: idem's files are numbered after the\n" +
+			"highest number there, and recognised by their name (NNN_idem_NAME.sql) whatever their number.",
 		examples: []string{
 			"PROG migrate sql --format goose --out-dir migrations",
 			"PROG migrate sql > 0001_idem.sql",
@@ -582,16 +583,25 @@ func upperFirst(s string) string {
 	return strings.ToUpper(s[:1]) + s[1:]
 }
 
-// writeMigrationFiles writes one file per migration version into dir,
-// keeping files that exist (a team may have edited their prefix or applied
-// them already), and says which it wrote.
+// writeMigrationFiles writes into dir one file per migration version that
+// is not there yet (a team may have renumbered or applied the others),
+// numbered after dir's highest for goose and tern (Migrator.FilesFor), and
+// says which it wrote.
 func (e *env) writeMigrationFiles(m *migrations.Migrator, format migrations.Format, dir string) error {
-	files, err := m.Files(format)
-	if err != nil {
-		return &exitError{code: ExitUsage, err: err, hint: "migrate sql"}
-	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	existing := make([]string, 0, len(entries))
+	for _, entry := range entries {
+		existing = append(existing, entry.Name())
+	}
+	files, err := m.FilesFor(format, existing)
+	if err != nil {
+		return &exitError{code: ExitUsage, err: err, hint: "migrate sql"}
 	}
 	names := make([]string, 0, len(files))
 	for name := range files {

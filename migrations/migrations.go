@@ -307,10 +307,9 @@ func (m *Migrator) migrateTx(ctx context.Context, tx pgx.Tx, target int) (*Resul
 // file name, for tools that keep a directory of migrations (goose, tern):
 // "00001_idem_idem_keys.sql" and so on for goose, "001_idem_idem_keys.sql"
 // for tern, and an .up.sql and a .down.sql per version for plain SQL. Each
-// file holds exactly one version, so a later version is a new file: copy the
-// new ones into your directory when you upgrade idem, renumbering their
-// prefix to follow your own sequence if you need to (version N must run after
-// N-1), and let your tool apply them.
+// file holds exactly one version, so a later version is a new file. For a
+// directory that holds migrations already (yours, or idem's earlier
+// versions), [Migrator.FilesFor] names the missing ones to follow them.
 func (m *Migrator) Files(format Format) (map[string]string, error) {
 	files := map[string]string{}
 	for _, mig := range all {
@@ -338,6 +337,52 @@ func (m *Migrator) Files(format Format) (map[string]string, error) {
 		}
 	}
 	return files, nil
+}
+
+// FilesFor is [Migrator.Files] for a directory that already holds the files
+// named in existing: it returns only the versions missing there, named to
+// follow them. For goose and tern, whose migrations are one numbered
+// sequence, a version is there when a file "<number>_idem_<name>.sql" is,
+// whatever its number (a team may have renumbered it), and the missing ones
+// are numbered after the highest number of any file in the directory, the
+// application's own migrations included, so the sequence has no duplicate
+// and no gap (tern refuses either). For plain SQL, files are matched by
+// name.
+func (m *Migrator) FilesFor(format Format, existing []string) (map[string]string, error) {
+	files, err := m.Files(format)
+	if err != nil {
+		return nil, err
+	}
+	if format != FormatGoose && format != FormatTern {
+		for _, name := range existing {
+			delete(files, name)
+		}
+		return files, nil
+	}
+	present, highest := map[string]bool{}, 0
+	for _, name := range existing {
+		num, rest, ok := strings.Cut(name, "_")
+		n, err := strconv.Atoi(num)
+		if !ok || err != nil || !strings.HasSuffix(name, ".sql") {
+			continue
+		}
+		highest = max(highest, n)
+		present[rest] = true
+	}
+	width := 5
+	if format == FormatTern {
+		width = 3
+	}
+	out := map[string]string{}
+	for _, mig := range all {
+		suffix := fmt.Sprintf("idem_%s.sql", mig.Name)
+		if present[suffix] {
+			continue
+		}
+		highest++
+		out[fmt.Sprintf("%0*d_%s", width, highest, suffix)] = files[fmt.Sprintf("%0*d_%s", width, mig.Version, suffix)]
+	}
+	return out, nil
 }
 
 // Format selects the layout of [Migrator.Script].
