@@ -112,7 +112,7 @@ func (h *held) committed(cp *idemdriver.CommitParams) {
 	}
 	if cp.Response != nil {
 		h.rec.ResponseStatus, h.rec.ResponseHeaders, h.rec.ResponseBody = cp.Response.Status, cp.Response.Header, cp.Response.Body
-		h.rec.LockedAt, h.rec.LeaseExpiresAt = nil, nil
+		h.rec.LockedAt, h.rec.LeaseExpiresAt, h.rec.LastError = nil, nil, ""
 	}
 	h.foreignMarked = false
 }

@@ -98,7 +98,10 @@ type KeyRecord struct {
 	// ResponseKeyID is ParamsKeyID for ResponseBody.
 	ResponseKeyID string `db:"response_key_id" json:"response_key_id,omitempty"`
 
-	Attempts   int        `db:"attempts" json:"attempts"`
+	Attempts int `db:"attempts" json:"attempts"`
+	// LastError is why the key's last attempt did not finish (a phase's
+	// error, a reconcile hook's "unknown", an operator's unlock reason);
+	// the commit that finishes the key clears it.
 	LastError  string     `db:"last_error" json:"last_error,omitempty"`
 	CreatedAt  time.Time  `db:"created_at" json:"created_at"`
 	LastRunAt  time.Time  `db:"last_run_at" json:"last_run_at"`

@@ -236,7 +236,8 @@ SET status           = 'finished',
     response_status  = $4,
     response_headers = $5::jsonb,
     response_body    = $6,
-    response_key_id  = nullif($9::text, '')
+    response_key_id  = nullif($9::text, ''),
+    last_error       = NULL
 WHERE id = $1 AND fence = $2
 RETURNING 1
 )
