@@ -150,3 +150,38 @@ func refusedPort(t *testing.T) uint16 {
 	require.NoError(t, l.Close())
 	return uint16(port)
 }
+
+// With LogKeys off, the maintenance passes' log lines name a key by its
+// key_id only: not in their attributes, and not inside the error text
+// either ("key still needs reconciliation" used to carry key "h3").
+func TestMaintenanceLogsDoNotCarryTheKeyWithoutLogKeys(t *testing.T) {
+	t.Parallel()
+	b := setupSMS(t)
+	ctx := context.Background()
+	var logs syncBuffer
+	r := b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	const key = "h3-secret-key"
+	crashing := b.runner(t, func(_ context.Context, at idem.HookPoint) error {
+		if at.Where == idem.HookAfterForeign {
+			return idem.ErrSimulatedCrash
+		}
+		return nil
+	})
+	_, err := crashing.Execute(ctx, b.flow, b.req(key))
+	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	b.clock.Advance(time.Hour)
+
+	res, err := r.Complete(ctx, &idem.CompleteConfig{IdleFor: time.Minute})
+	require.NoError(t, err)
+	require.Equal(t, 1, res.NeedsReconcile)
+	b.gateway.unknown = true
+	b.clock.Advance(time.Hour)
+	rres, err := r.ReconcileAll(ctx, &idem.ReconcileConfig{IdleFor: time.Minute})
+	require.NoError(t, err)
+	require.Equal(t, 1, rres.Unresolved)
+
+	t.Logf("logs:\n%s", logs.String())
+	require.Contains(t, logs.String(), "key still needs reconciliation")
+	require.NotContains(t, logs.String(), key)
+	require.NotContains(t, logs.String(), "user:1", "nor the scope")
+}

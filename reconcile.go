@@ -314,13 +314,13 @@ func (r *Runner) ReconcileAll(ctx context.Context, config *ReconcileConfig) (*Re
 			res.Resolved++
 		case out.Kind == OutcomeNeedsReconcile:
 			res.Unresolved++
-			log.InfoContext(ctx, "idem: key still needs reconciliation", "err", r.redact(err))
+			log.InfoContext(ctx, "idem: key still needs reconciliation", "err", r.logErr(err, rec.Scope, rec.Key))
 		case out.Kind == OutcomeInProgress || errors.Is(err, ErrNothingToReconcile) || errors.Is(err, ErrNotFound):
 			res.Skipped++
 		default:
 			res.Failed++
 			if ctx.Err() == nil {
-				log.WarnContext(ctx, "idem: reconciled key failed to finish", "outcome", out.Kind, "err", r.redact(err))
+				log.WarnContext(ctx, "idem: reconciled key failed to finish", "outcome", out.Kind, "err", r.logErr(err, rec.Scope, rec.Key))
 			}
 		}
 	})
