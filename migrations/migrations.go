@@ -401,7 +401,10 @@ const (
 // Script returns the SQL of one migration (version > 0) or of all of them
 // (version 0), rendered for the configured schema, for teams that apply
 // migrations with their own tool. Each version's SQL also records itself in
-// idem_migrations, so [Migrator.Version] stays truthful.
+// idem_migrations, so [Migrator.Version] stays truthful. Apply each version
+// in one transaction: in plain SQL each is wrapped in BEGIN and COMMIT (psql
+// applies it whole or not at all); goose and tern run each file in one
+// transaction themselves, as their files here say.
 func (m *Migrator) Script(format Format, dir Direction, version int) (string, error) {
 	var picked []Migration
 	for _, mig := range all {
@@ -427,25 +430,28 @@ func (m *Migrator) Script(format Format, dir Direction, version int) (string, er
 	var b strings.Builder
 	switch format {
 	case FormatSQL, "":
+		// Each version in a transaction of its own: a version applied in
+		// part (psql stopping at an error) would leave a schema no version
+		// describes.
 		if dir == DirectionDown {
 			for i := len(picked) - 1; i >= 0; i-- {
-				fmt.Fprintf(&b, "-- idem migration %04d_%s (down)\n%s\n", picked[i].Version, picked[i].Name, down(picked[i]))
+				fmt.Fprintf(&b, "-- idem migration %04d_%s (down)\nBEGIN;\n%sCOMMIT;\n\n", picked[i].Version, picked[i].Name, down(picked[i]))
 			}
 		} else if dir == DirectionUp || dir == "" {
 			for _, mig := range picked {
-				fmt.Fprintf(&b, "-- idem migration %04d_%s (up)\n%s\n", mig.Version, mig.Name, up(mig))
+				fmt.Fprintf(&b, "-- idem migration %04d_%s (up)\nBEGIN;\n%s\nCOMMIT;\n\n", mig.Version, mig.Name, up(mig))
 			}
 		} else {
 			return "", fmt.Errorf("migrations: unknown direction %q", dir)
 		}
 	case FormatGoose:
 		for _, mig := range picked {
-			fmt.Fprintf(&b, "-- idem migration %04d_%s\n-- +goose Up\n-- +goose StatementBegin\n%s-- +goose StatementEnd\n\n-- +goose Down\n-- +goose StatementBegin\n%s-- +goose StatementEnd\n",
+			fmt.Fprintf(&b, "-- idem migration %04d_%s\n-- goose applies each direction in one transaction: keep it so (no NO TRANSACTION).\n-- +goose Up\n-- +goose StatementBegin\n%s-- +goose StatementEnd\n\n-- +goose Down\n-- +goose StatementBegin\n%s-- +goose StatementEnd\n",
 				mig.Version, mig.Name, up(mig), down(mig))
 		}
 	case FormatTern:
 		for _, mig := range picked {
-			fmt.Fprintf(&b, "-- idem migration %04d_%s\n%s\n---- create above / drop below ----\n\n%s", mig.Version, mig.Name, up(mig), down(mig))
+			fmt.Fprintf(&b, "-- idem migration %04d_%s\n-- tern applies each migration in one transaction: keep it so.\n%s\n---- create above / drop below ----\n\n%s", mig.Version, mig.Name, up(mig), down(mig))
 		}
 	default:
 		return "", fmt.Errorf("migrations: unknown format %q (sql, goose or tern)", format)
