@@ -23,11 +23,7 @@ import (
 // refused before a byte of the request is written.
 func refusedURL(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
-	return "http://" + addr
+	return fmt.Sprintf("http://127.0.0.1:%d", refusedPort(t))
 }
 
 // postLedger posts one entry to a ledger that has no idempotency keys,
