@@ -249,7 +249,7 @@ var commands = []*command{
 				case *id > 0:
 					q.AllScopes, q.ID = true, *id
 				case len(args) == 0:
-					return usageError(e.cmd, "keys show: name the key: KEY --scope SCOPE, or --id ID")
+					return usageError(e.cmd, "%s: usage: %s %s %s", e.cmd.name, e.cfg.Name, e.cmd.name, e.cmd.args)
 				default:
 					q.Scope, q.Key = *scope, args[0]
 				}
