@@ -153,18 +153,18 @@ func (r *Runner) Complete(ctx context.Context, config *CompleteConfig) (*Complet
 		case OutcomeInvalid:
 			if !errors.Is(err, ErrNotFound) {
 				res.Failed++
-				log.WarnContext(ctx, "idem: completer could not finish a key", "outcome", out.Kind, "err", r.redact(err))
+				log.WarnContext(ctx, "idem: completer could not finish a key", "outcome", out.Kind, "err", r.logErr(err, rec.Scope, rec.Key))
 				return
 			}
 			res.Skipped++
 			log.DebugContext(ctx, "idem: completer found the key taken care of", "outcome", out.Kind)
 		case OutcomeNeedsReconcile:
 			res.NeedsReconcile++
-			log.WarnContext(ctx, "idem: completer left a key to reconciliation", "err", r.redact(err))
+			log.WarnContext(ctx, "idem: completer left a key to reconciliation", "err", r.logErr(err, rec.Scope, rec.Key))
 		default:
 			res.Failed++
 			if ctx.Err() == nil {
-				log.WarnContext(ctx, "idem: completer could not finish a key", "outcome", out.Kind, "err", r.redact(err))
+				log.WarnContext(ctx, "idem: completer could not finish a key", "outcome", out.Kind, "err", r.logErr(err, rec.Scope, rec.Key))
 			}
 		}
 	})

@@ -138,8 +138,9 @@ type Config struct {
 	// LogKeys adds the scope and the key to the log records about a key.
 	// Off by default: a scope is usually a tenant or user identifier, and
 	// records name the key by its row id (key_id) instead, which an
-	// operator can look up (`idem keys list --all-scopes --before-id
-	// ID+1 --limit 1`) without the logs carrying tenants' identifiers.
+	// operator can look up (`idem keys show --id ID`) without the logs
+	// carrying tenants' identifiers; the maintenance passes' lines then
+	// keep the key out of the error text they log too.
 	LogKeys bool
 
 	// RedactError rewrites an error's text before the runner persists or

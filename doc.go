@@ -27,7 +27,9 @@
 // provider deduplicates. A provider that cannot deduplicate is declared with
 // [ForeignNotIdempotent]: the attempt is recorded before the call and an
 // interrupted phase goes to reconciliation ([Runner.Reconcile]) instead of
-// running twice.
+// running twice; a call that knows its request never left (the connection
+// was refused) returns its error wrapped with [NotSent], and the phase fails
+// like any other, for the client's retry.
 //
 // A phase that makes no foreign call may share the transaction and commit
 // of the phase before it ([Phase].JoinPrevious): one commit fewer per

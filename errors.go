@@ -125,6 +125,43 @@ func TooManyKeys(retryAfter time.Duration) error {
 	return &TooManyKeysError{RetryAfter: secs * time.Second}
 }
 
+// ErrNotSent marks a foreign call's error as proof that the request never
+// left this process: the provider cannot have acted on it. Wrap such an
+// error with [NotSent] inside the call given to [Attempt.Foreign]. In a
+// ForeignNotIdempotent phase the runner then withdraws the mark it made
+// before the call, so the failure is an ordinary failed phase (rolled
+// back, key released, OutcomeFailed: a retryable answer) rather than a
+// call in doubt for reconciliation. In any other phase it changes nothing.
+var ErrNotSent = errors.New("idem: foreign call not sent")
+
+// NotSent wraps err, an error that proves the foreign call's request was
+// never written to the provider, so that errors.Is(err, ErrNotSent) and
+// errors.Is(err, cause) both hold. NotSent(nil) is nil.
+//
+// Wrap only errors that prove the request never left, never a timeout or
+// a broken connection after the request was written (the provider may
+// have acted), and never a guess. These do:
+//
+//   - net/http: a dial error, errors.As(err, &opErr) with a *net.OpError
+//     whose Op is "dial": the connection was refused, the host's name did
+//     not resolve (a *net.DNSError inside), or the dial timed out; the
+//     request is written only on a connection that was made. Also an
+//     error of http.NewRequest, before anything is sent.
+//   - pgx (a provider reached through Postgres): an error for which
+//     pgconn.SafeToRetry(err) is true, which pgx reports only when no
+//     byte of the statement was sent.
+//   - a client-side validation error the provider's SDK returns before it
+//     sends anything.
+//
+// A gRPC status of codes.Unavailable does not prove it: gRPC returns it
+// for a connection that broke after the request went out too.
+func NotSent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrNotSent, err)
+}
+
 // PanicError is the error a phase's panic becomes. It wraps ErrPhaseFailed.
 type PanicError struct {
 	Value any

@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -111,7 +112,7 @@ func (h *held) committed(cp *idemdriver.CommitParams) {
 	}
 	if cp.Response != nil {
 		h.rec.ResponseStatus, h.rec.ResponseHeaders, h.rec.ResponseBody = cp.Response.Status, cp.Response.Header, cp.Response.Body
-		h.rec.LockedAt, h.rec.LeaseExpiresAt = nil, nil
+		h.rec.LockedAt, h.rec.LeaseExpiresAt, h.rec.LastError = nil, nil, ""
 	}
 	h.foreignMarked = false
 }
@@ -163,6 +164,7 @@ func (h *held) foreign(ctx context.Context, name string, call func(ctx context.C
 	}
 	h.foreignBy = h.phaseName()
 	_, kind, _ := h.flow.phaseMeta(h.phase)
+	markedNow := false
 	if kind == ForeignNotIdempotent && !h.foreignMarked {
 		mctx, cancel := r.storeContext(ctx)
 		err := r.store.MarkForeign(mctx, h.ref, h.phaseName())
@@ -170,7 +172,7 @@ func (h *held) foreign(ctx context.Context, name string, call func(ctx context.C
 		if err != nil {
 			return fmt.Errorf("idem: could not record the attempt of %q, so it was not made: %w", name, r.storeError(ctx, err))
 		}
-		h.foreignMarked = true
+		h.foreignMarked, markedNow = true, true
 	}
 	if err := r.hookAt(ctx, h, HookPoint{Where: HookBeforeForeign, Foreign: name}); err != nil {
 		return err
@@ -185,6 +187,17 @@ func (h *held) foreign(ctx context.Context, name string, call func(ctx context.C
 	err := call(ctx, key)
 	if herr := r.hookAt(ctx, h, HookPoint{Where: HookAfterForeign, Foreign: name, DownstreamKey: key}); herr != nil {
 		return herr
+	}
+	if markedNow && errors.Is(err, ErrNotSent) {
+		// The call says its request never left: nothing is in doubt, so
+		// the mark made for it goes, and a failure of the phase is an
+		// ordinary one. Should the mark stay (the store is down, the
+		// lock was lost), the key goes to reconcile as before.
+		if werr := r.withdrawMark(ctx, h); werr != nil {
+			return fmt.Errorf("%w (and %w)", err, werr)
+		}
+		h.foreignMarked = false
+		r.log.InfoContext(ctx, "idem: a not-idempotent call was not sent; its mark is withdrawn", h.logAttrs("flow", h.flow.Name(), "phase", h.phaseName(), "foreign", name)...)
 	}
 	return err
 }

@@ -2,6 +2,8 @@ package idem
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"time"
 )
 
@@ -40,6 +42,25 @@ func (r *Runner) redact(err error) error {
 		return err
 	}
 	return &redactedError{text: r.config.RedactError(err), err: err}
+}
+
+// logErr is err as a log line about the key (scope, key) shows it:
+// redacted, and, unless Config.LogKeys, with the key's own text replaced:
+// the runner's errors name a key as `key "..."` (or `scope "..." key
+// "..."`), which their callers know anyway, but the line carries its
+// key_id instead.
+func (r *Runner) logErr(err error, scope, key string) error {
+	err = r.redact(err)
+	if err == nil || r.config.LogKeys {
+		return err
+	}
+	text := err.Error()
+	keyless := strings.NewReplacer(fmt.Sprintf("scope %q key %q", scope, key), "the key",
+		fmt.Sprintf("key %q", key), "the key").Replace(text)
+	if keyless == text {
+		return err
+	}
+	return &redactedError{text: keyless, err: err}
 }
 
 // errorText is err's text as the runner persists it (last_error).

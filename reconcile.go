@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/go-idem/idem/idemdriver"
@@ -211,6 +212,10 @@ func (r *Runner) leaveUnreconciled(ctx context.Context, h *held, cause error) (*
 	return out, err
 }
 
+// LogValue makes a log record show the verdict's name ("not_done") under
+// any handler, the JSON one included, rather than the integer behind it.
+func (v verdict) LogValue() slog.Value { return slog.StringValue(v.String()) }
+
 func (v verdict) String() string {
 	switch v {
 	case verdictDone:
@@ -309,13 +314,13 @@ func (r *Runner) ReconcileAll(ctx context.Context, config *ReconcileConfig) (*Re
 			res.Resolved++
 		case out.Kind == OutcomeNeedsReconcile:
 			res.Unresolved++
-			log.InfoContext(ctx, "idem: key still needs reconciliation", "err", r.redact(err))
+			log.InfoContext(ctx, "idem: key still needs reconciliation", "err", r.logErr(err, rec.Scope, rec.Key))
 		case out.Kind == OutcomeInProgress || errors.Is(err, ErrNothingToReconcile) || errors.Is(err, ErrNotFound):
 			res.Skipped++
 		default:
 			res.Failed++
 			if ctx.Err() == nil {
-				log.WarnContext(ctx, "idem: reconciled key failed to finish", "outcome", out.Kind, "err", r.redact(err))
+				log.WarnContext(ctx, "idem: reconciled key failed to finish", "outcome", out.Kind, "err", r.logErr(err, rec.Scope, rec.Key))
 			}
 		}
 	})

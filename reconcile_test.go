@@ -233,6 +233,7 @@ func TestReconcileUnknownLeavesTheKeyForLater(t *testing.T) {
 	out, err = r.Reconcile(ctx, "user:1", "k1")
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
+	require.Empty(t, b.key(t, "k1").LastError, "the hook's unknown is not a finished key's last error")
 
 	_, err = r.Reconcile(ctx, "user:1", "k1")
 	require.ErrorIs(t, err, idem.ErrNothingToReconcile)

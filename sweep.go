@@ -59,7 +59,7 @@ func (r *Runner) sweep(ctx context.Context, status Status, flows []string, idleF
 				return context.Cause(ctx)
 			}
 			r.emit(ctx, Event{Kind: EventStoreError, Err: err})
-			return fmt.Errorf("claim idle keys: %w", err)
+			return err // the store's error names the claim
 		}
 		fresh := 0
 		for _, rec := range recs {

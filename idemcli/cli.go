@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -41,7 +42,8 @@ const (
 
 // Config configures the CLI. The zero value is the generic tool.
 type Config struct {
-	// Name is the program name used in help and messages. Default "idem".
+	// Name is the program name used in help, examples and messages.
+	// Default: for Main, the base name of os.Args[0]; for Dispatch, "idem".
 	Name string
 
 	// Flows are the application's flows. complete and reconcile run them;
@@ -89,10 +91,20 @@ func (c *Config) withDefaults() *Config {
 
 // Main runs the CLI on the process's arguments and exits with its code.
 // SIGINT and SIGTERM cancel the running command, which stops cleanly (a
-// request being completed is rolled back and released).
+// request being completed is rolled back and released). Without a
+// Config.Name, the program's name is the base name it was run by
+// (os.Args[0]), so help, examples and messages show the command the
+// operator typed.
 func Main(config *Config) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := Dispatch(ctx, os.Args[1:], config)
+	cfg := Config{}
+	if config != nil {
+		cfg = *config
+	}
+	if cfg.Name == "" && len(os.Args) > 0 {
+		cfg.Name = filepath.Base(os.Args[0])
+	}
+	code := Dispatch(ctx, os.Args[1:], &cfg)
 	stop()
 	os.Exit(code)
 }

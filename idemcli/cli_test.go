@@ -107,3 +107,25 @@ func TestPrintable(t *testing.T) {
 	require.Equal(t, "(empty)", printable(nil))
 	require.Equal(t, "(3 bytes, base64) AAEC", printable([]byte{0, 1, 2}))
 }
+
+// Help examples name the program that prints them, for every command: an
+// application's CLI shows its own name, never another's.
+func TestHelpExamplesUseTheProgramsName(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"", "shopctl"} {
+		want := name
+		if want == "" {
+			want = "idem"
+		}
+		for _, cmd := range commands {
+			stdout, _, code := run(t, &Config{Name: name}, append([]string{"help"}, strings.Fields(cmd.name)...)...)
+			require.Equal(t, ExitOK, code, cmd.name)
+			_, examples, ok := strings.Cut(stdout, "Examples:\n")
+			require.True(t, ok, cmd.name)
+			for _, line := range strings.Split(strings.TrimSpace(examples), "\n") {
+				require.Contains(t, " "+strings.TrimSpace(line), " "+want+" "+cmd.name, "%s: %q", want, line)
+				require.NotContains(t, line, "ridesctl")
+			}
+		}
+	}
+}

@@ -20,10 +20,12 @@ import (
 // command is one CLI command. setup registers its flags on fs and returns
 // the function that runs it with their parsed values.
 type command struct {
-	name     string // "keys list"
-	args     string // what follows the name in the usage line
-	summary  string
-	help     string
+	name    string // "keys list"
+	args    string // what follows the name in the usage line
+	summary string
+	help    string
+	// examples are command lines with PROG for the program's name
+	// (Config.Name), so an application's CLI shows its own.
 	examples []string
 
 	minArgs, maxArgs int
@@ -41,7 +43,7 @@ var commands = []*command{
 		summary: "apply every pending migration",
 		help: "Applies the embedded migrations the database does not have yet, in one transaction, under an\n" +
 			"advisory lock (several processes migrating at once is safe). A no-op when up to date.",
-		examples: []string{"DATABASE_URL=postgres://app@db/app idem migrate up", "idem migrate up --schema idem"},
+		examples: []string{"DATABASE_URL=postgres://app@db/app PROG migrate up", "PROG migrate up --schema idem"},
 		setup: func(fs *flag.FlagSet) runFunc {
 			return func(ctx context.Context, e *env, _ []string) error {
 				m, err := e.connectedMigrator(ctx)
@@ -62,7 +64,7 @@ var commands = []*command{
 		help: "Reverts the most recent migration, or every migration above --to. Reverting version 1 drops\n" +
 			"idem_keys and every key in it: in-flight requests lose their recovery points, finished ones\n" +
 			"their stored responses. Going below version 1 therefore needs --yes.",
-		examples: []string{"idem migrate down", "idem migrate down --to 0 --yes   # remove idem's tables and every key"},
+		examples: []string{"PROG migrate down", "PROG migrate down --to 0 --yes   # remove idem's tables and every key"},
 		setup: func(fs *flag.FlagSet) runFunc {
 			to := fs.Int("to", -1, "revert down to `version` (default: one below the current)")
 			yes := fs.Bool("yes", false, "confirm going below version 1, which drops idem_keys and every key in it")
@@ -103,7 +105,7 @@ var commands = []*command{
 	{
 		name: "migrate status", args: "[flags]", needsDB: true,
 		summary:  "show the schema version and pending migrations",
-		examples: []string{"idem migrate status", "idem migrate status --json | jq .pending"},
+		examples: []string{"PROG migrate status", "PROG migrate status --json | jq .pending"},
 		setup: func(fs *flag.FlagSet) runFunc {
 			return func(ctx context.Context, e *env, _ []string) error {
 				m, err := e.connectedMigrator(ctx)
@@ -125,13 +127,14 @@ var commands = []*command{
 			"own tool. The SQL records itself in idem_migrations, so `migrate status` and `migrate up` keep\n" +
 			"working whichever tool applied it. Needs no database.\n" +
 			"With --out-dir, writes one file per version into DIR instead (goose: 00001_idem_idem_keys.sql,\n" +
-			"tern: 001_idem_idem_keys.sql, sql: an .up.sql and a .down.sql each), leaving files that are\n" +
-			"already there alone: after upgrading idem, run it again and your tool applies the new files.\n" +
-			"Renumber a file's prefix to fit your own sequence if you need to; version N must run after N-1.",
+			"tern: 001_idem_idem_keys.sql, sql: an .up.sql and a .down.sql each), leaving idem's files that\n" +
+			"are already there alone: after upgrading idem, run it again and your tool applies the new files.\n" +
+			"For goose and tern, DIR may hold your own migrations: idem's files are numbered after the\n" +
+			"highest number there, and recognised by their name (NNN_idem_NAME.sql) whatever their number.",
 		examples: []string{
-			"idem migrate sql --format goose --out-dir migrations",
-			"idem migrate sql > 0001_idem.sql",
-			"idem migrate sql --direction down --version 1",
+			"PROG migrate sql --format goose --out-dir migrations",
+			"PROG migrate sql > 0001_idem.sql",
+			"PROG migrate sql --direction down --version 1",
 		},
 		setup: func(fs *flag.FlagSet) runFunc {
 			format := fs.String("format", "sql", "`layout`: sql (plain), goose or tern")
@@ -172,9 +175,9 @@ var commands = []*command{
 			"response (which may hold personal or payment data). Page backwards with --before-id set to the\n" +
 			"last id printed.",
 		examples: []string{
-			"idem keys list --all-scopes --state stale",
-			"idem keys list --all-scopes --state needs_reconcile --flow rides.create --json | jq -r '.keys[].key'",
-			"idem keys list --scope user:42 --limit 10",
+			"PROG keys list --all-scopes --state stale",
+			"PROG keys list --all-scopes --state needs_reconcile --flow rides.create --json | jq -r '.keys[].key'",
+			"PROG keys list --scope user:42 --limit 10",
 		},
 		setup: func(fs *flag.FlagSet) runFunc {
 			state := fs.String("state", "", "only keys in `state`: running, stale, needs_reconcile, finished or expired")
@@ -205,35 +208,62 @@ var commands = []*command{
 				if err := e.connect(ctx); err != nil {
 					return err
 				}
+				// One key more than the page tells whether older ones exist.
+				if q.Limit < idem.MaxKeyListLimit {
+					q.Limit++
+				}
 				list, err := e.runner.ListKeys(ctx, q)
 				if err != nil {
 					return err
 				}
-				return e.printKeyList(list, *reveal)
+				more := len(list.Keys) >= q.Limit
+				if len(list.Keys) > *limit {
+					list.Keys = list.Keys[:*limit]
+				}
+				return e.printKeyList(list, *reveal, more)
 			}
 		},
 	},
 	{
-		name: "keys show", args: "KEY --scope SCOPE [--reveal] [flags]", minArgs: 1, maxArgs: 1, needsDB: true,
+		name: "keys show", args: "KEY --scope SCOPE | --id ID [--reveal] [flags]", maxArgs: 1, needsDB: true,
 		summary: "show one key: its state, progress and lease",
 		help: "Prints the key's state, progress, lease, attempts and last error. --reveal adds its params,\n" +
-			"checkpoint data and stored response, which may hold personal or payment data.",
+			"checkpoint data and stored response, which may hold personal or payment data. Name the key by\n" +
+			"its scope and key, or by its row id with --id: the key_id of log lines, the ID column of keys list.",
 		examples: []string{
-			"idem keys show 8d3c1a7e-5b7f-4f0e-9d51-3f1c2b6f9a10 --scope user:42",
-			"idem keys show order-77 --scope tenant:acme --reveal --json | jq .checkpoint",
+			"PROG keys show 8d3c1a7e-5b7f-4f0e-9d51-3f1c2b6f9a10 --scope user:42",
+			"PROG keys show --id 1234",
+			"PROG keys show order-77 --scope tenant:acme --reveal --json | jq .checkpoint",
 		},
 		setup: func(fs *flag.FlagSet) runFunc {
-			scope := fs.String("scope", "", "the key's `scope` (required)")
+			scope := fs.String("scope", "", "the key's `scope` (required with KEY)")
+			id := fs.Int64("id", 0, "the key's row `id` (key_id in logs), instead of KEY and --scope")
 			reveal := fs.Bool("reveal", false, "include the key's params, checkpoint data and stored response")
 			return func(ctx context.Context, e *env, args []string) error {
+				q := idem.KeyQuery{Limit: 1, Reveal: *reveal}
+				switch {
+				case *id < 0:
+					return usageError(e.cmd, "keys show: --id %d is not a key's id", *id)
+				case *id > 0 && (len(args) > 0 || *scope != ""):
+					return usageError(e.cmd, "keys show: name the key by KEY and --scope, or by --id, not both")
+				case *id > 0:
+					q.AllScopes, q.ID = true, *id
+				case len(args) == 0:
+					return usageError(e.cmd, "%s: usage: %s %s %s", e.cmd.name, e.cfg.Name, e.cmd.name, e.cmd.args)
+				default:
+					q.Scope, q.Key = *scope, args[0]
+				}
 				if err := e.connect(ctx); err != nil {
 					return err
 				}
-				list, err := e.runner.ListKeys(ctx, idem.KeyQuery{Scope: *scope, Key: args[0], Limit: 1, Reveal: *reveal})
+				list, err := e.runner.ListKeys(ctx, q)
 				if err != nil {
 					return err
 				}
 				if len(list.Keys) == 0 {
+					if q.ID > 0 {
+						return fmt.Errorf("%w: no key has id %d", idem.ErrNotFound, q.ID)
+					}
 					return fmt.Errorf("%w: scope %q key %q", idem.ErrNotFound, *scope, args[0])
 				}
 				return e.printKey(list.Keys[0], list.Now, *reveal)
@@ -249,7 +279,7 @@ var commands = []*command{
 			"for a key held by a wedged worker whose heartbeat keeps its lease alive. A finished key is left\n" +
 			"as it is (exit 0, nothing to unlock).",
 		examples: []string{
-			"idem keys unlock order-77 --scope tenant:acme --reason 'worker pod wedged, INC-1234'",
+			"PROG keys unlock order-77 --scope tenant:acme --reason 'worker pod wedged, INC-1234'",
 		},
 		setup: func(fs *flag.FlagSet) runFunc {
 			scope := fs.String("scope", "", "the key's `scope` (required)")
@@ -275,7 +305,7 @@ var commands = []*command{
 			"never one a live lease holds nor one in needs_reconcile. A binary without the application's flows\n" +
 			"does not know their AbandonAfter, so it abandons keys only with --abandon-after, which then applies\n" +
 			"to every flow. Safe to run while the application serves traffic and while other reapers run.",
-		examples: []string{"idem reap", "idem reap --batch-size 500 --max-batches 100 --json", "idem reap --abandon-after 168h"},
+		examples: []string{"PROG reap", "PROG reap --batch-size 500 --max-batches 100 --json", "PROG reap --abandon-after 168h"},
 		setup: func(fs *flag.FlagSet) runFunc {
 			def := (&idem.ReapConfig{}).WithDefaults()
 			batch := fs.Int("batch-size", def.BatchSize, "keys deleted per statement")
@@ -313,9 +343,10 @@ var commands = []*command{
 		help: "Runs one completer pass: every unfinished key of a registered flow that nobody holds and that\n" +
 			"has not run for --idle-for is driven to its response from its stored params, through the flow's\n" +
 			"phases, exactly as a client retry would; the response is stored for the client's next retry.\n" +
-			"Keys in doubt go to needs_reconcile. Exits 1 if any key could not be finished.\n" +
+			"Keys in doubt go to needs_reconcile. Exits 1 if any key could not be finished or needs\n" +
+			"reconciliation (run reconcile next: right after, it finds them), 0 when every key finished.\n" +
 			"The generic idem binary has no flows: build your application's CLI with the idemcli package.",
-		examples: []string{"ridesctl complete", "ridesctl complete --idle-for 30m --max-keys 100 --json"},
+		examples: []string{"PROG complete", "PROG complete --idle-for 30m --max-keys 100 --json"},
 		setup: func(fs *flag.FlagSet) runFunc {
 			def := (&idem.CompleteConfig{}).WithDefaults()
 			idle := fs.Duration("idle-for", def.IdleFor, "only keys that have not run for this `duration`")
@@ -336,8 +367,15 @@ var commands = []*command{
 				if err != nil {
 					return err
 				}
+				var undone []error
 				if res.Failed > 0 {
-					return &exitError{code: ExitFailure, err: fmt.Errorf("%d key(s) could not be finished; see the log above and `keys list --state stale`", res.Failed)}
+					undone = append(undone, fmt.Errorf("%d key(s) could not be finished; see the log above and `%s keys list --all-scopes --state stale`", res.Failed, e.cfg.Name))
+				}
+				if res.NeedsReconcile > 0 {
+					undone = append(undone, fmt.Errorf("%d key(s) need reconciliation; run `%s reconcile`", res.NeedsReconcile, e.cfg.Name))
+				}
+				if len(undone) > 0 {
+					return &exitError{code: ExitFailure, err: errors.Join(undone...)}
 				}
 				return nil
 			}
@@ -347,17 +385,19 @@ var commands = []*command{
 		name: "reconcile", args: "[KEY --scope SCOPE] [--idle-for DURATION] [flags]", maxArgs: 1, needsDB: true, needsFlows: true,
 		summary: "run reconcile hooks on needs_reconcile keys (needs the application's flows)",
 		help: "With KEY, reconciles that key now. Without, runs one pass over every needs_reconcile key of a\n" +
-			"registered flow that has been idle for --idle-for. A key whose hook gives a verdict is carried on\n" +
+			"registered flow that nobody holds (with --idle-for, only those that have not run for that long;\n" +
+			"the Maintainer waits its IdleFor, 1 minute, between tries of a key whose hook cannot tell, but an\n" +
+			"operator's run takes them all). A key whose hook gives a verdict is carried on\n" +
 			"to its stored response; a hook that cannot tell leaves the key for later. Exits 1 if any key is\n" +
 			"left unresolved or failed, 3 if KEY does not exist, 0 if KEY does not need reconciling.",
 		examples: []string{
-			"ridesctl reconcile",
-			"ridesctl reconcile order-77 --scope tenant:acme",
-			"ridesctl reconcile --idle-for 1s --json",
+			"PROG reconcile",
+			"PROG reconcile order-77 --scope tenant:acme",
+			"PROG reconcile --idle-for 1s --json",
 		},
 		setup: func(fs *flag.FlagSet) runFunc {
 			scope := fs.String("scope", "", "the `scope` of KEY (required with KEY)")
-			idle := fs.Duration("idle-for", time.Second, "without KEY: only keys idle for this `duration`")
+			idle := fs.Duration("idle-for", 0, "without KEY: only keys that have not run for this `duration` (default: every key nobody holds)")
 			batch := fs.Int("batch-size", 10, "without KEY: keys claimed at a time")
 			maxKeys := fs.Int("max-keys", 0, "without KEY: stop after `n` keys (default: until none is left)")
 			return func(ctx context.Context, e *env, args []string) error {
@@ -367,7 +407,13 @@ var commands = []*command{
 				if len(args) == 1 {
 					return e.reconcileOne(ctx, *scope, args[0])
 				}
-				res, err := e.runner.ReconcileAll(ctx, &idem.ReconcileConfig{IdleFor: *idle, BatchSize: *batch, MaxKeys: *maxKeys})
+				if *idle < 0 {
+					return usageError(e.cmd, "--idle-for %s is negative", *idle)
+				}
+				// Every key nobody holds, however recently it ran (a
+				// complete run just before claimed it): the sweep needs a
+				// positive bound, and a microsecond is the store's grain.
+				res, err := e.runner.ReconcileAll(ctx, &idem.ReconcileConfig{IdleFor: max(*idle, time.Microsecond), BatchSize: *batch, MaxKeys: *maxKeys})
 				if res == nil {
 					return &exitError{code: ExitUsage, err: err, hint: "reconcile"}
 				}
@@ -460,7 +506,7 @@ func (e *env) printOverview(w io.Writer) {
 	}
 	fmt.Fprintf(w, "\nEnvironment:\n  DATABASE_URL     the database, e.g. postgres://app:secret@db:5432/app\n")
 	fmt.Fprintf(w, "\nExit codes:\n")
-	fmt.Fprintf(w, "  %d  ok\n  %d  failure, or work left undone (a key not completed or not resolved)\n", ExitOK, ExitFailure)
+	fmt.Fprintf(w, "  %d  ok\n  %d  failure, or work left undone (a key not completed, left to reconciliation, or not resolved)\n", ExitOK, ExitFailure)
 	fmt.Fprintf(w, "  %d  usage: bad command line or DATABASE_URL unset; nothing ran\n  %d  the key does not exist\n", ExitUsage, ExitNotFound)
 	fmt.Fprintf(w, "  %d  complete/reconcile need the application's flows, which this binary does not have\n", ExitNoFlows)
 	fmt.Fprintf(w, "\nFlows registered: %s\n", flowList(e.cfg.Flows))
@@ -500,7 +546,7 @@ func (e *env) printCommandHelp(cmd *command) {
 	}
 	fmt.Fprintf(w, "\nExamples:\n")
 	for _, ex := range cmd.examples {
-		fmt.Fprintf(w, "  %s\n", ex)
+		fmt.Fprintf(w, "  %s\n", strings.ReplaceAll(ex, "PROG", e.cfg.Name))
 	}
 }
 
@@ -537,16 +583,25 @@ func upperFirst(s string) string {
 	return strings.ToUpper(s[:1]) + s[1:]
 }
 
-// writeMigrationFiles writes one file per migration version into dir,
-// keeping files that exist (a team may have edited their prefix or applied
-// them already), and says which it wrote.
+// writeMigrationFiles writes into dir one file per migration version that
+// is not there yet (a team may have renumbered or applied the others),
+// numbered after dir's highest for goose and tern (Migrator.FilesFor), and
+// says which it wrote.
 func (e *env) writeMigrationFiles(m *migrations.Migrator, format migrations.Format, dir string) error {
-	files, err := m.Files(format)
-	if err != nil {
-		return &exitError{code: ExitUsage, err: err, hint: "migrate sql"}
-	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	existing := make([]string, 0, len(entries))
+	for _, entry := range entries {
+		existing = append(existing, entry.Name())
+	}
+	files, err := m.FilesFor(format, existing)
+	if err != nil {
+		return &exitError{code: ExitUsage, err: err, hint: "migrate sql"}
 	}
 	names := make([]string, 0, len(files))
 	for name := range files {

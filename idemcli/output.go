@@ -120,7 +120,8 @@ func newKeyJSON(k *idem.KeyRecord, now time.Time, reveal bool) keyJSON {
 	return j
 }
 
-func (e *env) printKeyList(list *idem.KeyList, reveal bool) error {
+// printKeyList prints a page of keys; more says older keys exist beyond it.
+func (e *env) printKeyList(list *idem.KeyList, reveal, more bool) error {
 	if e.json {
 		keys := make([]keyJSON, len(list.Keys))
 		for i, k := range list.Keys {
@@ -141,7 +142,7 @@ func (e *env) printKeyList(list *idem.KeyList, reveal bool) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if len(list.Keys) > 1 {
+	if more {
 		_, err := fmt.Fprintf(e.out, "%d keys; older ones: --before-id %d\n", len(list.Keys), list.Keys[len(list.Keys)-1].ID)
 		return err
 	}

@@ -98,7 +98,10 @@ type KeyRecord struct {
 	// ResponseKeyID is ParamsKeyID for ResponseBody.
 	ResponseKeyID string `db:"response_key_id" json:"response_key_id,omitempty"`
 
-	Attempts   int        `db:"attempts" json:"attempts"`
+	Attempts int `db:"attempts" json:"attempts"`
+	// LastError is why the key's last attempt did not finish (a phase's
+	// error, a reconcile hook's "unknown", an operator's unlock reason);
+	// the commit that finishes the key clears it.
 	LastError  string     `db:"last_error" json:"last_error,omitempty"`
 	CreatedAt  time.Time  `db:"created_at" json:"created_at"`
 	LastRunAt  time.Time  `db:"last_run_at" json:"last_run_at"`
@@ -234,6 +237,9 @@ type KeyQuery struct {
 	AllScopes bool
 	Key       string
 	Flow      string
+	// ID lists only the key with this row id (KeyRecord.ID, the key_id of
+	// log lines), when positive.
+	ID int64
 	// Reveal returns each key's payload too: its input (Params), its
 	// checkpoint data and its response's headers and body. Without it they
 	// are left empty, and a store that seals them at rest needs no key to

@@ -232,6 +232,54 @@ type OperationsStore interface {
 	// holds or one in StatusNeedsReconcile, skips rows other transactions
 	// have locked, and runs under p.StatementTimeout.
 	ReapAbandoned(ctx context.Context, p ReapAbandonedParams) (int, error)
+
+	// Backlog counts the unfinished keys by status, with the creation time
+	// of the oldest in each, reading only unfinished rows. It reports
+	// StatusRunning and StatusNeedsReconcile, each even when it has no key.
+	Backlog(ctx context.Context, p BacklogParams) (*Backlog, error)
+}
+
+// BacklogParams are the inputs of [Store.Backlog].
+type BacklogParams struct {
+	// Now overrides the database clock (tests); nil uses now().
+	Now *time.Time
+}
+
+// Backlog is what [Store.Backlog] counted.
+type Backlog struct {
+	// Now is the database clock the backlog was read at.
+	Now time.Time
+	// Statuses are StatusRunning and StatusNeedsReconcile, in that order.
+	Statuses []StatusBacklog
+}
+
+// StatusBacklog is the unfinished keys in one status.
+type StatusBacklog struct {
+	Status Status
+	Keys   int64
+	// Oldest is when the oldest of them was created; zero when Keys is 0.
+	Oldest time.Time
+}
+
+// OldestAge is how long ago the oldest key of the status was created, as
+// of the backlog's clock; zero when there is none.
+func (b *Backlog) OldestAge(status Status) time.Duration {
+	for _, s := range b.Statuses {
+		if s.Status == status && s.Keys > 0 {
+			return max(b.Now.Sub(s.Oldest), 0)
+		}
+	}
+	return 0
+}
+
+// Keys is the number of unfinished keys in the status.
+func (b *Backlog) Keys(status Status) int64 {
+	for _, s := range b.Statuses {
+		if s.Status == status {
+			return s.Keys
+		}
+	}
+	return 0
 }
 
 // ListKeysParams are the inputs of [Store.ListKeys].

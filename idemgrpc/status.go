@@ -69,6 +69,28 @@ const (
 // status that carries a RetryInfo.
 const PushbackTrailer = "grpc-retry-pushback-ms"
 
+// RetryDelay returns the delay a gRPC error's status asks the client to
+// wait before retrying (its google.rpc.RetryInfo), and whether it carries
+// one: every status of this adapter that invites a retry does (ABORTED,
+// UNAVAILABLE). It accepts what a client stub returns, wrapped or not.
+// False means no advice: a status without RetryInfo, or an error that is
+// not a gRPC status.
+//
+//	res, err := client.CreateRide(ctx, req)
+//	if delay, ok := idemgrpc.RetryDelay(err); ok {
+//		time.Sleep(delay) // then retry with the same key and the same message
+//	}
+func RetryDelay(err error) (time.Duration, bool) {
+	if err == nil {
+		return 0, false
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return 0, false
+	}
+	return retryInfo(st)
+}
+
 // retryInfo returns the RetryInfo delay of one of the adapter's statuses.
 func retryInfo(st *status.Status) (time.Duration, bool) {
 	for _, d := range st.Details() {

@@ -104,3 +104,26 @@ func TestIsUUID(t *testing.T) {
 		require.Equal(t, want, isUUID(s), s)
 	}
 }
+
+// RetryDelay reads the RetryInfo of a status a client got, wrapped or not,
+// and reports none for other errors.
+func TestRetryDelay(t *testing.T) {
+	t.Parallel()
+	d := delays{unavailable: 5 * time.Second, reconcile: time.Minute, failed: time.Second}
+	st, _ := outcomeStatus(&idem.Outcome{Kind: idem.OutcomeNeedsReconcile}, idem.ErrNeedsReconcile, d, keySource{})
+	err := st.Err()
+	delay, ok := RetryDelay(err)
+	require.True(t, ok)
+	require.Equal(t, time.Minute, delay)
+	delay, ok = RetryDelay(fmt.Errorf("create ride: %w", err))
+	require.True(t, ok, "a wrapped status")
+	require.Equal(t, time.Minute, delay)
+
+	st, _ = outcomeStatus(&idem.Outcome{Kind: idem.OutcomeMismatch}, idem.ErrMismatch, d, keySource{})
+	_, ok = RetryDelay(st.Err())
+	require.False(t, ok, "a status that invites no retry")
+	_, ok = RetryDelay(errors.New("plain"))
+	require.False(t, ok)
+	_, ok = RetryDelay(nil)
+	require.False(t, ok)
+}

@@ -12,12 +12,27 @@
 //	                                  replayed, in_progress, mismatch,
 //	                                  takeover, lock_lost, phase_retried,
 //	                                  needs_reconcile, store_error, completed,
-//	                                  reaped, ...), idem.flow and idem.phase
+//	                                  reaped, ...), idem.flow and idem.phase;
+//	                                  reconciled events also by idem.verdict
+//	                                  (done, not_done, unknown)
 //	idem.keys.reaped       counter    keys deleted by the reaper
 //	idem.request.duration  histogram  seconds per Runner.Execute, by idem.flow and
 //	                                  idem.outcome (executed, replayed, ...)
 //	idem.phase.duration    histogram  seconds per phase attempt, by idem.flow,
 //	                                  idem.phase and idem.phase.result (ok, error)
+//
+// and, once [Observer.ObserveBacklog] is given a runner, two gauges read
+// from the database at each collection:
+//
+//	idem.keys              gauge      unfinished keys, by idem.status (running,
+//	                                  needs_reconcile)
+//	idem.keys.oldest_age   gauge      seconds since the oldest unfinished key of
+//	                                  each idem.status was created
+//
+// A Prometheus exporter shows them as idem_events_total{idem_event=...},
+// idem_keys_reaped_total, idem_request_duration_seconds,
+// idem_phase_duration_seconds, idem_keys{idem_status=...} and
+// idem_keys_oldest_age_seconds.
 //
 // Attributes are bounded by the number of flows, phases and event kinds;
 // scopes and keys, which are not, never become metric attributes.
@@ -62,6 +77,12 @@ const (
 	AttrRecoveryPoint = attribute.Key("idem.recovery_point")
 	AttrTookOver      = attribute.Key("idem.took_over")
 	AttrCount         = attribute.Key("idem.count")
+	// AttrVerdict is a reconcile hook's verdict (done, not_done, unknown)
+	// on idem.events{idem.event="reconciled"}.
+	AttrVerdict = attribute.Key("idem.verdict")
+	// AttrStatus is a key status (running, needs_reconcile) on the backlog
+	// gauges.
+	AttrStatus = attribute.Key("idem.status")
 )
 
 // Config configures an [Observer]. The zero value uses the global providers.
@@ -80,6 +101,7 @@ type Config struct {
 // concurrent use; share one among the runners of a process.
 type Observer struct {
 	tracer    trace.Tracer
+	meter     metric.Meter
 	spanScope bool
 
 	events          metric.Int64Counter
@@ -110,7 +132,7 @@ func New(config *Config) (*Observer, error) {
 		cfg.TracerProvider = otel.GetTracerProvider()
 	}
 	meter := cfg.MeterProvider.Meter(ScopeName)
-	o := &Observer{tracer: cfg.TracerProvider.Tracer(ScopeName), spanScope: cfg.SpanScope}
+	o := &Observer{tracer: cfg.TracerProvider.Tracer(ScopeName), meter: meter, spanScope: cfg.SpanScope}
 	var errs []error
 	var err error
 	o.events, err = meter.Int64Counter("idem.events", metric.WithUnit("{event}"),
@@ -134,13 +156,16 @@ func New(config *Config) (*Observer, error) {
 // Observe implements idem.Observer: it counts the event and adds it to the
 // current span.
 func (o *Observer) Observe(ctx context.Context, e idem.Event) {
-	attrs := make([]attribute.KeyValue, 0, 3)
+	attrs := make([]attribute.KeyValue, 0, 4)
 	attrs = append(attrs, AttrEvent.String(string(e.Kind)))
 	if e.Flow != "" {
 		attrs = append(attrs, AttrFlow.String(e.Flow))
 	}
 	if e.Phase != "" {
 		attrs = append(attrs, AttrPhase.String(e.Phase))
+	}
+	if e.Kind == idem.EventReconciled && e.Verdict != "" {
+		attrs = append(attrs, AttrVerdict.String(e.Verdict))
 	}
 	o.events.Add(ctx, 1, metric.WithAttributes(attrs...))
 	if e.Kind == idem.EventReaped {
@@ -220,4 +245,45 @@ func failure(kind idem.OutcomeKind) bool {
 		return true
 	}
 	return false
+}
+
+// Backlogger is what [Observer.ObserveBacklog] reads: *idem.Runner.
+type Backlogger interface {
+	Backlog(ctx context.Context) (*idem.Backlog, error)
+}
+
+// ObserveBacklog registers the backlog gauges, idem.keys and
+// idem.keys.oldest_age by idem.status, read from runner at each collection
+// (one statement over the unfinished keys, through a partial index). The
+// backlog is the database's, not the process's: every instance that
+// registers reports the same numbers, so register on one (the one running
+// the Maintainer, say) or aggregate them with max, not sum. Unregister the
+// returned registration to stop.
+func (o *Observer) ObserveBacklog(runner Backlogger) (metric.Registration, error) {
+	keys, err := o.meter.Int64ObservableGauge("idem.keys", metric.WithUnit("{key}"),
+		metric.WithDescription("unfinished idem keys, by status (idem.status)"))
+	if err != nil {
+		return nil, fmt.Errorf("idemotel: create idem.keys: %w", err)
+	}
+	age, err := o.meter.Float64ObservableGauge("idem.keys.oldest_age", metric.WithUnit("s"),
+		metric.WithDescription("seconds since the oldest unfinished idem key of each status (idem.status) was created"))
+	if err != nil {
+		return nil, fmt.Errorf("idemotel: create idem.keys.oldest_age: %w", err)
+	}
+	reg, err := o.meter.RegisterCallback(func(ctx context.Context, obs metric.Observer) error {
+		b, err := runner.Backlog(ctx)
+		if err != nil {
+			return err
+		}
+		for _, st := range b.Statuses {
+			attrs := metric.WithAttributes(AttrStatus.String(string(st.Status)))
+			obs.ObserveInt64(keys, st.Keys, attrs)
+			obs.ObserveFloat64(age, b.OldestAge(st.Status).Seconds(), attrs)
+		}
+		return nil
+	}, keys, age)
+	if err != nil {
+		return nil, fmt.Errorf("idemotel: register the backlog gauges: %w", err)
+	}
+	return reg, nil
 }

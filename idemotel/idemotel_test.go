@@ -34,6 +34,7 @@ var errBoom = errors.New("boom")
 // into in-memory readers.
 type bundle struct {
 	runner *idem.Runner
+	obs    *idemotel.Observer
 	flow   *idem.Flow[input]
 	reader *sdkmetric.ManualReader
 	spans  *tracetest.SpanRecorder
@@ -54,6 +55,7 @@ func setup(t *testing.T, spanScope bool) *bundle {
 		SpanScope:      spanScope,
 	})
 	require.NoError(t, err)
+	b.obs = obs
 	b.flow = idem.MustNewFlow("orders.create", []idem.Phase[input]{
 		{Name: "reserved", Do: func(context.Context, idem.Tx, *idem.Attempt[input]) (idem.Result, error) {
 			return idem.Advance(), nil
@@ -281,4 +283,71 @@ func TestScopeIsNotOnSpansByDefault(t *testing.T) {
 			require.NotEqual(t, idemotel.AttrScope, kv.Key)
 		}
 	}
+}
+
+// Reconciled events carry the hook's verdict as idem.verdict, so a
+// dashboard tells settled keys (done, not_done) from hooks that cannot tell
+// (unknown).
+func TestReconciledEventsCarryTheVerdict(t *testing.T) {
+	t.Parallel()
+	reader := sdkmetric.NewManualReader()
+	obs, err := idemotel.New(&idemotel.Config{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	require.NoError(t, err)
+	ctx := context.Background()
+	for _, v := range []string{"done", "not_done", "unknown", "unknown"} {
+		obs.Observe(ctx, idem.Event{Kind: idem.EventReconciled, Flow: "orders.create", Phase: "reserved", Verdict: v})
+	}
+	obs.Observe(ctx, idem.Event{Kind: idem.EventCompleted, Flow: "orders.create"})
+
+	b := &bundle{reader: reader}
+	sum, ok := b.metrics(t)["idem.events"].(metricdata.Sum[int64])
+	require.True(t, ok)
+	byVerdict := map[string]int64{}
+	for _, dp := range sum.DataPoints {
+		kind, _ := dp.Attributes.Value(idemotel.AttrEvent)
+		v, ok := dp.Attributes.Value(idemotel.AttrVerdict)
+		require.Equal(t, kind.AsString() == "reconciled", ok, "only reconciled events carry a verdict")
+		if ok {
+			byVerdict[v.AsString()] += dp.Value
+		}
+	}
+	t.Logf("idem.events{idem.event=reconciled} by idem.verdict: %v", byVerdict)
+	require.Equal(t, map[string]int64{"done": 1, "not_done": 1, "unknown": 2}, byVerdict)
+}
+
+// The backlog gauges read the unfinished keys at each collection.
+func TestBacklogGauges(t *testing.T) {
+	t.Parallel()
+	b := setup(t, false)
+	reg, err := b.obs.ObserveBacklog(b.runner)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = reg.Unregister() })
+
+	_, err = b.run(t, "k1", true) // its last phase fails: the key stays running
+	require.ErrorIs(t, err, idem.ErrPhaseFailed)
+	b.now = b.now.Add(90 * time.Second)
+
+	m := b.metrics(t)
+	gaugeBy := func(name string) map[string]float64 {
+		out := map[string]float64{}
+		switch g := m[name].(type) {
+		case metricdata.Gauge[int64]:
+			for _, dp := range g.DataPoints {
+				v, _ := dp.Attributes.Value(idemotel.AttrStatus)
+				out[v.AsString()] = float64(dp.Value)
+			}
+		case metricdata.Gauge[float64]:
+			for _, dp := range g.DataPoints {
+				v, _ := dp.Attributes.Value(idemotel.AttrStatus)
+				out[v.AsString()] = dp.Value
+			}
+		default:
+			t.Fatalf("%s is a gauge, got %T", name, m[name])
+		}
+		return out
+	}
+	keys, age := gaugeBy("idem.keys"), gaugeBy("idem.keys.oldest_age")
+	t.Logf("idem.keys %v; idem.keys.oldest_age %v", keys, age)
+	require.Equal(t, map[string]float64{"running": 1, "needs_reconcile": 0}, keys)
+	require.Equal(t, map[string]float64{"running": 90, "needs_reconcile": 0}, age)
 }

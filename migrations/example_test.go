@@ -21,6 +21,8 @@ func ExampleMigrator_Script() {
 	fmt.Print(down)
 	// Output:
 	// -- idem migration 0001_idem_keys (down)
+	// BEGIN;
 	// DROP TABLE IF EXISTS "billing".idem_keys;
 	// DROP TABLE IF EXISTS "billing".idem_migrations;
+	// COMMIT;
 }

@@ -307,10 +307,9 @@ func (m *Migrator) migrateTx(ctx context.Context, tx pgx.Tx, target int) (*Resul
 // file name, for tools that keep a directory of migrations (goose, tern):
 // "00001_idem_idem_keys.sql" and so on for goose, "001_idem_idem_keys.sql"
 // for tern, and an .up.sql and a .down.sql per version for plain SQL. Each
-// file holds exactly one version, so a later version is a new file: copy the
-// new ones into your directory when you upgrade idem, renumbering their
-// prefix to follow your own sequence if you need to (version N must run after
-// N-1), and let your tool apply them.
+// file holds exactly one version, so a later version is a new file. For a
+// directory that holds migrations already (yours, or idem's earlier
+// versions), [Migrator.FilesFor] names the missing ones to follow them.
 func (m *Migrator) Files(format Format) (map[string]string, error) {
 	files := map[string]string{}
 	for _, mig := range all {
@@ -340,6 +339,52 @@ func (m *Migrator) Files(format Format) (map[string]string, error) {
 	return files, nil
 }
 
+// FilesFor is [Migrator.Files] for a directory that already holds the files
+// named in existing: it returns only the versions missing there, named to
+// follow them. For goose and tern, whose migrations are one numbered
+// sequence, a version is there when a file "<number>_idem_<name>.sql" is,
+// whatever its number (a team may have renumbered it), and the missing ones
+// are numbered after the highest number of any file in the directory, the
+// application's own migrations included, so the sequence has no duplicate
+// and no gap (tern refuses either). For plain SQL, files are matched by
+// name.
+func (m *Migrator) FilesFor(format Format, existing []string) (map[string]string, error) {
+	files, err := m.Files(format)
+	if err != nil {
+		return nil, err
+	}
+	if format != FormatGoose && format != FormatTern {
+		for _, name := range existing {
+			delete(files, name)
+		}
+		return files, nil
+	}
+	present, highest := map[string]bool{}, 0
+	for _, name := range existing {
+		num, rest, ok := strings.Cut(name, "_")
+		n, err := strconv.Atoi(num)
+		if !ok || err != nil || !strings.HasSuffix(name, ".sql") {
+			continue
+		}
+		highest = max(highest, n)
+		present[rest] = true
+	}
+	width := 5
+	if format == FormatTern {
+		width = 3
+	}
+	out := map[string]string{}
+	for _, mig := range all {
+		suffix := fmt.Sprintf("idem_%s.sql", mig.Name)
+		if present[suffix] {
+			continue
+		}
+		highest++
+		out[fmt.Sprintf("%0*d_%s", width, highest, suffix)] = files[fmt.Sprintf("%0*d_%s", width, mig.Version, suffix)]
+	}
+	return out, nil
+}
+
 // Format selects the layout of [Migrator.Script].
 type Format string
 
@@ -356,7 +401,10 @@ const (
 // Script returns the SQL of one migration (version > 0) or of all of them
 // (version 0), rendered for the configured schema, for teams that apply
 // migrations with their own tool. Each version's SQL also records itself in
-// idem_migrations, so [Migrator.Version] stays truthful.
+// idem_migrations, so [Migrator.Version] stays truthful. Apply each version
+// in one transaction: in plain SQL each is wrapped in BEGIN and COMMIT (psql
+// applies it whole or not at all); goose and tern run each file in one
+// transaction themselves, as their files here say.
 func (m *Migrator) Script(format Format, dir Direction, version int) (string, error) {
 	var picked []Migration
 	for _, mig := range all {
@@ -382,25 +430,28 @@ func (m *Migrator) Script(format Format, dir Direction, version int) (string, er
 	var b strings.Builder
 	switch format {
 	case FormatSQL, "":
+		// Each version in a transaction of its own: a version applied in
+		// part (psql stopping at an error) would leave a schema no version
+		// describes.
 		if dir == DirectionDown {
 			for i := len(picked) - 1; i >= 0; i-- {
-				fmt.Fprintf(&b, "-- idem migration %04d_%s (down)\n%s\n", picked[i].Version, picked[i].Name, down(picked[i]))
+				fmt.Fprintf(&b, "-- idem migration %04d_%s (down)\nBEGIN;\n%sCOMMIT;\n\n", picked[i].Version, picked[i].Name, down(picked[i]))
 			}
 		} else if dir == DirectionUp || dir == "" {
 			for _, mig := range picked {
-				fmt.Fprintf(&b, "-- idem migration %04d_%s (up)\n%s\n", mig.Version, mig.Name, up(mig))
+				fmt.Fprintf(&b, "-- idem migration %04d_%s (up)\nBEGIN;\n%s\nCOMMIT;\n\n", mig.Version, mig.Name, up(mig))
 			}
 		} else {
 			return "", fmt.Errorf("migrations: unknown direction %q", dir)
 		}
 	case FormatGoose:
 		for _, mig := range picked {
-			fmt.Fprintf(&b, "-- idem migration %04d_%s\n-- +goose Up\n-- +goose StatementBegin\n%s-- +goose StatementEnd\n\n-- +goose Down\n-- +goose StatementBegin\n%s-- +goose StatementEnd\n",
+			fmt.Fprintf(&b, "-- idem migration %04d_%s\n-- goose applies each direction in one transaction: keep it so (no NO TRANSACTION).\n-- +goose Up\n-- +goose StatementBegin\n%s-- +goose StatementEnd\n\n-- +goose Down\n-- +goose StatementBegin\n%s-- +goose StatementEnd\n",
 				mig.Version, mig.Name, up(mig), down(mig))
 		}
 	case FormatTern:
 		for _, mig := range picked {
-			fmt.Fprintf(&b, "-- idem migration %04d_%s\n%s\n---- create above / drop below ----\n\n%s", mig.Version, mig.Name, up(mig), down(mig))
+			fmt.Fprintf(&b, "-- idem migration %04d_%s\n-- tern applies each migration in one transaction: keep it so.\n%s\n---- create above / drop below ----\n\n%s", mig.Version, mig.Name, up(mig), down(mig))
 		}
 	default:
 		return "", fmt.Errorf("migrations: unknown format %q (sql, goose or tern)", format)

@@ -165,6 +165,13 @@ func TestScriptFormats(t *testing.T) {
 	tern, err := m.Script(migrations.FormatTern, "", 1)
 	require.NoError(t, err)
 	require.Contains(t, tern, "---- create above / drop below ----")
+	require.Contains(t, tern, "in one transaction")
+	require.Contains(t, goose, "in one transaction")
+	require.NotContains(t, goose+tern, "BEGIN;", "goose and tern open the transaction themselves")
+	sql, err := m.Script(migrations.FormatSQL, migrations.DirectionUp, 0)
+	require.NoError(t, err)
+	require.Equal(t, migrations.Latest(), strings.Count(sql, "\nBEGIN;\n"), "each version in a transaction of its own")
+	require.Equal(t, migrations.Latest(), strings.Count(sql, "\nCOMMIT;\n"))
 	require.NotContains(t, goose+tern, "{{schema}}")
 
 	_, err = m.Script("flyway-xml", "", 1)

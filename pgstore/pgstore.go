@@ -91,6 +91,14 @@ type Store struct {
 var _ idemdriver.Store = (*Store)(nil)
 
 // New returns a store on db. A nil config means the defaults.
+//
+// New checks the schema, within 5 seconds: it returns an error wrapping
+// ErrSchema when the migrations were not applied there or the schema is
+// older than this code needs, so a deploy that forgot them fails at start
+// rather than on its first request. When the database does not answer
+// (it is down, or unreachable from here), the check is skipped and New
+// succeeds: the runner then reports the store unavailable per request
+// until it is back, and the schema is not checked again.
 func New(db DB, config *Config) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("pgstore: New needs a database handle")
@@ -418,7 +426,7 @@ func (s *Store) listKeys(ctx context.Context, db pgxscan.Querier, p idemdriver.L
 		return nil, fmt.Errorf("pgstore: list keys: %w", err)
 	}
 	var rows []*listRow
-	if err := pgxscan.Select(ctx, db, &rows, sql, args...); err != nil {
+	if err := selectAll(ctx, db, &rows, sql, args...); err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: list keys: %w", err))
 	}
 	list := &idemdriver.KeyList{Keys: make([]*idemdriver.KeyRecord, len(rows))}
@@ -433,13 +441,13 @@ func (s *Store) listKeys(ctx context.Context, db pgxscan.Querier, p idemdriver.L
 	}
 	if len(rows) == 0 {
 		// No row carried the clock; read it on its own.
-		var clock struct {
+		var clock []struct {
 			T time.Time `db:"t"`
 		}
-		if err := pgxscan.Get(ctx, db, &clock, s.q.clock, p.Now); err != nil {
+		if err := selectAll(ctx, db, &clock, s.q.clock, p.Now); err != nil {
 			return nil, mapError(fmt.Errorf("pgstore: read clock: %w", err))
 		}
-		list.Now = clock.T
+		list.Now = clock[0].T
 	}
 	return list, nil
 }
@@ -470,7 +478,7 @@ func (s *Store) UnlockKeyTx(ctx context.Context, tx pgx.Tx, p idemdriver.UnlockP
 
 func (s *Store) unlockKey(ctx context.Context, db pgxscan.Querier, p idemdriver.UnlockParams) (*idemdriver.UnlockResult, error) {
 	var rows []*unlockRow
-	if err := pgxscan.Select(ctx, db, &rows, s.q.unlockKey, p.Scope, p.Key, p.Reason); err != nil {
+	if err := selectAll(ctx, db, &rows, s.q.unlockKey, p.Scope, p.Key, p.Reason); err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: unlock key: %w", err))
 	}
 	if len(rows) == 0 {
@@ -495,7 +503,7 @@ func (s *Store) ClaimIdle(ctx context.Context, p idemdriver.ClaimIdleParams) ([]
 		return nil, nil
 	}
 	var recs []*idemdriver.KeyRecord
-	err := pgxscan.Select(ctx, s.db, &recs, s.q.claimIdle,
+	err := selectAll(ctx, s.db, &recs, s.q.claimIdle,
 		p.Now, string(p.Status), p.Flows, p.IdleFor.Microseconds(), p.MaxAttempts, p.Limit)
 	if err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: claim idle keys: %w", err))
@@ -621,4 +629,23 @@ func mapError(err error) error {
 		return fmt.Errorf("%w: %w", idemdriver.ErrStoreUnavailable, err)
 	}
 	return err
+}
+
+// selectAll runs sql and scans every row into dst, a pointer to a slice of
+// structs, as pgxscan.Select does; but an error of the query itself (no
+// connection, a server error) is returned as pgx reports it ("failed to
+// connect to ...: connection refused"), not inside scany's "scany: query
+// multiple result rows: ...", which reads like a fault of the statement.
+func selectAll(ctx context.Context, db pgxscan.Querier, dst any, sql string, args ...any) error {
+	rows, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		return err
+	}
+	if err := pgxscan.ScanAll(dst, rows); err != nil {
+		if rerr := rows.Err(); rerr != nil {
+			return rerr // the server's error, met while reading the rows
+		}
+		return err
+	}
+	return nil
 }

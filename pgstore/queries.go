@@ -37,6 +37,7 @@ type queries struct {
 	setNeedsReconcile, getKey         string
 
 	unlockKey, claimIdle, reap, reapAbandoned, statementTimeout, clock string
+	backlog                                                            string
 }
 
 // recordColumns renders the columns of idemdriver.KeyRecord from a progress
@@ -235,7 +236,8 @@ SET status           = 'finished',
     response_status  = $4,
     response_headers = $5::jsonb,
     response_body    = $6,
-    response_key_id  = nullif($9::text, '')
+    response_key_id  = nullif($9::text, ''),
+    last_error       = NULL
 WHERE id = $1 AND fence = $2
 RETURNING 1
 )
@@ -386,6 +388,21 @@ WHERE id = ANY(ARRAY(
 	q.statementTimeout = `SELECT set_config('statement_timeout', $1, true)`
 
 	q.clock = `SELECT coalesce($1::timestamptz, now()) AS t`
+
+	// backlog counts unfinished keys by status. "status <> 'finished'"
+	// matches the partial index idem_keys_unfinished, so it reads the few
+	// unfinished rows, never the finished millions.
+	q.backlog = render(`
+WITH clock AS (
+    SELECT coalesce($1::timestamptz, now()) AS t
+), counted AS (
+    SELECT status::text AS status, count(*) AS keys, min(created_at) AS oldest
+    FROM {t} WHERE status <> 'finished' GROUP BY status
+)
+SELECT s.status, coalesce(c.keys, 0), c.oldest, clock.t
+FROM (VALUES (1, 'running'), (2, 'needs_reconcile')) s(n, status)
+CROSS JOIN clock LEFT JOIN counted c ON c.status = s.status
+ORDER BY s.n`)
 	return q
 }
 
@@ -451,6 +468,9 @@ func (q *queries) listKeys(p idemdriver.ListKeysParams) (string, []any, error) {
 	}
 	if p.Flow != "" {
 		add("k.flow = $?", p.Flow)
+	}
+	if p.ID > 0 {
+		add("k.id = $?", p.ID)
 	}
 	if p.BeforeID > 0 {
 		add("k.id < $?", p.BeforeID)

@@ -53,12 +53,7 @@ func (a attempt) retryInfo() (time.Duration, bool) {
 	if a.status == nil {
 		return 0, false
 	}
-	for _, d := range a.status.Details() {
-		if ri, ok := d.(*errdetails.RetryInfo); ok {
-			return ri.GetRetryDelay().AsDuration(), true
-		}
-	}
-	return 0, false
+	return idemgrpc.RetryDelay(a.status.Err())
 }
 
 func (a attempt) String() string {

@@ -1,0 +1,34 @@
+package pgstore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/go-idem/idem/idemdriver"
+)
+
+// Backlog implements idemdriver.Store.
+func (s *Store) Backlog(ctx context.Context, p idemdriver.BacklogParams) (*idemdriver.Backlog, error) {
+	rows, err := s.db.Query(ctx, s.q.backlog, p.Now)
+	if err != nil {
+		return nil, mapError(fmt.Errorf("pgstore: backlog: %w", err))
+	}
+	defer rows.Close()
+	b := &idemdriver.Backlog{}
+	for rows.Next() {
+		var st idemdriver.StatusBacklog
+		var oldest *time.Time
+		if err := rows.Scan(&st.Status, &st.Keys, &oldest, &b.Now); err != nil {
+			return nil, mapError(fmt.Errorf("pgstore: backlog: %w", err))
+		}
+		if oldest != nil {
+			st.Oldest = *oldest
+		}
+		b.Statuses = append(b.Statuses, st)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, mapError(fmt.Errorf("pgstore: backlog: %w", err))
+	}
+	return b, nil
+}
