@@ -22,7 +22,11 @@ import (
 // reconcile claims, forced unlocks) write both rows, the progress row first:
 // every statement that locks both locks them in that order.
 //
-// Conventions: $now parameters are nullable timestamptz; NULL means the
+// Conventions: a parameter compared with or assigned to a column that
+// migration 0006 made a domain is cast to text ($3::text), so a statement a
+// connection prepared keeps working after 0006 is reverted (a prepared
+// statement's parameter types are fixed when it is prepared, and a dropped
+// domain's type is gone). $now parameters are nullable timestamptz; NULL means the
 // database clock, a value is a test's injected clock. Durations travel as
 // bigint microseconds. Every statement that touches a held key is guarded by
 // its id and fence: "id = $1 AND fence = $2" on the progress row, or
@@ -171,8 +175,8 @@ WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
 ), target AS (
     SELECT k.id, k.fence FROM {t} k
-    WHERE k.id = $2 AND k.status = 'running' AND k.flow = $3 AND k.fingerprint = $4
-      AND k.method = $6 AND k.path = $7
+    WHERE k.id = $2 AND k.status = 'running' AND k.flow = $3::text AND k.fingerprint = $4
+      AND k.method = $6::text AND k.path = $7::text
     FOR NO KEY UPDATE
 ), ` + strings.ReplaceAll(takeOverLease, "$LEASE", "$5") + `
 SELECT 'taken_over' AS acquired, clock.t AS db_now, {cols:taken,leased}
@@ -183,14 +187,14 @@ WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
 ), target AS (
     SELECT k.id, k.fence FROM {t} k
-    WHERE k.scope = $2 AND k.key = $3 AND k.status = 'needs_reconcile'
+    WHERE k.scope = $2 AND k.key = $3::text AND k.status = 'needs_reconcile'
     FOR NO KEY UPDATE
 ), ` + strings.ReplaceAll(takeOverLease, "$LEASE", "$4") + `
 SELECT 'taken_over' AS acquired, (SELECT t FROM clock) AS db_now, {cols:taken,leased}
 FROM taken JOIN leased ON leased.key_id = taken.id
 UNION ALL
 SELECT 'none', (SELECT t FROM clock), {cols:k,l} FROM {t} k {leaseOf:k}
-WHERE k.scope = $2 AND k.key = $3 AND NOT EXISTS (SELECT 1 FROM taken)`)
+WHERE k.scope = $2 AND k.key = $3::text AND NOT EXISTS (SELECT 1 FROM taken)`)
 
 	// advancePhase and finishPhase record a phase's commit on its key. They
 	// run inside the phase's transaction, pipelined with its COMMIT
@@ -215,7 +219,7 @@ WHERE k.scope = $2 AND k.key = $3 AND NOT EXISTS (SELECT 1 FROM taken)`)
 WITH guarded AS (
 UPDATE {t}
 SET status           = 'running',
-    recovery_point   = $3,
+    recovery_point   = $3::text,
     checkpoint       = CASE WHEN $4::jsonb = '{}' THEN checkpoint ELSE checkpoint || $4::jsonb END,
     last_run_at      = coalesce($5::timestamptz, clock_timestamp())
 WHERE id = $1 AND fence = $2
@@ -287,7 +291,7 @@ WHERE l.key_id = $1 AND l.fence = $2 AND k.id = l.key_id AND k.status = 'running
 UPDATE {l} SET foreign_mark = NULL, foreign_mark_after = NULL
 WHERE key_id = $1 AND fence = $2`)
 
-	q.getKey = render(`SELECT {cols:k,l} FROM {t} k {leaseOf:k} WHERE k.scope = $1 AND k.key = $2`)
+	q.getKey = render(`SELECT {cols:k,l} FROM {t} k {leaseOf:k} WHERE k.scope = $1 AND k.key = $2::text`)
 
 	// unlockKey moves the fence on, which is what actually stops a live
 	// holder: its next guarded statement matches no row. The foreign mark
@@ -298,7 +302,7 @@ WHERE key_id = $1 AND fence = $2`)
 WITH unlocked AS (
     UPDATE {t} k
     SET fence = k.fence + 1, last_error = left($3, 4000)
-    WHERE k.scope = $1 AND k.key = $2 AND k.status <> 'finished'
+    WHERE k.scope = $1 AND k.key = $2::text AND k.status <> 'finished'
     RETURNING k.*
 ), leased AS (
     INSERT INTO {l} AS l (key_id, fence)
@@ -309,7 +313,7 @@ WITH unlocked AS (
 SELECT true AS unlocked, {cols:unlocked,leased} FROM unlocked JOIN leased ON leased.key_id = unlocked.id
 UNION ALL
 SELECT false, {cols:k,l} FROM {t} k {leaseOf:k}
-WHERE k.scope = $1 AND k.key = $2 AND NOT EXISTS (SELECT 1 FROM unlocked)`)
+WHERE k.scope = $1 AND k.key = $2::text AND NOT EXISTS (SELECT 1 FROM unlocked)`)
 
 	// claimIdle hands each idle key to one caller: FOR UPDATE SKIP LOCKED
 	// passes over rows another claimer is marking, and a row it marked and
@@ -323,7 +327,7 @@ WITH clock AS (
 ), candidates AS (
     SELECT k.id
     FROM {t} k CROSS JOIN clock c LEFT JOIN {l} l ON l.key_id = k.id
-    WHERE k.status <> 'finished' AND k.status = $2 AND k.flow = ANY($3::text[])
+    WHERE k.status <> 'finished' AND k.status = $2::text AND k.flow = ANY($3::text[])
       AND (l.locked_at IS NULL OR l.lease_expires_at <= c.t)
       AND k.last_run_at <= c.t - $4::bigint * interval '1 microsecond'
       AND ($5::int <= 0 OR k.attempts < $5::int)
@@ -447,10 +451,10 @@ func (q *queries) listKeys(p idemdriver.ListKeysParams) (string, []any, error) {
 		add("k.scope = $?", p.Scope)
 	}
 	if p.Key != "" {
-		add("k.key = $?", p.Key)
+		add("k.key = $?::text", p.Key)
 	}
 	if p.Flow != "" {
-		add("k.flow = $?", p.Flow)
+		add("k.flow = $?::text", p.Flow)
 	}
 	if p.BeforeID > 0 {
 		add("k.id < $?", p.BeforeID)
