@@ -50,7 +50,12 @@ type queries struct {
 // result type is the same on either side of that migration. A finished key shows
 // no lease and no mark, and a mark shows only while the key is still at the
 // recovery point it was made at (see the migration that made idem_leases).
-func recordColumns(k, l string) string {
+func recordColumns(k, l string) string { return recordColumnsOf(k, l, true) }
+
+// recordColumnsOf is recordColumns; without payload, the payload columns
+// (params, checkpoint, response headers and body) are NULL instead of read,
+// for listings and claims that do not show them: they can be large.
+func recordColumnsOf(k, l string, payload bool) string {
 	cols := `{k}id, {k}request_id::text AS request_id, {k}downstream_scheme, {k}scope, {k}key::text AS key,
 		{k}flow::text AS flow, {k}method::text AS method, {k}path::text AS path,
 		{k}fingerprint, {k}params, {k}status::text AS status, {k}recovery_point::text AS recovery_point, {k}checkpoint,
@@ -62,6 +67,10 @@ func recordColumns(k, l string) string {
 		{k}response_body, {k}attempts, coalesce({k}last_error, '') AS last_error,
 		{k}created_at, {k}last_run_at, {k}finished_at, {k}expires_at,
 		coalesce({k}params_key_id, '') AS params_key_id, coalesce({k}response_key_id, '') AS response_key_id`
+	if !payload {
+		cols = strings.NewReplacer("{k}params,", "NULL::jsonb AS params,", "{k}checkpoint,", "NULL::jsonb AS checkpoint,",
+			"coalesce({k}response_headers, '{}')", "NULL::jsonb", "{k}response_body,", "NULL::bytea AS response_body,").Replace(cols)
+	}
 	return strings.NewReplacer("{k}", k+".", "{l}", l+".").Replace(cols)
 }
 
@@ -89,8 +98,9 @@ func leaseOf(leases string) string {
 	return `LEFT JOIN LATERAL (SELECT * FROM ` + leases + ` l WHERE l.key_id = k.id AND k.status <> 'finished' OFFSET 0) l ON true`
 }
 
-// colsPlaceholder is {cols:k,l}: recordColumns over aliases k and l.
-var colsPlaceholder = regexp.MustCompile(`\{cols:(\w+),(\w+)\}`)
+// colsPlaceholder is {cols:k,l}: recordColumns over aliases k and l; and
+// {meta:k,l}: the same without the payload (recordColumnsOf).
+var colsPlaceholder = regexp.MustCompile(`\{(cols|meta):(\w+),(\w+)\}`)
 
 func newQueries(prefix string) *queries {
 	t, l := prefix+"idem_keys", prefix+"idem_leases"
@@ -99,7 +109,7 @@ func newQueries(prefix string) *queries {
 		sql = strings.NewReplacer("{t}", t, "{leaseOf:k}", leaseOf(l), "{l}", l).Replace(sql)
 		return colsPlaceholder.ReplaceAllStringFunc(sql, func(m string) string {
 			a := colsPlaceholder.FindStringSubmatch(m)
-			return recordColumns(a[1], a[2])
+			return recordColumnsOf(a[2], a[3], a[1] == "cols")
 		})
 	}
 
@@ -341,7 +351,7 @@ WITH clock AS (
     WHERE k.id = candidates.id
     RETURNING k.*
 )
-SELECT {cols:claimed,l} FROM claimed LEFT JOIN {l} l ON l.key_id = claimed.id ORDER BY claimed.id`)
+SELECT {meta:claimed,l} FROM claimed LEFT JOIN {l} l ON l.key_id = claimed.id ORDER BY claimed.id`)
 
 	// reap deletes one batch through idem_keys_reap. The ids are collected
 	// into an array first so the DELETE finds its rows by primary key
@@ -471,6 +481,6 @@ SELECT c.t AS db_now, %s
 FROM %s k CROSS JOIN clock c %s
 WHERE %s
 ORDER BY k.id DESC
-LIMIT $%d`, recordColumns("k", "l"), q.table, leaseOf(q.leases), strings.Join(where, "\n  AND "), len(args))
+LIMIT $%d`, recordColumnsOf("k", "l", p.Reveal), q.table, leaseOf(q.leases), strings.Join(where, "\n  AND "), len(args))
 	return sql, args, nil
 }
