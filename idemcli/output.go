@@ -233,6 +233,10 @@ func (e *env) printReap(res *idem.ReapResult) error {
 		return e.printJSON(res)
 	}
 	_, err := fmt.Fprintf(e.out, "reaped %d expired key(s) in %d batch(es), and %d abandoned unfinished key(s)\n", res.Deleted, res.Batches, res.Abandoned)
+	if err == nil && res.NeedsReconcile > 0 {
+		_, err = fmt.Fprintf(e.out, "moved %d abandoned key(s) with a not-idempotent call in doubt to needs_reconcile (not deleted); run `%s reconcile`\n",
+			res.NeedsReconcile, e.cfg.Name)
+	}
 	return err
 }
 

@@ -226,12 +226,23 @@ type OperationsStore interface {
 	// and runs under p.StatementTimeout.
 	Reap(ctx context.Context, p ReapParams) (int, error)
 
-	// ReapAbandoned deletes one batch of at most p.Limit keys in
-	// StatusRunning created longer ago than their flow's abandonment age,
-	// and returns how many it deleted. It never deletes a key a live lease
-	// holds or one in StatusNeedsReconcile, skips rows other transactions
-	// have locked, and runs under p.StatementTimeout.
-	ReapAbandoned(ctx context.Context, p ReapAbandonedParams) (int, error)
+	// ReapAbandoned ends one batch of at most p.Limit keys in
+	// StatusRunning created longer ago than their flow's abandonment age:
+	// it deletes them, except that a key whose foreign mark stands (a
+	// not-idempotent call in doubt) is moved to StatusNeedsReconcile
+	// instead, never deleted. It never touches a key a live lease holds or
+	// one in StatusNeedsReconcile, skips rows other transactions have
+	// locked, and runs under p.StatementTimeout.
+	ReapAbandoned(ctx context.Context, p ReapAbandonedParams) (ReapAbandonedResult, error)
+}
+
+// ReapAbandonedResult is what one batch of [Store.ReapAbandoned] did.
+type ReapAbandonedResult struct {
+	// Deleted counts the abandoned keys deleted.
+	Deleted int
+	// NeedsReconcile counts the abandoned keys moved to
+	// StatusNeedsReconcile because their not-idempotent call is in doubt.
+	NeedsReconcile int
 }
 
 // ListKeysParams are the inputs of [Store.ListKeys].

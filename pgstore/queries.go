@@ -369,19 +369,24 @@ WHERE id = ANY(ARRAY(
     FOR UPDATE SKIP LOCKED
 ))`)
 
-	// reapAbandoned deletes one batch of keys abandoned unfinished: running
+	// reapAbandoned ends one batch of keys abandoned unfinished: running
 	// (never needs_reconcile), nobody holding them, created longer ago than
 	// their flow's age ($3/$4 name flows with ages of their own, in
 	// microseconds; $2 is everyone else's; a negative age never abandons).
 	// Both rows are locked (SKIP LOCKED passes over a key a heartbeat or a
 	// takeover is writing), and the lease is re-checked on the lease row's
-	// latest version, so a key taken over meanwhile is left alone; its lease
-	// row goes with it (ON DELETE CASCADE). Candidates come from
-	// idem_keys_unfinished.
+	// latest version, so a key taken over meanwhile is left alone.
+	// Candidates come from idem_keys_unfinished.
+	//
+	// A key whose foreign mark stands (a not-idempotent call in doubt: its
+	// process died after the call, before the phase committed) is not
+	// deleted: a request with the key would then run anew and repeat the
+	// call. It goes to needs_reconcile instead, for a reconcile run to ask
+	// its provider. Every other candidate is deleted, its lease row with it
+	// (ON DELETE CASCADE). The statement returns (deleted, parked).
 	q.reapAbandoned = render(`
-DELETE FROM {t}
-WHERE id = ANY(ARRAY(
-    SELECT k.id
+WITH candidates AS MATERIALIZED (
+    SELECT k.id, (l.foreign_mark IS NOT NULL AND l.foreign_mark_after = k.recovery_point) AS marked
     FROM {t} k
     JOIN {l} l ON l.key_id = k.id
     CROSS JOIN (SELECT coalesce($1::timestamptz, now()) AS t) c
@@ -393,7 +398,18 @@ WHERE id = ANY(ARRAY(
     ORDER BY k.id
     LIMIT $5
     FOR UPDATE OF k, l SKIP LOCKED
-))`)
+), parked AS (
+    UPDATE {t}
+    SET status = 'needs_reconcile',
+        last_error = 'abandoned past its AbandonAfter with a not-idempotent call in doubt; a reconcile run decides'
+    WHERE id = ANY(ARRAY(SELECT id FROM candidates WHERE marked))
+    RETURNING 1
+), deleted AS (
+    DELETE FROM {t}
+    WHERE id = ANY(ARRAY(SELECT id FROM candidates WHERE NOT marked))
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM deleted), (SELECT count(*) FROM parked)`)
 
 	// statementTimeout bounds the statements after it in the same
 	// transaction (milliseconds, as text).
