@@ -302,8 +302,9 @@ func (t *phaseTx) commitGuarded(ctx context.Context, guard string, args ...any) 
 // ErrPhaseEndedTx is the phase failure of a phase that ended its own
 // transaction: a transaction-control statement (COMMIT, ROLLBACK, BEGIN,
 // END, ABORT, SAVEPOINT and their kin) sent through its Tx, alone or in a
-// string of several statements, is refused before it reaches the server, and a transaction found over at commit (ended
-// through the connection) fails the phase.
+// string of several statements, is refused before it reaches the server,
+// and a transaction found over at commit (ended through the connection)
+// fails the phase.
 var ErrPhaseEndedTx = errors.New("pgstore: a phase may not end or nest its transaction; the runner commits it with the recovery point")
 
 // txControl matches a statement that starts with a transaction-control
