@@ -66,7 +66,8 @@ func recordColumnsOf(k, l string, payload bool) string {
 		coalesce({k}response_status, 0) AS response_status, coalesce({k}response_headers, '{}') AS response_headers,
 		{k}response_body, {k}attempts, coalesce({k}last_error, '') AS last_error,
 		{k}created_at, {k}last_run_at, {k}finished_at, {k}expires_at,
-		coalesce({k}params_key_id, '') AS params_key_id, coalesce({k}response_key_id, '') AS response_key_id`
+		coalesce({k}params_key_id, '') AS params_key_id, coalesce({k}response_key_id, '') AS response_key_id,
+		{k}generation`
 	if !payload {
 		cols = strings.NewReplacer("{k}params,", "NULL::jsonb AS params,", "{k}checkpoint,", "NULL::jsonb AS checkpoint,",
 			"coalesce({k}response_headers, '{}')", "NULL::jsonb", "{k}response_body,", "NULL::bytea AS response_body,").Replace(cols)
@@ -85,7 +86,7 @@ func recordDest(rec *idemdriver.KeyRecord) []any {
 		&rec.ResponseStatus, &rec.ResponseHeaders,
 		&rec.ResponseBody, &rec.Attempts, &rec.LastError,
 		&rec.CreatedAt, &rec.LastRunAt, &rec.FinishedAt, &rec.ExpiresAt,
-		&rec.ParamsKeyID, &rec.ResponseKeyID}
+		&rec.ParamsKeyID, &rec.ResponseKeyID, &rec.Generation}
 }
 
 // leaseOf joins progress rows k with their lease rows l for reading. A
@@ -114,8 +115,9 @@ func newQueries(prefix string) *queries {
 	}
 
 	// acquire: one statement, one round trip, for a new key, a replay and an
-	// in-progress key alike. It calls idem_acquire, a PL/pgSQL function
-	// (migrations/sql/0005_acquire_function.up.sql), which
+	// in-progress key alike. It calls idem_acquire_v7, a PL/pgSQL function
+	// (migrations/sql/0007_key_generation.up.sql, idem_acquire of
+	// 0005_acquire_function.up.sql with the key's generation), which
 	//
 	//  - reads the key's progress row, and its lease row unless it is
 	//    finished (a finished key's lease row means nothing);
@@ -123,7 +125,8 @@ func newQueries(prefix string) *queries {
 	//    whether or not the reaper has run, and is never replayed;
 	//  - otherwise, unless NoCreate, deletes the expired key (its lease row
 	//    goes with it, ON DELETE CASCADE) and inserts the key and its lease
-	//    row, locked. ON CONFLICT DO NOTHING turns a concurrent insert of the
+	//    row, locked, one generation on from the expired key it replaces
+	//    (0 for a key never seen). ON CONFLICT DO NOTHING turns a concurrent insert of the
 	//    same key into "nothing inserted" instead of a unique violation that
 	//    would abort the caller; the function then reads the winner's key.
 	//
@@ -147,7 +150,7 @@ func newQueries(prefix string) *queries {
 	// spares every replay the cost of setting one up, and takeovers are rare.
 	//
 	// Params travel as text: the function parses them only when it inserts.
-	q.acquire = `SELECT * FROM ` + prefix + `idem_acquire($1::timestamptz, $2::text, $3::text, $4::text, $5::text, $6::text,
+	q.acquire = `SELECT * FROM ` + prefix + `idem_acquire_v7($1::timestamptz, $2::text, $3::text, $4::text, $5::text, $6::text,
     $7::bytea, $8::text, $9::bigint, $10::boolean, $11::text)`
 
 	// takeOverLease is the part of takeOver and claimReconcile that takes
