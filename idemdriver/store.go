@@ -234,6 +234,20 @@ type OperationsStore interface {
 	// one in StatusNeedsReconcile, skips rows other transactions have
 	// locked, and runs under p.StatementTimeout.
 	ReapAbandoned(ctx context.Context, p ReapAbandonedParams) (ReapAbandonedResult, error)
+
+	// KeysInDoubt counts the unfinished keys of the given flows whose
+	// foreign mark stands (a not-idempotent call in doubt), by flow, the
+	// phase the mark names, and status. Empty flows counts nothing.
+	KeysInDoubt(ctx context.Context, flows []string) ([]KeysInDoubt, error)
+}
+
+// KeysInDoubt is one group of [OperationsStore.KeysInDoubt]: Keys unfinished
+// keys of Flow in Status whose not-idempotent call at Phase is in doubt.
+type KeysInDoubt struct {
+	Flow   string `db:"flow"`
+	Phase  string `db:"phase"`
+	Status Status `db:"status"`
+	Keys   int    `db:"keys"`
 }
 
 // ReapAbandonedResult is what one batch of [Store.ReapAbandoned] did.

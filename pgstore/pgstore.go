@@ -544,6 +544,18 @@ func (s *Store) ReapAbandoned(ctx context.Context, p idemdriver.ReapAbandonedPar
 	return res, nil
 }
 
+// KeysInDoubt implements idemdriver.Store.
+func (s *Store) KeysInDoubt(ctx context.Context, flows []string) ([]idemdriver.KeysInDoubt, error) {
+	if len(flows) == 0 {
+		return nil, nil
+	}
+	var groups []idemdriver.KeysInDoubt
+	if err := pgxscan.Select(ctx, s.db, &groups, s.q.keysInDoubt, flows); err != nil {
+		return nil, mapError(fmt.Errorf("pgstore: keys in doubt: %w", err))
+	}
+	return groups, nil
+}
+
 // deleteBatch runs one batch's DELETE in a transaction of its own, under its
 // statement timeout, and returns the rows it deleted.
 func (s *Store) deleteBatch(ctx context.Context, what string, timeout time.Duration, sql string, args ...any) (int, error) {

@@ -40,7 +40,7 @@ type queries struct {
 	markForeign, clearForeignMark     string
 	setNeedsReconcile, getKey         string
 
-	unlockKey, claimIdle, reap, reapAbandoned, statementTimeout, clock string
+	unlockKey, claimIdle, reap, reapAbandoned, keysInDoubt, statementTimeout, clock string
 }
 
 // recordColumns renders the columns of idemdriver.KeyRecord from a progress
@@ -413,6 +413,17 @@ WITH candidates AS MATERIALIZED (
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM deleted), (SELECT count(*) FROM parked)`)
+
+	// keysInDoubt counts the unfinished keys of flows $1 whose foreign mark
+	// stands, by flow, marked phase and status; through
+	// idem_keys_unfinished.
+	q.keysInDoubt = render(`
+SELECT k.flow::text AS flow, l.foreign_mark AS phase, k.status::text AS status, count(*)::int AS keys
+FROM {t} k JOIN {l} l ON l.key_id = k.id
+WHERE k.status <> 'finished' AND k.flow = ANY($1::text[])
+  AND l.foreign_mark IS NOT NULL AND l.foreign_mark_after = k.recovery_point
+GROUP BY 1, 2, 3
+ORDER BY 1, 2, 3`)
 
 	// statementTimeout bounds the statements after it in the same
 	// transaction (milliseconds, as text).
