@@ -16,7 +16,9 @@ import (
 // option, or a deploy that switched the phase to idempotent while keys were
 // in doubt): no Reconcile hook.
 func smsFlowWithoutHook() *idem.Flow[smsInput] {
-	advance := func(context.Context, idem.Tx, *idem.Attempt[smsInput]) (idem.Result, error) { return idem.Advance(), nil }
+	advance := func(context.Context, idem.Tx, *idem.Attempt[smsInput]) (idem.Result, error) {
+		return idem.Advance(), nil
+	}
 	return idem.MustNewFlow("sms.send", []idem.Phase[smsInput]{
 		{Name: "message_saved", Do: advance},
 		{Name: "sms_sent", Do: advance},
