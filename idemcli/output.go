@@ -255,6 +255,9 @@ func (e *env) printReconcile(res *idem.ReconcileResult) error {
 	}
 	_, err := fmt.Fprintf(e.out, "claimed %d needs_reconcile key(s): %d resolved, %d still unresolved, %d skipped, %d failed after the verdict\n",
 		res.Claimed, res.Resolved, res.Unresolved, res.Skipped, res.Failed)
+	if err == nil && res.NoHook > 0 {
+		_, err = fmt.Fprintf(e.out, "%d key(s) left as they were: their call in doubt is at a phase with no reconcile hook in this binary\n", res.NoHook)
+	}
 	return err
 }
 
