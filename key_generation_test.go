@@ -43,12 +43,7 @@ func TestReusedExpiredKeyGetsNewDownstreamKeys(t *testing.T) {
 	// A key in flight at generation 1 holds migration 0007's down back: the
 	// down would change the downstream key its retry sends.
 	b.clock.Advance(2 * time.Hour)
-	crashing := b.runner(t, &idem.Config{Retention: time.Hour, Test: idem.TestConfig{Hook: func(_ context.Context, at idem.HookPoint) error {
-		if at.Where == idem.HookAfterForeign {
-			return idem.ErrSimulatedCrash
-		}
-		return nil
-	}}})
+	crashing := b.runner(t, &idem.Config{Retention: time.Hour, Test: idem.TestConfig{Hook: crashAt(idem.HookAfterForeign, "charge_created")}})
 	_, err = crashing.Execute(ctx, b.flow, req)
 	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
 	require.Equal(t, 2, b.key(t, "order-42").Generation)

@@ -19,6 +19,7 @@ import (
 // refused (pgstore.ErrPhaseEndedTx) before it reaches the server, so the
 // failed phase's write rolls back.
 func TestMultiStatementStringCannotCommitThePhase(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
 	runs := 0

@@ -15,14 +15,10 @@ import (
 // as a new request and repeat the call. The reaper moves it to
 // needs_reconcile instead.
 func TestReaperParksAbandonedKeyWithCallInDoubt(t *testing.T) {
+	t.Parallel()
 	b := setupSMS(t)
 	ctx := context.Background()
-	crashing := b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Test: idem.TestConfig{Hook: func(_ context.Context, at idem.HookPoint) error {
-		if at.Where == idem.HookAfterForeign {
-			return idem.ErrSimulatedCrash
-		}
-		return nil
-	}}})
+	crashing := b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Test: idem.TestConfig{Hook: crashAt(idem.HookAfterForeign, "sms_sent")}})
 	_, err := crashing.Execute(ctx, b.flow, b.req("k1"))
 	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
 	ref := b.ref(t, "k1")

@@ -90,12 +90,7 @@ func TestCheckReconcileHooksReportsKeysInDoubtWithoutAHook(t *testing.T) {
 	b := setupSMS(t)
 	ctx := context.Background()
 	b.parkInDoubt(t, "parked")
-	crashing := b.runner(t, func(_ context.Context, at idem.HookPoint) error {
-		if at.Where == idem.HookAfterForeign {
-			return idem.ErrSimulatedCrash
-		}
-		return nil
-	})
+	crashing := b.runner(t, crashAt(idem.HookAfterForeign, "sms_sent"))
 	_, err := crashing.Execute(ctx, b.flow, b.req("crashed"))
 	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
 	_, err = b.runner(t, nil).Execute(ctx, b.flow, b.req("fine"))
