@@ -44,8 +44,11 @@ func TestMigration0002DownRefusesWhileKeysAreInFlight(t *testing.T) {
 	b.clock.Advance(2 * time.Minute)
 	r, err := idem.NewRunner(store, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Test: idem.TestConfig{Now: b.clock.Now}})
 	require.NoError(t, err)
-	out, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 5}))
+	out, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20})) // abandon's request
 	t.Logf("retry: %s %v", out.Kind, err)
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeExecuted, out.Kind)
+	require.True(t, out.TookOver)
 	require.Equal(t, before, after)
 	require.Equal(t, 1, b.provider.Charges(), "charged twice")
 }
