@@ -175,7 +175,28 @@ func (r *Runner) commitLanded(ctx context.Context, h *held, cp *idemdriver.Commi
 		return true, nil
 	}
 	h.rec.ForeignMark = rec.ForeignMark
-	return false, r.storeError(ctx, commitErr)
+	return false, r.afterWrites(h, r.storeError(ctx, commitErr))
+}
+
+// afterWrites turns ErrInvalidRequest (input the database cannot store,
+// found by a phase's statement or by its commit) into a phase failure once
+// something was written: a phase committed before, or this one made its
+// foreign call. Bad input means "nothing written" only before that; after,
+// the request's retry resumes.
+func (r *Runner) afterWrites(h *held, err error) error {
+	if errors.Is(err, ErrInvalidRequest) && !errors.Is(err, ErrPhaseFailed) &&
+		(h.rec.RecoveryPoint != RecoveryPointStarted || h.foreignBy != "") {
+		return fmt.Errorf("%w: phase %q: %w", ErrPhaseFailed, h.phaseName(), err)
+	}
+	return err
+}
+
+// providerDeadline reports whether err, a phase's error, is the deadline of
+// the phase's foreign call (a provider's timeout: an http.Client's Timeout, a
+// context.WithTimeout around the call): a phase failure, not the store
+// failing to answer.
+func (h *held) providerDeadline(err error) bool {
+	return h.foreignErr != nil && errors.Is(h.foreignErr, context.DeadlineExceeded) && errors.Is(err, context.DeadlineExceeded)
 }
 
 // classify turns a body attempt's error into the error the runner acts on.
@@ -193,13 +214,13 @@ func (r *Runner) classify(ctx context.Context, h *held, tx idemdriver.PhaseTx, e
 	}
 	mapped := err
 	if tx != nil {
-		mapped = r.storeError(ctx, tx.ClassifyError(err))
+		mapped = tx.ClassifyError(err)
+		if !h.providerDeadline(err) {
+			mapped = r.storeError(ctx, mapped)
+		}
 	}
-	if errors.Is(mapped, ErrInvalidRequest) && h.rec.RecoveryPoint != RecoveryPointStarted {
-		// Input the database cannot store is bad input only while nothing
-		// has committed; after a phase did, the request is not "nothing
-		// written", and its retry resumes.
-		return fmt.Errorf("%w: phase %q: %w", ErrPhaseFailed, h.phaseName(), mapped)
+	if mapped = r.afterWrites(h, mapped); errors.Is(mapped, ErrPhaseFailed) {
+		return mapped
 	}
 	if errors.Is(mapped, ErrSerialization) || errors.Is(mapped, ErrStoreUnavailable) || errors.Is(mapped, ErrInvalidRequest) {
 		return mapped

@@ -143,6 +143,7 @@ func TestCipherSealsParamsAndResponseAtRest(t *testing.T) {
 	m, err := migrations.New(b.pool, &migrations.Config{Schema: b.schema.Name})
 	require.NoError(t, err)
 	_, err = m.Down(ctx, 2)
+	require.ErrorIs(t, err, migrations.ErrRefused)
 	require.ErrorContains(t, err, "sealed at rest")
 }
 

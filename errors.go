@@ -96,6 +96,31 @@ var (
 	ErrSimulatedCrash = errors.New("idem: simulated crash")
 )
 
+// ErrNoReconcileHook: a key's not-idempotent call is in doubt at a phase that
+// has no Reconcile hook in this binary (its flow declares the phase without
+// ForeignNotIdempotent here: an operations binary built without it, or a
+// deploy that switched the phase to idempotent while keys were in doubt).
+// Runner.Reconcile refuses such a key before claiming it, so it moves no
+// counter (neither its fence nor its attempts) and stays as it is, in
+// needs_reconcile, for a binary that has the hook. The error is a
+// *MissingHookError, which names the flow and the phase, and it also wraps
+// ErrNeedsReconcile. [Runner.CheckReconcileHooks] finds such keys up front.
+var ErrNoReconcileHook = errors.New("idem: no reconcile hook")
+
+// MissingHookError is the error of [ErrNoReconcileHook]: Flow's phase Phase
+// has no Reconcile hook in this binary.
+type MissingHookError struct {
+	Flow, Phase string
+}
+
+func (e *MissingHookError) Error() string {
+	return fmt.Sprintf("idem: flow %q phase %q has a call in doubt but no Reconcile hook in this binary; "+
+		"reconcile it with a binary whose phase is ForeignNotIdempotent with a Reconcile hook (the key is left as it is)", e.Flow, e.Phase)
+}
+
+// Unwrap returns ErrNoReconcileHook.
+func (e *MissingHookError) Unwrap() error { return ErrNoReconcileHook }
+
 // ErrTooManyKeys: Config.Admit refused to let the request create a new key
 // (the scope has too many). Nothing was written; retry after
 // Outcome.RetryAfter. Admit returns it through [TooManyKeys], which carries

@@ -180,6 +180,8 @@ type AnyFlow interface {
 	redrives() bool
 	callDo(ctx context.Context, tx Tx, h *held) (Result, error)
 	callReconcile(ctx context.Context, tx Tx, h *held) (Reconciliation, error)
+	// reconcilable reports whether phase i has a Reconcile hook.
+	reconcilable(i int) bool
 }
 
 // prepared is a request's input in the forms the runner needs.
@@ -339,5 +341,13 @@ func (f *Flow[In]) callDo(ctx context.Context, tx Tx, h *held) (Result, error) {
 }
 
 func (f *Flow[In]) callReconcile(ctx context.Context, tx Tx, h *held) (Reconciliation, error) {
-	return f.phases[h.phase].Reconcile(ctx, tx, &Attempt[In]{h: h, input: h.input.(In)})
+	hook := f.phases[h.phase].Reconcile
+	if hook == nil {
+		return Reconciliation{}, &MissingHookError{Flow: f.name, Phase: f.phases[h.phase].Name}
+	}
+	return hook(ctx, tx, &Attempt[In]{h: h, input: h.input.(In)})
+}
+
+func (f *Flow[In]) reconcilable(i int) bool {
+	return i >= 0 && i < len(f.phases) && f.phases[i].Reconcile != nil
 }

@@ -35,6 +35,9 @@ type held struct {
 	// foreignBy names the phase that made the transaction's foreign call
 	// this attempt, if any.
 	foreignBy string
+	// foreignErr is the error that foreign call returned this attempt: a
+	// deadline in it is the provider's, not the store's (see classify).
+	foreignErr error
 	// foreignMarked survives attempts: once a not-idempotent call may have
 	// happened, the request can only go forward by committing or reconcile.
 	foreignMarked bool
@@ -70,6 +73,12 @@ func (h *held) nextPhase() (int, error) {
 	if !ok {
 		return 0, fmt.Errorf("%w: key %q is at %q, which flow %q does not have", ErrUnknownRecoveryPoint, h.rec.Key, h.rec.RecoveryPoint, h.flow.Name())
 	}
+	if i+1 >= len(h.flow.PhaseNames()) {
+		// A deploy dropped the phases after it (or made this one the last):
+		// nothing is left to run, and no response is stored.
+		return 0, fmt.Errorf("%w: key %q is at %q, now the last phase of flow %q: no phase is left to run and no response is stored",
+			ErrUnknownRecoveryPoint, h.rec.Key, h.rec.RecoveryPoint, h.flow.Name())
+	}
 	return i + 1, nil
 }
 
@@ -86,7 +95,7 @@ func (h *held) enterPhase(i int) {
 func (h *held) beginAttempt() {
 	h.attempt++
 	h.phase = h.first
-	h.patch, h.foreignBy = nil, ""
+	h.patch, h.foreignBy, h.foreignErr = nil, "", nil
 }
 
 func (h *held) phaseName() string {
@@ -185,6 +194,7 @@ func (h *held) foreign(ctx context.Context, name string, call func(ctx context.C
 	}
 	key := h.downstreamKey()
 	err := call(ctx, key)
+	h.foreignErr = err
 	if herr := r.hookAt(ctx, h, HookPoint{Where: HookAfterForeign, Foreign: name, DownstreamKey: key}); herr != nil {
 		return herr
 	}

@@ -34,12 +34,18 @@ import (
 // gone, which aborts the running phase's statements early; the fenced commit
 // would refuse it anyway. release stops the heartbeat.
 //
-// The heartbeat runs until release, whatever the request is doing: while the
+// The heartbeat runs until release, whatever the request is doing, on a
+// context of its own: the caller's context ending does not stop it (a phase
+// may carry on past it, a commit in flight is finished), only release or a
+// lost lease does. While the
 // worker is letting go of the key (a final commit in flight, a release) a
 // refused beat is expected and ignored, and if the final commit then fails and
 // the phase is retried, the beats that follow keep the lease alive again.
 func (r *Runner) holdLease(ctx context.Context, h *held) (context.Context, func()) {
 	ctx, cancel := context.WithCancelCause(ctx)
+	// The beats' own context: the caller's values (trace, logger), not its
+	// cancellation; release ends it.
+	bctxBase, stopBeats := context.WithCancel(context.WithoutCancel(ctx))
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	ref, key := h.ref, h.rec.Key
@@ -53,14 +59,15 @@ func (r *Runner) holdLease(ctx context.Context, h *held) (context.Context, func(
 			select {
 			case <-stop:
 				return
-			case <-ctx.Done():
-				return
 			case <-ticker.C:
+			}
+			if bctxBase.Err() != nil {
+				return
 			}
 			if h.lettingGo.Load() {
 				continue
 			}
-			bctx, bcancel := r.storeContext(ctx)
+			bctx, bcancel := r.storeContext(bctxBase)
 			sent := r.localNow()
 			_, err := r.store.Heartbeat(bctx, ref, r.config.Lease, r.now())
 			bcancel()
@@ -71,13 +78,11 @@ func (r *Runner) holdLease(ctx context.Context, h *held) (context.Context, func(
 			case err == nil:
 				h.renewed(sent)
 				ev.Kind, ev.Err = EventHeartbeat, nil
-				r.emit(ctx, ev)
+				r.emit(bctxBase, ev)
 			case errors.Is(err, ErrLockLost):
 				ev.Kind, ev.Err = EventLockLost, err
-				r.emit(ctx, ev)
+				r.emit(bctxBase, ev)
 				cancel(ErrLockLost)
-				return
-			case ctx.Err() != nil:
 				return
 			default:
 				// A transient store error: keep trying. If the store stays
@@ -85,8 +90,8 @@ func (r *Runner) holdLease(ctx context.Context, h *held) (context.Context, func(
 				// one stops before its next foreign call (self-fencing) and
 				// the fence stops it at its next commit.
 				ev.Kind, ev.Err = EventStoreError, err
-				r.emit(ctx, ev)
-				r.log.WarnContext(ctx, "idem: heartbeat failed", append(logAttrs, "err", r.redact(err))...)
+				r.emit(bctxBase, ev)
+				r.log.WarnContext(bctxBase, "idem: heartbeat failed", append(logAttrs, "err", r.redact(err))...)
 			}
 		}
 	}()
@@ -94,6 +99,7 @@ func (r *Runner) holdLease(ctx context.Context, h *held) (context.Context, func(
 		// Cancel first: a beat in flight ends now rather than holding up
 		// the request's answer.
 		close(stop)
+		stopBeats()
 		cancel(nil)
 		<-done
 	}

@@ -160,6 +160,12 @@ func (m *Maintainer) Serve(ctx context.Context) error {
 	m.log.InfoContext(ctx, "idem: maintainer started", "reap_interval", m.config.ReapInterval.String(),
 		"complete_interval", m.config.CompleteInterval.String(), "reconcile_interval", m.config.ReconcileInterval.String())
 	var wg sync.WaitGroup
+	if m.config.ReconcileInterval > 0 {
+		// Keys in doubt this binary has no reconcile hook for are logged
+		// once at start (CheckReconcileHooks); a failure is the next
+		// reconcile pass's to report.
+		wg.Go(func() { _, _ = m.runner.CheckReconcileHooks(ctx) })
+	}
 	for _, svc := range services {
 		if svc.interval <= 0 {
 			continue

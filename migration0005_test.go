@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/georgysavva/scany/v2/pgxscan"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
@@ -174,8 +173,12 @@ func TestMigration0005KeepsKeysWorking(t *testing.T) {
 	out, err := old.Execute(ctx, b.testBundle.flow, b.request("finished", ride))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeReplayed, out.Kind, "version 4's acquisition works on version 4")
-	require.Equal(t, idem.StatusRunning, b.key(t, "in-flight").Status)
-	require.Equal(t, "ride_created", b.key(t, "in-flight").RecoveryPoint)
+	// (Read with SQL of its own: this store's reads name version 7's
+	// generation column.)
+	var status, point string
+	require.NoError(t, schema.Pool.QueryRow(ctx, `SELECT status, recovery_point FROM `+schema.Name+`.idem_keys WHERE key = 'in-flight'`).Scan(&status, &point))
+	require.Equal(t, string(idem.StatusRunning), status)
+	require.Equal(t, "ride_created", point)
 
 	// The latest version (0005 and 0006 applied to what version 4 left),
 	// with a store made for it.
@@ -246,31 +249,35 @@ func TestMigration0005KeepsKeysWorking(t *testing.T) {
 // A connection that has called idem_acquire keeps acquiring across
 // migration 0006 and back: PL/pgSQL keeps a function compiled per session
 // with the column types it saw, and the migration makes every session
-// compile it afresh rather than fail every later call.
+// compile it afresh rather than fail every later call. (idem_acquire is what
+// the stores of versions 5 and 6 call; it is called here as they did.)
 func TestAcquireOnOneConnectionAcrossMigration0006(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	schema := pgtest.NewMigratedSchema(t)
-	store := storeOn(t, schema, func(cfg *pgxpool.Config) { cfg.MaxConns = 1 }) // every acquisition on the same session
+	conn, err := schema.Pool.Acquire(ctx) // every acquisition on the same session
+	require.NoError(t, err)
+	defer conn.Release()
 	m, err := migrations.New(schema.Pool, &migrations.Config{Schema: schema.Name})
 	require.NoError(t, err)
 
 	acquire := func(key string) {
 		t.Helper()
-		res, err := store.Acquire(ctx, idemdriver.AcquireParams{Scope: "s", Key: key, Flow: "f", Method: "POST", Path: "/",
-			Fingerprint: []byte{1}, Params: []byte(`{}`), Lease: time.Minute})
-		require.NoError(t, err, key)
-		require.Equal(t, idemdriver.AcquiredCreated, res.Acquired, key)
-		res, err = store.Acquire(ctx, idemdriver.AcquireParams{Scope: "s", Key: key, Flow: "f", Method: "POST", Path: "/",
-			Fingerprint: []byte{1}, Params: []byte(`{}`), Lease: time.Minute})
-		require.NoError(t, err, key)
-		require.Equal(t, idemdriver.AcquiredNone, res.Acquired, key)
+		for _, want := range []string{"created", "none"} {
+			var acquired string
+			require.NoError(t, conn.QueryRow(ctx, `SELECT acquired FROM `+schema.Name+`.idem_acquire(NULL, 's', $1, 'f', 'POST', '/', '\x01', '{}', 60000000, false, '')`, key).Scan(&acquired), key)
+			require.Equal(t, want, acquired, key)
+		}
 	}
+	_, err = m.Down(ctx, 6)
+	require.NoError(t, err)
 	acquire("at-6")
 	_, err = m.Down(ctx, 5)
 	require.NoError(t, err)
 	acquire("at-5")
-	_, err = m.Up(ctx)
+	up6, err := m.Script(migrations.FormatSQL, migrations.DirectionUp, 6)
+	require.NoError(t, err)
+	_, err = schema.Pool.Exec(ctx, up6)
 	require.NoError(t, err)
 	acquire("at-6-again")
 }

@@ -101,7 +101,7 @@ const (
 	EventReplayed       EventKind = "replayed"        // a stored response was replayed
 	EventInProgress     EventKind = "in_progress"     // a live lease turned the request away
 	EventMismatch       EventKind = "mismatch"        // a key was reused for a different request
-	EventNeedsReconcile EventKind = "needs_reconcile" // a key was found or put in needs_reconcile
+	EventNeedsReconcile EventKind = "needs_reconcile" // a key was found or put in needs_reconcile (by the reaper: Count keys)
 	EventLockLost       EventKind = "lock_lost"       // this worker's lease was taken over
 	EventStoreError     EventKind = "store_error"     // a store operation failed
 	EventPhaseCommitted EventKind = "phase_committed" // Duration: the phase attempt, begin to commit

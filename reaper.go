@@ -24,8 +24,12 @@ import (
 // default, or FlowConfig.AbandonAfter) is deleted the same way, in batches,
 // unless a live lease holds it. Its request keeps failing, or its client gave
 // up and nothing finished it: without this such keys would stay forever. A
-// key in needs_reconcile is never abandoned. A request with an abandoned key
-// afterwards runs as a new request, from the first phase.
+// request with an abandoned key afterwards runs as a new request, from the
+// first phase. A key in needs_reconcile is never abandoned, and neither is a
+// key whose not-idempotent call is in doubt (its foreign mark stands: the
+// process died after the call, before the phase committed): deleting it
+// would let the next request repeat the call. The reaper moves such a key to
+// needs_reconcile instead, for a reconcile run to ask the provider.
 //
 // Business rows that reference a key survive its deletion; their foreign
 // keys should be ON DELETE SET NULL (and indexed, or each deleted key costs a
@@ -96,6 +100,9 @@ type ReapResult struct {
 	// Abandoned counts the unfinished keys deleted as abandoned (in batches
 	// of their own, bounded by the same BatchSize and MaxBatches).
 	Abandoned int `json:"abandoned"`
+	// NeedsReconcile counts the abandoned keys moved to needs_reconcile
+	// instead of deleted: their not-idempotent call is in doubt.
+	NeedsReconcile int `json:"needs_reconcile"`
 }
 
 // Reap deletes finished keys whose expiry has passed, batch by batch, until
@@ -121,8 +128,9 @@ func (r *Runner) reapExpired(ctx context.Context, cfg *ReapConfig) (*ReapResult,
 	res := &ReapResult{}
 	started := time.Now()
 	err := r.inBatches(ctx, cfg, EventReaped, "idem: reaper batch failed", &res.Deleted, &res.Batches,
-		func(ctx context.Context) (int, error) {
-			return r.store.Reap(ctx, idemdriver.ReapParams{Limit: cfg.BatchSize, StatementTimeout: cfg.StatementTimeout, Now: r.now()})
+		func(ctx context.Context) (int, int, error) {
+			n, err := r.store.Reap(ctx, idemdriver.ReapParams{Limit: cfg.BatchSize, StatementTimeout: cfg.StatementTimeout, Now: r.now()})
+			return n, n, err
 		})
 	switch {
 	case err != nil && ctx.Err() == nil:
@@ -138,18 +146,20 @@ func (r *Runner) reapExpired(ctx context.Context, cfg *ReapConfig) (*ReapResult,
 	return res, nil
 }
 
-// inBatches runs batch until it deletes fewer than cfg.BatchSize keys,
+// inBatches runs batch until it handles fewer than cfg.BatchSize keys,
 // cfg.MaxBatches is reached or ctx ends, pausing cfg.Pause between batches.
-// It adds each batch's count to *deleted and counts batches in *batches,
+// A batch returns the keys it deleted and those it handled (deleted or
+// otherwise ended). It adds each batch's deletions to *deleted and counts
+// batches in *batches,
 // emits kind for a batch that deleted keys, and for a failing batch emits
 // EventStoreError, logs failed (with what was deleted so far) and returns
 // the error; when ctx ends it returns ctx's cause.
-func (r *Runner) inBatches(ctx context.Context, cfg *ReapConfig, kind EventKind, failed string, deleted, batches *int, batch func(context.Context) (int, error)) error {
+func (r *Runner) inBatches(ctx context.Context, cfg *ReapConfig, kind EventKind, failed string, deleted, batches *int, batch func(context.Context) (deleted, handled int, err error)) error {
 	for ran := 0; cfg.MaxBatches == 0 || ran < cfg.MaxBatches; ran++ {
 		if err := ctx.Err(); err != nil {
 			return context.Cause(ctx)
 		}
-		n, err := batch(ctx)
+		n, handled, err := batch(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return context.Cause(ctx)
@@ -163,7 +173,7 @@ func (r *Runner) inBatches(ctx context.Context, cfg *ReapConfig, kind EventKind,
 		if n > 0 {
 			r.emit(ctx, Event{Kind: kind, Count: n})
 		}
-		if n < cfg.BatchSize {
+		if handled < cfg.BatchSize {
 			// Nothing more is left, or what is left is locked by another
 			// reaper, which will take it.
 			break
@@ -189,14 +199,26 @@ func (r *Runner) reapAbandoned(ctx context.Context, cfg *ReapConfig, res *ReapRe
 			p.FlowAfter[name] = after
 		}
 	}
-	var batches int
+	var batches, parked int
 	err := r.inBatches(ctx, cfg, EventAbandoned, "idem: reaper batch of abandoned keys failed", &res.Abandoned, &batches,
-		func(ctx context.Context) (int, error) { return r.store.ReapAbandoned(ctx, p) })
+		func(ctx context.Context) (int, int, error) {
+			res, err := r.store.ReapAbandoned(ctx, p)
+			if res.NeedsReconcile > 0 {
+				parked += res.NeedsReconcile
+				r.emit(ctx, Event{Kind: EventNeedsReconcile, Count: res.NeedsReconcile})
+			}
+			return res.Deleted, res.Deleted + res.NeedsReconcile, err
+		})
+	res.NeedsReconcile += parked
 	switch {
 	case err != nil && ctx.Err() == nil:
 		return fmt.Errorf("reap abandoned keys: %w", err)
 	case err != nil:
 		return err
+	}
+	if parked > 0 {
+		r.log.WarnContext(ctx, "idem: unfinished keys abandoned with a not-idempotent call in doubt moved to needs_reconcile, not deleted; a reconcile run decides",
+			"needs_reconcile", parked)
 	}
 	if res.Abandoned > 0 {
 		r.log.WarnContext(ctx, "idem: deleted unfinished keys abandoned past their AbandonAfter; a request with one of them runs anew",

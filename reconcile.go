@@ -39,6 +39,9 @@ func (r *Runner) Reconcile(ctx context.Context, scope, key string) (*Outcome, er
 }
 
 func (r *Runner) reconcile(ctx context.Context, scope, key string) (*Outcome, error) {
+	if out, err := r.refuseWithoutHook(ctx, scope, key); err != nil {
+		return out, err
+	}
 	cctx, cancel := r.storeContext(ctx)
 	sent := r.localNow()
 	acq, err := r.store.ClaimReconcile(cctx, idemdriver.ClaimParams{Scope: scope, Key: key, Lease: r.config.Lease, Now: r.now()})
@@ -81,6 +84,10 @@ func (r *Runner) reconcile(ctx context.Context, scope, key string) (*Outcome, er
 	if !ok {
 		return r.leaveUnreconciled(ctx, h, fmt.Errorf("%w: the foreign mark names %q, which flow %q does not have", ErrUnknownRecoveryPoint, rec.ForeignMark, flow.Name()))
 	}
+	if !flow.reconcilable(phase) {
+		// The key changed between refuseWithoutHook's read and the claim.
+		return r.leaveUnreconciled(ctx, h, &MissingHookError{Flow: flow.Name(), Phase: rec.ForeignMark})
+	}
 	h.enterPhase(phase)
 	var verdict Reconciliation
 	result, err := r.runBody(ctx, h, func(ctx context.Context, tx Tx) (Result, *idemdriver.CommitParams, error) {
@@ -113,6 +120,89 @@ func (r *Runner) reconcile(ctx context.Context, scope, key string) (*Outcome, er
 	default:
 		return r.drive(ctx, h, phase+1)
 	}
+}
+
+// refuseWithoutHook reads the key before it is claimed and refuses one whose
+// call in doubt is at a phase without a Reconcile hook in this binary:
+// claiming it would move its fence and attempts for nothing, on every try.
+// Whatever else the read finds (or a failed read) is left to the claim.
+func (r *Runner) refuseWithoutHook(ctx context.Context, scope, key string) (*Outcome, error) {
+	gctx, cancel := r.storeContext(ctx)
+	rec, err := r.store.GetKey(gctx, scope, key)
+	cancel()
+	if err != nil || rec.Status != StatusNeedsReconcile || rec.ForeignMark == "" {
+		return nil, nil
+	}
+	flow, ok := r.flows[rec.Flow]
+	if !ok {
+		return nil, nil
+	}
+	if i, ok := flow.phaseIndex(rec.ForeignMark); !ok || flow.reconcilable(i) {
+		return nil, nil
+	}
+	missing := &MissingHookError{Flow: rec.Flow, Phase: rec.ForeignMark}
+	r.log.WarnContext(ctx, "idem: a key's call in doubt has no reconcile hook in this binary; the key is left as it is",
+		r.logAttrs(scope, key, rec.ID, "flow", rec.Flow, "phase", rec.ForeignMark)...)
+	return &Outcome{Record: rec}, fmt.Errorf("%w: %w", ErrNeedsReconcile, missing)
+}
+
+// MissingHook is a phase of a registered flow at which keys have a
+// not-idempotent call in doubt but which has no Reconcile hook in this
+// binary (see [ErrNoReconcileHook]); [Runner.CheckReconcileHooks] reports
+// them.
+type MissingHook struct {
+	Flow  string `json:"flow"`
+	Phase string `json:"phase"`
+	// Keys counts the keys in doubt at the phase; NeedsReconcile counts
+	// those of them already in needs_reconcile (the others are running or
+	// stale, and go there on their next attempt).
+	Keys           int `json:"keys"`
+	NeedsReconcile int `json:"needs_reconcile"`
+}
+
+// CheckReconcileHooks looks for keys in doubt that this binary cannot
+// reconcile: unfinished keys of the flows in Config.Flows whose
+// not-idempotent call is in doubt (a foreign mark stands) at a phase that has
+// no Reconcile hook here, or that the flow no longer has. Each such phase is
+// logged as an error and returned. Run it at startup (the Maintainer does,
+// when it runs reconcile passes): a binary that declares a phase without
+// ForeignNotIdempotent, or a deploy that switched a phase to idempotent while
+// keys were in doubt, leaves those keys for an operator or a binary that has
+// the hook.
+func (r *Runner) CheckReconcileHooks(ctx context.Context) ([]MissingHook, error) {
+	flows := r.flowNames()
+	if len(flows) == 0 {
+		return nil, nil
+	}
+	qctx, cancel := r.storeContext(ctx)
+	groups, err := r.store.KeysInDoubt(qctx, flows)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("check reconcile hooks: %w", r.storeError(ctx, err))
+	}
+	var missing []MissingHook
+	for _, g := range groups {
+		flow, ok := r.flows[g.Flow]
+		if !ok {
+			continue
+		}
+		if i, ok := flow.phaseIndex(g.Phase); ok && flow.reconcilable(i) {
+			continue
+		}
+		if n := len(missing); n == 0 || missing[n-1].Flow != g.Flow || missing[n-1].Phase != g.Phase {
+			missing = append(missing, MissingHook{Flow: g.Flow, Phase: g.Phase})
+		}
+		m := &missing[len(missing)-1]
+		m.Keys += g.Keys
+		if g.Status == StatusNeedsReconcile {
+			m.NeedsReconcile += g.Keys
+		}
+	}
+	for _, m := range missing {
+		r.log.ErrorContext(ctx, "idem: keys have a call in doubt at a phase with no reconcile hook in this binary; they cannot be reconciled here",
+			"flow", m.Flow, "phase", m.Phase, "keys", m.Keys, "needs_reconcile", m.NeedsReconcile)
+	}
+	return missing, nil
 }
 
 // resolution is what a reconcile verdict records on the key: done commits the
@@ -288,6 +378,9 @@ type ReconcileResult struct {
 	// afterwards; they are unfinished and unlocked, for a retry or the
 	// completer.
 	Failed int `json:"failed"`
+	// NoHook counts keys left as they were because their call in doubt is
+	// at a phase with no Reconcile hook in this binary (ErrNoReconcileHook).
+	NoHook int `json:"no_hook"`
 }
 
 // ReconcileAll runs one reconcile pass over the idle needs_reconcile keys of
@@ -312,6 +405,9 @@ func (r *Runner) ReconcileAll(ctx context.Context, config *ReconcileConfig) (*Re
 		switch {
 		case out.Kind == OutcomeExecuted, errors.Is(err, ErrNoRedrive):
 			res.Resolved++
+		case errors.Is(err, ErrNoReconcileHook):
+			res.NoHook++
+			log.WarnContext(ctx, "idem: key left as it is: no reconcile hook in this binary", "err", r.redact(err))
 		case out.Kind == OutcomeNeedsReconcile:
 			res.Unresolved++
 			log.InfoContext(ctx, "idem: key still needs reconciliation", "err", r.logErr(err, rec.Scope, rec.Key))
@@ -325,6 +421,6 @@ func (r *Runner) ReconcileAll(ctx context.Context, config *ReconcileConfig) (*Re
 		}
 	})
 	r.logPass(ctx, "reconcile", res.Claimed, err, "resolved", res.Resolved, "unresolved", res.Unresolved,
-		"skipped", res.Skipped, "failed", res.Failed)
+		"skipped", res.Skipped, "failed", res.Failed, "no_hook", res.NoHook)
 	return res, err
 }

@@ -10,7 +10,10 @@ import (
 // Tx is a phase's transaction as the phase sees it: statements, and nothing
 // that ends the transaction. The runner commits it together with the key's new
 // recovery point, or rolls it back, so a phase can neither commit its writes
-// without the recovery point nor outlive its transaction.
+// without the recovery point nor outlive its transaction. A
+// transaction-control statement sent through it (COMMIT, ROLLBACK, BEGIN and
+// their kin), alone or anywhere in a string of several statements, is
+// refused before it reaches the server (pgstore.ErrPhaseEndedTx).
 //
 // It is the DBTX shape that sqlc generates for pgx/v5 (Exec, Query, QueryRow,
 // plus CopyFrom and SendBatch for :copyfrom and :batch queries), so

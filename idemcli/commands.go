@@ -423,8 +423,8 @@ var commands = []*command{
 				if err != nil {
 					return err
 				}
-				if res.Unresolved+res.Failed > 0 {
-					return &exitError{code: ExitFailure, err: fmt.Errorf("%d key(s) still need attention; see `keys list --state needs_reconcile`", res.Unresolved+res.Failed)}
+				if left := res.Unresolved + res.Failed + res.NoHook; left > 0 {
+					return &exitError{code: ExitFailure, err: fmt.Errorf("%d key(s) still need attention; see `keys list --state needs_reconcile`", left)}
 				}
 				return nil
 			}

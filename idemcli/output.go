@@ -234,6 +234,10 @@ func (e *env) printReap(res *idem.ReapResult) error {
 		return e.printJSON(res)
 	}
 	_, err := fmt.Fprintf(e.out, "reaped %d expired key(s) in %d batch(es), and %d abandoned unfinished key(s)\n", res.Deleted, res.Batches, res.Abandoned)
+	if err == nil && res.NeedsReconcile > 0 {
+		_, err = fmt.Fprintf(e.out, "moved %d abandoned key(s) with a not-idempotent call in doubt to needs_reconcile (not deleted); run `%s reconcile`\n",
+			res.NeedsReconcile, e.cfg.Name)
+	}
 	return err
 }
 
@@ -252,6 +256,9 @@ func (e *env) printReconcile(res *idem.ReconcileResult) error {
 	}
 	_, err := fmt.Fprintf(e.out, "claimed %d needs_reconcile key(s): %d resolved, %d still unresolved, %d skipped, %d failed after the verdict\n",
 		res.Claimed, res.Resolved, res.Unresolved, res.Skipped, res.Failed)
+	if err == nil && res.NoHook > 0 {
+		_, err = fmt.Fprintf(e.out, "%d key(s) left as they were: their call in doubt is at a phase with no reconcile hook in this binary\n", res.NoHook)
+	}
 	return err
 }
 

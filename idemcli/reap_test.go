@@ -44,7 +44,7 @@ INSERT INTO idem_leases (key_id, fence) SELECT id, fence FROM k`, key, age)
 
 	stdout, stderr, code = runDB(t, schema, nil, "reap", "--abandon-after", "168h", "--json")
 	require.Equal(t, ExitOK, code, stderr)
-	require.JSONEq(t, `{"deleted": 0, "batches": 1, "abandoned": 1}`, stdout)
+	require.JSONEq(t, `{"deleted": 0, "batches": 1, "abandoned": 1, "needs_reconcile": 0}`, stdout)
 
 	_, stderr, code = runDB(t, schema, nil, "reap", "--abandon-after", "-1h")
 	require.Equal(t, ExitUsage, code)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
 	"time"
 )
 
@@ -97,6 +98,11 @@ type KeyRecord struct {
 	ResponseBody    []byte      `db:"response_body" json:"response_body,omitempty"`
 	// ResponseKeyID is ParamsKeyID for ResponseBody.
 	ResponseKeyID string `db:"response_key_id" json:"response_key_id,omitempty"`
+	// Generation counts the requests this scope and key carried before this
+	// one: 0 for a key never seen, one more than the expired key's when a
+	// request with the key replaced an expired one. Downstream keys hash it
+	// in when it is not 0 (see DownstreamKey).
+	Generation int `db:"generation" json:"generation,omitempty"`
 
 	Attempts int `db:"attempts" json:"attempts"`
 	// LastError is why the key's last attempt did not finish (a phase's
@@ -113,10 +119,17 @@ type KeyRecord struct {
 // sends to its provider (idem.Attempt.IdempotencyKey). It is derived from the
 // request itself: "idem-" and 32 hex digits of SHA-256 over the scope, key,
 // flow, fingerprint and phase, each length-prefixed so no two requests collide
-// by shifting bytes between fields. So it is stable across retries, crashes
-// and takeovers, distinct per phase, and the same after the key row is lost
-// and re-created (a failover to a standby that had not received it): the
-// provider recognises the retry. Hashing keeps tenant data from providers.
+// by shifting bytes between fields, and the key's Generation when it is not 0.
+// So it is stable across retries, crashes and takeovers, distinct per phase,
+// and the same after the key row is lost and re-created (a failover to a
+// standby that had not received it comes back with the same generation): the
+// provider recognises the retry. A request that reuses the key after it
+// expired is a new request, one generation on, and sends new keys, so a
+// provider that still remembers the old ones does not answer it with the old
+// request's result. (A key reused after the reaper deleted its expired row
+// starts at generation 0 again: keep Retention at least as long as your
+// providers remember their idempotency keys, or have clients never reuse
+// one.) Hashing keeps tenant data from providers.
 //
 // Keys created before this derivation (DownstreamByRequestID) keep the keys
 // their first attempt sent, "idem-<request id>-<phase>", so a call already
@@ -126,7 +139,11 @@ func (k *KeyRecord) DownstreamKey(phase string) string {
 		return "idem-" + k.RequestID + "-" + phase
 	}
 	sum := sha256.New()
-	for _, field := range [][]byte{[]byte(k.Scope), []byte(k.Key), []byte(k.Flow), k.Fingerprint, []byte(phase)} {
+	fields := [][]byte{[]byte(k.Scope), []byte(k.Key), []byte(k.Flow), k.Fingerprint, []byte(phase)}
+	if k.Generation != 0 {
+		fields = append(fields, []byte(strconv.Itoa(k.Generation)))
+	}
+	for _, field := range fields {
 		fmt.Fprintf(sum, "%d:", len(field))
 		sum.Write(field)
 	}

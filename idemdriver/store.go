@@ -226,17 +226,42 @@ type OperationsStore interface {
 	// and runs under p.StatementTimeout.
 	Reap(ctx context.Context, p ReapParams) (int, error)
 
-	// ReapAbandoned deletes one batch of at most p.Limit keys in
-	// StatusRunning created longer ago than their flow's abandonment age,
-	// and returns how many it deleted. It never deletes a key a live lease
-	// holds or one in StatusNeedsReconcile, skips rows other transactions
-	// have locked, and runs under p.StatementTimeout.
-	ReapAbandoned(ctx context.Context, p ReapAbandonedParams) (int, error)
+	// ReapAbandoned ends one batch of at most p.Limit keys in
+	// StatusRunning created longer ago than their flow's abandonment age:
+	// it deletes them, except that a key whose foreign mark stands (a
+	// not-idempotent call in doubt) is moved to StatusNeedsReconcile
+	// instead, never deleted. It never touches a key a live lease holds or
+	// one in StatusNeedsReconcile, skips rows other transactions have
+	// locked, and runs under p.StatementTimeout.
+	ReapAbandoned(ctx context.Context, p ReapAbandonedParams) (ReapAbandonedResult, error)
 
 	// Backlog counts the unfinished keys by status, with the creation time
 	// of the oldest in each, reading only unfinished rows. It reports
 	// StatusRunning and StatusNeedsReconcile, each even when it has no key.
 	Backlog(ctx context.Context, p BacklogParams) (*Backlog, error)
+
+	// KeysInDoubt counts the unfinished keys of the given flows whose
+	// foreign mark stands (a not-idempotent call in doubt), by flow, the
+	// phase the mark names, and status. Empty flows counts nothing.
+	KeysInDoubt(ctx context.Context, flows []string) ([]KeysInDoubt, error)
+}
+
+// KeysInDoubt is one group of [OperationsStore.KeysInDoubt]: Keys unfinished
+// keys of Flow in Status whose not-idempotent call at Phase is in doubt.
+type KeysInDoubt struct {
+	Flow   string `db:"flow"`
+	Phase  string `db:"phase"`
+	Status Status `db:"status"`
+	Keys   int    `db:"keys"`
+}
+
+// ReapAbandonedResult is what one batch of [Store.ReapAbandoned] did.
+type ReapAbandonedResult struct {
+	// Deleted counts the abandoned keys deleted.
+	Deleted int
+	// NeedsReconcile counts the abandoned keys moved to
+	// StatusNeedsReconcile because their not-idempotent call is in doubt.
+	NeedsReconcile int
 }
 
 // BacklogParams are the inputs of [Store.Backlog].

@@ -27,6 +27,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 //go:embed sql/*.sql
@@ -54,6 +55,18 @@ type Migration struct {
 // ErrUnknownVersion is returned when a version is asked for that no embedded
 // migration has, including a database that is ahead of this binary.
 var ErrUnknownVersion = errors.New("migrations: unknown version")
+
+// ErrRefused is returned by Down (and DownTx) when a migration's down
+// refuses to run in the state the database is in: reverting it would change
+// what a key in flight sends a provider (a different downstream
+// idempotency key, a second charge) or make stored values unreadable. The
+// error says what to do first; nothing was reverted. The down SQL raises
+// SQLSTATE IDEM1 for it, whichever tool runs the SQL.
+var ErrRefused = errors.New("migrations: the down migration refused to run")
+
+// RefusedCode is the SQLSTATE a down migration raises to refuse
+// (ErrRefused).
+const RefusedCode = "IDEM1"
 
 // ErrInvalidSchema is returned by [New] for a schema name that is not a plain
 // identifier.
@@ -286,6 +299,9 @@ func (m *Migrator) migrateTx(ctx context.Context, tx pgx.Tx, target int) (*Resul
 			continue
 		}
 		if _, err := tx.Exec(ctx, m.render(mig.Down)); err != nil {
+			if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == RefusedCode {
+				return nil, fmt.Errorf("%w: %04d_%s: %s", ErrRefused, mig.Version, mig.Name, pgErr.Message)
+			}
 			return nil, fmt.Errorf("migrations: revert %04d_%s: %w", mig.Version, mig.Name, err)
 		}
 		if _, err := tx.Exec(ctx, m.render(`DELETE FROM {{schema}}idem_migrations WHERE version = $1`), mig.Version); err != nil {

@@ -280,3 +280,39 @@ func TestEachDownRestoresThePreviousVersion(t *testing.T) {
 		}
 	}
 }
+
+// A down that would change what a key in flight sends a provider refuses
+// with ErrRefused while such a key exists, reverts nothing, and runs once
+// the key has finished: 0007's for a key with a generation, 0002's for a key
+// with request-derived downstream keys.
+func TestDownRefusesWhileKeysInFlightDependOnIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	_, err := b.migrator.Up(ctx)
+	require.NoError(t, err)
+	keys := b.schema.Name + ".idem_keys"
+	_, err = b.schema.Pool.Exec(ctx, `INSERT INTO `+keys+` (scope, key, flow, method, path, fingerprint, params, generation)
+		VALUES ('s', 'k', 'f', 'POST', '/', '\x01', '{}', 1)`)
+	require.NoError(t, err)
+	for _, target := range []int{6, 1} {
+		_, err = b.migrator.Down(ctx, target)
+		require.ErrorIs(t, err, migrations.ErrRefused, "down to %d", target)
+		require.ErrorContains(t, err, "0007_key_generation")
+		v, err := b.migrator.Version(ctx)
+		require.NoError(t, err)
+		require.Equal(t, migrations.Latest(), v, "nothing was reverted")
+	}
+	_, err = b.schema.Pool.Exec(ctx, `UPDATE `+keys+` SET generation = 0`)
+	require.NoError(t, err)
+	_, err = b.migrator.Down(ctx, 1)
+	require.ErrorIs(t, err, migrations.ErrRefused)
+	require.ErrorContains(t, err, "0002_downstream_scheme")
+
+	_, err = b.schema.Pool.Exec(ctx, `UPDATE `+keys+` SET status = 'finished', recovery_point = 'finished',
+		response_status = 201, finished_at = now(), expires_at = now()`)
+	require.NoError(t, err)
+	res, err := b.migrator.Down(ctx, 1)
+	require.NoError(t, err, "finished keys send nothing more")
+	require.Equal(t, 1, res.To)
+}

@@ -526,9 +526,9 @@ func (s *Store) Reap(ctx context.Context, p idemdriver.ReapParams) (int, error) 
 }
 
 // ReapAbandoned implements idemdriver.Store, as Reap does.
-func (s *Store) ReapAbandoned(ctx context.Context, p idemdriver.ReapAbandonedParams) (int, error) {
+func (s *Store) ReapAbandoned(ctx context.Context, p idemdriver.ReapAbandonedParams) (idemdriver.ReapAbandonedResult, error) {
 	if p.Limit <= 0 {
-		return 0, fmt.Errorf("%w: reap abandoned keys: Limit %d must be positive", idemdriver.ErrInvalidRequest, p.Limit)
+		return idemdriver.ReapAbandonedResult{}, fmt.Errorf("%w: reap abandoned keys: Limit %d must be positive", idemdriver.ErrInvalidRequest, p.Limit)
 	}
 	// Ages travel in microseconds; a negative one (never) stays negative
 	// however short it is.
@@ -542,32 +542,61 @@ func (s *Store) ReapAbandoned(ctx context.Context, p idemdriver.ReapAbandonedPar
 	for flow, age := range p.FlowAfter {
 		flows, ages = append(flows, flow), append(ages, micros(age))
 	}
-	return s.deleteBatch(ctx, "reap abandoned keys", p.StatementTimeout, s.q.reapAbandoned,
-		p.Now, micros(p.After), flows, ages, p.Limit)
+	var res idemdriver.ReapAbandonedResult
+	err := s.inBatchTx(ctx, "reap abandoned keys", p.StatementTimeout, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, s.q.reapAbandoned, p.Now, micros(p.After), flows, ages, p.Limit).Scan(&res.Deleted, &res.NeedsReconcile)
+	})
+	if err != nil {
+		return idemdriver.ReapAbandonedResult{}, err
+	}
+	return res, nil
+}
+
+// KeysInDoubt implements idemdriver.Store.
+func (s *Store) KeysInDoubt(ctx context.Context, flows []string) ([]idemdriver.KeysInDoubt, error) {
+	if len(flows) == 0 {
+		return nil, nil
+	}
+	var groups []idemdriver.KeysInDoubt
+	if err := pgxscan.Select(ctx, s.db, &groups, s.q.keysInDoubt, flows); err != nil {
+		return nil, mapError(fmt.Errorf("pgstore: keys in doubt: %w", err))
+	}
+	return groups, nil
 }
 
 // deleteBatch runs one batch's DELETE in a transaction of its own, under its
 // statement timeout, and returns the rows it deleted.
 func (s *Store) deleteBatch(ctx context.Context, what string, timeout time.Duration, sql string, args ...any) (int, error) {
+	var deleted int
+	err := s.inBatchTx(ctx, what, timeout, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, sql, args...)
+		deleted = int(tag.RowsAffected())
+		return err
+	})
+	return deleted, err
+}
+
+// inBatchTx runs one batch's statement, run, in a transaction of its own,
+// under its statement timeout.
+func (s *Store) inBatchTx(ctx context.Context, what string, timeout time.Duration, run func(pgx.Tx) error) error {
 	tx, err := s.db.Begin(ctx)
 	if err != nil {
-		return 0, mapError(fmt.Errorf("pgstore: %s: begin: %w", what, err))
+		return mapError(fmt.Errorf("pgstore: %s: begin: %w", what, err))
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if timeout > 0 {
 		ms := max(timeout.Milliseconds(), 1)
 		if _, err := tx.Exec(ctx, s.q.statementTimeout, fmt.Sprint(ms)); err != nil {
-			return 0, mapError(fmt.Errorf("pgstore: %s: set statement timeout: %w", what, err))
+			return mapError(fmt.Errorf("pgstore: %s: set statement timeout: %w", what, err))
 		}
 	}
-	tag, err := tx.Exec(ctx, sql, args...)
-	if err != nil {
-		return 0, mapError(fmt.Errorf("pgstore: %s: %w", what, err))
+	if err := run(tx); err != nil {
+		return mapError(fmt.Errorf("pgstore: %s: %w", what, err))
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, mapError(fmt.Errorf("pgstore: %s: commit: %w", what, err))
+		return mapError(fmt.Errorf("pgstore: %s: commit: %w", what, err))
 	}
-	return int(tag.RowsAffected()), nil
+	return nil
 }
 
 // mapPgError classifies what Postgres itself said (or an error already

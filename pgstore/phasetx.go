@@ -29,8 +29,10 @@ import (
 //
 // The few statements that need the transaction open before they can run
 // (CopyFrom, and Exec without arguments, which pgx sends over the simple
-// protocol where several statements may share one string) begin it with a
-// round trip of its own.
+// protocol) begin it with a round trip of its own. No statement a phase sends
+// may be a transaction-control one, alone or anywhere in a string of several
+// (checkStatement): over the simple protocol a COMMIT later in the string
+// would commit the phase's writes without their recovery point.
 //
 // It is the store's own type (idemdriver.PhaseTx): the runner hands its
 // statement methods to the phase as idem.Tx and ends it with CommitPhase or
@@ -122,7 +124,7 @@ func needsOwnBegin(exec bool, args []any) bool {
 }
 
 func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if err := refuseTxControl(sql); err != nil {
+	if err := checkStatement(sql); err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	ctx, cancel := t.stmtContext(ctx)
@@ -145,7 +147,7 @@ func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 }
 
 func (t *phaseTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if err := refuseTxControl(sql); err != nil {
+	if err := checkStatement(sql); err != nil {
 		return failedRows(err)
 	}
 	ctx, cancel := t.stmtContext(ctx)
@@ -182,6 +184,11 @@ func (t *phaseTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 func (t *phaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	for _, q := range b.QueuedQueries {
+		if err := checkStatement(q.SQL); err != nil {
+			return pgx.FailedBatchResults(b, err)
+		}
+	}
 	ctx, cancel := t.stmtContext(ctx)
 	return &boundedBatch{BatchResults: t.sendBatch(ctx, b), cancel: cancel}
 }
@@ -294,9 +301,10 @@ func (t *phaseTx) commitGuarded(ctx context.Context, guard string, args ...any) 
 
 // ErrPhaseEndedTx is the phase failure of a phase that ended its own
 // transaction: a transaction-control statement (COMMIT, ROLLBACK, BEGIN,
-// END, ABORT, SAVEPOINT and their kin) sent through its Tx is refused before
-// it reaches the server, and a transaction found over at commit (ended
-// through the connection) fails the phase.
+// END, ABORT, SAVEPOINT and their kin) sent through its Tx, alone or in a
+// string of several statements, is refused before it reaches the server,
+// and a transaction found over at commit (ended through the connection)
+// fails the phase.
 var ErrPhaseEndedTx = errors.New("pgstore: a phase may not end or nest its transaction; the runner commits it with the recovery point")
 
 // txControl matches a statement that starts with a transaction-control

@@ -22,7 +22,11 @@ import (
 // reconcile claims, forced unlocks) write both rows, the progress row first:
 // every statement that locks both locks them in that order.
 //
-// Conventions: $now parameters are nullable timestamptz; NULL means the
+// Conventions: a parameter compared with or assigned to a column that
+// migration 0006 made a domain is cast to text ($3::text), so a statement a
+// connection prepared keeps working after 0006 is reverted (a prepared
+// statement's parameter types are fixed when it is prepared, and a dropped
+// domain's type is gone). $now parameters are nullable timestamptz; NULL means the
 // database clock, a value is a test's injected clock. Durations travel as
 // bigint microseconds. Every statement that touches a held key is guarded by
 // its id and fence: "id = $1 AND fence = $2" on the progress row, or
@@ -36,8 +40,8 @@ type queries struct {
 	markForeign, clearForeignMark     string
 	setNeedsReconcile, getKey         string
 
-	unlockKey, claimIdle, reap, reapAbandoned, statementTimeout, clock string
-	backlog                                                            string
+	unlockKey, claimIdle, reap, reapAbandoned, keysInDoubt, statementTimeout, clock string
+	backlog                                                                         string
 }
 
 // recordColumns renders the columns of idemdriver.KeyRecord from a progress
@@ -47,7 +51,12 @@ type queries struct {
 // result type is the same on either side of that migration. A finished key shows
 // no lease and no mark, and a mark shows only while the key is still at the
 // recovery point it was made at (see the migration that made idem_leases).
-func recordColumns(k, l string) string {
+func recordColumns(k, l string) string { return recordColumnsOf(k, l, true) }
+
+// recordColumnsOf is recordColumns; without payload, the payload columns
+// (params, checkpoint, response headers and body) are NULL instead of read,
+// for listings and claims that do not show them: they can be large.
+func recordColumnsOf(k, l string, payload bool) string {
 	cols := `{k}id, {k}request_id::text AS request_id, {k}downstream_scheme, {k}scope, {k}key::text AS key,
 		{k}flow::text AS flow, {k}method::text AS method, {k}path::text AS path,
 		{k}fingerprint, {k}params, {k}status::text AS status, {k}recovery_point::text AS recovery_point, {k}checkpoint,
@@ -58,7 +67,12 @@ func recordColumns(k, l string) string {
 		coalesce({k}response_status, 0) AS response_status, coalesce({k}response_headers, '{}') AS response_headers,
 		{k}response_body, {k}attempts, coalesce({k}last_error, '') AS last_error,
 		{k}created_at, {k}last_run_at, {k}finished_at, {k}expires_at,
-		coalesce({k}params_key_id, '') AS params_key_id, coalesce({k}response_key_id, '') AS response_key_id`
+		coalesce({k}params_key_id, '') AS params_key_id, coalesce({k}response_key_id, '') AS response_key_id,
+		{k}generation`
+	if !payload {
+		cols = strings.NewReplacer("{k}params,", "NULL::jsonb AS params,", "{k}checkpoint,", "NULL::jsonb AS checkpoint,",
+			"coalesce({k}response_headers, '{}')", "NULL::jsonb", "{k}response_body,", "NULL::bytea AS response_body,").Replace(cols)
+	}
 	return strings.NewReplacer("{k}", k+".", "{l}", l+".").Replace(cols)
 }
 
@@ -73,7 +87,7 @@ func recordDest(rec *idemdriver.KeyRecord) []any {
 		&rec.ResponseStatus, &rec.ResponseHeaders,
 		&rec.ResponseBody, &rec.Attempts, &rec.LastError,
 		&rec.CreatedAt, &rec.LastRunAt, &rec.FinishedAt, &rec.ExpiresAt,
-		&rec.ParamsKeyID, &rec.ResponseKeyID}
+		&rec.ParamsKeyID, &rec.ResponseKeyID, &rec.Generation}
 }
 
 // leaseOf joins progress rows k with their lease rows l for reading. A
@@ -86,8 +100,9 @@ func leaseOf(leases string) string {
 	return `LEFT JOIN LATERAL (SELECT * FROM ` + leases + ` l WHERE l.key_id = k.id AND k.status <> 'finished' OFFSET 0) l ON true`
 }
 
-// colsPlaceholder is {cols:k,l}: recordColumns over aliases k and l.
-var colsPlaceholder = regexp.MustCompile(`\{cols:(\w+),(\w+)\}`)
+// colsPlaceholder is {cols:k,l}: recordColumns over aliases k and l; and
+// {meta:k,l}: the same without the payload (recordColumnsOf).
+var colsPlaceholder = regexp.MustCompile(`\{(cols|meta):(\w+),(\w+)\}`)
 
 func newQueries(prefix string) *queries {
 	t, l := prefix+"idem_keys", prefix+"idem_leases"
@@ -96,13 +111,14 @@ func newQueries(prefix string) *queries {
 		sql = strings.NewReplacer("{t}", t, "{leaseOf:k}", leaseOf(l), "{l}", l).Replace(sql)
 		return colsPlaceholder.ReplaceAllStringFunc(sql, func(m string) string {
 			a := colsPlaceholder.FindStringSubmatch(m)
-			return recordColumns(a[1], a[2])
+			return recordColumnsOf(a[2], a[3], a[1] == "cols")
 		})
 	}
 
 	// acquire: one statement, one round trip, for a new key, a replay and an
-	// in-progress key alike. It calls idem_acquire, a PL/pgSQL function
-	// (migrations/sql/0005_acquire_function.up.sql), which
+	// in-progress key alike. It calls idem_acquire_v7, a PL/pgSQL function
+	// (migrations/sql/0007_key_generation.up.sql, idem_acquire of
+	// 0005_acquire_function.up.sql with the key's generation), which
 	//
 	//  - reads the key's progress row, and its lease row unless it is
 	//    finished (a finished key's lease row means nothing);
@@ -110,7 +126,8 @@ func newQueries(prefix string) *queries {
 	//    whether or not the reaper has run, and is never replayed;
 	//  - otherwise, unless NoCreate, deletes the expired key (its lease row
 	//    goes with it, ON DELETE CASCADE) and inserts the key and its lease
-	//    row, locked. ON CONFLICT DO NOTHING turns a concurrent insert of the
+	//    row, locked, one generation on from the expired key it replaces
+	//    (0 for a key never seen). ON CONFLICT DO NOTHING turns a concurrent insert of the
 	//    same key into "nothing inserted" instead of a unique violation that
 	//    would abort the caller; the function then reads the winner's key.
 	//
@@ -134,7 +151,7 @@ func newQueries(prefix string) *queries {
 	// spares every replay the cost of setting one up, and takeovers are rare.
 	//
 	// Params travel as text: the function parses them only when it inserts.
-	q.acquire = `SELECT * FROM ` + prefix + `idem_acquire($1::timestamptz, $2::text, $3::text, $4::text, $5::text, $6::text,
+	q.acquire = `SELECT * FROM ` + prefix + `idem_acquire_v7($1::timestamptz, $2::text, $3::text, $4::text, $5::text, $6::text,
     $7::bytea, $8::text, $9::bigint, $10::boolean, $11::text)`
 
 	// takeOverLease is the part of takeOver and claimReconcile that takes
@@ -172,8 +189,8 @@ WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
 ), target AS (
     SELECT k.id, k.fence FROM {t} k
-    WHERE k.id = $2 AND k.status = 'running' AND k.flow = $3 AND k.fingerprint = $4
-      AND k.method = $6 AND k.path = $7
+    WHERE k.id = $2 AND k.status = 'running' AND k.flow = $3::text AND k.fingerprint = $4
+      AND k.method = $6::text AND k.path = $7::text
     FOR NO KEY UPDATE
 ), ` + strings.ReplaceAll(takeOverLease, "$LEASE", "$5") + `
 SELECT 'taken_over' AS acquired, clock.t AS db_now, {cols:taken,leased}
@@ -184,14 +201,14 @@ WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
 ), target AS (
     SELECT k.id, k.fence FROM {t} k
-    WHERE k.scope = $2 AND k.key = $3 AND k.status = 'needs_reconcile'
+    WHERE k.scope = $2 AND k.key = $3::text AND k.status = 'needs_reconcile'
     FOR NO KEY UPDATE
 ), ` + strings.ReplaceAll(takeOverLease, "$LEASE", "$4") + `
 SELECT 'taken_over' AS acquired, (SELECT t FROM clock) AS db_now, {cols:taken,leased}
 FROM taken JOIN leased ON leased.key_id = taken.id
 UNION ALL
 SELECT 'none', (SELECT t FROM clock), {cols:k,l} FROM {t} k {leaseOf:k}
-WHERE k.scope = $2 AND k.key = $3 AND NOT EXISTS (SELECT 1 FROM taken)`)
+WHERE k.scope = $2 AND k.key = $3::text AND NOT EXISTS (SELECT 1 FROM taken)`)
 
 	// advancePhase and finishPhase record a phase's commit on its key. They
 	// run inside the phase's transaction, pipelined with its COMMIT
@@ -216,7 +233,7 @@ WHERE k.scope = $2 AND k.key = $3 AND NOT EXISTS (SELECT 1 FROM taken)`)
 WITH guarded AS (
 UPDATE {t}
 SET status           = 'running',
-    recovery_point   = $3,
+    recovery_point   = $3::text,
     checkpoint       = CASE WHEN $4::jsonb = '{}' THEN checkpoint ELSE checkpoint || $4::jsonb END,
     last_run_at      = coalesce($5::timestamptz, clock_timestamp())
 WHERE id = $1 AND fence = $2
@@ -289,7 +306,7 @@ WHERE l.key_id = $1 AND l.fence = $2 AND k.id = l.key_id AND k.status = 'running
 UPDATE {l} SET foreign_mark = NULL, foreign_mark_after = NULL
 WHERE key_id = $1 AND fence = $2`)
 
-	q.getKey = render(`SELECT {cols:k,l} FROM {t} k {leaseOf:k} WHERE k.scope = $1 AND k.key = $2`)
+	q.getKey = render(`SELECT {cols:k,l} FROM {t} k {leaseOf:k} WHERE k.scope = $1 AND k.key = $2::text`)
 
 	// unlockKey moves the fence on, which is what actually stops a live
 	// holder: its next guarded statement matches no row. The foreign mark
@@ -300,7 +317,7 @@ WHERE key_id = $1 AND fence = $2`)
 WITH unlocked AS (
     UPDATE {t} k
     SET fence = k.fence + 1, last_error = left($3, 4000)
-    WHERE k.scope = $1 AND k.key = $2 AND k.status <> 'finished'
+    WHERE k.scope = $1 AND k.key = $2::text AND k.status <> 'finished'
     RETURNING k.*
 ), leased AS (
     INSERT INTO {l} AS l (key_id, fence)
@@ -311,7 +328,7 @@ WITH unlocked AS (
 SELECT true AS unlocked, {cols:unlocked,leased} FROM unlocked JOIN leased ON leased.key_id = unlocked.id
 UNION ALL
 SELECT false, {cols:k,l} FROM {t} k {leaseOf:k}
-WHERE k.scope = $1 AND k.key = $2 AND NOT EXISTS (SELECT 1 FROM unlocked)`)
+WHERE k.scope = $1 AND k.key = $2::text AND NOT EXISTS (SELECT 1 FROM unlocked)`)
 
 	// claimIdle hands each idle key to one caller: FOR UPDATE SKIP LOCKED
 	// passes over rows another claimer is marking, and a row it marked and
@@ -325,7 +342,7 @@ WITH clock AS (
 ), candidates AS (
     SELECT k.id
     FROM {t} k CROSS JOIN clock c LEFT JOIN {l} l ON l.key_id = k.id
-    WHERE k.status <> 'finished' AND k.status = $2 AND k.flow = ANY($3::text[])
+    WHERE k.status <> 'finished' AND k.status = $2::text AND k.flow = ANY($3::text[])
       AND (l.locked_at IS NULL OR l.lease_expires_at <= c.t)
       AND k.last_run_at <= c.t - $4::bigint * interval '1 microsecond'
       AND ($5::int <= 0 OR k.attempts < $5::int)
@@ -339,7 +356,7 @@ WITH clock AS (
     WHERE k.id = candidates.id
     RETURNING k.*
 )
-SELECT {cols:claimed,l} FROM claimed LEFT JOIN {l} l ON l.key_id = claimed.id ORDER BY claimed.id`)
+SELECT {meta:claimed,l} FROM claimed LEFT JOIN {l} l ON l.key_id = claimed.id ORDER BY claimed.id`)
 
 	// reap deletes one batch through idem_keys_reap. The ids are collected
 	// into an array first so the DELETE finds its rows by primary key
@@ -357,19 +374,24 @@ WHERE id = ANY(ARRAY(
     FOR UPDATE SKIP LOCKED
 ))`)
 
-	// reapAbandoned deletes one batch of keys abandoned unfinished: running
+	// reapAbandoned ends one batch of keys abandoned unfinished: running
 	// (never needs_reconcile), nobody holding them, created longer ago than
 	// their flow's age ($3/$4 name flows with ages of their own, in
 	// microseconds; $2 is everyone else's; a negative age never abandons).
 	// Both rows are locked (SKIP LOCKED passes over a key a heartbeat or a
 	// takeover is writing), and the lease is re-checked on the lease row's
-	// latest version, so a key taken over meanwhile is left alone; its lease
-	// row goes with it (ON DELETE CASCADE). Candidates come from
-	// idem_keys_unfinished.
+	// latest version, so a key taken over meanwhile is left alone.
+	// Candidates come from idem_keys_unfinished.
+	//
+	// A key whose foreign mark stands (a not-idempotent call in doubt: its
+	// process died after the call, before the phase committed) is not
+	// deleted: a request with the key would then run anew and repeat the
+	// call. It goes to needs_reconcile instead, for a reconcile run to ask
+	// its provider. Every other candidate is deleted, its lease row with it
+	// (ON DELETE CASCADE). The statement returns (deleted, parked).
 	q.reapAbandoned = render(`
-DELETE FROM {t}
-WHERE id = ANY(ARRAY(
-    SELECT k.id
+WITH candidates AS MATERIALIZED (
+    SELECT k.id, (l.foreign_mark IS NOT NULL AND l.foreign_mark_after = k.recovery_point) AS marked
     FROM {t} k
     JOIN {l} l ON l.key_id = k.id
     CROSS JOIN (SELECT coalesce($1::timestamptz, now()) AS t) c
@@ -381,7 +403,29 @@ WHERE id = ANY(ARRAY(
     ORDER BY k.id
     LIMIT $5
     FOR UPDATE OF k, l SKIP LOCKED
-))`)
+), parked AS (
+    UPDATE {t}
+    SET status = 'needs_reconcile',
+        last_error = 'abandoned past its AbandonAfter with a not-idempotent call in doubt; a reconcile run decides'
+    WHERE id = ANY(ARRAY(SELECT id FROM candidates WHERE marked))
+    RETURNING 1
+), deleted AS (
+    DELETE FROM {t}
+    WHERE id = ANY(ARRAY(SELECT id FROM candidates WHERE NOT marked))
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM deleted), (SELECT count(*) FROM parked)`)
+
+	// keysInDoubt counts the unfinished keys of flows $1 whose foreign mark
+	// stands, by flow, marked phase and status; through
+	// idem_keys_unfinished.
+	q.keysInDoubt = render(`
+SELECT k.flow::text AS flow, l.foreign_mark AS phase, k.status::text AS status, count(*)::int AS keys
+FROM {t} k JOIN {l} l ON l.key_id = k.id
+WHERE k.status <> 'finished' AND k.flow = ANY($1::text[])
+  AND l.foreign_mark IS NOT NULL AND l.foreign_mark_after = k.recovery_point
+GROUP BY 1, 2, 3
+ORDER BY 1, 2, 3`)
 
 	// statementTimeout bounds the statements after it in the same
 	// transaction (milliseconds, as text).
@@ -464,10 +508,10 @@ func (q *queries) listKeys(p idemdriver.ListKeysParams) (string, []any, error) {
 		add("k.scope = $?", p.Scope)
 	}
 	if p.Key != "" {
-		add("k.key = $?", p.Key)
+		add("k.key = $?::text", p.Key)
 	}
 	if p.Flow != "" {
-		add("k.flow = $?", p.Flow)
+		add("k.flow = $?::text", p.Flow)
 	}
 	if p.ID > 0 {
 		add("k.id = $?", p.ID)
@@ -487,6 +531,6 @@ SELECT c.t AS db_now, %s
 FROM %s k CROSS JOIN clock c %s
 WHERE %s
 ORDER BY k.id DESC
-LIMIT $%d`, recordColumns("k", "l"), q.table, leaseOf(q.leases), strings.Join(where, "\n  AND "), len(args))
+LIMIT $%d`, recordColumnsOf("k", "l", p.Reveal), q.table, leaseOf(q.leases), strings.Join(where, "\n  AND "), len(args))
 	return sql, args, nil
 }

@@ -253,10 +253,10 @@ func TestBinary(t *testing.T) {
 
 		res = b.run(t, bins.idem, "migrate", "up", "--schema", b.schema.Name)
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
-		require.Equal(t, "applied 0001, 0002, 0003, 0004, 0005, 0006: the schema went from version 0 to 6\n", res.stdout)
+		require.Equal(t, "applied 0001, 0002, 0003, 0004, 0005, 0006, 0007: the schema went from version 0 to 7\n", res.stdout)
 		res = b.run(t, bins.idem, "--json", "migrate", "up", "--schema", b.schema.Name)
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
-		require.JSONEq(t, `{"from": 6, "to": 6, "applied": []}`, res.stdout)
+		require.JSONEq(t, `{"from": 7, "to": 7, "applied": []}`, res.stdout)
 
 		status := decode[struct {
 			Current, Latest, Pending int
@@ -282,6 +282,9 @@ func TestBinary(t *testing.T) {
 
 		// Down reverts one version by default; the schema's search_path
 		// resolves the tables without --schema too.
+		res = b.run(t, bins.idem, "migrate", "down")
+		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
+		require.Equal(t, "reverted 0007: the schema went from version 7 to 6\n", res.stdout)
 		res = b.run(t, bins.idem, "migrate", "down")
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
 		require.Equal(t, "reverted 0006: the schema went from version 6 to 5\n", res.stdout)
@@ -460,7 +463,7 @@ func TestBinary(t *testing.T) {
 
 		res = b.run(t, bins.idem, "reap", "--json")
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
-		require.JSONEq(t, `{"deleted": 0, "batches": 1, "abandoned": 0}`, res.stdout)
+		require.JSONEq(t, `{"deleted": 0, "batches": 1, "abandoned": 0, "needs_reconcile": 0}`, res.stdout)
 
 		res = b.run(t, bins.idem, "reap", "--batch-size", "-1")
 		require.Equal(t, idemcli.ExitUsage, res.code)
@@ -523,7 +526,7 @@ func TestBinary(t *testing.T) {
 		// says work is left.
 		res = b.run(t, bins.flowapp, "reconcile", "--json", "--schema", b.schema.Name)
 		require.Equal(t, idemcli.ExitFailure, res.code, res.stderr)
-		require.JSONEq(t, `{"claimed": 2, "resolved": 1, "unresolved": 1, "skipped": 0, "failed": 0}`, res.stdout)
+		require.JSONEq(t, `{"claimed": 2, "resolved": 1, "unresolved": 1, "skipped": 0, "failed": 0, "no_hook": 0}`, res.stdout)
 		require.Contains(t, res.stderr, "1 key(s) still need attention")
 		require.Equal(t, idem.StatusFinished, b.key(t, "user:2", "t2").Status)
 		require.Equal(t, idem.StatusNeedsReconcile, b.key(t, "user:2", "t3").Status)

@@ -1,0 +1,124 @@
+-- A key reused after its retention runs as a new request: the expired row is
+-- replaced and every phase runs again. Its downstream idempotency keys must
+-- then differ from the old request's, or a provider that still remembers the
+-- old ones (providers keep them for days) answers the new request's call
+-- with the old result: a second ride answered as paid with no charge.
+--
+-- generation counts the requests a (scope, key) has carried while its rows
+-- were replaced: 0 for a key never seen, one more than the expired key's for
+-- a key that replaces one. Downstream keys hash it in when it is not 0, so
+-- keys of generation 0 keep the keys they had. A row lost in a failover (a
+-- standby that had not received it) comes back with the same generation, so
+-- the retry still sends the provider the key it knows. Adding a column with
+-- a constant default rewrites nothing.
+ALTER TABLE {{schema}}idem_keys ADD COLUMN generation int NOT NULL DEFAULT 0;
+
+-- idem_acquire_v7 is idem_acquire (version 5; see its migration for how it
+-- works) with the generation: it inserts a key that replaces an expired one
+-- one generation on, and returns the generation as a last column. It is a
+-- new function, not a replacement, so that instances of the previous
+-- version, which call idem_acquire and read its columns, keep working during
+-- a rolling upgrade (a key they replace starts at generation 0 again).
+CREATE FUNCTION {{schema}}idem_acquire_v7(
+    p_now timestamptz, p_scope text, p_key text, p_flow text, p_method text, p_path text,
+    p_fingerprint bytea, p_params text, p_lease bigint, p_no_create boolean, p_params_key_id text)
+RETURNS TABLE (
+    acquired text, db_now timestamptz,
+    id bigint, request_id text, downstream_scheme smallint, scope text, key text, flow text, method text, path text,
+    fingerprint bytea, params jsonb, status text, recovery_point text, checkpoint jsonb,
+    foreign_mark text, locked_at timestamptz, lease_expires_at timestamptz, fence bigint,
+    response_status int, response_headers jsonb, response_body bytea, attempts int, last_error text,
+    created_at timestamptz, last_run_at timestamptz, finished_at timestamptz, expires_at timestamptz,
+    params_key_id text, response_key_id text, generation int)
+LANGUAGE plpgsql
+AS $idem_acquire_v7$
+#variable_conflict error
+DECLARE
+    v_now      timestamptz := coalesce(p_now, now());
+    v_acquired text := 'none';
+    v_found    boolean;
+    -- The generation of the key inserted: one more than the expired key it
+    -- replaces, 0 for a key never seen.
+    v_generation int := 0;
+    -- The key's progress row and lease row (all NULL until read).
+    k {{schema}}idem_keys;
+    l {{schema}}idem_leases;
+BEGIN
+    -- At most two reads: the second follows an insert that lost to a
+    -- concurrent one, and finds the winner's key.
+    FOR attempt IN 1..2 LOOP
+        SELECT * INTO k FROM {{schema}}idem_keys t WHERE t.scope = p_scope AND t.key = p_key;
+        v_found := FOUND;
+        -- A live key: report it. A finished key past its expiry is absent,
+        -- whether or not the reaper has run, and is never replayed.
+        EXIT WHEN v_found AND NOT (k.status = 'finished' AND k.expires_at <= v_now);
+        IF p_no_create OR attempt = 2 THEN
+            -- NoCreate leaves an expired key as it is. A second read that
+            -- finds nothing live (the winner's key already reaped, say):
+            -- the caller's next call sees what happened.
+            RETURN;
+        END IF;
+
+        IF v_found THEN
+            -- Expired: delete it (its lease row goes with it, ON DELETE
+            -- CASCADE) so that the insert takes its place in this
+            -- transaction. The conditions are re-checked on the row's newest
+            -- version: if a concurrent acquirer or the reaper deleted it
+            -- first, this deletes nothing and the insert meets that
+            -- acquirer's new key, or finds the way clear. Under repeatable
+            -- read, a row deleted since the snapshot is a serialization
+            -- failure, which the caller retries.
+            DELETE FROM {{schema}}idem_keys d
+            WHERE d.id = k.id AND d.status = 'finished' AND d.expires_at <= v_now;
+            v_generation := k.generation + 1;
+        END IF;
+
+        -- Absent: insert the key, and its lease row, locked. A row this
+        -- transaction deleted is no conflict. A concurrent insert of the same
+        -- key is: ON CONFLICT waits for the other transaction and then does
+        -- nothing, rather than raise a unique violation that would abort the
+        -- caller. Under read committed the second read then sees the winner's
+        -- key; under repeatable read or serializable a winner the snapshot
+        -- cannot see is a serialization failure instead, and the caller calls
+        -- again.
+        INSERT INTO {{schema}}idem_keys AS t
+            (scope, key, flow, method, path, fingerprint, params, created_at, last_run_at, params_key_id, generation)
+        VALUES (p_scope, p_key, p_flow, p_method, p_path, p_fingerprint, p_params::jsonb, v_now, v_now,
+                nullif(p_params_key_id, ''), v_generation)
+        ON CONFLICT ON CONSTRAINT idem_keys_scope_key DO NOTHING
+        RETURNING * INTO k;
+        IF FOUND THEN
+            INSERT INTO {{schema}}idem_leases AS t (key_id, fence, locked_at, lease_expires_at)
+            VALUES (k.id, k.fence, v_now, v_now + p_lease * interval '1 microsecond')
+            RETURNING * INTO l;
+            v_acquired := 'created';
+            EXIT;
+        END IF;
+    END LOOP;
+
+    -- A finished key's lease row means nothing (the record hides it), and is
+    -- not read. An unfinished key's is read now: under read committed from a
+    -- snapshot a little newer than the progress row's, which is harmless, as
+    -- the runner only reports such a key, or takes it over with a statement
+    -- that checks everything again under the row locks.
+    IF v_acquired = 'none' AND k.status <> 'finished' THEN
+        SELECT * INTO l FROM {{schema}}idem_leases t WHERE t.key_id = k.id;
+    END IF;
+
+    -- pgstore's recordColumns over k and l, except for a finished key's
+    -- params and checkpoint. The columns that version 6 makes domains over
+    -- text are cast to text: RETURN QUERY needs the declared types exactly.
+    RETURN QUERY SELECT v_acquired, v_now,
+        k.id, k.request_id::text, k.downstream_scheme, k.scope, k.key::text, k.flow::text, k.method::text, k.path::text,
+        k.fingerprint, CASE WHEN k.status <> 'finished' THEN k.params END,
+        k.status::text, k.recovery_point::text, CASE WHEN k.status <> 'finished' THEN k.checkpoint END,
+        CASE WHEN k.status <> 'finished' AND l.foreign_mark_after = k.recovery_point
+             THEN coalesce(l.foreign_mark, '') ELSE '' END,
+        CASE WHEN k.status <> 'finished' THEN l.locked_at END,
+        CASE WHEN k.status <> 'finished' THEN l.lease_expires_at END, k.fence,
+        coalesce(k.response_status, 0), coalesce(k.response_headers, '{}'),
+        k.response_body, k.attempts, coalesce(k.last_error, ''),
+        k.created_at, k.last_run_at, k.finished_at, k.expires_at,
+        coalesce(k.params_key_id, ''), coalesce(k.response_key_id, ''), k.generation;
+END
+$idem_acquire_v7$;

@@ -1,0 +1,130 @@
+package pgstore
+
+import "strings"
+
+// checkStatement refuses what a phase may not send through its Tx: a
+// transaction-control statement (ErrPhaseEndedTx), at the start of the
+// string or anywhere in a string of several statements. pgx sends an Exec
+// without arguments over the simple protocol, where a COMMIT later in the
+// string would commit the phase's writes without its recovery point.
+func checkStatement(sql string) error {
+	for _, stmt := range statements(sql) {
+		if err := refuseTxControl(stmt); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// statements splits a SQL string into its statements as Postgres's lexer
+// does: at semicolons outside string literals ('...', E'...' with backslash
+// escapes), quoted identifiers, dollar-quoted strings and comments (-- to
+// the end of the line, nested /* */). Empty statements (blanks and comments
+// between semicolons) are left out. An unterminated literal or comment runs
+// to the end of the string, as the server would reject it anyway.
+func statements(sql string) []string {
+	var out []string
+	start := 0
+	content := false // the current statement has something besides blanks
+	for i := 0; i < len(sql); {
+		c := sql[i]
+		switch {
+		case c == ';':
+			if content {
+				out = append(out, sql[start:i])
+				content = false
+			}
+			i++
+			start = i
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v':
+			i++
+		case c == '-' && i+1 < len(sql) && sql[i+1] == '-':
+			if end := strings.IndexByte(sql[i:], '\n'); end >= 0 {
+				i += end + 1
+			} else {
+				i = len(sql)
+			}
+		case c == '/' && i+1 < len(sql) && sql[i+1] == '*':
+			i = skipBlockComment(sql, i)
+		case c == '\'':
+			content = true
+			escapes := i > 0 && (sql[i-1] == 'E' || sql[i-1] == 'e') && (i < 2 || !identChar(sql[i-2]))
+			i = skipQuoted(sql, i, '\'', escapes)
+		case c == '"':
+			content = true
+			i = skipQuoted(sql, i, '"', false)
+		case c == '$' && (i == 0 || !identChar(sql[i-1])):
+			content = true
+			i = skipDollar(sql, i)
+		default:
+			content = true
+			i++
+		}
+	}
+	if content {
+		out = append(out, sql[start:])
+	}
+	return out
+}
+
+func identChar(c byte) bool {
+	return c == '_' || c == '$' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= 0x80
+}
+
+// skipBlockComment returns the index after the (nested) comment at i.
+func skipBlockComment(sql string, i int) int {
+	depth := 0
+	for i < len(sql) {
+		switch {
+		case sql[i] == '/' && i+1 < len(sql) && sql[i+1] == '*':
+			depth++
+			i += 2
+		case sql[i] == '*' && i+1 < len(sql) && sql[i+1] == '/':
+			depth--
+			i += 2
+			if depth == 0 {
+				return i
+			}
+		default:
+			i++
+		}
+	}
+	return i
+}
+
+// skipQuoted returns the index after the literal quoted by q at i; a doubled
+// quote is part of it, and so is a backslash-escaped character when escapes.
+func skipQuoted(sql string, i int, q byte, escapes bool) int {
+	for i++; i < len(sql); i++ {
+		switch {
+		case escapes && sql[i] == '\\':
+			i++
+		case sql[i] == q && i+1 < len(sql) && sql[i+1] == q:
+			i++
+		case sql[i] == q:
+			return i + 1
+		}
+	}
+	return i
+}
+
+// skipDollar returns the index after the dollar-quoted string at i, or after
+// the $ when it starts none (a parameter such as $1).
+func skipDollar(sql string, i int) int {
+	j := i + 1
+	for j < len(sql) && sql[j] != '$' {
+		c := sql[j]
+		if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= 0x80 || j > i+1 && c >= '0' && c <= '9') {
+			return i + 1
+		}
+		j++
+	}
+	if j >= len(sql) {
+		return i + 1
+	}
+	tag := sql[i : j+1]
+	if end := strings.Index(sql[j+1:], tag); end >= 0 {
+		return j + 1 + end + len(tag)
+	}
+	return len(sql)
+}

@@ -1,0 +1,47 @@
+package pgstore
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestStatements(t *testing.T) {
+	t.Parallel()
+	for sql, want := range map[string]int{
+		``:                                     0,
+		`  ; ;`:                                0,
+		`SELECT 1`:                             1,
+		`SELECT 1;`:                            1,
+		`SELECT 1; -- done`:                    1,
+		`SELECT 1; /* done */ ;`:               1,
+		`INSERT INTO t VALUES (1); COMMIT`:     2,
+		`SELECT ';' ; COMMIT`:                  2,
+		`SELECT 'a;b', 'it''s;'`:               1,
+		`SELECT E'\';' || 'x'`:                 1,
+		`SELECT E'\'; COMMIT'`:                 1,
+		`SELECT '\'; COMMIT; --'`:              2, // standard strings: no backslash escapes
+		`SELECT "a;b" FROM t`:                  1,
+		`DO $$ BEGIN PERFORM 1; END $$`:        1,
+		`DO $f$ BEGIN; COMMIT; END $f$; END`:   2,
+		`SELECT $1; COMMIT`:                    2,
+		`SELECT $1::text`:                      1,
+		`SELECT a$b; COMMIT`:                   2,
+		`SELECT 1 -- ; COMMIT`:                 1,
+		"SELECT 1 -- x\n; COMMIT":              2,
+		`SELECT /* /* ; */ ; */ 1`:             1,
+		`SELECT 1 /* unterminated ; COMMIT`:    1,
+		`SELECT $tag$ a $other$ ; $tag$ ; END`: 2,
+	} {
+		require.Len(t, statements(sql), want, sql)
+	}
+	require.Equal(t, []string{"SELECT 1", " /* x */ COMMIT "}, statements("SELECT 1; /* x */ COMMIT ;"))
+	for _, refused := range []string{`COMMIT`, `INSERT INTO t VALUES (1); COMMIT`, "SELECT ';'; -- x\n rollback", `SELECT 1;; begin`} {
+		require.True(t, errors.Is(checkStatement(refused), ErrPhaseEndedTx), refused)
+	}
+	for _, fine := range []string{`INSERT INTO t VALUES (1);`, `INSERT INTO t VALUES (1); SET LOCAL lock_timeout = '5s'`,
+		`SELECT 'x; COMMIT'`, `DO $$ BEGIN PERFORM 1; END $$`, `SELECT 1 -- ; COMMIT`} {
+		require.NoError(t, checkStatement(fine), fine)
+	}
+}
