@@ -187,7 +187,7 @@ func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemd
 	}
 	for i := 0; i < maxAcquireStatements; i++ {
 		res, err := s.acquisition(ctx, s.q.acquire,
-			p.Now, p.Scope, p.Key, p.Flow, p.Method, p.Path, p.Fingerprint, []byte(params), p.Lease.Microseconds(), p.NoCreate, paramsKeyID)
+			p.Now, p.Scope, p.Key, p.Flow, p.Method, p.Path, p.Fingerprint, string(params), p.Lease.Microseconds(), p.NoCreate, paramsKeyID)
 		if errors.Is(err, pgx.ErrNoRows) {
 			if p.NoCreate {
 				// No live key; whatever a concurrent insert did, the
