@@ -59,6 +59,14 @@ type Config struct {
 	// with; see Keyring. Rows written in the clear stay readable. Default:
 	// stored in the clear.
 	Cipher *Keyring
+
+	// SessionPooler tells New that the connection pooler in front of
+	// Postgres, if any, gives each client a server connection of its own
+	// for the client's whole session (PgBouncer pool_mode=session), so that
+	// every query exec mode works through it. By default New refuses, behind
+	// a pooler, the exec modes a transaction pooler breaks (see
+	// ErrPoolerExecMode).
+	SessionPooler bool
 }
 
 // ControlConnsDefault is the size of the control pool New opens.
@@ -121,6 +129,18 @@ func New(db DB, config *Config) (*Store, error) {
 	if err := st.checkSchema(prefix); err != nil {
 		st.Close()
 		return nil, err
+	}
+	if !config.SessionPooler {
+		ctx, cancel := context.WithTimeout(context.Background(), schemaCheckTimeout)
+		defer cancel()
+		for _, p := range []DB{st.db, st.control} {
+			if pool, ok := p.(*pgxpool.Pool); ok {
+				if err := st.checkPooler(ctx, pool); err != nil {
+					st.Close()
+					return nil, err
+				}
+			}
+		}
 	}
 	return st, nil
 }
