@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"testing"
 	"time"
 
@@ -18,7 +19,12 @@ import (
 	"github.com/go-idem/idem/pgstore"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(killedChildEnv) == "1" {
+		os.Exit(runKilledChild())
+	}
+	pgtest.Main(m)
+}
 
 // testBundle is what most tests need: a migrated schema of their own, a
 // store on it, a controllable clock and a flow shaped like rocket rides.
