@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -67,6 +68,14 @@ func (t *phaseTx) begin(ctx context.Context) error {
 	if t.tx != nil {
 		return nil
 	}
+	if t.stmtTimeout > 0 {
+		// BEGIN and the server-side statement timeout, in one round trip.
+		br, err := t.beginWith(ctx, nil)
+		if err != nil {
+			return err
+		}
+		return br.Close()
+	}
 	tx, err := t.conn.Conn().BeginTx(ctx, t.opts)
 	if err != nil {
 		return err
@@ -80,6 +89,9 @@ func (t *phaseTx) begin(ctx context.Context) error {
 func (t *phaseTx) beginWith(ctx context.Context, queued []*pgx.QueuedQuery) (pgx.BatchResults, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(t.opts)
+	if t.stmtTimeout > 0 {
+		b.Queue(t.q.statementTimeout, strconv.FormatInt(max(t.stmtTimeout.Milliseconds(), 1), 10))
+	}
 	b.QueuedQueries = append(b.QueuedQueries, queued...)
 	br := t.conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
@@ -88,17 +100,35 @@ func (t *phaseTx) beginWith(ctx context.Context, queued []*pgx.QueuedQuery) (pgx
 		return nil, err
 	}
 	t.tx = br.(interface{ Tx() pgx.Tx }).Tx()
+	if t.stmtTimeout > 0 {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			t.failed = err
+			return nil, err
+		}
+	}
 	return br, nil
 }
 
-// stmtContext bounds one of the phase's statements. cancel must run when the
+// serverTimeoutGrace is how long after the server-side statement_timeout a
+// phase statement's client-side deadline falls: the server's 57014
+// (query_canceled) arrives first, so pgx sends no cancel request and keeps
+// the connection. A cancel request is a second connection that a pooler
+// must route to the right server connection (PgBouncer 1.18 has been seen
+// to exit on one); the client deadline is only for a server that does not
+// answer at all.
+const serverTimeoutGrace = time.Second
+
+// stmtContext bounds one of the phase's statements: the server ends it at
+// stmtTimeout (statement_timeout, set for the transaction with BEGIN), the
+// client at stmtTimeout plus serverTimeoutGrace. cancel must run when the
 // statement's results are done with, not when the call returns: pgx reads
 // rows under the context the query was sent with.
 func (t *phaseTx) stmtContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	if t.stmtTimeout <= 0 {
 		return ctx, func() {}
 	}
-	return context.WithTimeout(ctx, t.stmtTimeout)
+	return context.WithTimeout(ctx, t.stmtTimeout+serverTimeoutGrace)
 }
 
 // lazy reports whether the next statement can carry BEGIN.
@@ -431,6 +461,11 @@ func (t *phaseTx) ClassifyError(err error) error {
 	if errors.As(err, &connectErr) {
 		return fmt.Errorf("%w: %w", idemdriver.ErrStoreUnavailable, err)
 	}
+	if ownStatementError(err) {
+		// pgx closes the connection of a pipeline it could not build, but
+		// the database had nothing to do with it.
+		return err
+	}
 	if t.connectionLost() {
 		return fmt.Errorf("%w: the phase's connection closed: %w", idemdriver.ErrStoreUnavailable, err)
 	}
@@ -537,4 +572,13 @@ func (v pgxView) Conn() *pgx.Conn {
 	defer cancel()
 	_ = v.t.begin(ctx) // a failure resurfaces on the next statement
 	return v.t.conn.Conn()
+}
+
+// ownStatementError reports whether err is pgx failing to encode a
+// statement's arguments (client side, before the server saw it): the
+// statement's own fault, never the store's, even when pgx closed the
+// connection of the pipeline it was part of.
+func ownStatementError(err error) bool {
+	var pre pgx.ErrPreprocessingBatch
+	return errors.As(err, &pre) && strings.HasPrefix(pre.Error(), "error preprocessing batch (build)")
 }
