@@ -205,9 +205,18 @@ func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemd
 	if err != nil {
 		return nil, err
 	}
+	replanned := false
 	for i := 0; i < maxAcquireStatements; i++ {
 		res, err := s.acquisition(ctx, s.q.acquire,
 			p.Now, p.Scope, p.Key, p.Flow, p.Method, p.Path, p.Fingerprint, string(params), p.Lease.Microseconds(), p.NoCreate, paramsKeyID)
+		if !replanned && planChanged(err) {
+			// A migration changed what the statement returns since this
+			// connection prepared it; pgx has forgotten the statement, and
+			// the failed call did nothing. Once more, on a fresh plan.
+			replanned = true
+			i--
+			continue
+		}
 		if errors.Is(err, pgx.ErrNoRows) {
 			if p.NoCreate {
 				// No live key; whatever a concurrent insert did, the
@@ -580,6 +589,15 @@ func (s *Store) deleteBatch(ctx context.Context, what string, timeout time.Durat
 		return 0, mapError(fmt.Errorf("pgstore: %s: commit: %w", what, err))
 	}
 	return int(tag.RowsAffected()), nil
+}
+
+// planChanged reports whether err is Postgres refusing to run a prepared
+// statement whose result type changed under it (SQLSTATE 0A000, "cached
+// plan must not change result type"): a migration replaced something the
+// statement reads.
+func planChanged(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "0A000" && strings.Contains(pgErr.Message, "cached plan")
 }
 
 // mapPgError classifies what Postgres itself said (or an error already
