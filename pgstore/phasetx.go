@@ -454,6 +454,14 @@ func (t *phaseTx) CommitPhase(ctx context.Context, p idemdriver.CommitParams) er
 // the phase's own connection having closed. A phase's foreign call may fail
 // with network errors of its own, which are none of the store's business.
 func (t *phaseTx) ClassifyError(err error) error {
+	if t.stmtTimeout > 0 && statementTimedOut(err) {
+		// The server ended a statement at the phase's statement timeout
+		// (before the client's own deadline, serverTimeoutGrace later): as
+		// documented, a statement that runs out is the store not answering
+		// in time.
+		return fmt.Errorf("%w: a statement ran past the phase statement timeout (%s): %w: %w",
+			idemdriver.ErrStoreUnavailable, t.stmtTimeout, context.DeadlineExceeded, err)
+	}
 	if mapped, ok := mapPgError(err); ok {
 		return mapped
 	}
@@ -581,4 +589,12 @@ func (v pgxView) Conn() *pgx.Conn {
 func ownStatementError(err error) bool {
 	var pre pgx.ErrPreprocessingBatch
 	return errors.As(err, &pre) && strings.HasPrefix(pre.Error(), "error preprocessing batch (build)")
+}
+
+// statementTimedOut reports whether err is the server ending a statement at
+// its statement_timeout (57014 query_canceled, which a cancel request or
+// pg_cancel_backend also raise, with other messages).
+func statementTimedOut(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "57014" && strings.Contains(pgErr.Message, "statement timeout")
 }
