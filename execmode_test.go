@@ -98,16 +98,7 @@ func TestExecModesThroughPgBouncer(t *testing.T) {
 // bouncedStore is a store through the bouncer in mode.
 func bouncedStore(t *testing.T, bounced *pgtest.BouncedSchema, mode pgx.QueryExecMode) *pgstore.Store {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(bounced.BouncedURL)
-	require.NoError(t, err)
-	cfg.ConnConfig.DefaultQueryExecMode = mode
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	store, err := pgstore.New(pool, &pgstore.Config{Schema: bounced.Name})
-	require.NoError(t, err)
-	t.Cleanup(store.Close)
-	return store
+	return storeAt(t, bounced.BouncedURL, bounced.Name, func(cfg *pgxpool.Config) { cfg.ConnConfig.DefaultQueryExecMode = mode })
 }
 
 // runStorm sends n keys, each twice at once, then replays each: every key

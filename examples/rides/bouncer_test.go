@@ -1,11 +1,8 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -23,17 +20,7 @@ func TestDemoThroughPgBouncer(t *testing.T) {
 	for _, mode := range []string{"exec", "cache_describe", "simple_protocol"} {
 		t.Run(mode, func(t *testing.T) {
 			bounced := pgtest.NewBouncedSchema(t)
-			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-			defer cancel()
-			var stdout, stderr bytes.Buffer
-			cmd := command(ctx, []string{"demo", "--duration", "5s", "--kill-every", "1500ms", "--clients", "6", "--log-dir", t.TempDir()},
-				"DATABASE_URL="+bounced.BouncedURL+"&default_query_exec_mode="+mode)
-			cmd.Stdout, cmd.Stderr = &stdout, &stderr
-			err := cmd.Run()
-			out := stdout.String()
-			require.NoError(t, err, "demo failed:\nstdout:\n%s\nstderr:\n%s", out, stderr.String())
-			summary := requireHealthySummary(t, out)
-			require.Positive(t, summary["server kills"], "the demo killed no server:\n%s", out)
+			out, _ := runDemoWithKills(t, "5s", "DATABASE_URL="+bounced.BouncedURL+"&default_query_exec_mode="+mode)
 			require.True(t, bounced.Bouncer.Alive(), "pgbouncer exited:\n%s", bounced.Bouncer.Log())
 			t.Logf("demo through pgbouncer, %s:\n%s", mode, out[strings.Index(out, "server kills:"):])
 		})

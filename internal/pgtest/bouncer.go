@@ -309,17 +309,9 @@ func (b *Bouncer) shutdown() error {
 	if b.cmd == nil {
 		return nil
 	}
-	_ = b.cmd.Process.Signal(syscall.SIGTERM) // immediate shutdown; SIGINT waits for clients
-	timer := time.NewTimer(stopTimeout)
-	defer timer.Stop()
-	select {
-	case <-b.exited:
-		return nil
-	case <-timer.C:
-		_ = b.cmd.Process.Kill()
-		<-b.exited
-		return fmt.Errorf("pgtest: pgbouncer (pid %d) ignored SIGTERM for %s and was killed", b.cmd.Process.Pid, stopTimeout)
-	}
+	// SIGTERM is an immediate shutdown; SIGINT would wait for clients to leave.
+	_ = b.cmd.Process.Signal(syscall.SIGTERM)
+	return awaitStop(b.cmd, b.exited, "pgbouncer", "SIGTERM")
 }
 
 // Close stops the bouncer and removes its directory.
