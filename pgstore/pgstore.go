@@ -133,7 +133,9 @@ func New(db DB, config *Config) (*Store, error) {
 	if !config.SessionPooler {
 		ctx, cancel := context.WithTimeout(context.Background(), schemaCheckTimeout)
 		defer cancel()
-		for _, p := range []DB{st.db, st.control} {
+		// The control pool New opens has db's configuration: db's check
+		// covers it.
+		for _, p := range []DB{st.db, config.ControlDB} {
 			if pool, ok := p.(*pgxpool.Pool); ok {
 				if err := st.checkPooler(ctx, pool); err != nil {
 					st.Close()

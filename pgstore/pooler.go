@@ -37,9 +37,9 @@ var ErrPoolerExecMode = errors.New("pgstore: the pool's query exec mode does not
 // (PgBouncer 1.21+ with max_prepared_statements) renames them on the
 // server, so a statement the probe prepares under a name of its own shows
 // under another name in pg_prepared_statements; cache_statement is then
-// accepted. The probe's statements use the simple protocol, inside one
-// transaction, and leave nothing behind. A database that does not answer is
-// not checked, as in checkSchema.
+// accepted. The probe's statements use the simple protocol and leave
+// nothing behind; on a direct connection it costs one round trip. A
+// database that does not answer is not checked, as in checkSchema.
 func (s *Store) checkPooler(ctx context.Context, pool *pgxpool.Pool) error {
 	mode := pool.Config().ConnConfig.DefaultQueryExecMode
 	if mode != pgx.QueryExecModeCacheStatement && mode != pgx.QueryExecModeDescribeExec {
@@ -50,13 +50,8 @@ func (s *Store) checkPooler(ctx context.Context, pool *pgxpool.Pool) error {
 		return nil
 	}
 	defer conn.Release()
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		return nil
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	var backend uint32
-	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&backend); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&backend); err != nil {
 		return nil
 	}
 	if backend == conn.Conn().PgConn().PID() {
@@ -68,6 +63,12 @@ func (s *Store) checkPooler(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("%w: describe_exec sends a statement's description and its execution in two synced messages, which a transaction pooler may route to different server connections; %s",
 			ErrPoolerExecMode, use)
 	}
+	// In one transaction, so that the pooler keeps one server connection.
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return nil
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	name := "idem_pooler_probe_" + randomName()
 	if _, err := conn.Conn().PgConn().Prepare(ctx, name, "SELECT 1", nil); err != nil {
 		return nil
