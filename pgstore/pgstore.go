@@ -16,6 +16,12 @@
 // transaction. The statements a held key sends outside it (foreign marks,
 // heartbeats, releases) go through a small control pool of their own, so a
 // pool full of phases never waits on itself; close it with Store.Close.
+//
+// Every pgx query exec mode works on a direct connection. Behind a
+// connection pooler in transaction mode (PgBouncer pool_mode=transaction),
+// New refuses the modes the pooler breaks (ErrPoolerExecMode): use
+// default_query_exec_mode=cache_describe, exec or simple_protocol in the
+// URL; see docs/operations.md, "PgBouncer".
 package pgstore
 
 import (
