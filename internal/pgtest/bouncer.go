@@ -52,6 +52,10 @@ type Bouncer struct {
 	exited  <-chan struct{}
 }
 
+// bouncerDirs are where findBouncer looks after PATH: Debian's package installs to /usr/sbin,
+// which is not on a normal user's PATH.
+var bouncerDirs = []string{"/usr/sbin", "/usr/local/sbin", "/usr/local/bin", "/usr/bin"}
+
 // findBouncer finds pgbouncer like the PostgreSQL binaries are found: BouncerEnv, PATH, then the
 // sbin directories Debian's package installs to (not on a normal user's PATH).
 func findBouncer() (string, error) {
@@ -64,7 +68,7 @@ func findBouncer() (string, error) {
 	if path, err := exec.LookPath("pgbouncer"); err == nil {
 		return path, nil
 	}
-	for _, dir := range []string{"/usr/sbin", "/usr/local/sbin", "/usr/local/bin", "/usr/bin"} {
+	for _, dir := range bouncerDirs {
 		path := filepath.Join(dir, "pgbouncer")
 		if info, err := os.Stat(path); err == nil && info.Mode().IsRegular() && info.Mode().Perm()&0o111 != 0 {
 			return path, nil

@@ -46,3 +46,24 @@ func TestBouncedSchema(t *testing.T) {
 		}
 	}
 }
+
+// Without a pgbouncer anywhere, findBouncer says so with ErrNoBouncer, which the tests turn into a
+// loud skip; a binary named in IDEM_PGBOUNCER that does not exist is an error, not a skip.
+func TestNoBouncerIsLoud(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	t.Setenv(BouncerEnv, "")
+	saved := bouncerDirs
+	bouncerDirs = []string{t.TempDir()}
+	defer func() { bouncerDirs = saved }()
+	_, err := findBouncer()
+	require.ErrorIs(t, err, ErrNoBouncer)
+	require.ErrorContains(t, err, "apt-get install pgbouncer")
+	note := noBouncerNote("TestX", err)
+	require.Contains(t, note, "PGBOUNCER NOT INSTALLED: TestX SKIPPED")
+	t.Log(note)
+
+	t.Setenv(BouncerEnv, "/nonexistent/pgbouncer")
+	_, err = findBouncer()
+	require.Error(t, err)
+	require.NotErrorIs(t, err, ErrNoBouncer)
+}

@@ -296,10 +296,7 @@ func SharedBouncer(t testing.TB) *Bouncer {
 		sharedBouncer.bouncer, sharedBouncer.err = StartBouncer(ctx, dbURL, nil)
 	}
 	if errors.Is(sharedBouncer.err, ErrNoBouncer) {
-		note := fmt.Sprintf("\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"+
-			"!!! PGBOUNCER NOT INSTALLED: %s SKIPPED, NOTHING WAS TESTED THROUGH A POOLER.\n"+
-			"!!! %v\n"+
-			"!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n", t.Name(), sharedBouncer.err)
+		note := noBouncerNote(t.Name(), sharedBouncer.err)
 		fmt.Fprint(os.Stderr, note)
 		t.Skip(note)
 	}
@@ -318,4 +315,12 @@ func stopSharedBouncer() error {
 	err := sharedBouncer.bouncer.Close()
 	sharedBouncer.bouncer, sharedBouncer.err = nil, ErrClosed
 	return err
+}
+
+// noBouncerNote is what a test that needs pgbouncer prints, to the test output and stderr, when
+// there is none: loud, so that a run without a pooler is not mistaken for one that tested it.
+func noBouncerNote(test string, err error) string {
+	bar := strings.Repeat("!", 80)
+	return fmt.Sprintf("\n%s\n!!! PGBOUNCER NOT INSTALLED: %s SKIPPED, NOTHING WAS TESTED THROUGH A POOLER.\n!!! %v\n%s\n",
+		bar, test, err, bar)
 }
