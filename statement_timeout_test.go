@@ -17,9 +17,9 @@ import (
 
 // A phase statement that outlasts PhaseStatementTimeout is ended by the
 // server's statement_timeout (57014 "due to statement timeout"), which
-// arrives before the client's own deadline: no cancel request (whose 57014
-// would say "due to user request"), no dropped connection (PgBouncer 1.18
-// has been seen to exit on cancel requests). The phase fails as the store
+// arrives before the client's own deadline: no dropped connection and no
+// cancel request (whose 57014 would say "due to user request"), which
+// PgBouncer 1.18 has been seen to exit on. The phase fails as the store
 // not answering in time, as documented, and the retry finishes the key.
 // The statement is the phase's first (sent with BEGIN) or a later one.
 func TestPhaseStatementTimeoutIsTheServers(t *testing.T) {

@@ -112,11 +112,12 @@ func (t *phaseTx) beginWith(ctx context.Context, queued []*pgx.QueuedQuery) (pgx
 
 // serverTimeoutGrace is how long after the server-side statement_timeout a
 // phase statement's client-side deadline falls: the server's 57014
-// (query_canceled) arrives first, so pgx sends no cancel request and keeps
-// the connection. A cancel request is a second connection that a pooler
-// must route to the right server connection (PgBouncer 1.18 has been seen
-// to exit on one); the client deadline is only for a server that does not
-// answer at all.
+// (query_canceled) arrives first, and pgx keeps the connection. At its own
+// deadline pgx would interrupt it: by default it drops the connection
+// mid-statement; configured to, it sends a cancel request, a second
+// connection that a pooler must route to the right server connection.
+// PgBouncer 1.18 has been seen to exit on both. The client deadline is only
+// for a server that does not answer at all.
 const serverTimeoutGrace = time.Second
 
 // stmtContext bounds one of the phase's statements: the server ends it at
