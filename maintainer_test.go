@@ -60,7 +60,10 @@ func (w *workTally) observer(own *countingObserver) idem.Observer {
 // cleanly when their context ends.
 func TestTwoMaintainersDoNoDoubleWork(t *testing.T) {
 	t.Parallel()
-	b := setupSMS(t)
+	twoMaintainersDoNoDoubleWork(t, setupSMS(t))
+}
+
+func twoMaintainersDoNoDoubleWork(t *testing.T, b *smsBundle) {
 	ctx := context.Background()
 	const expired, abandoned, doubtful = 300, 12, 4
 

@@ -255,7 +255,10 @@ func TestPanicInPhaseReleasesAndRetryResumes(t *testing.T) {
 // it takes over and resumes at the right phase.
 func TestCrashLeavesKeyLockedUntilLeaseExpires(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	crashLeavesKeyLockedUntilLeaseExpires(t, setup(t))
+}
+
+func crashLeavesKeyLockedUntilLeaseExpires(t *testing.T, b *testBundle) {
 	ctx := context.Background()
 	crashing := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: func(_ context.Context, at idem.HookPoint) error {
 		if at.Where == idem.HookAfterCommit && at.Phase == "charge_created" {
@@ -292,7 +295,10 @@ func TestCrashLeavesKeyLockedUntilLeaseExpires(t *testing.T) {
 // its phase; its local writes roll back.
 func TestFencingStopsATakenOverWorker(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	fencingStopsATakenOverWorker(t, setup(t))
+}
+
+func fencingStopsATakenOverWorker(t *testing.T, b *testBundle) {
 	ctx := context.Background()
 	paused, resume := make(chan struct{}), make(chan struct{})
 	letGo := sync.OnceFunc(func() { close(resume) })
@@ -346,7 +352,10 @@ func TestFencingStopsATakenOverWorker(t *testing.T) {
 // taken over, though it outlives the original lease.
 func TestHeartbeatKeepsASlowPhaseLease(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	heartbeatKeepsASlowPhaseLease(t, setup(t))
+}
+
+func heartbeatKeepsASlowPhaseLease(t *testing.T, b *testBundle) {
 	ctx := context.Background()
 	beats := make(chan struct{}, 16)
 	slow := b.runner(t, &idem.Config{

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"testing"
 	"time"
 
@@ -18,7 +19,12 @@ import (
 	"github.com/go-idem/idem/pgstore"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(killedChildEnv) == "1" {
+		os.Exit(runKilledChild())
+	}
+	pgtest.Main(m)
+}
 
 // testBundle is what most tests need: a migrated schema of their own, a
 // store on it, a controllable clock and a flow shaped like rocket rides.
@@ -78,13 +84,20 @@ func (b *testBundle) storeFor(t *testing.T) *pgstore.Store {
 // with settings of its own.
 func storeOn(t *testing.T, schema *pgtest.Schema, tune func(*pgxpool.Config)) *pgstore.Store {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(schema.URL)
+	return storeAt(t, schema.URL, schema.Name, tune)
+}
+
+// storeAt is storeOn with the pool connecting to url (through a pooler,
+// say), the store's tables in schema.
+func storeAt(t *testing.T, url, schema string, tune func(*pgxpool.Config)) *pgstore.Store {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
 	tune(cfg)
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	store, err := pgstore.New(pool, &pgstore.Config{Schema: schema.Name})
+	store, err := pgstore.New(pool, &pgstore.Config{Schema: schema})
 	require.NoError(t, err)
 	t.Cleanup(store.Close)
 	return store

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idem/idem"
@@ -328,6 +329,12 @@ func (e *env) connectPool(ctx context.Context) error {
 		return &exitError{code: ExitUsage, err: fmt.Errorf("DATABASE_URL: %w", err)}
 	}
 	pcfg.MaxConns = 4
+	if !strings.Contains(url, "default_query_exec_mode") {
+		// A command runs a handful of statements: caching prepared
+		// statements saves it nothing, and a pooler in transaction mode
+		// (PgBouncer) breaks them. exec works everywhere.
+		pcfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)

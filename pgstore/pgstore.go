@@ -16,6 +16,12 @@
 // transaction. The statements a held key sends outside it (foreign marks,
 // heartbeats, releases) go through a small control pool of their own, so a
 // pool full of phases never waits on itself; close it with Store.Close.
+//
+// Every pgx query exec mode works on a direct connection. Behind a
+// connection pooler in transaction mode (PgBouncer pool_mode=transaction),
+// New refuses the modes the pooler breaks (ErrPoolerExecMode): use
+// default_query_exec_mode=cache_describe, exec or simple_protocol in the
+// URL; see docs/operations.md, "PgBouncer".
 package pgstore
 
 import (
@@ -59,6 +65,14 @@ type Config struct {
 	// with; see Keyring. Rows written in the clear stay readable. Default:
 	// stored in the clear.
 	Cipher *Keyring
+
+	// SessionPooler tells New that the connection pooler in front of
+	// Postgres, if any, gives each client a server connection of its own
+	// for the client's whole session (PgBouncer pool_mode=session), so that
+	// every query exec mode works through it. By default New refuses, behind
+	// a pooler, the exec modes a transaction pooler breaks (see
+	// ErrPoolerExecMode).
+	SessionPooler bool
 }
 
 // ControlConnsDefault is the size of the control pool New opens.
@@ -130,6 +144,20 @@ func New(db DB, config *Config) (*Store, error) {
 		st.Close()
 		return nil, err
 	}
+	if !config.SessionPooler {
+		ctx, cancel := context.WithTimeout(context.Background(), schemaCheckTimeout)
+		defer cancel()
+		// The control pool New opens has db's configuration: db's check
+		// covers it.
+		for _, p := range []DB{st.db, config.ControlDB} {
+			if pool, ok := p.(*pgxpool.Pool); ok {
+				if err := st.checkPooler(ctx, pool); err != nil {
+					st.Close()
+					return nil, err
+				}
+			}
+		}
+	}
 	return st, nil
 }
 
@@ -193,9 +221,18 @@ func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemd
 	if err != nil {
 		return nil, err
 	}
+	replanned := false
 	for i := 0; i < maxAcquireStatements; i++ {
 		res, err := s.acquisition(ctx, s.q.acquire,
-			p.Now, p.Scope, p.Key, p.Flow, p.Method, p.Path, p.Fingerprint, []byte(params), p.Lease.Microseconds(), p.NoCreate, paramsKeyID)
+			p.Now, p.Scope, p.Key, p.Flow, p.Method, p.Path, p.Fingerprint, string(params), p.Lease.Microseconds(), p.NoCreate, paramsKeyID)
+		if !replanned && planChanged(err) {
+			// A migration changed what the statement returns since this
+			// connection prepared it; pgx has forgotten the statement, and
+			// the failed call did nothing. Once more, on a fresh plan.
+			replanned = true
+			i--
+			continue
+		}
 		if errors.Is(err, pgx.ErrNoRows) {
 			if p.NoCreate {
 				// No live key; whatever a concurrent insert did, the
@@ -597,6 +634,15 @@ func (s *Store) inBatchTx(ctx context.Context, what string, timeout time.Duratio
 		return mapError(fmt.Errorf("pgstore: %s: commit: %w", what, err))
 	}
 	return nil
+}
+
+// planChanged reports whether err is Postgres refusing to run a prepared
+// statement whose result type changed under it (SQLSTATE 0A000, "cached
+// plan must not change result type"): a migration replaced something the
+// statement reads.
+func planChanged(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "0A000" && strings.Contains(pgErr.Message, "cached plan")
 }
 
 // mapPgError classifies what Postgres itself said (or an error already

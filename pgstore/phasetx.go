@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -69,6 +70,14 @@ func (t *phaseTx) begin(ctx context.Context) error {
 	if t.tx != nil {
 		return nil
 	}
+	if t.stmtTimeout > 0 {
+		// BEGIN and the server-side statement timeout, in one round trip.
+		br, err := t.beginWith(ctx, nil)
+		if err != nil {
+			return err
+		}
+		return br.Close()
+	}
 	tx, err := t.conn.Conn().BeginTx(ctx, t.opts)
 	if err != nil {
 		return err
@@ -82,6 +91,9 @@ func (t *phaseTx) begin(ctx context.Context) error {
 func (t *phaseTx) beginWith(ctx context.Context, queued []*pgx.QueuedQuery) (pgx.BatchResults, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(t.opts)
+	if t.stmtTimeout > 0 {
+		b.Queue(t.q.statementTimeout, strconv.FormatInt(max(t.stmtTimeout.Milliseconds(), 1), 10))
+	}
 	b.QueuedQueries = append(b.QueuedQueries, queued...)
 	br := t.conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
@@ -90,17 +102,36 @@ func (t *phaseTx) beginWith(ctx context.Context, queued []*pgx.QueuedQuery) (pgx
 		return nil, err
 	}
 	t.tx = br.(interface{ Tx() pgx.Tx }).Tx()
+	if t.stmtTimeout > 0 {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			t.failed = err
+			return nil, err
+		}
+	}
 	return br, nil
 }
 
-// stmtContext bounds one of the phase's statements. cancel must run when the
+// serverTimeoutGrace is how long after the server-side statement_timeout a
+// phase statement's client-side deadline falls: the server's 57014
+// (query_canceled) arrives first, and pgx keeps the connection. At its own
+// deadline pgx would interrupt it: by default it drops the connection
+// mid-statement; configured to, it sends a cancel request, a second
+// connection that a pooler must route to the right server connection.
+// PgBouncer 1.18 has been seen to exit on both. The client deadline is only
+// for a server that does not answer at all.
+const serverTimeoutGrace = time.Second
+
+// stmtContext bounds one of the phase's statements: the server ends it at
+// stmtTimeout (statement_timeout, set for the transaction with BEGIN), the
+// client at stmtTimeout plus serverTimeoutGrace. cancel must run when the
 // statement's results are done with, not when the call returns: pgx reads
 // rows under the context the query was sent with.
 func (t *phaseTx) stmtContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	if t.stmtTimeout <= 0 {
 		return ctx, func() {}
 	}
-	return context.WithTimeout(ctx, t.stmtTimeout)
+	return context.WithTimeout(ctx, t.stmtTimeout+serverTimeoutGrace)
 }
 
 // lazy reports whether the next statement can carry BEGIN.
@@ -432,12 +463,25 @@ func (t *phaseTx) CommitPhase(ctx context.Context, p idemdriver.CommitParams) er
 // the phase's own connection having closed. A phase's foreign call may fail
 // with network errors of its own, which are none of the store's business.
 func (t *phaseTx) ClassifyError(err error) error {
+	if t.stmtTimeout > 0 && statementTimedOut(err) {
+		// The server ended a statement at the phase's statement timeout
+		// (before the client's own deadline, serverTimeoutGrace later): as
+		// documented, a statement that runs out is the store not answering
+		// in time.
+		return fmt.Errorf("%w: a statement ran past the phase statement timeout (%s): %w: %w",
+			idemdriver.ErrStoreUnavailable, t.stmtTimeout, context.DeadlineExceeded, err)
+	}
 	if mapped, ok := mapPgError(err); ok {
 		return mapped
 	}
 	var connectErr *pgconn.ConnectError
 	if errors.As(err, &connectErr) {
 		return fmt.Errorf("%w: %w", idemdriver.ErrStoreUnavailable, err)
+	}
+	if ownStatementError(err) {
+		// pgx closes the connection of a pipeline it could not build, but
+		// the database had nothing to do with it.
+		return err
 	}
 	if t.connectionLost() {
 		return fmt.Errorf("%w: the phase's connection closed: %w", idemdriver.ErrStoreUnavailable, err)
@@ -545,4 +589,21 @@ func (v pgxView) Conn() *pgx.Conn {
 	defer cancel()
 	_ = v.t.begin(ctx) // a failure resurfaces on the next statement
 	return v.t.conn.Conn()
+}
+
+// ownStatementError reports whether err is pgx failing to encode a
+// statement's arguments (client side, before the server saw it): the
+// statement's own fault, never the store's, even when pgx closed the
+// connection of the pipeline it was part of.
+func ownStatementError(err error) bool {
+	var pre pgx.ErrPreprocessingBatch
+	return errors.As(err, &pre) && strings.HasPrefix(pre.Error(), "error preprocessing batch (build)")
+}
+
+// statementTimedOut reports whether err is the server ending a statement at
+// its statement_timeout (57014 query_canceled, which a cancel request or
+// pg_cancel_backend also raise, with other messages).
+func statementTimedOut(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "57014" && strings.Contains(pgErr.Message, "statement timeout")
 }

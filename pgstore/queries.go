@@ -150,7 +150,9 @@ func newQueries(prefix string) *queries {
 	// only when the key looks takeable: keeping an UPDATE out of this one
 	// spares every replay the cost of setting one up, and takeovers are rare.
 	//
-	// Params travel as text: the function parses them only when it inserts.
+	// Params travel as text (a Go string: []byte would be sent as bytea in
+	// the exec and simple_protocol modes): the function parses them only
+	// when it inserts.
 	q.acquire = `SELECT * FROM ` + prefix + `idem_acquire_v7($1::timestamptz, $2::text, $3::text, $4::text, $5::text, $6::text,
     $7::bytea, $8::text, $9::bigint, $10::boolean, $11::text)`
 
@@ -470,7 +472,14 @@ func (q *queries) commitStatement(p idemdriver.CommitParams, bodyKeyID string) (
 		if header == nil {
 			header = map[string][]string{}
 		}
-		return q.finishPhase, []any{p.Ref.ID, p.Ref.Fence, json.RawMessage(patch), p.Response.Status, header, body, p.Retention.Microseconds(), p.Now, bodyKeyID}, nil
+		// The header travels as JSON text, like the checkpoint: a map has
+		// no type pgx can encode without asking the server (exec and
+		// simple_protocol modes do not ask).
+		headerJSON, err := json.Marshal(header)
+		if err != nil {
+			return "", nil, fmt.Errorf("pgstore: encode response header: %w", err)
+		}
+		return q.finishPhase, []any{p.Ref.ID, p.Ref.Fence, json.RawMessage(patch), p.Response.Status, string(headerJSON), body, p.Retention.Microseconds(), p.Now, bodyKeyID}, nil
 	case p.Status == idemdriver.StatusRunning:
 		return q.advancePhase, []any{p.Ref.ID, p.Ref.Fence, p.RecoveryPoint, json.RawMessage(patch), p.Now}, nil
 	}

@@ -110,19 +110,29 @@ func TestDemoWithKills(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the whole demo (about 20s); skipped with -short")
 	}
+	out, summary := runDemoWithKills(t, "6s")
+	require.Zero(t, summary["unexpected server exits"])
+	require.Positive(t, summary["declined (402)"], "some requests come from the declined user:\n%s", out)
+	t.Logf("demo summary:\n%s", out[strings.Index(out, "server kills:"):])
+}
+
+// runDemoWithKills runs the demo for duration with faults on and a serve
+// process killed every 1.5s, env added to its environment, and returns its
+// output and summary once it has exited 0 with every invariant at 0 and at
+// least one kill.
+func runDemoWithKills(t *testing.T, duration string, env ...string) (string, map[string]float64) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
-	cmd := command(ctx, []string{"demo", "--duration", "6s", "--kill-every", "1500ms", "--clients", "6", "--log-dir", t.TempDir()})
+	cmd := command(ctx, []string{"demo", "--duration", duration, "--kill-every", "1500ms", "--clients", "6", "--log-dir", t.TempDir()}, env...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
 	out := stdout.String()
 	require.NoError(t, err, "demo failed:\nstdout:\n%s\nstderr:\n%s", out, stderr.String())
 	summary := requireHealthySummary(t, out)
 	require.Positive(t, summary["server kills"], "the demo killed no server:\n%s", out)
-	require.Zero(t, summary["unexpected server exits"])
-	require.Positive(t, summary["declined (402)"], "some requests come from the declined user:\n%s", out)
-	t.Logf("demo summary:\n%s", out[strings.Index(out, "server kills:"):])
+	return out, summary
 }
 
 // Ctrl-C stops the demo and everything it started: the serve processes and

@@ -82,4 +82,14 @@
 //	... commits that the standby never sees ...
 //	pair.KillPrimary()                    // SIGKILL, no shutdown
 //	pair.Promote(ctx)                     // the standby is the primary; pair.URL() finds it
+//
+// # PgBouncer in front of the server
+//
+// [NewBouncedSchema] is [NewMigratedSchema] reached through a PgBouncer in transaction pooling
+// mode ([StartBouncer]), which the test binary starts on first use in front of its server: the
+// local pgbouncer binary (Debian's pgbouncer package, found on PATH, in /usr/sbin, or named by
+// IDEM_PGBOUNCER), on 127.0.0.1 on a free port, as the postgres user when we are root, with the
+// server's password (scram-sha-256) and a database alias per schema whose server connections
+// start with search_path set to it (PgBouncer passes no search_path from its clients). When
+// pgbouncer is not installed, the test is skipped with a loud note in the test output.
 package pgtest

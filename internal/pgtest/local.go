@@ -347,15 +347,21 @@ func (c *localCluster) shutdown() error {
 		return nil
 	}
 	_ = quitProcess(c.cmd.Process)
+	return awaitStop(c.cmd, c.exited, "postgres", "SIGQUIT")
+}
+
+// awaitStop waits, after signal was sent to it, for a child started by startPinned to exit, and
+// kills it when it has not within stopTimeout.
+func awaitStop(cmd *exec.Cmd, exited <-chan struct{}, name, signal string) error {
 	timer := time.NewTimer(stopTimeout)
 	defer timer.Stop()
 	select {
-	case <-c.exited:
+	case <-exited:
 		return nil
 	case <-timer.C:
-		_ = c.cmd.Process.Kill()
-		<-c.exited
-		return fmt.Errorf("pgtest: postgres (pid %d) ignored SIGQUIT for %s and was killed", c.cmd.Process.Pid, stopTimeout)
+		_ = cmd.Process.Kill()
+		<-exited
+		return fmt.Errorf("pgtest: %s (pid %d) ignored %s for %s and was killed", name, cmd.Process.Pid, signal, stopTimeout)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -39,6 +40,9 @@ var shared struct {
 // external server is removed by a later run.
 func Main(m *testing.M) {
 	code := m.Run()
+	if err := stopSharedBouncer(); err != nil {
+		fmt.Fprintf(os.Stderr, "pgtest: stopping pgbouncer after the tests: %v\n", err)
+	}
 	if err := stopShared(); err != nil {
 		fmt.Fprintf(os.Stderr, "pgtest: cleaning up after the tests: %v\n", err)
 	}
@@ -234,4 +238,89 @@ func databasePrefix(binary string) string {
 		}
 	}
 	return strings.TrimRight(b.String(), "_")
+}
+
+// sharedBouncer is the test binary's pgbouncer, started by the first test that asks.
+var sharedBouncer struct {
+	mu      sync.Mutex
+	started bool
+	bouncer *Bouncer
+	err     error
+}
+
+// BouncedSchema is a migrated schema of a test's own, reached through the test binary's
+// pgbouncer in transaction pooling mode.
+type BouncedSchema struct {
+	// Schema is the schema on a direct connection: its Pool, for setting up and checking.
+	*Schema
+	// BouncedURL reaches the same schema through the bouncer: a database alias of its own whose
+	// server connections have search_path set to the schema (pgbouncer passes none from its
+	// clients).
+	BouncedURL string
+	// Bouncer is the test binary's pgbouncer.
+	Bouncer *Bouncer
+}
+
+// NewBouncedSchema is NewMigratedSchema behind a pgbouncer in transaction pooling mode (see
+// [StartBouncer]), started on first use in front of the test binary's server. When pgbouncer is
+// not installed the test is skipped, with a loud note in the test output.
+func NewBouncedSchema(t testing.TB) *BouncedSchema {
+	t.Helper()
+	bouncer := SharedBouncer(t)
+	schema := NewMigratedSchema(t)
+	dbURL := DatabaseURL(t)
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	bounced, err := bouncer.AddAlias(ctx, schema.Name, strings.TrimPrefix(u.Path, "/"), schema.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &BouncedSchema{Schema: schema, BouncedURL: bounced, Bouncer: bouncer}
+}
+
+// SharedBouncer returns the test binary's pgbouncer, starting it on first use, and skips the test
+// loudly when pgbouncer is not installed.
+func SharedBouncer(t testing.TB) *Bouncer {
+	t.Helper()
+	dbURL := DatabaseURL(t)
+	sharedBouncer.mu.Lock()
+	defer sharedBouncer.mu.Unlock()
+	if !sharedBouncer.started {
+		sharedBouncer.started = true
+		ctx, cancel := context.WithTimeout(context.Background(), sharedStartTimeout)
+		defer cancel()
+		sharedBouncer.bouncer, sharedBouncer.err = StartBouncer(ctx, dbURL, nil)
+	}
+	if errors.Is(sharedBouncer.err, ErrNoBouncer) {
+		note := noBouncerNote(t.Name(), sharedBouncer.err)
+		fmt.Fprint(os.Stderr, note)
+		t.Skip(note)
+	}
+	if sharedBouncer.err != nil {
+		t.Fatal(sharedBouncer.err)
+	}
+	return sharedBouncer.bouncer
+}
+
+func stopSharedBouncer() error {
+	sharedBouncer.mu.Lock()
+	defer sharedBouncer.mu.Unlock()
+	if sharedBouncer.bouncer == nil {
+		return nil
+	}
+	err := sharedBouncer.bouncer.Close()
+	sharedBouncer.bouncer, sharedBouncer.err = nil, ErrClosed
+	return err
+}
+
+// noBouncerNote is what a test that needs pgbouncer prints, to the test output and stderr, when
+// there is none: loud, so that a run without a pooler is not mistaken for one that tested it.
+func noBouncerNote(test string, err error) string {
+	bar := strings.Repeat("!", 80)
+	return fmt.Sprintf("\n%s\n!!! PGBOUNCER NOT INSTALLED: %s SKIPPED, NOTHING WAS TESTED THROUGH A POOLER.\n!!! %v\n%s\n",
+		bar, test, err, bar)
 }

@@ -3,7 +3,6 @@ package ridesapp
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
@@ -20,7 +19,7 @@ import (
 //go:embed schema.sql
 var schemaSQL string
 
-// migrationLockKey is the session advisory lock that serialises Migrate
+// migrationLockKey is the transaction advisory lock that serialises Migrate
 // across processes: the demo starts several serve processes at once, and
 // concurrent CREATE TABLE IF NOT EXISTS statements can still collide. It is
 // derived from the schema, so migrations of different schemas (parallel
@@ -58,24 +57,20 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, logger *slo
 		return fmt.Errorf("rides: migrate: %w", err)
 	}
 
-	conn, err := pool.Acquire(ctx)
+	// The lock is transaction-level, held by a transaction of its own that
+	// stays open while the migrations run on other connections of the pool
+	// (River's cannot all share one transaction): a session lock would
+	// outlive the statement on a pooler's server connection (PgBouncer in
+	// transaction mode hands it to other clients between transactions), and
+	// its unlock could land on another one. The pool needs two connections.
+	lock, err := pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("rides: migrate: %w", err)
 	}
-	defer conn.Release()
-	lockKey := migrationLockKey(schema)
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", lockKey); err != nil {
+	defer func() { _ = lock.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := lock.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrationLockKey(schema)); err != nil {
 		return fmt.Errorf("rides: migrate: take the migration lock: %w", err)
 	}
-	defer func() {
-		// A detached context: the lock must be released even when ctx is done,
-		// or this pooled connection would keep it.
-		if _, uerr := conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", lockKey); uerr != nil {
-			// Closing the session drops the lock with it.
-			_ = conn.Conn().Close(context.WithoutCancel(ctx))
-			err = errors.Join(err, fmt.Errorf("rides: migrate: release the migration lock: %w", uerr))
-		}
-	}()
 
 	idemMigrator, err := migrations.New(pool, &migrations.Config{Schema: schema})
 	if err != nil {
