@@ -62,14 +62,11 @@ func (r *Runner) hold(flow AnyFlow, rec *KeyRecord, input any, tookOver bool, ac
 // nextPhase is the index of the phase after the key's recovery point: where
 // the held key resumes.
 func (h *held) nextPhase() (int, error) {
-	if h.rec.RecoveryPoint == RecoveryPointStarted {
-		return 0, nil
-	}
-	i, ok := h.flow.phaseIndex(h.rec.RecoveryPoint)
+	i, ok := h.flow.resumeAt(h.rec.RecoveryPoint)
 	if !ok {
 		return 0, fmt.Errorf("%w: key %q is at %q, which flow %q does not have", ErrUnknownRecoveryPoint, h.rec.Key, h.rec.RecoveryPoint, h.flow.Name())
 	}
-	return i + 1, nil
+	return i, nil
 }
 
 // enterPhase moves to phase i, the first of a transaction, with a fresh
@@ -98,7 +95,7 @@ func (h *held) phaseName() string {
 
 // downstreamKey is the idempotency key the phase's foreign call sends (see
 // KeyRecord.DownstreamKey).
-func (h *held) downstreamKey() string { return h.rec.DownstreamKey(h.phaseName()) }
+func (h *held) downstreamKey() string { return h.rec.DownstreamKey(h.flow.downstreamName(h.phase)) }
 
 // committed updates the in-memory record to what a phase commit wrote.
 func (h *held) committed(cp *idemdriver.CommitParams) {
