@@ -17,10 +17,14 @@ import (
 // fingerprints it as JSON and stores it (or what FlowConfig.Store keeps of
 // it) as JSON to re-drive abandoned requests.
 type Flow[In any] struct {
-	name      string
-	phases    []Phase[In]
-	names     []string
-	index     map[string]int
+	name   string
+	phases []Phase[In]
+	names  []string
+	// index finds a phase by its name or a former name.
+	index map[string]int
+	// retired maps a removed phase's name to the index of the phase a key
+	// recorded at it resumes with (FlowConfig.RetiredPhases).
+	retired   map[string]int
 	retention time.Duration
 	abandon   time.Duration
 	store     func(In) In
@@ -60,6 +64,17 @@ type FlowConfig[In any] struct {
 	// then leaves the key for the client's retry instead of running later
 	// phases, and says so with ErrNoRedrive.
 	NoRedrive bool
+
+	// RetiredPhases lists the phases a deploy removed from the flow, each
+	// with the recovery point a key recorded at it now stands for: the name
+	// of a current phase, whose successor the key resumes with, or
+	// RecoveryPointStarted, to resume with the first phase. A key that
+	// committed a removed phase has done its work; map it to the phase that
+	// came before it in the old definition, so the key carries on with what
+	// followed. Without an entry such keys fail with ErrUnknownRecoveryPoint.
+	// A retired name cannot settle a call in doubt: a not-idempotent phase is
+	// removed only once no key is marked at it (Runner.CheckResumable).
+	RetiredPhases map[string]string
 }
 
 var (
@@ -85,8 +100,8 @@ func NewFlow[In any](name string, phases []Phase[In], config *FlowConfig[In]) (*
 	if config.Retention < 0 {
 		return nil, fmt.Errorf("idem: flow %q: negative retention", name)
 	}
-	f := &Flow[In]{name: name, phases: append([]Phase[In](nil), phases...), index: map[string]int{}, retention: config.Retention,
-		abandon: config.AbandonAfter, store: config.Store, noRedrive: config.NoRedrive}
+	f := &Flow[In]{name: name, phases: append([]Phase[In](nil), phases...), index: map[string]int{}, retired: map[string]int{},
+		retention: config.Retention, abandon: config.AbandonAfter, store: config.Store, noRedrive: config.NoRedrive}
 	for i, p := range f.phases {
 		switch {
 		case !phaseNamePattern.MatchString(p.Name):
@@ -109,7 +124,44 @@ func NewFlow[In any](name string, phases []Phase[In], config *FlowConfig[In]) (*
 		f.index[p.Name] = i
 		f.names = append(f.names, p.Name)
 	}
+	// Former names after every current name, so a former name that is
+	// some phase's current name is reported as such.
+	for i, p := range f.phases {
+		for _, former := range p.FormerNames {
+			if err := f.checkNewName(former); err != nil {
+				return nil, fmt.Errorf("idem: flow %q phase %q: former name: %w", name, p.Name, err)
+			}
+			f.index[former] = i
+		}
+	}
+	for retired, point := range config.RetiredPhases {
+		if err := f.checkNewName(retired); err != nil {
+			return nil, fmt.Errorf("idem: flow %q: retired phase: %w", name, err)
+		}
+		next, ok := f.resumeAt(point)
+		if !ok {
+			return nil, fmt.Errorf("idem: flow %q: retired phase %q stands for %q, which is neither %q nor a phase of the flow", name, retired, point, RecoveryPointStarted)
+		}
+		f.retired[retired] = next
+	}
 	return f, nil
+}
+
+// checkNewName checks a former or retired phase name: a valid name no other
+// phase, former name or retired phase of the flow uses.
+func (f *Flow[In]) checkNewName(n string) error {
+	switch _, taken := f.index[n]; {
+	case !phaseNamePattern.MatchString(n):
+		return fmt.Errorf("name %q: use lowercase letters, digits and _ starting with a letter, at most 64", n)
+	case n == RecoveryPointStarted || n == RecoveryPointFinished:
+		return fmt.Errorf("%q is a reserved recovery point", n)
+	case taken:
+		return fmt.Errorf("%q is already a name or former name of phase %q", n, f.names[f.index[n]])
+	}
+	if _, taken := f.retired[n]; taken {
+		return fmt.Errorf("%q is already a retired phase", n)
+	}
+	return nil
 }
 
 // checkJoin checks phase i's Phase.JoinPrevious against its neighbours.
@@ -167,7 +219,14 @@ type AnyFlow interface {
 
 	retentionOr(d time.Duration) time.Duration
 	abandonAfterOr(d time.Duration) time.Duration
+	// phaseIndex finds the phase a name or former name names (a mark).
 	phaseIndex(name string) (int, bool)
+	// resumeAt is the index of the phase a key recorded at recoveryPoint
+	// resumes with; it counts former names and retired phases.
+	resumeAt(recoveryPoint string) (int, bool)
+	// downstreamName is phase i's identity in downstream keys: its oldest
+	// name.
+	downstreamName(i int) string
 	// phaseMeta describes phase i; iso is the isolation level of the
 	// transaction it runs in, its join chain's first phase's (empty: the
 	// runner's default).
@@ -224,6 +283,24 @@ func (f *Flow[In]) redrives() bool { return !f.noRedrive }
 func (f *Flow[In]) phaseIndex(name string) (int, bool) {
 	i, ok := f.index[name]
 	return i, ok
+}
+
+func (f *Flow[In]) resumeAt(recoveryPoint string) (int, bool) {
+	if recoveryPoint == RecoveryPointStarted {
+		return 0, true
+	}
+	if i, ok := f.index[recoveryPoint]; ok {
+		return i + 1, true
+	}
+	i, ok := f.retired[recoveryPoint]
+	return i, ok
+}
+
+func (f *Flow[In]) downstreamName(i int) string {
+	if p := f.phases[i]; len(p.FormerNames) > 0 {
+		return p.FormerNames[0]
+	}
+	return f.phases[i].Name
 }
 
 func (f *Flow[In]) phaseMeta(i int) (string, ForeignKind, pgx.TxIsoLevel) {

@@ -66,20 +66,17 @@ func (r *Runner) hold(flow AnyFlow, rec *KeyRecord, input any, tookOver bool, ac
 // nextPhase is the index of the phase after the key's recovery point: where
 // the held key resumes.
 func (h *held) nextPhase() (int, error) {
-	if h.rec.RecoveryPoint == RecoveryPointStarted {
-		return 0, nil
-	}
-	i, ok := h.flow.phaseIndex(h.rec.RecoveryPoint)
+	i, ok := h.flow.resumeAt(h.rec.RecoveryPoint)
 	if !ok {
 		return 0, fmt.Errorf("%w: key %q is at %q, which flow %q does not have", ErrUnknownRecoveryPoint, h.rec.Key, h.rec.RecoveryPoint, h.flow.Name())
 	}
-	if i+1 >= len(h.flow.PhaseNames()) {
+	if i >= len(h.flow.PhaseNames()) {
 		// A deploy dropped the phases after it (or made this one the last):
 		// nothing is left to run, and no response is stored.
 		return 0, fmt.Errorf("%w: key %q is at %q, now the last phase of flow %q: no phase is left to run and no response is stored",
 			ErrUnknownRecoveryPoint, h.rec.Key, h.rec.RecoveryPoint, h.flow.Name())
 	}
-	return i + 1, nil
+	return i, nil
 }
 
 // enterPhase moves to phase i, the first of a transaction, with a fresh
@@ -108,7 +105,7 @@ func (h *held) phaseName() string {
 
 // downstreamKey is the idempotency key the phase's foreign call sends (see
 // KeyRecord.DownstreamKey).
-func (h *held) downstreamKey() string { return h.rec.DownstreamKey(h.phaseName()) }
+func (h *held) downstreamKey() string { return h.rec.DownstreamKey(h.flow.downstreamName(h.phase)) }
 
 // committed updates the in-memory record to what a phase commit wrote.
 func (h *held) committed(cp *idemdriver.CommitParams) {

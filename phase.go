@@ -22,9 +22,22 @@ type Phase[In any] struct {
 	// Name identifies the phase and is the recovery point recorded when it
 	// advances: lowercase letters, digits and underscores, starting with a
 	// letter, at most 64 characters, unique in the flow, and neither
-	// "started" nor "finished". Renaming a phase while keys are in flight
-	// strands them (ErrUnknownRecoveryPoint), so treat names like columns.
+	// "started" nor "finished". A key's recovery point is stored by name, so
+	// rename a phase only by listing its old name in FormerNames (a key at a
+	// name the flow no longer knows fails with ErrUnknownRecoveryPoint);
+	// docs/flows.md has the rules for every change of a flow.
 	Name string
+
+	// FormerNames lists the names the phase had before, oldest first. A key
+	// recorded at a former name (its recovery point, or the mark of a
+	// not-idempotent call in doubt) resumes as if recorded at Name. The
+	// oldest name stays the phase's identity towards providers: its foreign
+	// call's downstream key (Attempt.IdempotencyKey) is derived from
+	// FormerNames[0], so a request interrupted mid-call before the rename
+	// sends the same downstream key after it. Keep the oldest name listed for
+	// as long as the flow exists. Former names follow Name's rules and are
+	// unique across the flow's names, former names and retired phases.
+	FormerNames []string
 
 	// Do does the phase's work.
 	Do func(ctx context.Context, tx Tx, a *Attempt[In]) (Result, error)

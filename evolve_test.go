@@ -1,0 +1,268 @@
+package idem_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/internal/testfixture"
+)
+
+// A flow that changes between deploys, with keys left in flight by the old
+// definition at every recovery point it has, and in the middle of its
+// foreign call. Each phase writes a row naming itself; the charge goes to a
+// provider that deduplicates on the downstream key.
+type evolveInput struct {
+	Amount float64 `json:"amount"`
+}
+
+type evolveBundle struct {
+	*testBundle
+	provider *testfixture.Provider
+}
+
+func setupEvolve(t *testing.T) *evolveBundle {
+	t.Helper()
+	b := setup(t)
+	_, err := b.pool.Exec(context.Background(), `CREATE TABLE evolve_steps (key text NOT NULL, phase text NOT NULL)`)
+	require.NoError(t, err)
+	return &evolveBundle{testBundle: b, provider: &testfixture.Provider{}}
+}
+
+// step is a phase that records its own run.
+func (b *evolveBundle) step(name string) idem.Phase[evolveInput] {
+	return idem.Phase[evolveInput]{Name: name, Do: func(ctx context.Context, tx idem.Tx, a *idem.Attempt[evolveInput]) (idem.Result, error) {
+		_, err := tx.Exec(ctx, `INSERT INTO evolve_steps VALUES ($1, $2)`, a.Key().Key, name)
+		return idem.Advance(), err
+	}}
+}
+
+// charge is a phase that charges through the provider and records the charge.
+func (b *evolveBundle) charge(name string, former ...string) idem.Phase[evolveInput] {
+	return idem.Phase[evolveInput]{Name: name, FormerNames: former, Do: func(ctx context.Context, tx idem.Tx, a *idem.Attempt[evolveInput]) (idem.Result, error) {
+		var id string
+		if err := a.Foreign(ctx, "charge", func(_ context.Context, key string) (err error) {
+			id, err = b.provider.Charge(key, a.Input().Amount)
+			return err
+		}); err != nil {
+			return idem.Result{}, err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO evolve_steps VALUES ($1, $2)`, a.Key().Key, name+":"+id)
+		return idem.Advance(), err
+	}}
+}
+
+// respond is a last phase.
+func (b *evolveBundle) respond(name string) idem.Phase[evolveInput] {
+	p := b.step(name)
+	do := p.Do
+	p.Do = func(ctx context.Context, tx idem.Tx, a *idem.Attempt[evolveInput]) (idem.Result, error) {
+		if _, err := do(ctx, tx, a); err != nil {
+			return idem.Result{}, err
+		}
+		return idem.RespondJSON(http.StatusCreated, map[string]string{"ok": name}), nil
+	}
+	return p
+}
+
+func (b *evolveBundle) flow(t *testing.T, phases []idem.Phase[evolveInput], cfg *idem.FlowConfig[evolveInput]) *idem.Flow[evolveInput] {
+	t.Helper()
+	f, err := idem.NewFlow("orders.create", phases, cfg)
+	require.NoError(t, err)
+	return f
+}
+
+// v1 is the definition every change starts from.
+func (b *evolveBundle) v1(t *testing.T) *idem.Flow[evolveInput] {
+	return b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.charge("charge"), b.step("notify"), b.respond("respond")}, nil)
+}
+
+// strand leaves key in flight under flow: it crashes at where in phase.
+func (b *evolveBundle) strand(t *testing.T, flow *idem.Flow[evolveInput], key, phase string, where idem.HookWhere) {
+	t.Helper()
+	r := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{flow}, Test: idem.TestConfig{Now: b.clock.Now,
+		Hook: func(_ context.Context, at idem.HookPoint) error {
+			if at.Phase == phase && at.Where == where {
+				return idem.ErrSimulatedCrash
+			}
+			return nil
+		}}})
+	_, err := r.Execute(context.Background(), flow, idem.Request{Scope: "s", Key: key, Method: "POST", Path: "/orders", Params: evolveInput{Amount: 10}})
+	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+}
+
+// finish retries key under flow once the dead worker's lease is over.
+func (b *evolveBundle) finish(t *testing.T, flow *idem.Flow[evolveInput], key string) (*idem.Outcome, error) {
+	t.Helper()
+	b.clock.Advance(idem.LeaseDefault + 1)
+	r := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{flow}})
+	return r.Execute(context.Background(), flow, idem.Request{Scope: "s", Key: key, Method: "POST", Path: "/orders", Params: evolveInput{Amount: 10}})
+}
+
+func (b *evolveBundle) steps(t *testing.T, key string) []string {
+	t.Helper()
+	rows, err := b.pool.Query(context.Background(), `SELECT phase FROM evolve_steps WHERE key = $1 ORDER BY ctid`, key)
+	require.NoError(t, err)
+	var out []string
+	for rows.Next() {
+		var p string
+		require.NoError(t, rows.Scan(&p))
+		out = append(out, p)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// inFlight is where v1 leaves a key: at each recovery point (a crash as the
+// next phase starts), and mid-call (the charge made, its phase not
+// committed).
+var inFlight = []struct {
+	name  string
+	phase string
+	where idem.HookWhere
+}{
+	{"at started", "reserve", idem.HookPhaseStart},
+	{"at reserve", "charge", idem.HookPhaseStart},
+	{"mid-call", "charge", idem.HookAfterForeign},
+	{"at charge", "notify", idem.HookPhaseStart},
+	{"at notify", "respond", idem.HookPhaseStart},
+}
+
+// Each change a team makes to a flow, with keys in flight at every recovery
+// point of the old definition: each finishes under the new one, every
+// phase's work once, and one charge (the retry mid-call sends the same
+// downstream key, also after a rename).
+func TestFlowChangesResumeKeysInFlight(t *testing.T) {
+	t.Parallel()
+	changes := []struct {
+		name string
+		next func(b *evolveBundle, t *testing.T) *idem.Flow[evolveInput]
+		// want is the evolve_steps rows of a key stranded at each inFlight
+		// point once finished ("charge" stands for the charge row).
+		want map[string][]string
+	}{
+		{
+			// Renaming: the old name listed in FormerNames.
+			name: "rename",
+			next: func(b *evolveBundle, t *testing.T) *idem.Flow[evolveInput] {
+				return b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.charge("charge_card", "charge"), b.step("notify"), b.respond("respond")}, nil)
+			},
+			want: map[string][]string{
+				"at started": {"reserve", "charge_card", "notify", "respond"},
+				"at reserve": {"reserve", "charge_card", "notify", "respond"},
+				"mid-call":   {"reserve", "charge_card", "notify", "respond"},
+				"at charge":  {"reserve", "charge", "notify", "respond"},
+				"at notify":  {"reserve", "charge", "notify", "respond"},
+			},
+		},
+		{
+			// Inserting: keys before the new phase run it, keys past it
+			// never do.
+			name: "insert",
+			next: func(b *evolveBundle, t *testing.T) *idem.Flow[evolveInput] {
+				return b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.step("audit"), b.charge("charge"), b.step("notify"), b.respond("respond")}, nil)
+			},
+			want: map[string][]string{
+				"at started": {"reserve", "audit", "charge", "notify", "respond"},
+				"at reserve": {"reserve", "audit", "charge", "notify", "respond"},
+				"mid-call":   {"reserve", "audit", "charge", "notify", "respond"},
+				"at charge":  {"reserve", "charge", "notify", "respond"},
+				"at notify":  {"reserve", "charge", "notify", "respond"},
+			},
+		},
+		{
+			// Removing: the removed phase retired to the phase before it.
+			name: "remove",
+			next: func(b *evolveBundle, t *testing.T) *idem.Flow[evolveInput] {
+				return b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.charge("charge"), b.respond("respond")},
+					&idem.FlowConfig[evolveInput]{RetiredPhases: map[string]string{"notify": "charge"}})
+			},
+			want: map[string][]string{
+				"at started": {"reserve", "charge", "respond"},
+				"at reserve": {"reserve", "charge", "respond"},
+				"mid-call":   {"reserve", "charge", "respond"},
+				"at charge":  {"reserve", "charge", "respond"},
+				"at notify":  {"reserve", "charge", "notify", "respond"},
+			},
+		},
+		{
+			// Appending: the old last phase now advances, and every key in
+			// flight runs the new last one.
+			name: "append",
+			next: func(b *evolveBundle, t *testing.T) *idem.Flow[evolveInput] {
+				return b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.charge("charge"), b.step("notify"), b.step("respond"), b.respond("archive")}, nil)
+			},
+			want: map[string][]string{
+				"at started": {"reserve", "charge", "notify", "respond", "archive"},
+				"at reserve": {"reserve", "charge", "notify", "respond", "archive"},
+				"mid-call":   {"reserve", "charge", "notify", "respond", "archive"},
+				"at charge":  {"reserve", "charge", "notify", "respond", "archive"},
+				"at notify":  {"reserve", "charge", "notify", "respond", "archive"},
+			},
+		},
+	}
+	for _, change := range changes {
+		t.Run(change.name, func(t *testing.T) {
+			t.Parallel()
+			b := setupEvolve(t)
+			old := b.v1(t)
+			for _, at := range inFlight {
+				b.strand(t, old, at.name, at.phase, at.where)
+			}
+			next := change.next(b, t)
+			for _, at := range inFlight {
+				out, err := b.finish(t, next, at.name)
+				require.NoError(t, err, at.name)
+				require.Equal(t, http.StatusCreated, out.Response.Status, at.name)
+				got := b.steps(t, at.name)
+				for i, s := range got { // the charge row carries the charge id
+					got[i], _, _ = strings.Cut(s, ":")
+				}
+				require.Equal(t, change.want[at.name], got, at.name)
+			}
+			// One charge per key: the mid-call key's retry sent the downstream
+			// key of the first try, whatever the phase is called now.
+			require.Equal(t, len(inFlight), b.provider.Charges())
+		})
+	}
+}
+
+// Without the declarations the same changes strand the keys, as before.
+func TestUndeclaredFlowChangesStrandKeys(t *testing.T) {
+	t.Parallel()
+	b := setupEvolve(t)
+	old := b.v1(t)
+	b.strand(t, old, "k", "notify", idem.HookPhaseStart) // at charge
+	renamed := b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.charge("charge_card"), b.step("notify"), b.respond("respond")}, nil)
+	_, err := b.finish(t, renamed, "k")
+	require.ErrorIs(t, err, idem.ErrUnknownRecoveryPoint)
+}
+
+// NewFlow checks former and retired names.
+func TestFormerAndRetiredNamesAreChecked(t *testing.T) {
+	t.Parallel()
+	b := &evolveBundle{testBundle: &testBundle{}, provider: &testfixture.Provider{}}
+	for name, tc := range map[string]struct {
+		phases []idem.Phase[evolveInput]
+		cfg    *idem.FlowConfig[evolveInput]
+		want   string
+	}{
+		"former is a current name": {[]idem.Phase[evolveInput]{b.step("a"), b.charge("b", "a"), b.respond("c")}, nil, `"a" is already a name or former name of phase "a"`},
+		"former twice":             {[]idem.Phase[evolveInput]{b.charge("a", "x"), b.charge("b", "x"), b.respond("c")}, nil, `"x" is already a name or former name of phase "a"`},
+		"former reserved":          {[]idem.Phase[evolveInput]{b.charge("a", "started"), b.respond("c")}, nil, "reserved"},
+		"former malformed":         {[]idem.Phase[evolveInput]{b.charge("a", "Old-Name"), b.respond("c")}, nil, "lowercase"},
+		"retired is current":       {[]idem.Phase[evolveInput]{b.step("a"), b.respond("c")}, &idem.FlowConfig[evolveInput]{RetiredPhases: map[string]string{"a": "started"}}, "already a name"},
+		"retired to nowhere":       {[]idem.Phase[evolveInput]{b.step("a"), b.respond("c")}, &idem.FlowConfig[evolveInput]{RetiredPhases: map[string]string{"x": "y"}}, `stands for "y"`},
+	} {
+		_, err := idem.NewFlow("f", tc.phases, tc.cfg)
+		require.ErrorContains(t, err, tc.want, name)
+	}
+	// A retired phase may stand for a former name, or for the start.
+	_, err := idem.NewFlow("f", []idem.Phase[evolveInput]{b.charge("a", "old_a"), b.respond("c")},
+		&idem.FlowConfig[evolveInput]{RetiredPhases: map[string]string{"x": "old_a", "y": idem.RecoveryPointStarted}})
+	require.NoError(t, err)
+}
