@@ -227,6 +227,9 @@ type AnyFlow interface {
 	// downstreamName is phase i's identity in downstream keys: its oldest
 	// name.
 	downstreamName(i int) string
+	// recoveryPoints lists every recovery point a key of the flow can be
+	// recorded at and resume from.
+	recoveryPoints() []string
 	// phaseMeta describes phase i; iso is the isolation level of the
 	// transaction it runs in, its join chain's first phase's (empty: the
 	// runner's default).
@@ -417,4 +420,16 @@ func (f *Flow[In]) callDo(ctx context.Context, tx Tx, h *held) (Result, error) {
 
 func (f *Flow[In]) callReconcile(ctx context.Context, tx Tx, h *held) (Reconciliation, error) {
 	return f.phases[h.phase].Reconcile(ctx, tx, &Attempt[In]{h: h, input: h.input.(In)})
+}
+
+func (f *Flow[In]) recoveryPoints() []string {
+	points := []string{RecoveryPointStarted}
+	for _, p := range f.phases {
+		points = append(points, p.Name)
+		points = append(points, p.FormerNames...)
+	}
+	for retired := range f.retired {
+		points = append(points, retired)
+	}
+	return points
 }
