@@ -266,3 +266,59 @@ func TestFormerAndRetiredNamesAreChecked(t *testing.T) {
 		&idem.FlowConfig[evolveInput]{RetiredPhases: map[string]string{"x": "old_a", "y": idem.RecoveryPointStarted}})
 	require.NoError(t, err)
 }
+
+// CheckFlowChange passes each declared change of TestFlowChangesResumeKeysInFlight
+// and reports each undeclared or unsafe one.
+func TestCheckFlowChange(t *testing.T) {
+	t.Parallel()
+	b := &evolveBundle{testBundle: &testBundle{}, provider: &testfixture.Provider{}}
+	v1 := b.v1(t)
+	sms := func(name string, former ...string) idem.Phase[evolveInput] {
+		p := b.charge(name, former...)
+		p.Foreign = idem.ForeignNotIdempotent
+		p.Reconcile = func(context.Context, idem.Tx, *idem.Attempt[evolveInput]) (idem.Reconciliation, error) {
+			return idem.Reconciliation{}, nil
+		}
+		return p
+	}
+	withSMS := b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), sms("send"), b.respond("respond")}, nil)
+	for name, tc := range map[string]struct {
+		prev, next *idem.Flow[evolveInput]
+		want       []string // empty: safe
+	}{
+		"same":            {v1, b.v1(t), nil},
+		"rename declared": {v1, b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.charge("charge_card", "charge"), b.step("notify"), b.respond("respond")}, nil), nil},
+		"insert":          {v1, b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.step("audit"), b.charge("charge"), b.step("notify"), b.respond("respond")}, nil), nil},
+		"append":          {v1, b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.charge("charge"), b.step("notify"), b.step("respond"), b.respond("archive")}, nil), nil},
+		"remove declared": {v1, b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.charge("charge"), b.respond("respond")},
+			&idem.FlowConfig[evolveInput]{RetiredPhases: map[string]string{"notify": "charge"}}), nil},
+		"rename undeclared": {v1, b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.charge("charge_card"), b.step("notify"), b.respond("respond")}, nil),
+			[]string{`a key at "charge" cannot resume`}},
+		"remove undeclared": {v1, b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.charge("charge"), b.respond("respond")}, nil),
+			[]string{`a key at "notify" cannot resume`}},
+		"renamed twice, oldest name dropped": {
+			b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.charge("charge_card", "charge"), b.respond("respond")}, nil),
+			b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.charge("bill", "charge_card"), b.respond("respond")}, nil),
+			[]string{`a key at "charge" cannot resume`, `would send other downstream keys (derived from "charge_card", was "charge")`}},
+		"not-idempotent removed": {withSMS, b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.respond("respond")},
+			&idem.FlowConfig[evolveInput]{RetiredPhases: map[string]string{"send": "reserve"}}),
+			[]string{`phase "send" makes a not-idempotent call and is gone`}},
+		"not-idempotent made idempotent": {withSMS, b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.charge("send"), b.respond("respond")}, nil),
+			[]string{`phase "send" (now "send") is no longer not-idempotent`}},
+		"renamed flow": {v1, func() *idem.Flow[evolveInput] {
+			f, err := idem.NewFlow("orders.create.v2", []idem.Phase[evolveInput]{b.respond("respond")}, nil)
+			require.NoError(t, err)
+			return f
+		}(), []string{`keys belong to a flow by its name`}},
+	} {
+		err := idem.CheckFlowChange(tc.prev, tc.next)
+		if len(tc.want) == 0 {
+			require.NoError(t, err, name)
+			continue
+		}
+		require.ErrorIs(t, err, idem.ErrUnsafeFlowChange, name)
+		for _, w := range tc.want {
+			require.ErrorContains(t, err, w, name)
+		}
+	}
+}

@@ -227,6 +227,9 @@ type AnyFlow interface {
 	// downstreamName is phase i's identity in downstream keys: its oldest
 	// name.
 	downstreamName(i int) string
+	// recoveryPoints lists every recovery point a key of the flow can be
+	// recorded at and resume from.
+	recoveryPoints() []string
 	// phaseMeta describes phase i; iso is the isolation level of the
 	// transaction it runs in, its join chain's first phase's (empty: the
 	// runner's default).
@@ -427,4 +430,16 @@ func (f *Flow[In]) callReconcile(ctx context.Context, tx Tx, h *held) (Reconcili
 
 func (f *Flow[In]) reconcilable(i int) bool {
 	return i >= 0 && i < len(f.phases) && f.phases[i].Reconcile != nil
+}
+
+func (f *Flow[In]) recoveryPoints() []string {
+	points := []string{RecoveryPointStarted}
+	for _, p := range f.phases {
+		points = append(points, p.Name)
+		points = append(points, p.FormerNames...)
+	}
+	for retired := range f.retired {
+		points = append(points, retired)
+	}
+	return points
 }
