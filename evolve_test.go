@@ -300,6 +300,9 @@ func TestCheckFlowChange(t *testing.T) {
 			b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.charge("charge_card", "charge"), b.respond("respond")}, nil),
 			b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.charge("bill", "charge_card"), b.respond("respond")}, nil),
 			[]string{`a key at "charge" cannot resume`, `would send other downstream keys (derived from "charge_card", was "charge")`}},
+		"last phase removed": {v1, b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.charge("charge"), b.respond("notify")},
+			&idem.FlowConfig[evolveInput]{RetiredPhases: map[string]string{"respond": "notify"}}),
+			[]string{`a key at "notify" would have no phase left to run`}},
 		"not-idempotent removed": {withSMS, b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.respond("respond")},
 			&idem.FlowConfig[evolveInput]{RetiredPhases: map[string]string{"send": "reserve"}}),
 			[]string{`phase "send" makes a not-idempotent call and is gone`}},
@@ -321,4 +324,34 @@ func TestCheckFlowChange(t *testing.T) {
 			require.ErrorContains(t, err, w, name)
 		}
 	}
+}
+
+// CheckResumable finds the keys an undeclared change stranded, and nothing
+// once the change is declared.
+func TestCheckResumableReportsStrandedKeys(t *testing.T) {
+	t.Parallel()
+	b := setupEvolve(t)
+	old := b.v1(t)
+	b.strand(t, old, "a", "notify", idem.HookPhaseStart) // at charge
+	b.strand(t, old, "b", "notify", idem.HookPhaseStart) // at charge
+	b.strand(t, old, "c", "charge", idem.HookPhaseStart) // at reserve
+
+	undeclared := b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.charge("charge_card"), b.step("notify"), b.respond("respond")}, nil)
+	var events []idem.Event
+	r := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{undeclared}, Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) {
+		if e.Kind == idem.EventUnresumable {
+			events = append(events, e)
+		}
+	})})
+	stuck, err := r.CheckResumable(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, []idem.Unresumable{{Flow: "orders.create", RecoveryPoint: "charge", Keys: 2}}, stuck)
+	require.Len(t, events, 1)
+	require.Equal(t, "charge", events[0].Phase)
+	require.Equal(t, 2, events[0].Count)
+
+	declared := b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.charge("charge_card", "charge"), b.step("notify"), b.respond("respond")}, nil)
+	stuck, err = b.runner(t, &idem.Config{Flows: []idem.AnyFlow{declared}}).CheckResumable(context.Background())
+	require.NoError(t, err)
+	require.Empty(t, stuck)
 }

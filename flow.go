@@ -288,6 +288,16 @@ func (f *Flow[In]) phaseIndex(name string) (int, bool) {
 	return i, ok
 }
 
+// CurrentName is the name of the phase that name names, as its name or one of
+// its Phase.FormerNames; false when no phase of the flow has it.
+func (f *Flow[In]) CurrentName(name string) (string, bool) {
+	i, ok := f.index[name]
+	if !ok {
+		return "", false
+	}
+	return f.phases[i].Name, true
+}
+
 func (f *Flow[In]) resumeAt(recoveryPoint string) (int, bool) {
 	if recoveryPoint == RecoveryPointStarted {
 		return 0, true
@@ -434,7 +444,8 @@ func (f *Flow[In]) reconcilable(i int) bool {
 
 func (f *Flow[In]) recoveryPoints() []string {
 	points := []string{RecoveryPointStarted}
-	for _, p := range f.phases {
+	// Not the last phase: it responds, and its key is finished.
+	for _, p := range f.phases[:len(f.phases)-1] {
 		points = append(points, p.Name)
 		points = append(points, p.FormerNames...)
 	}

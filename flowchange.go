@@ -41,8 +41,11 @@ func CheckFlowChange(prev, next AnyFlow) error {
 	points := prev.recoveryPoints()
 	slices.Sort(points)
 	for _, point := range points {
-		if _, ok := next.resumeAt(point); !ok {
+		switch i, ok := next.resumeAt(point); {
+		case !ok:
 			problem("a key at %q cannot resume: name it in FormerNames of the phase it became, or in RetiredPhases if the phase is gone", point)
+		case i >= len(next.PhaseNames()):
+			problem("a key at %q would have no phase left to run: the phase after it responded, and is gone", point)
 		}
 	}
 	for i, name := range prev.PhaseNames() {

@@ -160,6 +160,10 @@ func (m *Maintainer) Serve(ctx context.Context) error {
 	m.log.InfoContext(ctx, "idem: maintainer started", "reap_interval", m.config.ReapInterval.String(),
 		"complete_interval", m.config.CompleteInterval.String(), "reconcile_interval", m.config.ReconcileInterval.String())
 	var wg sync.WaitGroup
+	// Keys a deploy stranded (a phase renamed or removed undeclared) are
+	// logged and counted once at start; a failure is left to the passes
+	// to report.
+	wg.Go(func() { _, _ = m.runner.CheckResumable(ctx) })
 	if m.config.ReconcileInterval > 0 {
 		// Keys in doubt this binary has no reconcile hook for are logged
 		// once at start (CheckReconcileHooks); a failure is the next

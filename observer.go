@@ -114,6 +114,7 @@ const (
 	EventAbandoned      EventKind = "abandoned"       // Count: unfinished keys past their AbandonAfter deleted
 	EventTooManyKeys    EventKind = "too_many_keys"   // Config.Admit refused a new key
 	EventCompleted      EventKind = "completed"       // an abandoned request was driven to a response
+	EventUnresumable    EventKind = "unresumable"     // Count: keys at Phase (a recovery point) this binary cannot resume (Runner.CheckResumable)
 )
 
 // Event is one observation.

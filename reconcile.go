@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/go-idem/idem/idemdriver"
@@ -175,7 +176,7 @@ func (r *Runner) CheckReconcileHooks(ctx context.Context) ([]MissingHook, error)
 		return nil, nil
 	}
 	qctx, cancel := r.storeContext(ctx)
-	groups, err := r.store.KeysInDoubt(qctx, flows)
+	groups, err := r.store.UnfinishedKeys(qctx, flows)
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("check reconcile hooks: %w", r.storeError(ctx, err))
@@ -183,16 +184,18 @@ func (r *Runner) CheckReconcileHooks(ctx context.Context) ([]MissingHook, error)
 	var missing []MissingHook
 	for _, g := range groups {
 		flow, ok := r.flows[g.Flow]
-		if !ok {
+		if !ok || g.Mark == "" {
 			continue
 		}
-		if i, ok := flow.phaseIndex(g.Phase); ok && flow.reconcilable(i) {
+		if i, ok := flow.phaseIndex(g.Mark); ok && flow.reconcilable(i) {
 			continue
 		}
-		if n := len(missing); n == 0 || missing[n-1].Flow != g.Flow || missing[n-1].Phase != g.Phase {
-			missing = append(missing, MissingHook{Flow: g.Flow, Phase: g.Phase})
+		i := slices.IndexFunc(missing, func(m MissingHook) bool { return m.Flow == g.Flow && m.Phase == g.Mark })
+		if i < 0 {
+			i = len(missing)
+			missing = append(missing, MissingHook{Flow: g.Flow, Phase: g.Mark})
 		}
-		m := &missing[len(missing)-1]
+		m := &missing[i]
 		m.Keys += g.Keys
 		if g.Status == StatusNeedsReconcile {
 			m.NeedsReconcile += g.Keys

@@ -240,19 +240,24 @@ type OperationsStore interface {
 	// StatusRunning and StatusNeedsReconcile, each even when it has no key.
 	Backlog(ctx context.Context, p BacklogParams) (*Backlog, error)
 
-	// KeysInDoubt counts the unfinished keys of the given flows whose
-	// foreign mark stands (a not-idempotent call in doubt), by flow, the
-	// phase the mark names, and status. Empty flows counts nothing.
-	KeysInDoubt(ctx context.Context, flows []string) ([]KeysInDoubt, error)
+	// UnfinishedKeys counts the unfinished keys of the given flows by flow,
+	// recovery point, standing foreign mark (a not-idempotent call in
+	// doubt; empty when none stands) and status, reading only unfinished
+	// rows. Empty flows counts nothing. A binary checks at start whether it
+	// can resume and reconcile them (Runner.CheckResumable,
+	// Runner.CheckReconcileHooks).
+	UnfinishedKeys(ctx context.Context, flows []string) ([]UnfinishedKeys, error)
 }
 
-// KeysInDoubt is one group of [OperationsStore.KeysInDoubt]: Keys unfinished
-// keys of Flow in Status whose not-idempotent call at Phase is in doubt.
-type KeysInDoubt struct {
-	Flow   string `db:"flow"`
-	Phase  string `db:"phase"`
-	Status Status `db:"status"`
-	Keys   int    `db:"keys"`
+// UnfinishedKeys is one group of [OperationsStore.UnfinishedKeys]: Keys
+// unfinished keys of Flow in Status at RecoveryPoint, whose not-idempotent
+// call at the phase Mark names is in doubt (Mark empty: no call in doubt).
+type UnfinishedKeys struct {
+	Flow          string `db:"flow"`
+	RecoveryPoint string `db:"recovery_point"`
+	Mark          string `db:"mark"`
+	Status        Status `db:"status"`
+	Keys          int    `db:"keys"`
 }
 
 // ReapAbandonedResult is what one batch of [Store.ReapAbandoned] did.

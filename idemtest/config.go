@@ -87,6 +87,17 @@ type Config[In any] struct {
 	// Kinds limits the scenario kinds explored. Default AllKinds().
 	Kinds []Kind
 
+	// PreviousFlow is the definition of Flow that the running release has,
+	// when Flow changes it (a phase renamed, inserted, removed, appended).
+	// The kit then checks the change before it ships: idem.CheckFlowChange
+	// (a scenario "flow change"), and an upgrade scenario for each crash
+	// kind (CrashBeforeCommit, CrashAfterForeign, CrashAfterCommit) at each
+	// phase of PreviousFlow: the first attempt runs the previous definition
+	// and dies there, and every retry runs Flow, which must finish the key
+	// with the uninterrupted run's response and every effect once. Nil: no
+	// upgrade check. It must have Flow's name.
+	PreviousFlow *idem.Flow[In]
+
 	// MaxAttempts bounds the retries a scenario makes after its fault before
 	// it is declared stuck. Default 10.
 	MaxAttempts int
@@ -232,6 +243,9 @@ func (c Config[In]) withDefaults() (Config[In], idemdriver.Store, pgstore.DB, er
 	}
 	if c.Flow == nil {
 		return fail("Flow is nil")
+	}
+	if c.PreviousFlow != nil && c.PreviousFlow.Name() != c.Flow.Name() {
+		return fail("PreviousFlow is flow %q, not %q: keys belong to a flow by its name", c.PreviousFlow.Name(), c.Flow.Name())
 	}
 	if c.Scope == "" {
 		c.Scope = defaultScope

@@ -97,6 +97,9 @@ func ExploreContext[In any](ctx context.Context, cfg Config[In]) (*Report, error
 			wire = append(wire, kind)
 		}
 	}
+	if cfg.PreviousFlow != nil {
+		rep.Scenarios = append(rep.Scenarios, x.runUpgrades(ctx)...)
+	}
 	if len(wire) > 0 {
 		rep.WireBaseline = x.runWireBaseline(ctx)
 		if !rep.WireBaseline.Failed() {
@@ -222,10 +225,11 @@ func (x *explorer[In]) runScenario(ctx context.Context, kind Kind, phase, foreig
 type op string
 
 const (
-	opRun       op = "Execute"
-	opReconcile op = "Reconcile"
-	opWire      op = "Execute through the fault proxy"
-	opComplete  op = "Complete (a completer pass)"
+	opRun         op = "Execute"
+	opRunPrevious op = "Execute with the previous definition"
+	opReconcile   op = "Reconcile"
+	opWire        op = "Execute through the fault proxy"
+	opComplete    op = "Complete (a completer pass)"
 )
 
 // call makes one attempt on the scenario's key with a new runner, as a new

@@ -23,6 +23,8 @@ type scenario struct {
 	order   []string       // phases in the order they first committed
 	notDone map[string]int // phase -> reconcile verdicts of not done
 	calls   []foreignCall
+	// upgrade: the first attempt ran Config.PreviousFlow (runUpgrade).
+	upgrade bool
 
 	// The last worker step, to fold repeats into it.
 	lastCall        string

@@ -589,14 +589,14 @@ func (s *Store) ReapAbandoned(ctx context.Context, p idemdriver.ReapAbandonedPar
 	return res, nil
 }
 
-// KeysInDoubt implements idemdriver.Store.
-func (s *Store) KeysInDoubt(ctx context.Context, flows []string) ([]idemdriver.KeysInDoubt, error) {
+// UnfinishedKeys implements idemdriver.Store.
+func (s *Store) UnfinishedKeys(ctx context.Context, flows []string) ([]idemdriver.UnfinishedKeys, error) {
 	if len(flows) == 0 {
 		return nil, nil
 	}
-	var groups []idemdriver.KeysInDoubt
-	if err := pgxscan.Select(ctx, s.db, &groups, s.q.keysInDoubt, flows); err != nil {
-		return nil, mapError(fmt.Errorf("pgstore: keys in doubt: %w", err))
+	var groups []idemdriver.UnfinishedKeys
+	if err := selectAll(ctx, s.db, &groups, s.q.unfinishedKeys, flows); err != nil {
+		return nil, mapError(fmt.Errorf("pgstore: unfinished keys: %w", err))
 	}
 	return groups, nil
 }

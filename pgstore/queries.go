@@ -40,8 +40,8 @@ type queries struct {
 	markForeign, clearForeignMark     string
 	setNeedsReconcile, getKey         string
 
-	unlockKey, claimIdle, reap, reapAbandoned, keysInDoubt, statementTimeout, clock string
-	backlog                                                                         string
+	unlockKey, claimIdle, reap, reapAbandoned, unfinishedKeys, statementTimeout, clock string
+	backlog                                                                            string
 }
 
 // recordColumns renders the columns of idemdriver.KeyRecord from a progress
@@ -418,16 +418,18 @@ WITH candidates AS MATERIALIZED (
 )
 SELECT (SELECT count(*) FROM deleted), (SELECT count(*) FROM parked)`)
 
-	// keysInDoubt counts the unfinished keys of flows $1 whose foreign mark
-	// stands, by flow, marked phase and status; through
-	// idem_keys_unfinished.
-	q.keysInDoubt = render(`
-SELECT k.flow::text AS flow, l.foreign_mark AS phase, k.status::text AS status, count(*)::int AS keys
-FROM {t} k JOIN {l} l ON l.key_id = k.id
+	// unfinishedKeys counts the unfinished keys of flows $1 by flow,
+	// recovery point, standing mark and status; through
+	// idem_keys_unfinished. A mark stands while the key is still at the
+	// recovery point it was made at.
+	q.unfinishedKeys = render(`
+SELECT k.flow::text AS flow, k.recovery_point::text AS recovery_point,
+       CASE WHEN l.foreign_mark_after = k.recovery_point THEN coalesce(l.foreign_mark, '') ELSE '' END AS mark,
+       k.status::text AS status, count(*)::int AS keys
+FROM {t} k LEFT JOIN {l} l ON l.key_id = k.id
 WHERE k.status <> 'finished' AND k.flow = ANY($1::text[])
-  AND l.foreign_mark IS NOT NULL AND l.foreign_mark_after = k.recovery_point
-GROUP BY 1, 2, 3
-ORDER BY 1, 2, 3`)
+GROUP BY 1, 2, 3, 4
+ORDER BY 1, 2, 3, 4`)
 
 	// statementTimeout bounds the statements after it in the same
 	// transaction (milliseconds, as text).
