@@ -83,3 +83,67 @@ func Fingerprint(flow string, params []byte) ([]byte, error) {
 const fingerprintMaxBuffer = 1 << 20
 
 var fingerprintBuffers = sync.Pool{New: func() any { return new([]byte) }}
+
+// Fingerprint schemes. A key's stored fingerprint says which one made it by
+// its length and first byte, so keys written under an earlier scheme keep
+// matching their retries after a deploy that changes the scheme.
+const (
+	// fingerprintSchemeInput (scheme 1) is the 32 bytes of Fingerprint
+	// (FingerprintHMAC with a key) over the JSON encoding of the decoded
+	// input. Keys created before the payload scheme carry it; a deploy
+	// that changed the input type changed it for every earlier request.
+	fingerprintSchemeInput = 1
+	// fingerprintSchemePayload (scheme 2) is the byte 2 followed by the 32
+	// bytes of SHA-256 (HMAC-SHA-256 with a key) over what the client sent:
+	// the flow name, 0x00, the request target, 0x00, a format byte ('j'
+	// for JSON, 'b' for bytes) and the payload, JSON in its canonical form
+	// (canonical.AppendLoose). The decoded input type plays no part in it.
+	fingerprintSchemePayload = 2
+)
+
+// payloadFingerprint is the scheme-2 fingerprint of a payload (see
+// fingerprintSchemePayload); keyed with key when it is set. An error wraps
+// ErrInvalidParams.
+func payloadFingerprint(key []byte, flow, target string, payload []byte, binary bool) ([]byte, error) {
+	bufp := fingerprintBuffers.Get().(*[]byte) //nolint:forcetypeassert // the pool only holds *[]byte
+	defer func() {
+		if cap(*bufp) <= fingerprintMaxBuffer {
+			fingerprintBuffers.Put(bufp)
+		}
+	}()
+	buf := append((*bufp)[:0], flow...)
+	buf = append(buf, 0)
+	buf = append(buf, target...)
+	buf = append(buf, 0)
+	var err error
+	if binary {
+		buf = append(append(buf, 'b'), payload...)
+	} else {
+		buf, err = canonical.AppendLoose(append(buf, 'j'), payload)
+	}
+	*bufp = buf
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidParams, err)
+	}
+	out := make([]byte, 1, 1+sha256.Size)
+	out[0] = fingerprintSchemePayload
+	if len(key) == 0 {
+		sum := sha256.Sum256(buf)
+		return append(out, sum[:]...), nil
+	}
+	mac := hmac.New(sha256.New, key)
+	mac.Write(buf)
+	return mac.Sum(out), nil
+}
+
+// fingerprintScheme says which scheme made a stored fingerprint: 1 or 2, or
+// 0 for bytes neither makes.
+func fingerprintScheme(fp []byte) int {
+	switch {
+	case len(fp) == sha256.Size:
+		return fingerprintSchemeInput
+	case len(fp) == 1+sha256.Size && fp[0] == fingerprintSchemePayload:
+		return fingerprintSchemePayload
+	}
+	return 0
+}

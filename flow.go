@@ -175,7 +175,7 @@ type AnyFlow interface {
 	// joinsPrevious reports whether phase i runs in the transaction of
 	// phase i-1 (Phase.JoinPrevious).
 	joinsPrevious(i int) bool
-	prepare(params any, fingerprintKey []byte) (*prepared, error)
+	prepare(req *Request, fingerprintKey []byte) (*prepared, error)
 	decode(stored []byte) (any, error)
 	redrives() bool
 	callDo(ctx context.Context, tx Tx, h *held) (Result, error)
@@ -187,10 +187,14 @@ type prepared struct {
 	input       any
 	params      []byte // JSON, stored with the key: what FlowConfig.Store keeps
 	fingerprint []byte
-	// whole is the whole input as JSON, for fingerprints in earlier
-	// schemes (Config.PreviousFingerprintKeys); nil for an input read back
-	// from its key.
-	whole []byte
+	// whole is the whole input as JSON, and payload, binary and target
+	// what the fingerprint was taken over, for fingerprints in earlier
+	// schemes (fingerprintSchemeInput, Config.PreviousFingerprintKeys);
+	// nil for an input read back from its key.
+	whole   []byte
+	payload []byte
+	binary  bool
+	target  string
 }
 
 // storedInput is a key's input as it was stored with it, for the completer:
@@ -236,15 +240,16 @@ func (f *Flow[In]) joinsPrevious(i int) bool {
 	return i > 0 && i < len(f.phases) && f.phases[i].JoinPrevious
 }
 
-// prepare accepts the input as In, *In, or JSON (json.RawMessage or []byte),
-// and returns it decoded, fingerprinted, and as JSON to store (what
-// FlowConfig.Store keeps of it). The fingerprint is always taken over the
-// JSON encoding of the whole decoded In, so the same input fingerprints the
-// same whichever form it arrived in; keyed with fingerprintKey when it is
-// set (FingerprintHMAC).
-func (f *Flow[In]) prepare(params any, fingerprintKey []byte) (*prepared, error) {
+// prepare accepts the input (req.Params) as In, *In, or JSON
+// (json.RawMessage or []byte), and returns it decoded, fingerprinted, and as
+// JSON to store (what FlowConfig.Store keeps of it). The fingerprint is the
+// payload scheme's (payloadFingerprint) over what the caller sent:
+// req.Payload, else the JSON that req.Params is, else the JSON encoding of
+// the input; keyed with fingerprintKey when it is set.
+func (f *Flow[In]) prepare(req *Request, fingerprintKey []byte) (*prepared, error) {
 	var in In
-	switch p := params.(type) {
+	payload := req.Payload
+	switch p := req.Params.(type) {
 	case In:
 		in = p
 	case *In:
@@ -258,14 +263,20 @@ func (f *Flow[In]) prepare(params any, fingerprintKey []byte) (*prepared, error)
 			return nil, err
 		}
 		in = v.(In)
+		if payload == nil {
+			payload = p
+		}
 	case []byte:
 		v, err := f.decode(p)
 		if err != nil {
 			return nil, err
 		}
 		in = v.(In)
+		if payload == nil {
+			payload = p
+		}
 	default:
-		return nil, fmt.Errorf("%w: flow %q takes %T or JSON, got %T", ErrInvalidParams, f.name, in, params)
+		return nil, fmt.Errorf("%w: flow %q takes %T or JSON, got %T", ErrInvalidParams, f.name, in, req.Params)
 	}
 	js, err := encodeJSON(in)
 	if err != nil {
@@ -276,11 +287,15 @@ func (f *Flow[In]) prepare(params any, fingerprintKey []byte) (*prepared, error)
 		// input would fail at the store on every retry.
 		return nil, fmt.Errorf(`%w: strings must not contain the NUL character (\u0000)`, ErrInvalidParams)
 	}
-	fp, err := fingerprintWith(fingerprintKey, f.name, js) // an error wraps ErrInvalidParams
+	if payload == nil {
+		payload = js
+	}
+	binary := req.PayloadBinary && req.Payload != nil
+	fp, err := payloadFingerprint(fingerprintKey, f.name, req.Target, payload, binary) // an error wraps ErrInvalidParams
 	if err != nil {
 		return nil, err
 	}
-	p := &prepared{input: in, params: js, fingerprint: fp, whole: js}
+	p := &prepared{input: in, params: js, fingerprint: fp, whole: js, payload: payload, binary: binary, target: req.Target}
 	if f.store != nil {
 		if p.params, err = encodeJSON(f.store(in)); err != nil {
 			return nil, fmt.Errorf("%w: encode what FlowConfig.Store keeps: %w", ErrInvalidParams, err)

@@ -77,6 +77,26 @@ type Request struct {
 	// Params is the flow's input: a value of its In type (or a pointer to
 	// one), or JSON that decodes into it.
 	Params any
+
+	// Payload is what the client sent, as it sent it, when Params was made
+	// from it (an HTTP body, before it was decoded). The key's fingerprint
+	// is taken over it rather than over Params, so a retry of the same
+	// bytes matches its first attempt whatever a deploy changed in the
+	// input type in between (a field added, a tag renamed, another value
+	// filled in by the server); other bytes that mean the same JSON
+	// (canonical.AppendLoose) match too. Nil takes the JSON that Params
+	// is, when it is JSON, and otherwise the JSON encoding of the input.
+	Payload []byte
+	// PayloadBinary says Payload is not JSON but bytes compared as they
+	// are (idemgrpc: the deterministic wire encoding of the message).
+	PayloadBinary bool
+	// Target is what else of the request the input was made from that the
+	// client chose, bound to the key with the payload: the HTTP request
+	// target (escaped path and query), which Path (a route pattern) leaves
+	// out; the full method name for gRPC. A retry with another target is a
+	// mismatch. It is hashed, never stored; it must not contain NUL.
+	// Default none.
+	Target string
 }
 
 func (q *Request) normalise() error {
@@ -97,6 +117,8 @@ func (q *Request) normalise() error {
 		return fmt.Errorf("%w: method longer than 16 bytes", ErrInvalidRequest)
 	case len(q.Path) > 2048:
 		return fmt.Errorf("%w: path longer than 2048 bytes", ErrInvalidRequest)
+	case strings.IndexByte(q.Target, 0) >= 0:
+		return fmt.Errorf("%w: target must not contain NUL characters", ErrInvalidRequest)
 	}
 	return nil
 }
@@ -146,7 +168,7 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request, stored 
 	p := stored
 	if p == nil {
 		var err error
-		if p, err = flow.prepare(req.Params, r.config.FingerprintKey); err != nil {
+		if p, err = flow.prepare(&req, r.config.FingerprintKey); err != nil {
 			return &Outcome{}, err
 		}
 	}
@@ -241,19 +263,32 @@ func (r *Runner) acquire(ctx context.Context, flow AnyFlow, req Request, p *prep
 	})
 }
 
-// earlierFingerprint returns rec's fingerprint when it is p's input
-// fingerprinted in a scheme Config accepts besides the current one
-// (PreviousFingerprintKeys, AcceptUnkeyedFingerprints), and nil otherwise.
+// earlierFingerprint returns rec's fingerprint when it is p's request
+// fingerprinted in a way Config accepts besides the current one: the input
+// scheme (fingerprintSchemeInput) that keys written before the payload
+// scheme carry, or a fingerprint key used before the current one
+// (PreviousFingerprintKeys, AcceptUnkeyedFingerprints). It returns nil
+// otherwise.
 func (r *Runner) earlierFingerprint(flow AnyFlow, p *prepared, rec *KeyRecord) []byte {
 	if rec == nil || p.whole == nil || rec.Flow != flow.Name() || bytes.Equal(rec.Fingerprint, p.fingerprint) {
 		return nil
 	}
-	keys := r.config.PreviousFingerprintKeys
+	keys := append([][]byte{r.config.FingerprintKey}, r.config.PreviousFingerprintKeys...)
 	if r.config.AcceptUnkeyedFingerprints && len(r.config.FingerprintKey) > 0 {
-		keys = append(append([][]byte(nil), keys...), nil)
+		keys = append(keys, nil)
 	}
 	for _, key := range keys {
-		if fp, err := fingerprintWith(key, flow.Name(), p.whole); err == nil && bytes.Equal(fp, rec.Fingerprint) {
+		var fp []byte
+		var err error
+		switch fingerprintScheme(rec.Fingerprint) {
+		case fingerprintSchemeInput:
+			fp, err = fingerprintWith(key, flow.Name(), p.whole)
+		case fingerprintSchemePayload:
+			fp, err = payloadFingerprint(key, flow.Name(), p.target, p.payload, p.binary)
+		default:
+			return nil
+		}
+		if err == nil && bytes.Equal(fp, rec.Fingerprint) {
 			return rec.Fingerprint
 		}
 	}

@@ -59,7 +59,7 @@ func (h *Handler[In]) admit(w http.ResponseWriter, r *http.Request) (idem.Reques
 	if p := h.checkContentType(r); p != nil {
 		return idem.Request{}, p
 	}
-	in, p := h.decode(w, r)
+	in, body, p := h.decode(w, r)
 	if p != nil {
 		return idem.Request{}, p
 	}
@@ -83,7 +83,24 @@ func (h *Handler[In]) admit(w http.ResponseWriter, r *http.Request) (idem.Reques
 		}
 	}
 
-	return idem.Request{Scope: scope, Key: key, Method: r.Method, Path: route(r), Params: in}, nil
+	// The fingerprint is taken over what the client sent (the body and the
+	// request target), not over the input decoded and prepared from it, so
+	// a retry of the same bytes matches across a deploy that changed the
+	// input type or Prepare.
+	return idem.Request{Scope: scope, Key: key, Method: r.Method, Path: route(r), Params: in,
+		Payload: body, Target: target(r)}, nil
+}
+
+// target is the request target the client sent, escaped path and query,
+// which the key's fingerprint binds besides the body: the route a key is
+// bound to (a pattern such as "/rides/{id}") leaves out the values Prepare
+// may read from the path and the query.
+func target(r *http.Request) string {
+	t := r.URL.EscapedPath()
+	if r.URL.RawQuery != "" || r.URL.ForceQuery {
+		t += "?" + r.URL.RawQuery
+	}
+	return t
 }
 
 // route names the endpoint a request reached, which the key is bound to

@@ -1,0 +1,122 @@
+package idemhttp_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemhttp"
+	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/pgstore"
+)
+
+// The input types of one endpoint across deploys.
+type orderV1 struct {
+	SKU string `json:"sku"`
+}
+
+type orderV2 struct {
+	SKU  string `json:"sku"`
+	Note string `json:"note"` // added by a deploy, no omitempty
+}
+
+type orderQty struct {
+	SKU      string `json:"sku"`
+	Quantity int    `json:"quantity"`
+}
+
+type orderQtyRenamed struct {
+	SKU string `json:"sku"`
+	Qty int    `json:"qty"` // the tag was "quantity"
+}
+
+// evolveFlow is the endpoint's flow for one build: one phase that answers 201.
+func evolveFlow[In any]() *idem.Flow[In] {
+	return idem.MustNewFlow("orders.create", []idem.Phase[In]{
+		{Name: "done", Do: func(context.Context, idem.Tx, *idem.Attempt[In]) (idem.Result, error) {
+			return idem.RespondJSON(http.StatusCreated, map[string]any{"ok": true}), nil
+		}},
+	}, nil)
+}
+
+// evolveServer is one build of the service on schema s, as a deploy runs it.
+func evolveServer[In any](t *testing.T, s *idemtest.Schema, adjust func(*idemhttp.Config[In])) http.Handler {
+	t.Helper()
+	store, err := pgstore.New(s.Pool, nil)
+	require.NoError(t, err)
+	f := evolveFlow[In]()
+	r, err := idem.NewRunner(store, &idem.Config{Flows: []idem.AnyFlow{f}})
+	require.NoError(t, err)
+	cfg := &idemhttp.Config[In]{Scope: func(*http.Request) (string, error) { return "u1", nil }}
+	if adjust != nil {
+		adjust(cfg)
+	}
+	h, err := idemhttp.New(r, f, cfg)
+	require.NoError(t, err)
+	return h
+}
+
+func sendOrder(h http.Handler, target, key, body string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(http.MethodPost, target, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", `"`+key+`"`)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	return w
+}
+
+// A retry of the same bytes under the same key after a deploy that added a
+// field to the input is the same request: replayed, not 422.
+func TestRetryAcrossDeployThatAddsAField(t *testing.T) {
+	t.Parallel()
+	s := idemtest.NewSchema(t)
+	body := `{"sku":"A-1"}`
+	w1 := sendOrder(evolveServer[orderV1](t, s, nil), "/orders", "k-evolve-1", body)
+	t.Logf("before the deploy: %d %s", w1.Code, w1.Body.String())
+	w2 := sendOrder(evolveServer[orderV2](t, s, nil), "/orders", "k-evolve-1", body)
+	t.Logf("same bytes, same key, after the deploy: %d %s", w2.Code, w2.Body.String())
+	require.Equal(t, http.StatusCreated, w1.Code)
+	require.Equal(t, w1.Code, w2.Code)
+	require.Equal(t, w1.Body.String(), w2.Body.String())
+
+	// The same key with another payload is still a different request.
+	w3 := sendOrder(evolveServer[orderV2](t, s, nil), "/orders", "k-evolve-1", `{"sku":"A-2"}`)
+	t.Logf("other bytes, same key, after the deploy: %d", w3.Code)
+	require.Equal(t, http.StatusUnprocessableEntity, w3.Code)
+	w4 := sendOrder(evolveServer[orderV2](t, s, nil), "/orders", "k-evolve-1", `{"sku":"A-1","note":"x"}`)
+	require.Equal(t, http.StatusUnprocessableEntity, w4.Code, "a value for the new field is another payload")
+	// Another query string is another request too (Prepare may read it).
+	w5 := sendOrder(evolveServer[orderV2](t, s, nil), "/orders?express=1", "k-evolve-1", body)
+	require.Equal(t, http.StatusUnprocessableEntity, w5.Code)
+	// What is spelt differently but means the same is the same payload.
+	w6 := sendOrder(evolveServer[orderV2](t, s, nil), "/orders", "k-evolve-1", "{ \"sku\" : \"A\\u002d1\" }")
+	require.Equal(t, http.StatusCreated, w6.Code)
+}
+
+// A deploy that renames a field's JSON tag, or changes what Prepare fills
+// in, does not change the fingerprint of the bytes a client sends.
+func TestRetryAcrossDeployThatRenamesATagOrChangesPrepare(t *testing.T) {
+	t.Parallel()
+	s := idemtest.NewSchema(t)
+	body := `{"sku":"A-1","quantity":2}`
+	w1 := sendOrder(evolveServer[orderQty](t, s, nil), "/orders", "k-tag", body)
+	require.Equal(t, http.StatusCreated, w1.Code)
+	lenient := func(c *idemhttp.Config[orderQtyRenamed]) { c.AllowUnknownFields = true }
+	w2 := sendOrder(evolveServer(t, s, lenient), "/orders", "k-tag", body)
+	t.Logf("renamed tag: %d %s", w2.Code, w2.Body.String())
+	require.Equal(t, http.StatusCreated, w2.Code)
+
+	w3 := sendOrder(evolveServer[orderV2](t, s, nil), "/orders", "k-prepare", `{"sku":"A-1"}`)
+	require.Equal(t, http.StatusCreated, w3.Code)
+	fills := func(c *idemhttp.Config[orderV2]) {
+		c.Prepare = func(_ *http.Request, in *orderV2) error { in.Note = "filled in by the server"; return nil }
+	}
+	w4 := sendOrder(evolveServer(t, s, fills), "/orders", "k-prepare", `{"sku":"A-1"}`)
+	t.Logf("Prepare fills in a field: %d %s", w4.Code, w4.Body.String())
+	require.Equal(t, http.StatusCreated, w4.Code)
+}
