@@ -176,7 +176,9 @@ type AnyFlow interface {
 	// phase i-1 (Phase.JoinPrevious).
 	joinsPrevious(i int) bool
 	prepare(req *Request, fingerprintKey []byte) (*prepared, error)
-	decode(stored []byte) (any, error)
+	// decodeStored decodes a key's stored params into today's input type,
+	// tolerantly; an error wraps ErrUndecodableParams.
+	decodeStored(stored []byte) (any, error)
 	redrives() bool
 	callDo(ctx context.Context, tx Tx, h *held) (Result, error)
 	callReconcile(ctx context.Context, tx Tx, h *held) (Reconciliation, error)
@@ -195,16 +197,17 @@ type prepared struct {
 	payload []byte
 	binary  bool
 	target  string
+	// fromKey: the input is the key's stored params (storedInput), not yet
+	// decoded; input is nil.
+	fromKey bool
 }
 
 // storedInput is a key's input as it was stored with it, for the completer:
-// the stored params, decoded, and the key's own fingerprint.
-func storedInput(flow AnyFlow, rec *KeyRecord) (*prepared, error) {
-	in, err := flow.decode(rec.Params)
-	if err != nil {
-		return nil, err
-	}
-	return &prepared{input: in, params: rec.Params, fingerprint: rec.Fingerprint}, nil
+// the stored params and the key's own fingerprint. The params are decoded
+// once the key is held (execute), so that params that no longer decode are
+// recorded on the key rather than skipped on every pass.
+func storedInput(rec *KeyRecord) *prepared {
+	return &prepared{params: rec.Params, fingerprint: rec.Fingerprint, fromKey: true}
 }
 
 func (f *Flow[In]) retentionOr(d time.Duration) time.Duration {
@@ -258,20 +261,20 @@ func (f *Flow[In]) prepare(req *Request, fingerprintKey []byte) (*prepared, erro
 		}
 		in = *p
 	case json.RawMessage:
-		v, err := f.decode(p)
+		v, err := f.decodeJSON(p)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%w: %w", ErrInvalidParams, err)
 		}
-		in = v.(In)
+		in = v
 		if payload == nil {
 			payload = p
 		}
 	case []byte:
-		v, err := f.decode(p)
+		v, err := f.decodeJSON(p)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%w: %w", ErrInvalidParams, err)
 		}
-		in = v.(In)
+		in = v
 		if payload == nil {
 			payload = p
 		}
@@ -307,14 +310,25 @@ func (f *Flow[In]) prepare(req *Request, fingerprintKey []byte) (*prepared, erro
 	return p, nil
 }
 
-func (f *Flow[In]) decode(stored []byte) (any, error) {
+// decodeJSON decodes one JSON value into an In. It is tolerant of the
+// changes a deploy makes to In: a member In no longer has is ignored, a
+// field In gained and the JSON lacks keeps its zero value.
+func (f *Flow[In]) decodeJSON(data []byte) (In, error) {
 	var in In
-	dec := json.NewDecoder(bytes.NewReader(stored))
+	dec := json.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&in); err != nil {
-		return nil, fmt.Errorf("%w: decode for flow %q: %w", ErrInvalidParams, f.name, err)
+		return in, fmt.Errorf("decode for flow %q: %w", f.name, err)
 	}
 	if dec.More() {
-		return nil, fmt.Errorf("%w: flow %q: trailing data after the JSON value", ErrInvalidParams, f.name)
+		return in, fmt.Errorf("flow %q: trailing data after the JSON value", f.name)
+	}
+	return in, nil
+}
+
+func (f *Flow[In]) decodeStored(stored []byte) (any, error) {
+	in, err := f.decodeJSON(stored)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUndecodableParams, err)
 	}
 	return in, nil
 }

@@ -226,7 +226,13 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request, stored 
 		r.emit(ctx, ev)
 		r.log.InfoContext(ctx, "idem: resuming an unfinished key", r.logAttrs(req.Scope, req.Key, rec.ID, "flow", flow.Name(),
 			"recovery_point", rec.RecoveryPoint, "attempts", rec.Attempts, "last_error", rec.LastError)...)
-		return r.resume(ctx, r.hold(flow, rec, p.input, true, sent))
+		h := r.hold(flow, rec, p.input, true, sent)
+		if p.fromKey {
+			if h.input, err = flow.decodeStored(p.params); err != nil {
+				return r.undecodable(ctx, h, err)
+			}
+		}
+		return r.resume(ctx, h)
 	}
 
 	// Nothing was locked: report what is there. The mismatch check comes
@@ -458,6 +464,29 @@ func (r *Runner) fail(ctx context.Context, h *held, err error) (*Outcome, error)
 		return h.outcome(nil), err
 	}
 	r.log.WarnContext(ctx, "idem: phase failed; key released for retry", h.logAttrs("flow", h.flow.Name(), "phase", h.phaseName(), "err", r.redact(err))...)
+	return h.outcome(nil), err
+}
+
+// undecodable releases a key taken over to be re-driven from its stored
+// params, which do not decode into its flow's input (err wraps
+// ErrUndecodableParams): the release records err as the key's last error,
+// and the takeover counted an attempt, so the key is reported (logs, events,
+// `keys list`) and turns stale after CompleteConfig.MaxAttempts instead of
+// being picked up silently on every pass. A client's retry brings its own
+// input and resumes it.
+func (r *Runner) undecodable(ctx context.Context, h *held, err error) (*Outcome, error) {
+	err = fmt.Errorf("key %q of flow %q: %w", h.rec.Key, h.flow.Name(), err)
+	h.lettingGo.Store(true)
+	rctx, cancel := r.storeContext(context.WithoutCancel(ctx))
+	defer cancel()
+	if rerr := r.store.Release(rctx, h.ref, r.errorText(err)); rerr != nil {
+		rerr = r.storeError(ctx, rerr)
+		r.emit(ctx, h.event(EventStoreError, rerr))
+		r.log.ErrorContext(ctx, "idem: could not release key; it unlocks when its lease expires", h.logAttrs("err", r.redact(rerr))...)
+	}
+	r.emit(ctx, h.event(EventPhaseFailed, err))
+	r.log.ErrorContext(ctx, "idem: the params stored with the key do not decode into its flow's input; key released for its client's retry or an operator",
+		h.logAttrs("flow", h.flow.Name(), "recovery_point", h.rec.RecoveryPoint, "attempts", h.rec.Attempts, "err", r.redact(err))...)
 	return h.outcome(nil), err
 }
 
