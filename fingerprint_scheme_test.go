@@ -137,3 +137,47 @@ func TestGoAPIFingerprintsWhatTheCallerPassed(t *testing.T) {
 	_, err = r.Execute(ctx, b.flow, idem.Request{Scope: "u", Key: "bin", Payload: []byte{1, 3}, PayloadBinary: true, Params: body})
 	require.ErrorIs(t, err, idem.ErrMismatch)
 }
+
+// Request.RetryOnly continues a key made from the same payload and never
+// creates one: a key in flight resumes from the input stored with it, a
+// finished key replays, and no key or another payload's key is refused.
+func TestRetryOnlyContinuesTheKeyOfItsPayload(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	body := []byte(`{"origin":"SF","amount":20}`)
+	crash := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charge_created")}})
+	_, err := crash.Execute(ctx, b.flow, idem.Request{Scope: "user:1", Key: "k1", Params: body})
+	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	b.clock.Advance(time.Hour)
+	var amounts []float64
+	b.hooks["charge_created"] = func(_ context.Context, _ idem.Tx, run *idem.Attempt[rideInput]) error {
+		amounts = append(amounts, run.Input().Amount)
+		return nil
+	}
+	r := b.runner(t, nil)
+	retry := idem.Request{Scope: "user:1", Key: "k1", Payload: []byte(`{"amount": 20, "origin": "SF"}`), RetryOnly: true}
+	out, err := r.Execute(ctx, b.flow, retry)
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeExecuted, out.Kind)
+	require.True(t, out.TookOver)
+	require.Equal(t, []float64{20}, amounts, "the phases see the stored input")
+	out, err = r.Execute(ctx, b.flow, retry)
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeReplayed, out.Kind)
+
+	other := retry
+	other.Payload = []byte(`{"origin":"LA","amount":20}`)
+	_, err = r.Execute(ctx, b.flow, other)
+	require.ErrorIs(t, err, idem.ErrMismatch)
+	other.Key = "k2"
+	_, err = r.Execute(ctx, b.flow, other)
+	require.ErrorIs(t, err, idem.ErrNotFound)
+	require.Equal(t, 1, b.countRows(t, "rides"))
+	var keys int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM idem_keys`).Scan(&keys))
+	require.Equal(t, 1, keys, "a retry-only request creates no key")
+	other.Payload = nil
+	_, err = r.Execute(ctx, b.flow, other)
+	require.ErrorIs(t, err, idem.ErrInvalidRequest)
+}

@@ -97,6 +97,19 @@ type Request struct {
 	// mismatch. It is hashed, never stored; it must not contain NUL.
 	// Default none.
 	Target string
+
+	// RetryOnly makes the request a retry of a key that exists with this
+	// very payload (Payload and Target), when the payload no longer makes
+	// an input (a deploy made the decoding stricter, or validation
+	// refuses what it accepted): it never creates a key, and Params is
+	// ignored. A finished key is replayed; an unfinished one is resumed
+	// from the input stored with it, decoded as the completer decodes it
+	// (ErrUndecodableParams when it cannot be; ErrNoRedrive for a flow with
+	// FlowConfig.NoRedrive). No key, or a key made by another payload, is
+	// ErrNotFound or ErrMismatch, and the caller answers the payload's own
+	// problem. Only keys fingerprinted over their payload (this release on)
+	// match. idemhttp sets it for a body it cannot decode or validate.
+	RetryOnly bool
 }
 
 func (q *Request) normalise() error {
@@ -166,16 +179,24 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request, stored 
 		return &Outcome{}, err
 	}
 	p := stored
-	if p == nil {
+	if p == nil && req.RetryOnly {
+		var err error
+		if p, err = r.retryInput(flow, &req); err != nil {
+			return &Outcome{}, err
+		}
+	} else if p == nil {
 		var err error
 		if p, err = flow.prepare(&req, r.config.FingerprintKey); err != nil {
 			return &Outcome{}, err
 		}
 	}
 	sent := r.localNow()
-	acq, err := r.acquire(ctx, flow, req, p, r.config.Admit != nil || stored != nil)
+	acq, err := r.acquire(ctx, flow, req, p, r.config.Admit != nil || p.fromKey)
 	if err == nil && acq.Record == nil && stored != nil {
 		return &Outcome{}, fmt.Errorf("%w: key %q is gone (reaped or abandoned); the completer does not create keys", ErrNotFound, req.Key)
+	}
+	if err == nil && acq.Record == nil && p.fromKey {
+		return &Outcome{}, fmt.Errorf("%w: no key %q to retry; a retry-only request does not create one", ErrNotFound, req.Key)
 	}
 	if err == nil && acq.Record == nil {
 		// There is no live key: this request would create one, which
@@ -228,7 +249,16 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request, stored 
 			"recovery_point", rec.RecoveryPoint, "attempts", rec.Attempts, "last_error", rec.LastError)...)
 		h := r.hold(flow, rec, p.input, true, sent)
 		if p.fromKey {
-			if h.input, err = flow.decodeStored(p.params); err != nil {
+			if req.RetryOnly && !flow.redrives() {
+				// Not the completer (which never takes such a flow's
+				// keys): a retry whose input cannot drive the phases.
+				return r.fail(ctx, h, fmt.Errorf("%w: flow %q cannot resume key %q from the input stored with it, and this retry's payload no longer makes one", ErrNoRedrive, flow.Name(), req.Key))
+			}
+			params := p.params
+			if params == nil {
+				params = rec.Params
+			}
+			if h.input, err = flow.decodeStored(params); err != nil {
 				return r.undecodable(ctx, h, err)
 			}
 		}
@@ -258,6 +288,19 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request, stored 
 		fmt.Errorf("%w: key %q", ErrInProgress, req.Key)
 }
 
+// retryInput is what a RetryOnly request brings: the fingerprint of its
+// payload, and the key's stored input, decoded once the key is held.
+func (r *Runner) retryInput(flow AnyFlow, req *Request) (*prepared, error) {
+	if req.Payload == nil {
+		return nil, fmt.Errorf("%w: a retry-only request needs its Payload", ErrInvalidRequest)
+	}
+	fp, err := payloadFingerprint(r.config.FingerprintKey, flow.Name(), req.Target, req.Payload, req.PayloadBinary)
+	if err != nil {
+		return nil, err
+	}
+	return &prepared{fingerprint: fp, fromKey: true, payload: req.Payload, binary: req.PayloadBinary, target: req.Target}, nil
+}
+
 // acquire is the acquisition of req's key, bounded by StatementTimeout.
 // noCreate asks for an existing key only (see idemdriver.AcquireParams).
 func (r *Runner) acquire(ctx context.Context, flow AnyFlow, req Request, p *prepared, noCreate bool) (*idemdriver.AcquireResult, error) {
@@ -276,7 +319,7 @@ func (r *Runner) acquire(ctx context.Context, flow AnyFlow, req Request, p *prep
 // (PreviousFingerprintKeys, AcceptUnkeyedFingerprints). It returns nil
 // otherwise.
 func (r *Runner) earlierFingerprint(flow AnyFlow, p *prepared, rec *KeyRecord) []byte {
-	if rec == nil || p.whole == nil || rec.Flow != flow.Name() || bytes.Equal(rec.Fingerprint, p.fingerprint) {
+	if rec == nil || rec.Flow != flow.Name() || bytes.Equal(rec.Fingerprint, p.fingerprint) {
 		return nil
 	}
 	keys := append([][]byte{r.config.FingerprintKey}, r.config.PreviousFingerprintKeys...)
@@ -286,12 +329,14 @@ func (r *Runner) earlierFingerprint(flow AnyFlow, p *prepared, rec *KeyRecord) [
 	for _, key := range keys {
 		var fp []byte
 		var err error
-		switch fingerprintScheme(rec.Fingerprint) {
-		case fingerprintSchemeInput:
+		switch scheme := fingerprintScheme(rec.Fingerprint); {
+		case scheme == fingerprintSchemeInput && p.whole != nil:
 			fp, err = fingerprintWith(key, flow.Name(), p.whole)
-		case fingerprintSchemePayload:
+		case scheme == fingerprintSchemePayload && p.payload != nil:
 			fp, err = payloadFingerprint(key, flow.Name(), p.target, p.payload, p.binary)
 		default:
+			// Nothing to compare it with: a key's own stored input, or a
+			// retry-only request (no decoded input) and an input-scheme key.
 			return nil
 		}
 		if err == nil && bytes.Equal(fp, rec.Fingerprint) {

@@ -18,7 +18,11 @@ const maxPathLength = 2048
 
 // admit turns an HTTP request into a runner request, or into the problem
 // that refuses it. Nothing is written to the key store here: all bad input
-// is refused before the runner sees it.
+// is refused before the runner sees it. A body that is JSON but does not
+// make a valid input (Config.Validate or the decoding refuses it) may still
+// be the retry of a request an earlier release accepted: its problem comes
+// with a request marked idem.Request.RetryOnly, for the handler to try as
+// such before it answers the problem.
 func (h *Handler[In]) admit(w http.ResponseWriter, r *http.Request) (idem.Request, *Problem) {
 	ctx := r.Context()
 	scope, err := h.cfg.Scope(r)
@@ -60,7 +64,12 @@ func (h *Handler[In]) admit(w http.ResponseWriter, r *http.Request) (idem.Reques
 		return idem.Request{}, p
 	}
 	in, body, p := h.decode(w, r)
+	// The request as a retry of a key made from these very bytes.
+	retry := idem.Request{Scope: scope, Key: key, Method: r.Method, Path: route(r), Payload: body, Target: target(r), RetryOnly: true}
 	if p != nil {
+		if body != nil && p.Type == h.ProblemType(ProblemInvalidInput) {
+			return retry, p
+		}
 		return idem.Request{}, p
 	}
 	if h.cfg.Prepare != nil {
@@ -79,7 +88,7 @@ func (h *Handler[In]) admit(w http.ResponseWriter, r *http.Request) (idem.Reques
 	}
 	if h.cfg.Validate != nil {
 		if errs := h.cfg.Validate(&in); len(errs) > 0 {
-			return idem.Request{}, h.invalidInput(errs...)
+			return retry, h.invalidInput(errs...)
 		}
 	}
 

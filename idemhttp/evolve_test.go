@@ -120,3 +120,46 @@ func TestRetryAcrossDeployThatRenamesATagOrChangesPrepare(t *testing.T) {
 	t.Logf("Prepare fills in a field: %d %s", w4.Code, w4.Body.String())
 	require.Equal(t, http.StatusCreated, w4.Code)
 }
+
+// With the default strict decoding, a deploy that renames a field's tag or
+// removes a field makes the old body undecodable ("quantity is not a known
+// field"). A retry of those bytes is still its request: a finished key is
+// replayed and a key in flight is resumed from its stored input. The same
+// body under a key that does not exist, or that another body made, still
+// gets the decoding's 422.
+func TestRetryOfABodyTheNewReleaseCannotDecode(t *testing.T) {
+	t.Parallel()
+	s := idemtest.NewSchema(t)
+	body := `{"sku":"A-1","quantity":2}`
+	w1 := sendOrder(evolveServer[orderQty](t, s, nil), "/orders", "k-strict", body)
+	require.Equal(t, http.StatusCreated, w1.Code)
+
+	after := evolveServer[orderQtyRenamed](t, s, nil)
+	w2 := sendOrder(after, "/orders", "k-strict", body)
+	t.Logf("renamed tag, strict decoding, finished key: %d %s", w2.Code, w2.Body.String())
+	require.Equal(t, http.StatusCreated, w2.Code)
+	require.Equal(t, w1.Body.String(), w2.Body.String())
+	require.Equal(t, "true", w2.Header().Get("Idempotent-Replayed"))
+
+	w3 := sendOrder(after, "/orders", "k-new", body)
+	t.Logf("the same body under a new key: %d %s", w3.Code, w3.Body.String())
+	require.Equal(t, http.StatusUnprocessableEntity, w3.Code)
+	require.Contains(t, w3.Body.String(), "quantity")
+	w4 := sendOrder(after, "/orders", "k-strict", `{"sku":"A-1","quantity":3}`)
+	require.Equal(t, http.StatusUnprocessableEntity, w4.Code)
+	require.Contains(t, w4.Body.String(), "quantity", "the decoding's own problem, not the reused key's")
+
+	// Validation that a deploy tightened: the same.
+	strict := evolveServer(t, s, func(c *idemhttp.Config[orderQty]) {
+		c.Validate = func(in *orderQty) []idemhttp.FieldError {
+			if in.Quantity < 5 {
+				return []idemhttp.FieldError{{Field: "quantity", Detail: "must be at least 5"}}
+			}
+			return nil
+		}
+	})
+	w5 := sendOrder(strict, "/orders", "k-strict", body)
+	require.Equal(t, http.StatusCreated, w5.Code)
+	w6 := sendOrder(strict, "/orders", "k-other", body)
+	require.Equal(t, http.StatusUnprocessableEntity, w6.Code)
+}
