@@ -14,13 +14,13 @@ import (
 // Config.FingerprintKey) accepts: 32 bytes, as much as the hash.
 const MinFingerprintKeyLength = 32
 
-// FingerprintHMAC is Fingerprint keyed with a server secret: HMAC-SHA-256
-// with key over the same bytes (the flow name, 0x00, the canonical JSON of
-// params). A stored fingerprint of a low-entropy input (a card number, a
-// phone number) can be inverted by trying every value, which takes minutes
-// for an unkeyed hash; without the key it cannot be. Config.FingerprintKey
-// makes the runner use it. key must be at least MinFingerprintKeyLength
-// bytes.
+// FingerprintHMAC is Fingerprint (the input scheme) keyed with a server
+// secret: HMAC-SHA-256 with key over the same bytes (the flow name, 0x00,
+// the canonical JSON of params). A stored fingerprint of a low-entropy input
+// (a card number, a phone number) can be inverted by trying every value,
+// which takes minutes for an unkeyed hash; without the key it cannot be.
+// Config.FingerprintKey makes the runner key its fingerprints the same way.
+// key must be at least MinFingerprintKeyLength bytes.
 func FingerprintHMAC(key []byte, flow string, params []byte) ([]byte, error) {
 	if len(key) < MinFingerprintKeyLength {
 		return nil, errors.New("idem: a fingerprint key must be at least 32 bytes")
@@ -44,7 +44,11 @@ func fingerprintWith(key []byte, flow string, params []byte) ([]byte, error) {
 
 // Fingerprint identifies a request by what it asks for, so that a key reused
 // for a different request is caught (and answered 422) instead of replaying a
-// response that belongs to another payload. It is SHA-256 over the flow name,
+// response that belongs to another payload. It is the 32-byte fingerprint of
+// the input scheme, which keys written before the payload scheme carry (the
+// runner now fingerprints what the client sent, Request.Payload, with the
+// flow and Request.Target, into 33 bytes that start with the scheme byte 2,
+// over the same canonical JSON). It is SHA-256 over the flow name,
 // a 0x00 separator, and the canonical JSON of params (RFC 8785 style, with
 // numbers kept exact): key order, whitespace, escapes and the spelling of
 // numbers do not change it, any change of value does.

@@ -14,8 +14,12 @@ import (
 // Flow is an endpoint's declaration: a name and the ordered phases a request
 // goes through. In is the decoded input every phase sees through
 // [Attempt.Input]; it must survive a JSON round trip, because the runner
-// fingerprints it as JSON and stores it (or what FlowConfig.Store keeps of
-// it) as JSON to re-drive abandoned requests.
+// stores it (or what FlowConfig.Store keeps of it) as JSON to re-drive
+// abandoned requests. The fingerprint that binds a key to its request is
+// taken over what the client sent (Request.Payload), not over In, so In may
+// change between releases: stored inputs are decoded into the In of the
+// running release tolerantly (a field added since gets its zero value, a
+// member removed is ignored).
 type Flow[In any] struct {
 	name      string
 	phases    []Phase[In]
@@ -46,7 +50,7 @@ type FlowConfig[In any] struct {
 	// of the whole one. Return a copy with the fields that must not be
 	// kept (a card number, a password, a document) zeroed or replaced
 	// (the last four digits). The fingerprint is still taken over the whole
-	// input, so a retry with other values in those fields is a mismatch,
+	// payload, so a retry with other values in those fields is a mismatch,
 	// and the phases of a client's request (first attempt or retry) still
 	// see the whole input; only phases resumed server-side (the completer,
 	// reconcile runs) see what Store kept. Nil stores the whole input.
