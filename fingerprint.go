@@ -30,16 +30,9 @@ func FingerprintHMAC(key []byte, flow string, params []byte) ([]byte, error) {
 
 // fingerprintWith is FingerprintHMAC with key, or Fingerprint without one.
 func fingerprintWith(key []byte, flow string, params []byte) ([]byte, error) {
-	if len(key) == 0 {
-		return Fingerprint(flow, params)
-	}
-	buf, err := canonical.Append(append([]byte(flow), 0), params)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidParams, err)
-	}
-	mac := hmac.New(sha256.New, key)
-	mac.Write(buf)
-	return mac.Sum(nil), nil
+	return hashPooled(nil, key, func(buf []byte) ([]byte, error) {
+		return canonical.Append(append(append(buf, flow...), 0), params)
+	})
 }
 
 // Fingerprint identifies a request by what it asks for, so that a key reused
@@ -62,24 +55,32 @@ func fingerprintWith(key []byte, flow string, params []byte) ([]byte, error) {
 // surrogates, nesting deeper than 512 or a number whose exponent exceeds
 // ±1,000,000; the message says what is wrong and at which byte offset.
 func Fingerprint(flow string, params []byte) ([]byte, error) {
+	return fingerprintWith(nil, flow, params)
+}
+
+// hashPooled appends to out the SHA-256 (HMAC-SHA-256 under key, when it is
+// set) of the bytes build appends to a buffer from a pool: the canonical
+// bytes are written straight after their prefix there, never copied, and the
+// hash needs no streaming state. An error of build wraps ErrInvalidParams.
+func hashPooled(out, key []byte, build func(buf []byte) ([]byte, error)) ([]byte, error) {
 	bufp := fingerprintBuffers.Get().(*[]byte) //nolint:forcetypeassert // the pool only holds *[]byte
 	defer func() {
 		if cap(*bufp) <= fingerprintMaxBuffer {
 			fingerprintBuffers.Put(bufp)
 		}
 	}()
-
-	// Canonicalise straight after the prefix in the pooled buffer, so the
-	// canonical bytes are never copied and the hash needs no streaming state.
-	buf := append((*bufp)[:0], flow...)
-	buf = append(buf, 0)
-	buf, err := canonical.Append(buf, params)
-	*bufp = buf
+	buf, err := build((*bufp)[:0])
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidParams, err)
 	}
-	sum := sha256.Sum256(buf)
-	return sum[:], nil
+	*bufp = buf
+	if len(key) == 0 {
+		sum := sha256.Sum256(buf)
+		return append(out, sum[:]...), nil
+	}
+	mac := hmac.New(sha256.New, key)
+	mac.Write(buf)
+	return mac.Sum(out), nil
 }
 
 // fingerprintMaxBuffer is the largest buffer returned to the pool, so that
@@ -109,35 +110,15 @@ const (
 // fingerprintSchemePayload); keyed with key when it is set. An error wraps
 // ErrInvalidParams.
 func payloadFingerprint(key []byte, flow, target string, payload []byte, binary bool) ([]byte, error) {
-	bufp := fingerprintBuffers.Get().(*[]byte) //nolint:forcetypeassert // the pool only holds *[]byte
-	defer func() {
-		if cap(*bufp) <= fingerprintMaxBuffer {
-			fingerprintBuffers.Put(bufp)
-		}
-	}()
-	buf := append((*bufp)[:0], flow...)
-	buf = append(buf, 0)
-	buf = append(buf, target...)
-	buf = append(buf, 0)
-	var err error
-	if binary {
-		buf = append(append(buf, 'b'), payload...)
-	} else {
-		buf, err = canonical.AppendLoose(append(buf, 'j'), payload)
-	}
-	*bufp = buf
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidParams, err)
-	}
 	out := make([]byte, 1, 1+sha256.Size)
 	out[0] = fingerprintSchemePayload
-	if len(key) == 0 {
-		sum := sha256.Sum256(buf)
-		return append(out, sum[:]...), nil
-	}
-	mac := hmac.New(sha256.New, key)
-	mac.Write(buf)
-	return mac.Sum(out), nil
+	return hashPooled(out, key, func(buf []byte) ([]byte, error) {
+		buf = append(append(append(append(buf, flow...), 0), target...), 0)
+		if binary {
+			return append(append(buf, 'b'), payload...), nil
+		}
+		return canonical.AppendLoose(append(buf, 'j'), payload)
+	})
 }
 
 // fingerprintScheme says which scheme made a stored fingerprint: 1 or 2, or

@@ -92,17 +92,10 @@ func TestReconcileReportsUndecodableParams(t *testing.T) {
 	t.Parallel()
 	b := setupSMS(t)
 	ctx := context.Background()
-	crashing := b.runner(t, func(_ context.Context, at idem.HookPoint) error {
-		if at.Where == idem.HookAfterForeign {
-			return idem.ErrSimulatedCrash
-		}
-		return nil
-	})
-	_, err := crashing.Execute(ctx, b.flow, b.req("k1"))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	b.crashAfterSend(t, "k1")
 	b.clock.Advance(2 * time.Minute)
 	r := b.runner(t, nil)
-	_, err = r.Execute(ctx, b.flow, b.req("k1"))
+	_, err := r.Execute(ctx, b.flow, b.req("k1"))
 	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
 	_, err = b.pool.Exec(ctx, `UPDATE idem_keys SET params = '{"to": 7}'::jsonb WHERE key = 'k1'`)
 	require.NoError(t, err)
