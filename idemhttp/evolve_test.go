@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -35,11 +36,15 @@ type orderQtyRenamed struct {
 	Qty int    `json:"qty"` // the tag was "quantity"
 }
 
-// evolveFlow is the endpoint's flow for one build: one phase that answers 201.
+// evolveFlow is the endpoint's flow for one build: a phase that advances,
+// then one that answers 201 with the input it sees.
 func evolveFlow[In any]() *idem.Flow[In] {
 	return idem.MustNewFlow("orders.create", []idem.Phase[In]{
-		{Name: "done", Do: func(context.Context, idem.Tx, *idem.Attempt[In]) (idem.Result, error) {
-			return idem.RespondJSON(http.StatusCreated, map[string]any{"ok": true}), nil
+		{Name: "received", Do: func(context.Context, idem.Tx, *idem.Attempt[In]) (idem.Result, error) {
+			return idem.Advance(), nil
+		}},
+		{Name: "done", Do: func(_ context.Context, _ idem.Tx, run *idem.Attempt[In]) (idem.Result, error) {
+			return idem.RespondJSON(http.StatusCreated, map[string]any{"ok": true, "input": run.Input()}), nil
 		}},
 	}, nil)
 }
@@ -47,16 +52,23 @@ func evolveFlow[In any]() *idem.Flow[In] {
 // evolveServer is one build of the service on schema s, as a deploy runs it.
 func evolveServer[In any](t *testing.T, s *idemtest.Schema, adjust func(*idemhttp.Config[In])) http.Handler {
 	t.Helper()
+	return evolveServerWith(t, s, &idem.Config{}, adjust)
+}
+
+// evolveServerWith is evolveServer with the runner's configuration.
+func evolveServerWith[In any](t *testing.T, s *idemtest.Schema, cfg *idem.Config, adjust func(*idemhttp.Config[In])) http.Handler {
+	t.Helper()
 	store, err := pgstore.New(s.Pool, nil)
 	require.NoError(t, err)
 	f := evolveFlow[In]()
-	r, err := idem.NewRunner(store, &idem.Config{Flows: []idem.AnyFlow{f}})
+	cfg.Flows = []idem.AnyFlow{f}
+	r, err := idem.NewRunner(store, cfg)
 	require.NoError(t, err)
-	cfg := &idemhttp.Config[In]{Scope: func(*http.Request) (string, error) { return "u1", nil }}
+	hcfg := &idemhttp.Config[In]{Scope: func(*http.Request) (string, error) { return "u1", nil }}
 	if adjust != nil {
-		adjust(cfg)
+		adjust(hcfg)
 	}
-	h, err := idemhttp.New(r, f, cfg)
+	h, err := idemhttp.New(r, f, hcfg)
 	require.NoError(t, err)
 	return h
 }
@@ -162,4 +174,42 @@ func TestRetryOfABodyTheNewReleaseCannotDecode(t *testing.T) {
 	require.Equal(t, http.StatusCreated, w5.Code)
 	w6 := sendOrder(strict, "/orders", "k-other", body)
 	require.Equal(t, http.StatusUnprocessableEntity, w6.Code)
+}
+
+// A request in flight when the deploy happens (its server crashed after
+// the first phase) is resumed by the retry of its bytes on the new build:
+// with a field added to the input, and with strict decoding after a tag
+// was renamed (from the stored input, decoded tolerantly).
+func TestRetryResumesAKeyInFlightAcrossADeploy(t *testing.T) {
+	t.Parallel()
+	s := idemtest.NewSchema(t)
+	clock := idemtest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	crash := func(_ context.Context, at idem.HookPoint) error {
+		if at.Where == idem.HookPhaseStart && at.Phase == "done" {
+			return idem.ErrSimulatedCrash
+		}
+		return nil
+	}
+	before := evolveServerWith[orderQty](t, s, &idem.Config{Test: idem.TestConfig{Now: clock.Now, Hook: crash}}, nil)
+	body := `{"sku":"A-1","quantity":2}`
+	for _, key := range []string{"k-added", "k-renamed"} {
+		require.Panics(t, func() { sendOrder(before, "/orders", key, body) }, "the crash drops the connection")
+	}
+	clock.Advance(time.Hour)
+
+	type orderQtyNote struct {
+		orderQty
+		Note string `json:"note"`
+	}
+	added := evolveServerWith[orderQtyNote](t, s, &idem.Config{Test: idem.TestConfig{Now: clock.Now}}, nil)
+	w := sendOrder(added, "/orders", "k-added", body)
+	t.Logf("in flight, field added: %d %s", w.Code, w.Body.String())
+	require.Equal(t, http.StatusCreated, w.Code)
+	require.JSONEq(t, `{"ok":true,"input":{"sku":"A-1","quantity":2,"note":""}}`, w.Body.String())
+
+	renamed := evolveServerWith[orderQtyRenamed](t, s, &idem.Config{Test: idem.TestConfig{Now: clock.Now}}, nil)
+	w = sendOrder(renamed, "/orders", "k-renamed", body)
+	t.Logf("in flight, tag renamed, strict decoding: %d %s", w.Code, w.Body.String())
+	require.Equal(t, http.StatusCreated, w.Code)
+	require.JSONEq(t, `{"ok":true,"input":{"sku":"A-1","qty":0}}`, w.Body.String(), "the stored input, decoded tolerantly")
 }
