@@ -103,13 +103,7 @@ func (r *Runner) completeOne(ctx context.Context, claimed *KeyRecord) (*Outcome,
 		return out, err
 	}
 	req := Request{Scope: rec.Scope, Key: rec.Key, Method: rec.Method, Path: rec.Path}
-	p, err := storedInput(flow, rec)
-	if err != nil {
-		out := &Outcome{Record: rec}
-		out.settle(err)
-		return out, err
-	}
-	return r.executeWith(ctx, flow, req, p)
+	return r.executeWith(ctx, flow, req, storedInput(rec))
 }
 
 // Complete runs one completer pass: it claims idle unfinished keys of the

@@ -100,8 +100,9 @@ type Config struct {
 	PhaseRetryBackoff time.Duration
 
 	// FingerprintKey, when set, keys request fingerprints with this server
-	// secret: HMAC-SHA-256 (FingerprintHMAC) instead of SHA-256
-	// (Fingerprint). The fingerprint is stored with every key; unkeyed, a
+	// secret: HMAC-SHA-256 instead of SHA-256 (over the payload the client
+	// sent; see Request.Payload). The fingerprint is stored with every key;
+	// unkeyed, a
 	// fingerprint of a low-entropy input (a card number) can be inverted by
 	// trying every value. At least 32 bytes; keep it as secret as a
 	// password pepper.
@@ -117,8 +118,9 @@ type Config struct {
 	FingerprintKey []byte
 
 	// PreviousFingerprintKeys are fingerprint keys used before
-	// FingerprintKey. A key whose stored fingerprint is the request's input
-	// under one of them is that request: it is replayed or resumed, and
+	// FingerprintKey. A key whose stored fingerprint is the request's
+	// under one of them (in the scheme the key was written with) is that
+	// request: it is replayed or resumed, and
 	// keeps its fingerprint. Each costs a mismatching request one
 	// fingerprint more (a real mismatch, or a retry of a key made before).
 	PreviousFingerprintKeys [][]byte

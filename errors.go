@@ -81,6 +81,16 @@ var (
 	// which brings the whole input and carries the request on.
 	ErrNoRedrive = errors.New("idem: the key waits for its client's retry")
 
+	// ErrUndecodableParams: the params stored with a key do not decode into
+	// its flow's input type as this binary declares it (a deploy changed a
+	// field's type, say). Decoding is tolerant otherwise: a field added
+	// since gets its zero value, one removed is ignored. The completer
+	// records it on the key (its last error, an attempt) and releases it,
+	// so the key waits for its client's retry, which brings its own input,
+	// and turns stale after CompleteConfig.MaxAttempts for an operator; a
+	// reconcile run leaves the key in needs_reconcile with it as the reason.
+	ErrUndecodableParams = errors.New("idem: the params stored with the key do not decode into the flow's input")
+
 	// ErrNotFound: no key with that scope and key exists.
 	ErrNotFound = idemdriver.ErrNotFound
 

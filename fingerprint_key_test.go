@@ -29,15 +29,17 @@ func TestFingerprintKeyedWithAServerSecret(t *testing.T) {
 	_, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 5}))
 	require.NoError(t, err)
 
+	// The payload scheme: byte 2, then the MAC of the flow, 0x00, the
+	// target (none here), 0x00, 'j' and the canonical JSON of the input.
 	canonical := []byte(`{"amount":5,"origin":"SF"}`)
 	mac := hmac.New(sha256.New, fingerprintKey)
-	mac.Write(append([]byte("rides.create\x00"), canonical...))
-	require.Equal(t, mac.Sum(nil), b.key(t, "k1").Fingerprint)
-	unkeyed := sha256.Sum256(append([]byte("rides.create\x00"), canonical...))
-	require.NotEqual(t, unkeyed[:], b.key(t, "k1").Fingerprint)
+	mac.Write(append([]byte("rides.create\x00\x00j"), canonical...))
+	require.Equal(t, mac.Sum([]byte{2}), b.key(t, "k1").Fingerprint)
+	unkeyed := sha256.Sum256(append([]byte("rides.create\x00\x00j"), canonical...))
+	require.NotEqual(t, append([]byte{2}, unkeyed[:]...), b.key(t, "k1").Fingerprint)
 	fp, err := idem.FingerprintHMAC(fingerprintKey, "rides.create", []byte(`{"origin": "SF", "amount": 5.0}`))
 	require.NoError(t, err)
-	require.Equal(t, b.key(t, "k1").Fingerprint, fp)
+	require.NotEqual(t, b.key(t, "k1").Fingerprint[1:], fp)
 
 	out, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 5}))
 	require.NoError(t, err)

@@ -14,8 +14,12 @@ import (
 // Flow is an endpoint's declaration: a name and the ordered phases a request
 // goes through. In is the decoded input every phase sees through
 // [Attempt.Input]; it must survive a JSON round trip, because the runner
-// fingerprints it as JSON and stores it (or what FlowConfig.Store keeps of
-// it) as JSON to re-drive abandoned requests.
+// stores it (or what FlowConfig.Store keeps of it) as JSON to re-drive
+// abandoned requests. The fingerprint that binds a key to its request is
+// taken over what the client sent (Request.Payload), not over In, so In may
+// change between releases: stored inputs are decoded into the In of the
+// running release tolerantly (a field added since gets its zero value, a
+// member removed is ignored).
 type Flow[In any] struct {
 	name   string
 	phases []Phase[In]
@@ -50,7 +54,7 @@ type FlowConfig[In any] struct {
 	// of the whole one. Return a copy with the fields that must not be
 	// kept (a card number, a password, a document) zeroed or replaced
 	// (the last four digits). The fingerprint is still taken over the whole
-	// input, so a retry with other values in those fields is a mismatch,
+	// payload, so a retry with other values in those fields is a mismatch,
 	// and the phases of a client's request (first attempt or retry) still
 	// see the whole input; only phases resumed server-side (the completer,
 	// reconcile runs) see what Store kept. Nil stores the whole input.
@@ -237,8 +241,10 @@ type AnyFlow interface {
 	// joinsPrevious reports whether phase i runs in the transaction of
 	// phase i-1 (Phase.JoinPrevious).
 	joinsPrevious(i int) bool
-	prepare(params any, fingerprintKey []byte) (*prepared, error)
-	decode(stored []byte) (any, error)
+	prepare(req *Request, fingerprintKey []byte) (*prepared, error)
+	// decodeStored decodes a key's stored params into today's input type,
+	// tolerantly; an error wraps ErrUndecodableParams.
+	decodeStored(stored []byte) (any, error)
 	redrives() bool
 	callDo(ctx context.Context, tx Tx, h *held) (Result, error)
 	callReconcile(ctx context.Context, tx Tx, h *held) (Reconciliation, error)
@@ -251,20 +257,25 @@ type prepared struct {
 	input       any
 	params      []byte // JSON, stored with the key: what FlowConfig.Store keeps
 	fingerprint []byte
-	// whole is the whole input as JSON, for fingerprints in earlier
-	// schemes (Config.PreviousFingerprintKeys); nil for an input read back
-	// from its key.
-	whole []byte
+	// whole is the whole input as JSON, and payload, binary and target
+	// what the fingerprint was taken over, for fingerprints in earlier
+	// schemes (fingerprintSchemeInput, Config.PreviousFingerprintKeys);
+	// nil for an input read back from its key.
+	whole   []byte
+	payload []byte
+	binary  bool
+	target  string
+	// fromKey: the input is the key's stored params (storedInput), not yet
+	// decoded; input is nil.
+	fromKey bool
 }
 
 // storedInput is a key's input as it was stored with it, for the completer:
-// the stored params, decoded, and the key's own fingerprint.
-func storedInput(flow AnyFlow, rec *KeyRecord) (*prepared, error) {
-	in, err := flow.decode(rec.Params)
-	if err != nil {
-		return nil, err
-	}
-	return &prepared{input: in, params: rec.Params, fingerprint: rec.Fingerprint}, nil
+// the stored params and the key's own fingerprint. The params are decoded
+// once the key is held (execute), so that params that no longer decode are
+// recorded on the key rather than skipped on every pass.
+func storedInput(rec *KeyRecord) *prepared {
+	return &prepared{params: rec.Params, fingerprint: rec.Fingerprint, fromKey: true}
 }
 
 func (f *Flow[In]) retentionOr(d time.Duration) time.Duration {
@@ -328,15 +339,16 @@ func (f *Flow[In]) joinsPrevious(i int) bool {
 	return i > 0 && i < len(f.phases) && f.phases[i].JoinPrevious
 }
 
-// prepare accepts the input as In, *In, or JSON (json.RawMessage or []byte),
-// and returns it decoded, fingerprinted, and as JSON to store (what
-// FlowConfig.Store keeps of it). The fingerprint is always taken over the
-// JSON encoding of the whole decoded In, so the same input fingerprints the
-// same whichever form it arrived in; keyed with fingerprintKey when it is
-// set (FingerprintHMAC).
-func (f *Flow[In]) prepare(params any, fingerprintKey []byte) (*prepared, error) {
+// prepare accepts the input (req.Params) as In, *In, or JSON
+// (json.RawMessage or []byte), and returns it decoded, fingerprinted, and as
+// JSON to store (what FlowConfig.Store keeps of it). The fingerprint is the
+// payload scheme's (payloadFingerprint) over what the caller sent:
+// req.Payload, else the JSON that req.Params is, else the JSON encoding of
+// the input; keyed with fingerprintKey when it is set.
+func (f *Flow[In]) prepare(req *Request, fingerprintKey []byte) (*prepared, error) {
 	var in In
-	switch p := params.(type) {
+	payload := req.Payload
+	switch p := req.Params.(type) {
 	case In:
 		in = p
 	case *In:
@@ -345,19 +357,25 @@ func (f *Flow[In]) prepare(params any, fingerprintKey []byte) (*prepared, error)
 		}
 		in = *p
 	case json.RawMessage:
-		v, err := f.decode(p)
+		v, err := f.decodeJSON(p)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%w: %w", ErrInvalidParams, err)
 		}
-		in = v.(In)
+		in = v
+		if payload == nil {
+			payload = p
+		}
 	case []byte:
-		v, err := f.decode(p)
+		v, err := f.decodeJSON(p)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%w: %w", ErrInvalidParams, err)
 		}
-		in = v.(In)
+		in = v
+		if payload == nil {
+			payload = p
+		}
 	default:
-		return nil, fmt.Errorf("%w: flow %q takes %T or JSON, got %T", ErrInvalidParams, f.name, in, params)
+		return nil, fmt.Errorf("%w: flow %q takes %T or JSON, got %T", ErrInvalidParams, f.name, in, req.Params)
 	}
 	js, err := encodeJSON(in)
 	if err != nil {
@@ -368,11 +386,15 @@ func (f *Flow[In]) prepare(params any, fingerprintKey []byte) (*prepared, error)
 		// input would fail at the store on every retry.
 		return nil, fmt.Errorf(`%w: strings must not contain the NUL character (\u0000)`, ErrInvalidParams)
 	}
-	fp, err := fingerprintWith(fingerprintKey, f.name, js) // an error wraps ErrInvalidParams
+	if payload == nil {
+		payload = js
+	}
+	binary := req.PayloadBinary && req.Payload != nil
+	fp, err := payloadFingerprint(fingerprintKey, f.name, req.Target, payload, binary) // an error wraps ErrInvalidParams
 	if err != nil {
 		return nil, err
 	}
-	p := &prepared{input: in, params: js, fingerprint: fp, whole: js}
+	p := &prepared{input: in, params: js, fingerprint: fp, whole: js, payload: payload, binary: binary, target: req.Target}
 	if f.store != nil {
 		if p.params, err = encodeJSON(f.store(in)); err != nil {
 			return nil, fmt.Errorf("%w: encode what FlowConfig.Store keeps: %w", ErrInvalidParams, err)
@@ -384,14 +406,25 @@ func (f *Flow[In]) prepare(params any, fingerprintKey []byte) (*prepared, error)
 	return p, nil
 }
 
-func (f *Flow[In]) decode(stored []byte) (any, error) {
+// decodeJSON decodes one JSON value into an In. It is tolerant of the
+// changes a deploy makes to In: a member In no longer has is ignored, a
+// field In gained and the JSON lacks keeps its zero value.
+func (f *Flow[In]) decodeJSON(data []byte) (In, error) {
 	var in In
-	dec := json.NewDecoder(bytes.NewReader(stored))
+	dec := json.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&in); err != nil {
-		return nil, fmt.Errorf("%w: decode for flow %q: %w", ErrInvalidParams, f.name, err)
+		return in, fmt.Errorf("decode for flow %q: %w", f.name, err)
 	}
 	if dec.More() {
-		return nil, fmt.Errorf("%w: flow %q: trailing data after the JSON value", ErrInvalidParams, f.name)
+		return in, fmt.Errorf("flow %q: trailing data after the JSON value", f.name)
+	}
+	return in, nil
+}
+
+func (f *Flow[In]) decodeStored(stored []byte) (any, error) {
+	in, err := f.decodeJSON(stored)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUndecodableParams, err)
 	}
 	return in, nil
 }

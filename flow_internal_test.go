@@ -25,7 +25,7 @@ func TestPrepareDoesNotEscapeHTML(t *testing.T) {
 		},
 	}}, nil)
 	note := strings.Repeat("<", 1<<20) + "&>"
-	p, err := flow.prepare(input{Note: note}, nil)
+	p, err := flow.prepare(&Request{Params: input{Note: note}}, nil)
 	require.NoError(t, err)
 	require.Less(t, len(p.params), 1<<20+64, "the stored input is as long as the input, not six times longer")
 	require.True(t, bytes.HasPrefix(p.params, []byte(`{"note":"<<<`)), "written literally")
@@ -33,7 +33,11 @@ func TestPrepareDoesNotEscapeHTML(t *testing.T) {
 
 	// The fingerprint is the canonical form's, which never escaped them:
 	// keys fingerprinted before this change still match.
-	fp, err := Fingerprint("notes.create", []byte(`{"note":"`+strings.ReplaceAll(note, "<", `\u003c`)+`"}`))
+	escaped := []byte(`{"note":"` + strings.ReplaceAll(note, "<", `\u003c`) + `"}`)
+	fp, err := Fingerprint("notes.create", escaped)
+	require.NoError(t, err)
+	require.Equal(t, fp, fingerprintOf(t, "notes.create", p.whole))
+	fp, err = payloadFingerprint(nil, "notes.create", "", escaped, false)
 	require.NoError(t, err)
 	require.Equal(t, fp, p.fingerprint)
 
@@ -43,9 +47,17 @@ func TestPrepareDoesNotEscapeHTML(t *testing.T) {
 	require.Equal(t, `"<>&`+note+`"`, string(canon))
 
 	// A NUL is still refused, and a stored input decodes back.
-	_, err = flow.prepare(input{Note: "a\x00b"}, nil)
+	_, err = flow.prepare(&Request{Params: input{Note: "a\x00b"}}, nil)
 	require.ErrorIs(t, err, ErrInvalidParams)
-	p, err = flow.prepare([]byte(`{"note": "\u003c&"}`), nil)
+	p, err = flow.prepare(&Request{Params: []byte(`{"note": "\u003c&"}`)}, nil)
 	require.NoError(t, err)
 	require.Equal(t, `{"note":"<&"}`, string(p.params))
+}
+
+// fingerprintOf is Fingerprint that must succeed.
+func fingerprintOf(t *testing.T, flow string, params []byte) []byte {
+	t.Helper()
+	fp, err := Fingerprint(flow, params)
+	require.NoError(t, err)
+	return fp
 }

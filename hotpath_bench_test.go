@@ -58,7 +58,7 @@ func BenchmarkPrepareParams(b *testing.B) {
 	b.Run("Value", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, err := f.prepare(in, nil); err != nil {
+			if _, err := f.prepare(&Request{Params: in}, nil); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -68,7 +68,7 @@ func BenchmarkPrepareParams(b *testing.B) {
 		b.ReportAllocs()
 		b.SetBytes(int64(len(body)))
 		for b.Loop() {
-			if _, err := f.prepare(body, nil); err != nil {
+			if _, err := f.prepare(&Request{Params: body}, nil); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -72,7 +72,7 @@ func (r *Runner) reconcile(ctx context.Context, scope, key string) (*Outcome, er
 	if !ok {
 		return r.leaveUnreconciled(ctx, h, fmt.Errorf("%w: %q is not in Config.Flows", ErrUnknownFlow, rec.Flow))
 	}
-	if h.input, err = flow.decode(rec.Params); err != nil {
+	if h.input, err = flow.decodeStored(rec.Params); err != nil {
 		return r.leaveUnreconciled(ctx, h, err)
 	}
 	ctx, release := r.holdLease(ctx, h)

@@ -129,6 +129,20 @@ func (b *smsBundle) req(key string) idem.Request {
 	return idem.Request{Scope: "user:1", Key: key, Params: smsInput{To: "+15550100", Text: "your ride is here"}}
 }
 
+// crashAfterSend runs key's request to a crash right after the gateway
+// call: the key is left with its foreign mark set.
+func (b *smsBundle) crashAfterSend(t *testing.T, key string) {
+	t.Helper()
+	crashing := b.runner(t, func(_ context.Context, at idem.HookPoint) error {
+		if at.Where == idem.HookAfterForeign {
+			return idem.ErrSimulatedCrash
+		}
+		return nil
+	})
+	_, err := crashing.Execute(context.Background(), b.flow, b.req(key))
+	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+}
+
 func (b *smsBundle) ref(t *testing.T, key string) string {
 	return b.key(t, key).DownstreamKey("sms_sent")
 }
@@ -150,14 +164,7 @@ func TestNotIdempotentCrashGoesToReconcileNotToASecondSend(t *testing.T) {
 	t.Parallel()
 	b := setupSMS(t)
 	ctx := context.Background()
-	crashing := b.runner(t, func(_ context.Context, at idem.HookPoint) error {
-		if at.Where == idem.HookAfterForeign {
-			return idem.ErrSimulatedCrash
-		}
-		return nil
-	})
-	_, err := crashing.Execute(ctx, b.flow, b.req("k1"))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	b.crashAfterSend(t, "k1")
 	ref := b.ref(t, "k1")
 	require.Equal(t, 1, b.gateway.times(ref))
 	require.Equal(t, "sms_sent", b.key(t, "k1").ForeignMark)

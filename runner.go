@@ -77,6 +77,39 @@ type Request struct {
 	// Params is the flow's input: a value of its In type (or a pointer to
 	// one), or JSON that decodes into it.
 	Params any
+
+	// Payload is what the client sent, as it sent it, when Params was made
+	// from it (an HTTP body, before it was decoded). The key's fingerprint
+	// is taken over it rather than over Params, so a retry of the same
+	// bytes matches its first attempt whatever a deploy changed in the
+	// input type in between (a field added, a tag renamed, another value
+	// filled in by the server); other bytes that mean the same JSON
+	// (canonical.AppendLoose) match too. Nil takes the JSON that Params
+	// is, when it is JSON, and otherwise the JSON encoding of the input.
+	Payload []byte
+	// PayloadBinary says Payload is not JSON but bytes compared as they
+	// are (idemgrpc: the deterministic wire encoding of the message).
+	PayloadBinary bool
+	// Target is what else of the request the input was made from that the
+	// client chose, bound to the key with the payload: the HTTP request
+	// target (escaped path and query), which Path (a route pattern) leaves
+	// out; the full method name for gRPC. A retry with another target is a
+	// mismatch. It is hashed, never stored; it must not contain NUL.
+	// Default none.
+	Target string
+
+	// RetryOnly makes the request a retry of a key that exists with this
+	// very payload (Payload and Target), when the payload no longer makes
+	// an input (a deploy made the decoding stricter, or validation
+	// refuses what it accepted): it never creates a key, and Params is
+	// ignored. A finished key is replayed; an unfinished one is resumed
+	// from the input stored with it, decoded as the completer decodes it
+	// (ErrUndecodableParams when it cannot be; ErrNoRedrive for a flow with
+	// FlowConfig.NoRedrive). No key, or a key made by another payload, is
+	// ErrNotFound or ErrMismatch, and the caller answers the payload's own
+	// problem. Only keys fingerprinted over their payload (this release on)
+	// match. idemhttp sets it for a body it cannot decode or validate.
+	RetryOnly bool
 }
 
 func (q *Request) normalise() error {
@@ -97,6 +130,8 @@ func (q *Request) normalise() error {
 		return fmt.Errorf("%w: method longer than 16 bytes", ErrInvalidRequest)
 	case len(q.Path) > 2048:
 		return fmt.Errorf("%w: path longer than 2048 bytes", ErrInvalidRequest)
+	case strings.IndexByte(q.Target, 0) >= 0:
+		return fmt.Errorf("%w: target must not contain NUL characters", ErrInvalidRequest)
 	}
 	return nil
 }
@@ -144,16 +179,24 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request, stored 
 		return &Outcome{}, err
 	}
 	p := stored
-	if p == nil {
+	if p == nil && req.RetryOnly {
 		var err error
-		if p, err = flow.prepare(req.Params, r.config.FingerprintKey); err != nil {
+		if p, err = r.retryInput(flow, &req); err != nil {
+			return &Outcome{}, err
+		}
+	} else if p == nil {
+		var err error
+		if p, err = flow.prepare(&req, r.config.FingerprintKey); err != nil {
 			return &Outcome{}, err
 		}
 	}
 	sent := r.localNow()
-	acq, err := r.acquire(ctx, flow, req, p, r.config.Admit != nil || stored != nil)
+	acq, err := r.acquire(ctx, flow, req, p, r.config.Admit != nil || p.fromKey)
 	if err == nil && acq.Record == nil && stored != nil {
 		return &Outcome{}, fmt.Errorf("%w: key %q is gone (reaped or abandoned); the completer does not create keys", ErrNotFound, req.Key)
+	}
+	if err == nil && acq.Record == nil && p.fromKey {
+		return &Outcome{}, fmt.Errorf("%w: no key %q to retry; a retry-only request does not create one", ErrNotFound, req.Key)
 	}
 	if err == nil && acq.Record == nil {
 		// There is no live key: this request would create one, which
@@ -204,7 +247,22 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request, stored 
 		r.emit(ctx, ev)
 		r.log.InfoContext(ctx, "idem: resuming an unfinished key", r.logAttrs(req.Scope, req.Key, rec.ID, "flow", flow.Name(),
 			"recovery_point", rec.RecoveryPoint, "attempts", rec.Attempts, "last_error", rec.LastError)...)
-		return r.resume(ctx, r.hold(flow, rec, p.input, true, sent))
+		h := r.hold(flow, rec, p.input, true, sent)
+		if p.fromKey {
+			if req.RetryOnly && !flow.redrives() {
+				// Not the completer (which never takes such a flow's
+				// keys): a retry whose input cannot drive the phases.
+				return r.fail(ctx, h, fmt.Errorf("%w: flow %q cannot resume key %q from the input stored with it, and this retry's payload no longer makes one", ErrNoRedrive, flow.Name(), req.Key))
+			}
+			params := p.params
+			if params == nil {
+				params = rec.Params
+			}
+			if h.input, err = flow.decodeStored(params); err != nil {
+				return r.undecodable(ctx, h, err)
+			}
+		}
+		return r.resume(ctx, h)
 	}
 
 	// Nothing was locked: report what is there. The mismatch check comes
@@ -230,6 +288,19 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request, stored 
 		fmt.Errorf("%w: key %q", ErrInProgress, req.Key)
 }
 
+// retryInput is what a RetryOnly request brings: the fingerprint of its
+// payload, and the key's stored input, decoded once the key is held.
+func (r *Runner) retryInput(flow AnyFlow, req *Request) (*prepared, error) {
+	if req.Payload == nil {
+		return nil, fmt.Errorf("%w: a retry-only request needs its Payload", ErrInvalidRequest)
+	}
+	fp, err := payloadFingerprint(r.config.FingerprintKey, flow.Name(), req.Target, req.Payload, req.PayloadBinary)
+	if err != nil {
+		return nil, err
+	}
+	return &prepared{fingerprint: fp, fromKey: true, payload: req.Payload, binary: req.PayloadBinary, target: req.Target}, nil
+}
+
 // acquire is the acquisition of req's key, bounded by StatementTimeout.
 // noCreate asks for an existing key only (see idemdriver.AcquireParams).
 func (r *Runner) acquire(ctx context.Context, flow AnyFlow, req Request, p *prepared, noCreate bool) (*idemdriver.AcquireResult, error) {
@@ -241,19 +312,34 @@ func (r *Runner) acquire(ctx context.Context, flow AnyFlow, req Request, p *prep
 	})
 }
 
-// earlierFingerprint returns rec's fingerprint when it is p's input
-// fingerprinted in a scheme Config accepts besides the current one
-// (PreviousFingerprintKeys, AcceptUnkeyedFingerprints), and nil otherwise.
+// earlierFingerprint returns rec's fingerprint when it is p's request
+// fingerprinted in a way Config accepts besides the current one: the input
+// scheme (fingerprintSchemeInput) that keys written before the payload
+// scheme carry, or a fingerprint key used before the current one
+// (PreviousFingerprintKeys, AcceptUnkeyedFingerprints). It returns nil
+// otherwise.
 func (r *Runner) earlierFingerprint(flow AnyFlow, p *prepared, rec *KeyRecord) []byte {
-	if rec == nil || p.whole == nil || rec.Flow != flow.Name() || bytes.Equal(rec.Fingerprint, p.fingerprint) {
+	if rec == nil || rec.Flow != flow.Name() || bytes.Equal(rec.Fingerprint, p.fingerprint) {
 		return nil
 	}
-	keys := r.config.PreviousFingerprintKeys
+	keys := append([][]byte{r.config.FingerprintKey}, r.config.PreviousFingerprintKeys...)
 	if r.config.AcceptUnkeyedFingerprints && len(r.config.FingerprintKey) > 0 {
-		keys = append(append([][]byte(nil), keys...), nil)
+		keys = append(keys, nil)
 	}
 	for _, key := range keys {
-		if fp, err := fingerprintWith(key, flow.Name(), p.whole); err == nil && bytes.Equal(fp, rec.Fingerprint) {
+		var fp []byte
+		var err error
+		switch scheme := fingerprintScheme(rec.Fingerprint); {
+		case scheme == fingerprintSchemeInput && p.whole != nil:
+			fp, err = fingerprintWith(key, flow.Name(), p.whole)
+		case scheme == fingerprintSchemePayload && p.payload != nil:
+			fp, err = payloadFingerprint(key, flow.Name(), p.target, p.payload, p.binary)
+		default:
+			// Nothing to compare it with: a key's own stored input, or a
+			// retry-only request (no decoded input) and an input-scheme key.
+			return nil
+		}
+		if err == nil && bytes.Equal(fp, rec.Fingerprint) {
 			return rec.Fingerprint
 		}
 	}
@@ -423,6 +509,29 @@ func (r *Runner) fail(ctx context.Context, h *held, err error) (*Outcome, error)
 		return h.outcome(nil), err
 	}
 	r.log.WarnContext(ctx, "idem: phase failed; key released for retry", h.logAttrs("flow", h.flow.Name(), "phase", h.phaseName(), "err", r.redact(err))...)
+	return h.outcome(nil), err
+}
+
+// undecodable releases a key taken over to be re-driven from its stored
+// params, which do not decode into its flow's input (err wraps
+// ErrUndecodableParams): the release records err as the key's last error,
+// and the takeover counted an attempt, so the key is reported (logs, events,
+// `keys list`) and turns stale after CompleteConfig.MaxAttempts instead of
+// being picked up silently on every pass. A client's retry brings its own
+// input and resumes it.
+func (r *Runner) undecodable(ctx context.Context, h *held, err error) (*Outcome, error) {
+	err = fmt.Errorf("key %q of flow %q: %w", h.rec.Key, h.flow.Name(), err)
+	h.lettingGo.Store(true)
+	rctx, cancel := r.storeContext(context.WithoutCancel(ctx))
+	defer cancel()
+	if rerr := r.store.Release(rctx, h.ref, r.errorText(err)); rerr != nil {
+		rerr = r.storeError(ctx, rerr)
+		r.emit(ctx, h.event(EventStoreError, rerr))
+		r.log.ErrorContext(ctx, "idem: could not release key; it unlocks when its lease expires", h.logAttrs("err", r.redact(rerr))...)
+	}
+	r.emit(ctx, h.event(EventPhaseFailed, err))
+	r.log.ErrorContext(ctx, "idem: the params stored with the key do not decode into its flow's input; key released for its client's retry or an operator",
+		h.logAttrs("flow", h.flow.Name(), "recovery_point", h.rec.RecoveryPoint, "attempts", h.rec.Attempts, "err", r.redact(err))...)
 	return h.outcome(nil), err
 }
 

@@ -513,6 +513,7 @@ func (b *testBundle) deadlockOnce(t *testing.T, remaining *int) func(context.Con
 			return err
 		}
 		if _, err := other.Exec(ctx, `SET LOCAL deadlock_timeout = '10s'; SELECT 1 FROM locks WHERE id = 2 FOR UPDATE`); err != nil {
+			_ = other.Rollback(context.WithoutCancel(ctx))
 			return err
 		}
 		otherDone := make(chan error, 1)
@@ -520,6 +521,13 @@ func (b *testBundle) deadlockOnce(t *testing.T, remaining *int) func(context.Con
 			_, err := other.Exec(ctx, `SELECT 1 FROM locks WHERE id = 1 FOR UPDATE`)
 			if err == nil {
 				err = other.Commit(ctx)
+			}
+			if err != nil {
+				// The phase's context ended first (it is cancelled when
+				// the phase does): end the transaction all the same, or
+				// its connection is never returned and the pool's Close
+				// waits for it forever.
+				_ = other.Rollback(context.WithoutCancel(ctx))
 			}
 			otherDone <- err
 		}()

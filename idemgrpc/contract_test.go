@@ -2,6 +2,7 @@ package idemgrpc_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"net"
 	"strconv"
@@ -680,4 +681,41 @@ func TestBuiltInRetryPolicy(t *testing.T) {
 	require.NoError(t, got.err, "the channel retries ABORTED until the stored answer")
 	require.Equal(t, "ch_1", got.order.GetChargeId())
 	require.Equal(t, 1, b.counts.get()["charged"])
+}
+
+// The fingerprint is over the message the client sent (its deterministic
+// wire encoding) and the method, not over the flow's input: a deploy that
+// changes what Config.Input derives from the request leaves a retry's
+// fingerprint as it was, and a retry is replayed, not refused as a reused
+// key. Another message is still another request.
+func TestRetryAcrossDeployThatChangesTheInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	before := serveOrders(t, b.handler(t, b.runner, nil), nil)
+	first, err, _ := call(t, before, "k-1", orderRequest())
+	require.NoError(t, err)
+
+	wire, err := proto.MarshalOptions{Deterministic: true}.Marshal(orderRequest())
+	require.NoError(t, err)
+	sum := sha256.Sum256(append([]byte("orders.create\x00"+testpb.Orders_CreateOrder_FullMethodName+"\x00b"), wire...))
+	require.Equal(t, append([]byte{2}, sum[:]...), b.keyRow(t, "k-1").Fingerprint, "scheme 2 over the wire bytes")
+
+	after := serveOrders(t, b.handler(t, b.runner, func(c *orderConfig) {
+		c.Input = func(_ context.Context, req *testpb.CreateOrderRequest) (orderInput, error) {
+			m := proto.CloneOf(req)
+			m.Notes = append(m.Notes, "derived by the new release")
+			return orderInput{Method: testpb.Orders_CreateOrder_FullMethodName, Message: m}, nil
+		}
+	}), nil)
+	again, err, header := call(t, after, "k-1", orderRequest())
+	require.NoError(t, err)
+	require.True(t, replayed(header))
+	requireProtoEqual(t, first, again)
+	t.Logf("after a deploy that changed Config.Input: replayed=%v", replayed(header))
+
+	other := orderRequest()
+	other.Quantity++
+	_, err, _ = call(t, after, "k-1", other)
+	requireStatus(t, err, codes.FailedPrecondition, idemgrpc.ReasonKeyReused)
+	require.Equal(t, 1, b.counts.get()["order_created"])
 }

@@ -60,10 +60,13 @@
 //     INVALID_ARGUMENT. A key sent in the metadata is copied into the key
 //     field, so a retry may move it from one to the other.
 //  3. Config.Validate: an error is INVALID_ARGUMENT.
-//  4. Config.Input builds the flow's input; the runner fingerprints its
-//     JSON. The default input, [Input], holds the method's full name and
-//     the message as protojson: the key is bound to the method and to the
-//     message's value, not to its encoding (field order, unknown fields).
+//  4. Config.Input builds the flow's input (by default [Input]: the
+//     method's full name and the message). The key is fingerprinted over
+//     the method and the message as the client sent it (its deterministic
+//     wire encoding, unknown fields left out), not over the input: it is
+//     bound to the message's value, not to its encoding (field order,
+//     unknown fields), and a deploy that adds or renames a field of the
+//     message or changes Config.Input does not change it.
 //  5. Run: the flow runs detached from the call's cancellation, so a client
 //     that gives up does not stop a request half-way; the call answers
 //     UNAVAILABLE (REQUEST_UNFINISHED) shortly before its deadline if the

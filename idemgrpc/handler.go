@@ -74,11 +74,14 @@ type Config[Req, Resp proto.Message, In any] struct {
 	// Input builds the flow's input from the request. Optional when In is
 	// Input[Req]: the default is Input[Req]{Method: FullMethod, Message: req}.
 	// A custom input can add server-derived fields (the user id from
-	// authentication, say), which are fingerprinted with the rest: never put
-	// per-attempt data (a trace id, the time) there. It must survive a JSON
-	// round trip, and should include the method and the whole request, so
-	// the key is bound to both: hold an Input[Req] in a named field (not an
-	// embedded one, whose MarshalJSON would be promoted and drop the
+	// authentication, say). The key's fingerprint is taken over the request
+	// message and the method, not over the input, so a deploy that changes
+	// what Input derives does not turn retries into reused keys; what it
+	// derives from elsewhere than the message (the caller's identity
+	// belongs in Scope) is not compared between attempts. It must survive
+	// a JSON round trip (it is stored to re-drive the request), and should
+	// include the whole request: hold an Input[Req] in a named field (not
+	// an embedded one, whose MarshalJSON would be promoted and drop the
 	// struct's other fields).
 	//
 	// An error answers INTERNAL (the text is logged, never sent), unless it
@@ -336,6 +339,12 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 		return resp, internal()
 	}
 
+	payload, err := wirePayload(req)
+	if err != nil {
+		h.log.ErrorContext(ctx, "idemgrpc: the request cannot be encoded to fingerprint it", "method", h.method, "err", err)
+		return resp, internal()
+	}
+
 	// The flow runs detached from the call: a client that gives up, or
 	// whose deadline passes, must not stop a request half-way. The call
 	// waits for it until its deadline is near, and then answers that the
@@ -349,6 +358,7 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 	go func() {
 		out, err := h.runner.Execute(context.WithoutCancel(ctx), h.flow, idem.Request{
 			Scope: scope, Key: key, Method: "POST", Path: h.method, Params: in,
+			Payload: payload, PayloadBinary: true, Target: h.method,
 		})
 		done <- result{out, err}
 	}()

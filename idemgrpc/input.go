@@ -23,11 +23,14 @@ import (
 //
 //	{"method": "/rides.v1.Rides/CreateRide", "message": <the message as protojson>}
 //
-// with the message in protojson under its proto field names. The fingerprint
-// is taken over the canonical form of that JSON, so the order in which the
-// client serialised the fields, unknown fields (which protojson leaves out),
-// and anything else that does not change the message's value do not change
-// it; any change of value, and a call of another method, do.
+// with the message in protojson under its proto field names. The key's
+// fingerprint is not taken over this JSON but over the request message as
+// the client sent it: its deterministic wire encoding, without the fields
+// its type does not know, and the method. So the order in which the client
+// serialised the fields, unknown fields, and anything else that does not
+// change the message's value do not change it; any change of value, and a
+// call of another method, do. A deploy that adds a field to the message,
+// renames one, or changes the flow's input (Config.Input) does not.
 type Input[M proto.Message] struct {
 	// Method is the full name of the method called, as in
 	// grpc.UnaryServerInfo.FullMethod: "/package.Service/Method".
@@ -116,4 +119,44 @@ func validMessage(m proto.Message) bool {
 		return false
 	}
 	return m.ProtoReflect().IsValid()
+}
+
+// wirePayload is what the key's fingerprint is taken over: the message's
+// deterministic wire encoding, without the fields its type does not know.
+// It depends on the message's value alone: not on the order in which the
+// client serialised the fields, nor on the flow's input (Config.Input) or
+// on the names of the fields, so a deploy that adds a field to the message,
+// renames one or changes what Config.Input derives leaves the fingerprint
+// of a retry as it was.
+func wirePayload(req proto.Message) ([]byte, error) {
+	m := proto.Clone(req)
+	discardUnknown(m.ProtoReflect())
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("idemgrpc: encode %s: %w", m.ProtoReflect().Descriptor().FullName(), err)
+	}
+	return b, nil
+}
+
+// discardUnknown drops the unknown fields of m and of every message in it.
+func discardUnknown(m protoreflect.Message) {
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		switch {
+		case fd.IsList() && fd.Message() != nil:
+			for i := range v.List().Len() {
+				discardUnknown(v.List().Get(i).Message())
+			}
+		case fd.IsMap() && fd.MapValue().Message() != nil:
+			v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
+				discardUnknown(mv.Message())
+				return true
+			})
+		case fd.Message() != nil && !fd.IsMap():
+			discardUnknown(v.Message())
+		}
+		return true
+	})
+	if len(m.GetUnknown()) > 0 {
+		m.SetUnknown(nil)
+	}
 }

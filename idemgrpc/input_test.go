@@ -13,7 +13,8 @@ import (
 	"github.com/go-idem/idem/idemgrpc/internal/testpb"
 )
 
-// fingerprint is what idem binds a key to for an input of the orders flow.
+// fingerprint is the input scheme's fingerprint (idem.Fingerprint) of an
+// input of the orders flow: its JSON is canonical in the message's value.
 func fingerprint(t *testing.T, in orderInput) []byte {
 	t.Helper()
 	js, err := json.Marshal(in)

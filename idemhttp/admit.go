@@ -18,7 +18,11 @@ const maxPathLength = 2048
 
 // admit turns an HTTP request into a runner request, or into the problem
 // that refuses it. Nothing is written to the key store here: all bad input
-// is refused before the runner sees it.
+// is refused before the runner sees it. A body that is JSON but does not
+// make a valid input (Config.Validate or the decoding refuses it) may still
+// be the retry of a request an earlier release accepted: its problem comes
+// with a request marked idem.Request.RetryOnly, for the handler to try as
+// such before it answers the problem.
 func (h *Handler[In]) admit(w http.ResponseWriter, r *http.Request) (idem.Request, *Problem) {
 	ctx := r.Context()
 	scope, err := h.cfg.Scope(r)
@@ -59,8 +63,13 @@ func (h *Handler[In]) admit(w http.ResponseWriter, r *http.Request) (idem.Reques
 	if p := h.checkContentType(r); p != nil {
 		return idem.Request{}, p
 	}
-	in, p := h.decode(w, r)
+	in, body, p := h.decode(w, r)
+	// The request as a retry of a key made from these very bytes.
+	retry := idem.Request{Scope: scope, Key: key, Method: r.Method, Path: route(r), Payload: body, Target: target(r), RetryOnly: true}
 	if p != nil {
+		if body != nil && p.Type == h.ProblemType(ProblemInvalidInput) {
+			return retry, p
+		}
 		return idem.Request{}, p
 	}
 	if h.cfg.Prepare != nil {
@@ -79,11 +88,28 @@ func (h *Handler[In]) admit(w http.ResponseWriter, r *http.Request) (idem.Reques
 	}
 	if h.cfg.Validate != nil {
 		if errs := h.cfg.Validate(&in); len(errs) > 0 {
-			return idem.Request{}, h.invalidInput(errs...)
+			return retry, h.invalidInput(errs...)
 		}
 	}
 
-	return idem.Request{Scope: scope, Key: key, Method: r.Method, Path: route(r), Params: in}, nil
+	// The fingerprint is taken over what the client sent (the body and the
+	// request target), not over the input decoded and prepared from it, so
+	// a retry of the same bytes matches across a deploy that changed the
+	// input type or Prepare.
+	return idem.Request{Scope: scope, Key: key, Method: r.Method, Path: route(r), Params: in,
+		Payload: body, Target: target(r)}, nil
+}
+
+// target is the request target the client sent, escaped path and query,
+// which the key's fingerprint binds besides the body: the route a key is
+// bound to (a pattern such as "/rides/{id}") leaves out the values Prepare
+// may read from the path and the query.
+func target(r *http.Request) string {
+	t := r.URL.EscapedPath()
+	if r.URL.RawQuery != "" || r.URL.ForceQuery {
+		t += "?" + r.URL.RawQuery
+	}
+	return t
 }
 
 // route names the endpoint a request reached, which the key is bound to

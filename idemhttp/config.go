@@ -44,15 +44,19 @@ type Config[In any] struct {
 	Scope func(r *http.Request) (string, error)
 
 	// Prepare sets server-derived fields of the decoded input (the user id
-	// from auth, say) after decoding and before validation and
-	// fingerprinting. Default none. It must overwrite such fields, so that a
-	// client cannot set them through the body, and keep them serialisable:
-	// the input is stored as JSON to fingerprint it and to re-drive the
-	// request without the client.
+	// from auth, say) after decoding and before validation. Default none.
+	// It must overwrite such fields, so that a client cannot set them
+	// through the body, and keep them serialisable: the input is stored as
+	// JSON to re-drive the request without the client. The key's
+	// fingerprint is taken over the body and the request target as the
+	// client sent them, not over the prepared input, so a release that
+	// changes what Prepare fills in does not turn retries into reused
+	// keys; what Prepare derives from elsewhere (a header) is not compared
+	// between attempts.
 	//
 	// Never put per-attempt data (client IP, time, a trace id) in the input:
-	// it is fingerprinted, so a retry would no longer match its first
-	// attempt. Phases get such data from the request's context, which the
+	// a retry that resumes a request would see other values than its first
+	// attempt did. Phases get such data from the request's context, which the
 	// handler passes through (its values, not its cancellation or
 	// deadline). The completer re-drives an abandoned request without that
 	// context, so a phase must not depend on it: what it cannot do without
@@ -93,7 +97,8 @@ type Config[In any] struct {
 	// AllowUnknownFields makes the decoder ignore body members that the
 	// input type does not have. Default false: they answer 422 naming the
 	// member, so a typo ("amout") is reported instead of silently ignored.
-	// Ignored members are not part of the fingerprint.
+	// Ignored members are still part of the fingerprint, which is taken
+	// over the body as sent.
 	AllowUnknownFields bool
 
 	// ProblemTypeBase prefixes the names of problem types (the Problem*

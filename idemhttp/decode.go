@@ -14,21 +14,23 @@ import (
 )
 
 // decode reads the body, within the size limit, as exactly one JSON value
-// of type In.
-func (h *Handler[In]) decode(w http.ResponseWriter, r *http.Request) (In, *Problem) {
+// of type In. It returns the body too: the key's fingerprint is taken over
+// it, not over the decoded value.
+func (h *Handler[In]) decode(w http.ResponseWriter, r *http.Request) (In, []byte, *Problem) {
 	var in In
 	limit := h.cfg.MaxBodyBytes
 	if r.ContentLength > limit {
-		return in, h.tooLarge()
+		return in, nil, h.tooLarge()
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			return in, h.tooLarge()
+			return in, nil, h.tooLarge()
 		}
-		return in, h.problem(specMalformedJSON, "The request body could not be read: "+err.Error()+".")
+		return in, nil, h.problem(specMalformedJSON, "The request body could not be read: "+err.Error()+".")
 	}
-	return decodeBody[In](h, body)
+	in, p := decodeBody[In](h, body)
+	return in, body, p
 }
 
 // decodeBody decodes body into an In, mapping each kind of failure to its

@@ -39,11 +39,15 @@
 //     the field (a string where a number belongs, an unknown member).
 //  4. Config.Prepare sets server-derived fields; Config.Validate returns
 //     field errors, a 422 listing them.
-//  5. Run: the runner fingerprints the flow name and the canonical JSON of
-//     the prepared input, acquires the key and resumes or replays. The key
-//     is bound to the fingerprint and to the endpoint: the method and the
+//  5. Run: the runner fingerprints what the client sent (the flow name, the
+//     request target and the canonical JSON of the body as sent, not the
+//     decoded input), acquires the key and resumes or replays. The key is
+//     bound to the fingerprint and to the endpoint: the method and the
 //     route (the ServeMux pattern that matched, else the path), so the same
-//     key elsewhere is a mismatch.
+//     key elsewhere is a mismatch. A deploy that changes the input type or
+//     Prepare does not change a retry's fingerprint; a body that step 3 or
+//     4 refuses with a 422 is first tried as a retry of the key its bytes
+//     made (idem.Request.RetryOnly), which replays or resumes it.
 //
 // GET, HEAD, PUT, DELETE, OPTIONS and every other method need no key:
 // [Handler.Middleware] hands them to the next handler untouched, and the

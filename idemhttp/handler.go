@@ -132,6 +132,20 @@ func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 	}()
 
 	req, p := h.admit(w, r)
+	if p != nil && req.RetryOnly {
+		// A body this release refuses may be the retry of a request an
+		// earlier one accepted: the key made from these bytes answers it
+		// (a replay, or its resumption); with no such key, the problem.
+		out, err := h.runner.Execute(context.WithoutCancel(r.Context()), h.flow, req)
+		responded = true
+		if errors.Is(err, idem.ErrNotFound) || errors.Is(err, idem.ErrMismatch) || errors.Is(err, idem.ErrNoRedrive) ||
+			errors.Is(err, idem.ErrInvalidRequest) {
+			h.writeProblem(w, p)
+			return
+		}
+		h.writeOutcome(w, r, req, out, err)
+		return
+	}
 	if p != nil {
 		responded = true
 		h.writeProblem(w, p)

@@ -1,7 +1,7 @@
 // Package canonical writes the canonical form of a JSON document (RFC 8785
 // style), so that two documents that mean the same thing have the same bytes
-// and therefore the same request fingerprint (idem.Fingerprint, its only
-// user):
+// and therefore the same request fingerprint (idem.Fingerprint and the
+// runner's fingerprint of what a client sent, its only users):
 //
 //   - no insignificant whitespace;
 //   - object members sorted by the UTF-16 code units of their names, as RFC
@@ -45,6 +45,10 @@ const (
 	// maxDepth bounds nesting so that a hostile body cannot exhaust the
 	// stack of the recursive scanner. 512 is far deeper than any real request.
 	maxDepth = 512
+
+	// maxDepthLoose is AppendLoose's bound: encoding/json's own, so that
+	// every document it decodes has a canonical form.
+	maxDepthLoose = 10000
 
 	// maxExponent bounds the decimal exponent of a number after
 	// normalisation (the e in d.ddde±X). Numbers are kept exact, never
@@ -90,6 +94,31 @@ func Append(dst, doc []byte) ([]byte, error) {
 	return out, nil
 }
 
+// AppendLoose is Append for a document that a lenient decoder (Go's
+// encoding/json) has already accepted: what Append refuses but such a
+// decoder reads is mapped to one canonical form instead of refused, so that
+// every request a server decoded has a fingerprint. Duplicate member names
+// are kept, in their input order after sorting (the decoder's last one wins,
+// and this order says which is last); invalid UTF-8 and escaped surrogates
+// that do not form a pair become U+FFFD, as encoding/json decodes them; and
+// nesting may be as deep as encoding/json allows (10000). Anything else
+// (syntax, a number with a huge exponent) is refused as by Append. For a
+// document Append accepts, AppendLoose writes the same bytes.
+func AppendLoose(dst, doc []byte) ([]byte, error) {
+	c := get(doc)
+	c.loose = true
+	own := c.out
+	c.out = dst
+	err := c.canonicalize()
+	out := c.out
+	c.out = own
+	put(c)
+	if err != nil {
+		return dst, err
+	}
+	return out, nil
+}
+
 // memberRef is one member of the object being canonicalised: where its
 // unescaped name sits in canonicalizer.names, where its `"name":value` bytes
 // sit in canonicalizer.out, and where it started in the input, for errors.
@@ -117,6 +146,9 @@ type canonicalizer struct {
 	// scratch holds an object's member bytes while they are copied back in
 	// sorted order.
 	scratch []byte
+
+	// loose: AppendLoose's leniency (see there).
+	loose bool
 }
 
 var pool = sync.Pool{New: func() any { return new(canonicalizer) }}
@@ -129,6 +161,7 @@ func get(doc []byte) *canonicalizer {
 	c.members = c.members[:0]
 	c.names = c.names[:0]
 	c.scratch = c.scratch[:0]
+	c.loose = false
 	return c
 }
 
@@ -152,6 +185,13 @@ func (c *canonicalizer) canonicalize() error {
 		return c.errorf("unexpected %s after the top-level value", c.describe())
 	}
 	return nil
+}
+
+func (c *canonicalizer) maxDepth() int {
+	if c.loose {
+		return maxDepthLoose
+	}
+	return maxDepth
 }
 
 func (c *canonicalizer) errorf(format string, args ...any) error {
@@ -215,8 +255,8 @@ func (c *canonicalizer) literal(word string) error {
 }
 
 func (c *canonicalizer) array(depth int) error {
-	if depth > maxDepth {
-		return c.errorf("nesting deeper than %d", maxDepth)
+	if depth > c.maxDepth() {
+		return c.errorf("nesting deeper than %d", c.maxDepth())
 	}
 	c.pos++ // '['
 	c.out = append(c.out, '[')
@@ -250,8 +290,8 @@ func (c *canonicalizer) array(depth int) error {
 }
 
 func (c *canonicalizer) object(depth int) error {
-	if depth > maxDepth {
-		return c.errorf("nesting deeper than %d", maxDepth)
+	if depth > c.maxDepth() {
+		return c.errorf("nesting deeper than %d", c.maxDepth())
 	}
 	c.pos++ // '{'
 	c.out = append(c.out, '{')
@@ -339,7 +379,7 @@ func (c *canonicalizer) sortMembers(members []memberRef, bodyStart int) error {
 	} else {
 		members = c.mergeSort(members)
 	}
-	for i := 1; i < len(members); i++ {
+	for i := 1; i < len(members) && !c.loose; i++ {
 		if c.compareNames(&members[i-1], &members[i]) == 0 {
 			// Stability keeps input order among equals, so members[i] is
 			// the later occurrence: that is where the document went wrong.
@@ -486,7 +526,12 @@ func (c *canonicalizer) string(isName bool) error {
 		default:
 			r, size := utf8.DecodeRune(c.in[c.pos:])
 			if r == utf8.RuneError && size <= 1 {
-				return c.errorf("invalid UTF-8 in string")
+				if !c.loose {
+					return c.errorf("invalid UTF-8 in string")
+				}
+				c.appendStringRune(utf8.RuneError, isName)
+				c.pos += size
+				continue
 			}
 			c.out = append(c.out, c.in[c.pos:c.pos+size]...)
 			if isName {
@@ -538,6 +583,8 @@ func (c *canonicalizer) escape() (rune, error) {
 		return 0, c.errorf("invalid \\u escape, expected four hex digits")
 	}
 	switch {
+	case c.loose && r >= 0xD800 && r <= 0xDFFF:
+		return c.looseSurrogate(r), nil
 	case r >= 0xDC00 && r <= 0xDFFF:
 		return 0, c.errorf("lone low surrogate \\u%04x", r)
 	case r >= 0xD800 && r <= 0xDBFF:
@@ -554,6 +601,22 @@ func (c *canonicalizer) escape() (rune, error) {
 		c.pos += 6
 		return r, nil
 	}
+}
+
+// looseSurrogate reads the escaped surrogate r at c.pos as encoding/json
+// does: joined with a low surrogate escape that follows a high one, else
+// U+FFFD for r alone.
+func (c *canonicalizer) looseSurrogate(r rune) rune {
+	if r <= 0xDBFF {
+		if rest := c.in[c.pos+6:]; len(rest) >= 6 && rest[0] == '\\' && rest[1] == 'u' {
+			if low, ok := canonHex4(rest[2:]); ok && low >= 0xDC00 && low <= 0xDFFF {
+				c.pos += 12
+				return utf16.DecodeRune(r, low)
+			}
+		}
+	}
+	c.pos += 6
+	return utf8.RuneError
 }
 
 func canonHex4(b []byte) (rune, bool) {

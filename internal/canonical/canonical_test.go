@@ -832,3 +832,62 @@ func BenchmarkCanonicalJSON(b *testing.B) {
 		return err
 	})
 }
+
+// FuzzCanonicalLoose checks AppendLoose against encoding/json, the decoder
+// whose leniency it mirrors: every document json.Unmarshal reads has a
+// loose canonical form (bar numbers with huge exponents), that form is
+// idempotent and decodes to the same value, and where Append accepts a
+// document AppendLoose writes the same bytes.
+func FuzzCanonicalLoose(f *testing.F) {
+	f.Add([]byte(`{"b":[1,2.50,"\u00e9"],"a":{"y":null,"x":true}}`))
+	f.Add([]byte(`{"a":1,"a":2}`))
+	f.Add([]byte("\"\xff\\ud800\\udc00\\udc00\""))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		loose, err := canonical.AppendLoose([]byte("p"), data)
+		strict, serr := canonical.Append([]byte("p"), data)
+		if serr == nil {
+			require.NoError(t, err, "AppendLoose refuses what Append accepts")
+			require.Equal(t, string(strict), string(loose))
+		}
+		if err != nil {
+			require.ErrorIs(t, err, canonical.ErrInvalidJSON)
+			require.Equal(t, "p", string(loose), "an error leaves dst as it was")
+			if json.Valid(data) {
+				require.Contains(t, err.Error(), "exponent", "refused what encoding/json reads: %v", err)
+			}
+			return
+		}
+		require.True(t, json.Valid(data), "accepted what encoding/json refuses")
+		got := loose[1:]
+		again, err := canonical.AppendLoose(nil, got)
+		require.NoError(t, err)
+		require.Equal(t, string(got), string(again), "not idempotent")
+		var v, back any
+		if json.Unmarshal(data, &v) == nil { // numbers beyond float64 do not decode
+			require.NoError(t, json.Unmarshal(got, &back))
+			require.Equal(t, v, back, "value changed: %q became %q", data, got)
+		}
+	})
+}
+
+func TestAppendLoose(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct{ in, want string }{
+		{`{"b":1, "a":2}`, `{"a":2,"b":1}`},
+		{`{"a":2,"b":0,"a":1}`, `{"a":2,"a":1,"b":0}`},
+		{"\"x\xffy\"", "\"x\uFFFDy\""},
+		{`"\ud800x"`, "\"\uFFFDx\""},
+		{`"\udc00\ud83d\ude00"`, "\"\uFFFD\U0001F600\""},
+	} {
+		got, err := canonical.AppendLoose(nil, []byte(tt.in))
+		require.NoError(t, err, tt.in)
+		require.Equal(t, tt.want, string(got), tt.in)
+	}
+	deep := strings.Repeat("[", 600) + strings.Repeat("]", 600)
+	_, err := canonical.AppendLoose(nil, []byte(deep))
+	require.NoError(t, err, "as deep as encoding/json reads")
+	_, err = canonical.Append(nil, []byte(deep))
+	require.Error(t, err)
+	_, err = canonical.AppendLoose(nil, []byte(`{"a":1`))
+	require.ErrorIs(t, err, canonical.ErrInvalidJSON)
+}

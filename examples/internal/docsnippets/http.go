@@ -34,7 +34,7 @@ func httpWiring(runner *idem.Runner, createRide *idem.Flow[RideParams], orders *
 			return "user:" + user.ID, nil
 		},
 		// Optional: server-derived fields, set after decoding and before
-		// validation and fingerprinting.
+		// validation (the fingerprint is over the body as sent).
 		Prepare: func(r *http.Request, in *RideParams) error {
 			in.UserEmail = auth.MustUser(r).Email
 			return nil
