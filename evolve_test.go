@@ -257,6 +257,9 @@ func TestFormerAndRetiredNamesAreChecked(t *testing.T) {
 		"former malformed":         {[]idem.Phase[evolveInput]{b.charge("a", "Old-Name"), b.respond("c")}, nil, "lowercase"},
 		"retired is current":       {[]idem.Phase[evolveInput]{b.step("a"), b.respond("c")}, &idem.FlowConfig[evolveInput]{RetiredPhases: map[string]string{"a": "started"}}, "already a name"},
 		"retired to nowhere":       {[]idem.Phase[evolveInput]{b.step("a"), b.respond("c")}, &idem.FlowConfig[evolveInput]{RetiredPhases: map[string]string{"x": "y"}}, `stands for "y"`},
+		// Whatever the map's order: a retired phase never stands for another.
+		"retired chain":   {[]idem.Phase[evolveInput]{b.step("a"), b.respond("c")}, &idem.FlowConfig[evolveInput]{RetiredPhases: map[string]string{"x": "y", "y": "a"}}, `retired phase "x" stands for "y"`},
+		"retired to last": {[]idem.Phase[evolveInput]{b.step("a"), b.respond("c")}, &idem.FlowConfig[evolveInput]{RetiredPhases: map[string]string{"x": "c"}}, "the last phase"},
 	} {
 		_, err := idem.NewFlow("f", tc.phases, tc.cfg)
 		require.ErrorContains(t, err, tc.want, name)
@@ -300,14 +303,28 @@ func TestCheckFlowChange(t *testing.T) {
 			b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.charge("charge_card", "charge"), b.respond("respond")}, nil),
 			b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.charge("bill", "charge_card"), b.respond("respond")}, nil),
 			[]string{`a key at "charge" cannot resume`, `would send other downstream keys (derived from "charge_card", was "charge")`}},
-		"last phase removed": {v1, b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.charge("charge"), b.respond("notify")},
-			&idem.FlowConfig[evolveInput]{RetiredPhases: map[string]string{"respond": "notify"}}),
+		"last phase removed": {v1, b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.charge("charge"), b.respond("notify")}, nil),
 			[]string{`a key at "notify" would have no phase left to run`}},
 		"not-idempotent removed": {withSMS, b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.respond("respond")},
 			&idem.FlowConfig[evolveInput]{RetiredPhases: map[string]string{"send": "reserve"}}),
-			[]string{`phase "send" makes a not-idempotent call and is gone`}},
+			[]string{`a key in doubt marked at "send" could not be settled`}},
 		"not-idempotent made idempotent": {withSMS, b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.charge("send"), b.respond("respond")}, nil),
-			[]string{`phase "send" (now "send") is no longer not-idempotent`}},
+			[]string{`a key in doubt marked at "send" could not be settled`}},
+		"not-idempotent made idempotent, hook kept": {withSMS, b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), func() idem.Phase[evolveInput] {
+			p := sms("send")
+			p.Foreign = idem.ForeignIdempotent
+			return p
+		}(), b.respond("respond")}, nil), nil},
+		"former name of a not-idempotent phase dropped": {
+			b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), sms("send", "sms"), b.respond("respond")}, nil),
+			b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), sms("send"), b.respond("respond")}, nil),
+			[]string{`a key in doubt marked at "sms" could not be settled`, `would send other downstream keys`}},
+		"reordered": {v1, b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.step("notify"), b.charge("charge"), b.respond("respond")}, nil),
+			[]string{`a key at "charge" has yet to run "notify", which the next definition would skip`,
+				`a key at "notify" has committed "charge", which the next definition would run again`}},
+		"retired to the wrong phase": {v1, b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.charge("charge"), b.respond("respond")},
+			&idem.FlowConfig[evolveInput]{RetiredPhases: map[string]string{"notify": "reserve"}}),
+			[]string{`a key at "notify" has committed "charge", which the next definition would run again`}},
 		"renamed flow": {v1, func() *idem.Flow[evolveInput] {
 			f, err := idem.NewFlow("orders.create.v2", []idem.Phase[evolveInput]{b.respond("respond")}, nil)
 			require.NoError(t, err)
@@ -343,15 +360,30 @@ func TestCheckResumableReportsStrandedKeys(t *testing.T) {
 			events = append(events, e)
 		}
 	})})
-	stuck, err := r.CheckResumable(context.Background())
+	rep, err := r.CheckResumable(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, []idem.Unresumable{{Flow: "orders.create", RecoveryPoint: "charge", Keys: 2}}, stuck)
+	require.Equal(t, []idem.RecoveryPointKeys{{Flow: "orders.create", RecoveryPoint: "charge", Keys: 2}}, rep.Unresumable)
+	require.Empty(t, rep.Declared)
 	require.Len(t, events, 1)
 	require.Equal(t, "charge", events[0].Phase)
 	require.Equal(t, 2, events[0].Count)
 
+	// Declared, the keys resume, and the report says the declaration is
+	// still needed.
 	declared := b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.charge("charge_card", "charge"), b.step("notify"), b.respond("respond")}, nil)
-	stuck, err = b.runner(t, &idem.Config{Flows: []idem.AnyFlow{declared}}).CheckResumable(context.Background())
+	dr := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{declared}})
+	rep, err = dr.CheckResumable(context.Background())
 	require.NoError(t, err)
-	require.Empty(t, stuck)
+	require.Empty(t, rep.Unresumable)
+	require.Equal(t, []idem.RecoveryPointKeys{{Flow: "orders.create", RecoveryPoint: "charge", Keys: 2}}, rep.Declared)
+
+	// Once those keys finish, nothing needs it.
+	for _, k := range []string{"a", "b"} {
+		_, err := b.finish(t, declared, k)
+		require.NoError(t, err)
+	}
+	rep, err = dr.CheckResumable(context.Background())
+	require.NoError(t, err)
+	require.Empty(t, rep.Unresumable)
+	require.Empty(t, rep.Declared)
 }

@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"regexp"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -138,13 +140,23 @@ func NewFlow[In any](name string, phases []Phase[In], config *FlowConfig[In]) (*
 			f.index[former] = i
 		}
 	}
-	for retired, point := range config.RetiredPhases {
+	// Retired phases stand for a phase (or its former name) or the start,
+	// never for another retired phase: each resolves on its own, whatever
+	// the map's order.
+	for _, retired := range slices.Sorted(maps.Keys(config.RetiredPhases)) {
+		point := config.RetiredPhases[retired]
 		if err := f.checkNewName(retired); err != nil {
 			return nil, fmt.Errorf("idem: flow %q: retired phase: %w", name, err)
 		}
-		next, ok := f.resumeAt(point)
-		if !ok {
+		next, ok := 0, point == RecoveryPointStarted
+		if i, known := f.index[point]; known {
+			next, ok = i+1, true
+		}
+		switch {
+		case !ok:
 			return nil, fmt.Errorf("idem: flow %q: retired phase %q stands for %q, which is neither %q nor a phase of the flow", name, retired, point, RecoveryPointStarted)
+		case next >= len(f.phases):
+			return nil, fmt.Errorf("idem: flow %q: retired phase %q stands for %q, the last phase: nothing would be left to run", name, retired, point)
 		}
 		f.retired[retired] = next
 	}
@@ -234,6 +246,8 @@ type AnyFlow interface {
 	// recoveryPoints lists every recovery point a key of the flow can be
 	// recorded at and resume from.
 	recoveryPoints() []string
+	// namesOf lists phase i's name and former names.
+	namesOf(i int) []string
 	// phaseMeta describes phase i; iso is the isolation level of the
 	// transaction it runs in, its join chain's first phase's (empty: the
 	// runner's default).
@@ -475,10 +489,18 @@ func (f *Flow[In]) reconcilable(i int) bool {
 	return i >= 0 && i < len(f.phases) && f.phases[i].Reconcile != nil
 }
 
+func (f *Flow[In]) namesOf(i int) []string {
+	return append([]string{f.phases[i].Name}, f.phases[i].FormerNames...)
+}
+
 func (f *Flow[In]) recoveryPoints() []string {
 	points := []string{RecoveryPointStarted}
-	// Not the last phase: it responds, and its key is finished.
-	for _, p := range f.phases[:len(f.phases)-1] {
+	// Not the last phase: it responds, and its key is finished; nor one
+	// the next phase joins: their commit records the later one.
+	for i, p := range f.phases[:len(f.phases)-1] {
+		if f.phases[i+1].JoinPrevious {
+			continue
+		}
 		points = append(points, p.Name)
 		points = append(points, p.FormerNames...)
 	}

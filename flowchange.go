@@ -46,21 +46,37 @@ func CheckFlowChange(prev, next AnyFlow) error {
 			problem("a key at %q cannot resume: name it in FormerNames of the phase it became, or in RetiredPhases if the phase is gone", point)
 		case i >= len(next.PhaseNames()):
 			problem("a key at %q would have no phase left to run: the phase after it responded, and is gone", point)
+		default:
+			// Where it resumes must keep the order: what the key has run
+			// stays behind it, what it has yet to run stays ahead.
+			from, _ := prev.resumeAt(point)
+			for k, name := range prev.PhaseNames() {
+				switch j, ok := next.phaseIndex(name); {
+				case !ok:
+				case k < from && j >= i:
+					problem("a key at %q has committed %q, which the next definition would run again", point, name)
+				case k >= from && j < i:
+					problem("a key at %q has yet to run %q, which the next definition would skip", point, name)
+				}
+			}
 		}
 	}
 	for i, name := range prev.PhaseNames() {
 		_, kind, _ := prev.phaseMeta(i)
+		if kind == ForeignNotIdempotent {
+			// A mark names the phase by the name it had when the call was
+			// made: each must still find a phase with a hook.
+			for _, mark := range prev.namesOf(i) {
+				if j, ok := next.phaseIndex(mark); !ok || !next.reconcilable(j) {
+					problem("phase %q makes a not-idempotent call, and a key in doubt marked at %q could not be settled: keep a phase with that name (or former name) and its Reconcile hook until no key is marked at it", name, mark)
+				}
+			}
+		}
 		j, ok := next.phaseIndex(name)
 		if !ok {
-			if kind == ForeignNotIdempotent {
-				problem("phase %q makes a not-idempotent call and is gone: a key in doubt at it could not be settled; keep it until no key is marked at it", name)
-			}
 			continue
 		}
-		nextName, nextKind, _ := next.phaseMeta(j)
-		if kind == ForeignNotIdempotent && nextKind != ForeignNotIdempotent {
-			problem("phase %q (now %q) is no longer not-idempotent: a key in doubt at it could not be settled; keep its Reconcile hook until no key is marked at it", name, nextName)
-		}
+		nextName, _, _ := next.phaseMeta(j)
 		if was, is := prev.downstreamName(i), next.downstreamName(j); was != is {
 			problem("phase %q (now %q) would send other downstream keys (derived from %q, was %q): list its oldest name first in FormerNames", name, nextName, is, was)
 		}

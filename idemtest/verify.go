@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -97,6 +98,23 @@ func (x *explorer[In]) checkForeignCalls(sc *scenario) {
 			sc.violateLocked("phases %q and %q sent the same downstream key %q", other, c.phase, c.key)
 		}
 		phaseByKey[c.key] = c.phase
+	}
+	if sc.upgrade {
+		// Across an upgrade a phase may have another name: the call's own
+		// name ties the calls together. Two downstream keys for one call
+		// are a rename the new definition did not declare (a removed phase
+		// and a new one doing its call are not a rename).
+		keysByCall := map[string][]string{}
+		for _, c := range sc.calls {
+			if c.kind == idem.ForeignIdempotent && !slices.Contains(keysByCall[c.name], c.key) {
+				keysByCall[c.name] = append(keysByCall[c.name], c.key)
+			}
+		}
+		for _, name := range slices.Sorted(maps.Keys(keysByCall)) {
+			if keys := keysByCall[name]; len(keys) > 1 {
+				sc.violateLocked("the foreign call %q went out with %d different downstream keys across the upgrade (%s): the phase making it changed its identity; list its old name in FormerNames", name, len(keys), strings.Join(keys, ", "))
+			}
+		}
 	}
 	for _, p := range x.phases {
 		base, ok := x.foreign[p]
