@@ -71,7 +71,8 @@ func TestRunnerThroughPgBouncer(t *testing.T) {
 const killedChildEnv = "IDEM_TEST_KILLED_CHILD"
 
 // runKilledChild is a worker process: it runs key "k1" of the ride flow
-// through the bouncer URL in its environment, in the exec mode it names,
+// through the (bouncer) URL in its environment, in the exec mode and as the
+// store instance it names,
 // and in its second phase, with a write of its own made, it says "inside"
 // and waits to be killed.
 func runKilledChild() int {
@@ -90,7 +91,7 @@ func runKilledChild() int {
 	if err != nil {
 		return fail(err)
 	}
-	store, err := pgstore.New(pool, &pgstore.Config{Schema: os.Getenv(killedChildEnv + "_SCHEMA")})
+	store, err := pgstore.New(pool, &pgstore.Config{Schema: os.Getenv(killedChildEnv + "_SCHEMA"), Instance: os.Getenv(killedChildEnv + "_INSTANCE")})
 	if err != nil {
 		return fail(err)
 	}

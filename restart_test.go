@@ -1,0 +1,82 @@
+package idem_test
+
+import (
+	"bufio"
+	"context"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/pgstore"
+)
+
+// A worker killed with SIGKILL in the middle of a phase holds its key's
+// lease (90 s by default) when it dies. The key names its holder: instance,
+// host and pid. Another instance answers a retry "in progress" until the
+// lease runs out; the killed instance, restarted (a new process with the
+// same pgstore.Config.Instance: here this test process), takes the key over
+// on the retry at once, with the dead process's lease still running, and
+// finishes it from its recovery point.
+func TestKill9ThenRestartResumesAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const instance = "rides-0"
+	req := b.request("k1", rideInput{Origin: "Paris", Amount: 7})
+
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), killedChildEnv+"=1", killedChildEnv+"_URL="+b.schema.URL,
+		killedChildEnv+"_SCHEMA="+b.schema.Name, killedChildEnv+"_INSTANCE="+instance)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	lines := bufio.NewScanner(stdout)
+	require.True(t, lines.Scan() && lines.Text() == "inside", "the worker never reached its phase: %s", stderr.String())
+	pid := cmd.Process.Pid
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+
+	held := b.key(t, "k1")
+	host, _ := os.Hostname()
+	require.Equal(t, "ride_created", held.RecoveryPoint)
+	require.NotNil(t, held.LeaseExpiresAt, "a killed worker releases nothing")
+	require.Equal(t, instance, held.HolderInstance)
+	require.Equal(t, host, held.HolderHost)
+	require.Equal(t, pid, held.HolderPID)
+
+	runnerAs := func(instance string) *idem.Runner {
+		store, err := pgstore.New(b.schema.Pool, &pgstore.Config{Schema: b.schema.Name, Instance: instance})
+		require.NoError(t, err)
+		t.Cleanup(store.Close)
+		r, err := idem.NewRunner(store, &idem.Config{Flows: []idem.AnyFlow{b.flow}})
+		require.NoError(t, err)
+		return r
+	}
+	out, err := runnerAs("rides-1").Execute(ctx, b.flow, req)
+	require.ErrorIs(t, err, idem.ErrInProgress, "another instance waits for the dead process's lease")
+	require.Equal(t, idem.OutcomeInProgress, out.Kind)
+
+	restarted := time.Now()
+	out, err = runnerAs(instance).Execute(ctx, b.flow, req)
+	resumed := time.Since(restarted)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, out.Response.Status)
+	require.True(t, out.TookOver)
+	require.True(t, time.Now().Before(*held.LeaseExpiresAt), "taken over while the dead process's lease still ran")
+	require.Equal(t, held.Fence+1, b.key(t, "k1").Fence, "the takeover moved the fence once")
+	require.Equal(t, 1, b.countRows(t, "rides"))
+	require.Equal(t, 1, b.countRows(t, "rides WHERE origin = 'Paris'"), "the killed worker's write rolled back")
+	require.Equal(t, 1, b.countRows(t, "jobs"))
+	require.Equal(t, 1, b.provider.Charges())
+	t.Logf("killed pid %d on %s (instance %s) in phase charge_created with %s of its lease left; restarted, the retry succeeded %.2f s after the restart",
+		pid, host, instance, held.LeaseExpiresAt.Sub(restarted).Round(time.Second), resumed.Seconds())
+}
