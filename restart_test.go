@@ -21,10 +21,20 @@ import (
 // host and pid. Another instance answers a retry "in progress" until the
 // lease runs out; the killed instance, restarted (a new process with the
 // same pgstore.Config.Instance: here this test process), takes the key over
-// on the retry at once, with the dead process's lease still running, and
-// finishes it from its recovery point.
+// at once, with the dead process's lease still running, and finishes it
+// from its recovery point: on the client's retry, or in its first completer
+// pass (which a Maintainer runs at start) when no client comes back.
 func TestKill9ThenRestartResumesAtOnce(t *testing.T) {
 	t.Parallel()
+	for _, by := range []string{"retry", "completer"} {
+		t.Run(by, func(t *testing.T) {
+			t.Parallel()
+			kill9ThenRestart(t, by)
+		})
+	}
+}
+
+func kill9ThenRestart(t *testing.T, by string) {
 	b := setup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -61,22 +71,38 @@ func TestKill9ThenRestartResumesAtOnce(t *testing.T) {
 		require.NoError(t, err)
 		return r
 	}
-	out, err := runnerAs("rides-1").Execute(ctx, b.flow, req)
+	other := runnerAs("rides-1")
+	out, err := other.Execute(ctx, b.flow, req)
 	require.ErrorIs(t, err, idem.ErrInProgress, "another instance waits for the dead process's lease")
 	require.Equal(t, idem.OutcomeInProgress, out.Kind)
+	pass, err := other.Complete(ctx, nil)
+	require.NoError(t, err)
+	require.Zero(t, pass.Claimed, "another instance's completer leaves the key to the lease and IdleFor")
 
 	restarted := time.Now()
-	out, err = runnerAs(instance).Execute(ctx, b.flow, req)
+	r := runnerAs(instance)
+	if by == "retry" {
+		out, err = r.Execute(ctx, b.flow, req)
+		require.NoError(t, err)
+		require.True(t, out.TookOver)
+	} else {
+		pass, err = r.Complete(ctx, nil)
+		require.NoError(t, err)
+		require.Equal(t, 1, pass.Completed, "the restarted instance's first completer pass resumes the key, idle or not")
+	}
 	resumed := time.Since(restarted)
-	require.NoError(t, err)
+	if by == "completer" {
+		out, err = r.Execute(ctx, b.flow, req)
+		require.NoError(t, err)
+		require.Equal(t, idem.OutcomeReplayed, out.Kind)
+	}
 	require.Equal(t, http.StatusCreated, out.Response.Status)
-	require.True(t, out.TookOver)
 	require.True(t, time.Now().Before(*held.LeaseExpiresAt), "taken over while the dead process's lease still ran")
 	require.Equal(t, held.Fence+1, b.key(t, "k1").Fence, "the takeover moved the fence once")
 	require.Equal(t, 1, b.countRows(t, "rides"))
 	require.Equal(t, 1, b.countRows(t, "rides WHERE origin = 'Paris'"), "the killed worker's write rolled back")
 	require.Equal(t, 1, b.countRows(t, "jobs"))
 	require.Equal(t, 1, b.provider.Charges())
-	t.Logf("killed pid %d on %s (instance %s) in phase charge_created with %s of its lease left; restarted, the retry succeeded %.2f s after the restart",
-		pid, host, instance, held.LeaseExpiresAt.Sub(restarted).Round(time.Second), resumed.Seconds())
+	t.Logf("killed pid %d on %s (instance %s) in phase charge_created with %s of its lease left; restarted, the %s finished the key %.2f s after the restart",
+		pid, host, instance, held.LeaseExpiresAt.Sub(restarted).Round(time.Second), by, resumed.Seconds())
 }

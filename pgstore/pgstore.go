@@ -562,7 +562,7 @@ func (s *Store) ClaimIdle(ctx context.Context, p idemdriver.ClaimIdleParams) ([]
 	}
 	var recs []*idemdriver.KeyRecord
 	err := selectAll(ctx, s.db, &recs, s.q.claimIdle,
-		p.Now, string(p.Status), p.Flows, p.IdleFor.Microseconds(), p.MaxAttempts, p.Limit)
+		p.Now, string(p.Status), p.Flows, p.IdleFor.Microseconds(), p.MaxAttempts, p.Limit, s.holder.instance, s.holder.boot)
 	if err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: claim idle keys: %w", err))
 	}

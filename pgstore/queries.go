@@ -366,6 +366,11 @@ WHERE k.scope = $1 AND k.key = $2::text AND NOT EXISTS (SELECT 1 FROM unlocked)`
 	// version). "status <> 'finished'" restates the partial index's
 	// predicate, so even a generic plan of this prepared statement can use
 	// idem_keys_unfinished rather than scan the finished millions.
+	//
+	// Keys an earlier process of this store's instance ($7, with another
+	// boot than $8) held when it died are claimed at once, idle or not,
+	// their lease still running: the acquisition that runs them takes them
+	// over (see takeOverLease).
 	q.claimIdle = render(`
 WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
@@ -373,8 +378,10 @@ WITH clock AS (
     SELECT k.id
     FROM {t} k CROSS JOIN clock c LEFT JOIN {l} l ON l.key_id = k.id
     WHERE k.status <> 'finished' AND k.status = $2::text AND k.flow = ANY($3::text[])
-      AND (l.locked_at IS NULL OR l.lease_expires_at <= c.t)
-      AND k.last_run_at <= c.t - $4::bigint * interval '1 microsecond'
+      AND (((l.locked_at IS NULL OR l.lease_expires_at <= c.t)
+            AND k.last_run_at <= c.t - $4::bigint * interval '1 microsecond')
+           OR (l.locked_at IS NOT NULL AND l.holder_fence = l.fence
+               AND l.holder_instance = nullif($7::text, '') AND l.holder_boot <> $8::text))
       AND ($5::int <= 0 OR k.attempts < $5::int)
     ORDER BY k.last_run_at
     LIMIT $6
