@@ -8,6 +8,3 @@ ALTER TABLE {{schema}}idem_leases
     DROP COLUMN holder_pid,
     DROP COLUMN holder_boot,
     DROP COLUMN holder_fence;
--- Sessions that ran idem_acquire_v7 compile it afresh, with the lease row's
--- old shape.
-ALTER FUNCTION {{schema}}idem_acquire_v7(timestamptz, text, text, text, text, text, bytea, text, bigint, boolean, text) VOLATILE;

@@ -26,10 +26,6 @@ ALTER TABLE {{schema}}idem_leases
     ADD COLUMN holder_boot     text,
     ADD COLUMN holder_fence    bigint;
 
--- Sessions that ran idem_acquire_v7 compile it afresh, with the lease row's
--- new shape.
-ALTER FUNCTION {{schema}}idem_acquire_v7(timestamptz, text, text, text, text, text, bytea, text, bigint, boolean, text) VOLATILE;
-
 -- idem_acquire_v8 is idem_acquire_v7 (see its migration, and 0005's for how
 -- the acquisition works) that writes the holder on the lease row of a key it
 -- creates, and returns the holder as four last columns (empty unless they
