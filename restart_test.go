@@ -1,12 +1,9 @@
 package idem_test
 
 import (
-	"bufio"
 	"context"
 	"net/http"
 	"os"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
@@ -41,19 +38,7 @@ func kill9ThenRestart(t *testing.T, by string) {
 	const instance = "rides-0"
 	req := b.request("k1", rideInput{Origin: "Paris", Amount: 7})
 
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), killedChildEnv+"=1", killedChildEnv+"_URL="+b.schema.URL,
-		killedChildEnv+"_SCHEMA="+b.schema.Name, killedChildEnv+"_INSTANCE="+instance)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	lines := bufio.NewScanner(stdout)
-	require.True(t, lines.Scan() && lines.Text() == "inside", "the worker never reached its phase: %s", stderr.String())
-	pid := cmd.Process.Pid
-	require.NoError(t, cmd.Process.Kill())
-	_ = cmd.Wait()
+	pid := killChildInPhase(ctx, t, "_URL="+b.schema.URL, "_SCHEMA="+b.schema.Name, "_INSTANCE="+instance)
 
 	held := b.key(t, "k1")
 	host, _ := os.Hostname()
