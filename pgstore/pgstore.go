@@ -86,7 +86,9 @@ type Config struct {
 	// leases to expire: the takeover moves the fence, so a writer of the
 	// old process that is somehow alive fails its next statement. Two live
 	// processes with one Instance would take each other's keys on every
-	// retry: never share it. Default: empty, and a dead process's leases
+	// retry: never share it, not even for a moment (a restart that starts
+	// the new process before the old one has drained, as zero-downtime
+	// reloads do, needs a new name). Default: empty, and a dead process's leases
 	// run out (Lease) before another takes its keys over.
 	Instance string
 }
