@@ -71,7 +71,8 @@ func TestRunnerThroughPgBouncer(t *testing.T) {
 const killedChildEnv = "IDEM_TEST_KILLED_CHILD"
 
 // runKilledChild is a worker process: it runs key "k1" of the ride flow
-// through the bouncer URL in its environment, in the exec mode it names,
+// through the (bouncer) URL in its environment, in the exec mode and as the
+// store instance it names,
 // and in its second phase, with a write of its own made, it says "inside"
 // and waits to be killed.
 func runKilledChild() int {
@@ -90,7 +91,7 @@ func runKilledChild() int {
 	if err != nil {
 		return fail(err)
 	}
-	store, err := pgstore.New(pool, &pgstore.Config{Schema: os.Getenv(killedChildEnv + "_SCHEMA")})
+	store, err := pgstore.New(pool, &pgstore.Config{Schema: os.Getenv(killedChildEnv + "_SCHEMA"), Instance: os.Getenv(killedChildEnv + "_INSTANCE")})
 	if err != nil {
 		return fail(err)
 	}
@@ -112,6 +113,29 @@ func runKilledChild() int {
 	return fail(fmt.Errorf("the flow ended: %v", err))
 }
 
+// killChildInPhase starts the test binary as runKilledChild with the
+// environment settings given (each "_NAME=value", for killedChildEnv+"_NAME"),
+// waits for it to be inside its phase, kills it with SIGKILL and returns its
+// pid once it is gone.
+func killChildInPhase(ctx context.Context, t *testing.T, env ...string) int {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), killedChildEnv+"=1")
+	for _, e := range env {
+		cmd.Env = append(cmd.Env, killedChildEnv+e)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	lines := bufio.NewScanner(stdout)
+	require.True(t, lines.Scan() && lines.Text() == "inside", "the worker never reached its phase: %s", stderr.String())
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+	return cmd.Process.Pid
+}
+
 // A worker killed with SIGKILL in the middle of a phase, its transaction
 // open on a server connection PgBouncer lent it: the bouncer rolls the
 // transaction back, and after the lease another worker through the same
@@ -128,18 +152,7 @@ func TestKill9ThroughPgBouncer(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 
-			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), killedChildEnv+"=1", killedChildEnv+"_URL="+bounced.BouncedURL,
-				killedChildEnv+"_SCHEMA="+bounced.Name, killedChildEnv+"_MODE="+mode.String())
-			var stderr strings.Builder
-			cmd.Stderr = &stderr
-			stdout, err := cmd.StdoutPipe()
-			require.NoError(t, err)
-			require.NoError(t, cmd.Start())
-			lines := bufio.NewScanner(stdout)
-			require.True(t, lines.Scan() && lines.Text() == "inside", "the worker never reached its phase: %s", stderr.String())
-			require.NoError(t, cmd.Process.Kill())
-			_ = cmd.Wait()
+			killChildInPhase(ctx, t, "_URL="+bounced.BouncedURL, "_SCHEMA="+bounced.Name, "_MODE="+mode.String())
 			require.True(t, bounced.Bouncer.Alive(), "pgbouncer exited:\n%s", bounced.Bouncer.Log())
 
 			rec := b.key(t, "k1")

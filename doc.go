@@ -56,8 +56,9 @@
 // resumes. The phases that committed before it stay, and the key stays
 // bound to its request.
 // A worker that dies releases nothing; its lease (Config.Lease, 90 s by
-// default) expires and the next retry takes over. A live worker renews its
-// lease with a heartbeat, however slow its phase.
+// default) expires and the next retry takes over, or, sooner, its instance
+// restarts and takes it over at once (pgstore.Config.Instance). A live
+// worker renews its lease with a heartbeat, however slow its phase.
 //
 // # Using it
 //

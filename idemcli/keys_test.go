@@ -2,13 +2,19 @@ package idemcli
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/go-idem/idem/idemdriver"
 	"github.com/go-idem/idem/internal/pgtest"
+	"github.com/go-idem/idem/pgstore"
 )
 
 // keys show --id finds a key by the key_id its log lines carry, without
@@ -56,4 +62,42 @@ func TestKeysListOffersOlderOnesOnlyWhenThereAreSome(t *testing.T) {
 	require.Equal(t, ExitOK, code, stderr)
 	require.Contains(t, stdout, "k0")
 	require.NotContains(t, stdout, "--before-id", "the last page")
+}
+
+// keys show names a held key's holder (instance, host, pid, boot), in text
+// and JSON, and says what a live lease means when its holder has died.
+func TestKeysShowNamesTheLeaseHolder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.NewMigratedSchema(t)
+	store, err := pgstore.New(schema.Pool, &pgstore.Config{Instance: "web-1"})
+	require.NoError(t, err)
+	t.Cleanup(store.Close)
+	res, err := store.Acquire(ctx, idemdriver.AcquireParams{Scope: "tenant:1", Key: "held", Flow: "f", Method: "POST", Path: "/",
+		Fingerprint: []byte{1}, Params: []byte("{}"), Lease: time.Hour})
+	require.NoError(t, err)
+	rec := res.Record
+
+	stdout, stderr, code := runDB(t, schema, nil, "keys", "show", "held", "--scope", "tenant:1")
+	t.Logf("keys show of a held key:\n%s", stdout)
+	require.Equal(t, ExitOK, code, stderr)
+	require.Regexp(t, fmt.Sprintf(`(?m)^holder +instance web-1, host %s, pid %d, boot %s`, regexp.QuoteMeta(rec.HolderHost), rec.HolderPID, rec.HolderBoot), stdout)
+	require.Regexp(t, `(?m)^lease expires +\S+ \(live: `, stdout)
+
+	stdout, stderr, code = runDB(t, schema, nil, "keys", "show", "held", "--scope", "tenant:1", "--json")
+	require.Equal(t, ExitOK, code, stderr)
+	var j struct {
+		HolderInstance string `json:"holder_instance"`
+		HolderPID      int    `json:"holder_pid"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &j))
+	require.Equal(t, "web-1", j.HolderInstance)
+	require.Equal(t, os.Getpid(), j.HolderPID)
+
+	// A key whose lease no recorded holder took.
+	_, err = schema.Pool.Exec(ctx, `UPDATE idem_leases SET holder_fence = NULL`)
+	require.NoError(t, err)
+	stdout, _, code = runDB(t, schema, nil, "keys", "show", "held", "--scope", "tenant:1")
+	require.Equal(t, ExitOK, code)
+	require.Regexp(t, `(?m)^holder +- \(not recorded`, stdout)
 }

@@ -172,12 +172,15 @@ func (e *env) printKey(k *idem.KeyRecord, now time.Time, reveal bool) error {
 	lease := timeOrDash(k.LeaseExpiresAt)
 	if k.LeaseExpiresAt != nil {
 		if k.LeaseExpiresAt.After(now) {
-			lease += " (live)"
+			// A lease stays live for its whole term after its holder died:
+			// the database cannot tell.
+			lease += " (live: the holder's heartbeats renew it; if the holder died, it runs out then)"
 		} else {
 			lease += " (expired)"
 		}
 	}
 	field("lease expires", lease)
+	field("holder", holderLine(k))
 	field("created at", k.CreatedAt.UTC().Format(time.RFC3339))
 	field("last run at", k.LastRunAt.UTC().Format(time.RFC3339)+" ("+ago(k.LastRunAt, now)+")")
 	field("finished at", timeOrDash(k.FinishedAt))
@@ -201,6 +204,21 @@ func (e *env) printKey(k *idem.KeyRecord, now time.Time, reveal bool) error {
 		fmt.Fprintf(tw, "%s\t%s\n", "response body", printable(k.ResponseBody))
 	}
 	return tw.Flush()
+}
+
+// holderLine says which process took the key's current (or last) lease.
+func holderLine(k *idem.KeyRecord) string {
+	if k.HolderBoot == "" {
+		if k.Status == idem.StatusFinished {
+			return "-"
+		}
+		return "- (not recorded: a version before migration 0008 took the lease)"
+	}
+	who := fmt.Sprintf("host %s, pid %d, boot %s", k.HolderHost, k.HolderPID, k.HolderBoot)
+	if k.HolderInstance == "" {
+		return who + " (no instance name: a restart waits for its leases to run out)"
+	}
+	return fmt.Sprintf("instance %s, %s (a restart of %s takes its keys over at once)", k.HolderInstance, who, k.HolderInstance)
 }
 
 func (e *env) printUnlock(res *idem.UnlockResult) error {

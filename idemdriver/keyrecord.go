@@ -92,6 +92,16 @@ type KeyRecord struct {
 	// Fence is the fencing token: it grows on every acquisition and forced
 	// unlock, and a phase commits only while it still matches.
 	Fence int64 `db:"fence" json:"fence"`
+	// HolderInstance, HolderHost, HolderPID and HolderBoot name the process
+	// that took the key's current lease (see pgstore.Config.Instance): its
+	// instance name (empty when the application names none), host, process
+	// id and boot id. They are empty for a finished key, and for a lease
+	// taken by a version that did not record its holder. A lease that is
+	// released or expired still names its last holder.
+	HolderInstance string `db:"holder_instance" json:"holder_instance,omitempty"`
+	HolderHost     string `db:"holder_host" json:"holder_host,omitempty"`
+	HolderPID      int    `db:"holder_pid" json:"holder_pid,omitempty"`
+	HolderBoot     string `db:"holder_boot" json:"holder_boot,omitempty"`
 
 	ResponseStatus  int         `db:"response_status" json:"response_status,omitempty"`
 	ResponseHeaders http.Header `db:"response_headers" json:"response_headers,omitempty"`

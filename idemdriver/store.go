@@ -217,7 +217,9 @@ type OperationsStore interface {
 	// It does not lock the keys: the caller acquires each one through the
 	// runner, which arbitrates with any client retry by the fence. The
 	// records carry no payload (Params, Checkpoint, response headers and
-	// body): the caller reads the keys it runs.
+	// body): the caller reads the keys it runs. A store that knows its
+	// process's predecessors (pgstore.Config.Instance) also claims, at once,
+	// the keys a dead predecessor held, idle or not.
 	ClaimIdle(ctx context.Context, p ClaimIdleParams) ([]*KeyRecord, error)
 
 	// Reap deletes one batch of at most p.Limit finished keys whose

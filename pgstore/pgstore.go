@@ -73,6 +73,24 @@ type Config struct {
 	// a pooler, the exec modes a transaction pooler breaks (see
 	// ErrPoolerExecMode).
 	SessionPooler bool
+
+	// Instance names this process among the application's instances, with a
+	// name it keeps across restarts and no live process shares: a
+	// Kubernetes pod name (a StatefulSet's, or a Deployment's, which keeps
+	// it across container restarts), or the host name of a host that runs
+	// one process. Every lease the store takes names its holder (this
+	// instance, the host, the process id and a boot id: KeyRecord.Holder*,
+	// `keys show`). With Instance set, a process takes over the keys an
+	// earlier process of the same instance held when it died (a crash, kill
+	// -9, OOM kill) on their next request, without waiting for their
+	// leases to expire: the takeover moves the fence, so a writer of the
+	// old process that is somehow alive fails its next statement. Two live
+	// processes with one Instance would take each other's keys on every
+	// retry: never share it, not even for a moment (a restart that starts
+	// the new process before the old one has drained, as zero-downtime
+	// reloads do, needs a new name). Default: empty, and a dead process's leases
+	// run out (Lease) before another takes its keys over.
+	Instance string
 }
 
 // ControlConnsDefault is the size of the control pool New opens.
@@ -100,6 +118,8 @@ type Store struct {
 	q          *queries
 	// seal seals params and response bodies (nil: stored in the clear).
 	seal *sealer
+	// holder is who the store's leases name as their holder.
+	holder holder
 }
 
 var _ idemdriver.Store = (*Store)(nil)
@@ -128,7 +148,7 @@ func New(db DB, config *Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	st := &Store{db: db, control: config.ControlDB, q: newQueries(prefix), seal: seal}
+	st := &Store{db: db, control: config.ControlDB, q: newQueries(prefix), seal: seal, holder: newHolder(config.Instance)}
 	if st.control == nil {
 		st.control = db
 		if pool, ok := db.(*pgxpool.Pool); ok {
@@ -223,8 +243,9 @@ func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemd
 	}
 	replanned := false
 	for i := 0; i < maxAcquireStatements; i++ {
-		res, err := s.acquisition(ctx, s.q.acquire,
-			p.Now, p.Scope, p.Key, p.Flow, p.Method, p.Path, p.Fingerprint, string(params), p.Lease.Microseconds(), p.NoCreate, paramsKeyID)
+		res, err := s.acquisition(ctx, s.q.acquire, append([]any{
+			p.Now, p.Scope, p.Key, p.Flow, p.Method, p.Path, p.Fingerprint, string(params), p.Lease.Microseconds(), p.NoCreate, paramsKeyID},
+			s.holder.args()...)...)
 		if !replanned && planChanged(err) {
 			// A migration changed what the statement returns since this
 			// connection prepared it; pgx has forgotten the statement, and
@@ -255,9 +276,11 @@ func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemd
 		res.Retried = i
 		if rec := res.Record; res.Acquired == idemdriver.AcquiredNone && rec.Status == idemdriver.StatusRunning &&
 			rec.Flow == p.Flow && bytes.Equal(rec.Fingerprint, p.Fingerprint) && rec.Method == p.Method && rec.Path == p.Path &&
-			!rec.Locked(res.DBNow) {
-			// Nobody holds this unfinished key: take it over.
-			taken, err := s.acquisition(ctx, s.q.takeOver, p.Now, rec.ID, p.Flow, p.Fingerprint, p.Lease.Microseconds(), p.Method, p.Path)
+			(!rec.Locked(res.DBNow) || s.holder.resumes(rec)) {
+			// Nobody holds this unfinished key, or an earlier process of
+			// this instance, now dead, does: take it over.
+			taken, err := s.acquisition(ctx, s.q.takeOver, append([]any{
+				p.Now, rec.ID, p.Flow, p.Fingerprint, p.Lease.Microseconds(), p.Method, p.Path}, s.holder.args()...)...)
 			switch {
 			case errors.Is(err, pgx.ErrNoRows), errors.Is(mapError(err), idemdriver.ErrSerialization):
 				// Another worker took it (or finished it) first; report
@@ -306,7 +329,7 @@ func (s *Store) letGo(ctx context.Context, rec *idemdriver.KeyRecord, unlock str
 
 // ClaimReconcile implements idemdriver.Store.
 func (s *Store) ClaimReconcile(ctx context.Context, p idemdriver.ClaimParams) (*idemdriver.AcquireResult, error) {
-	res, err := s.acquisition(ctx, s.q.claimReconcile, p.Now, p.Scope, p.Key, p.Lease.Microseconds())
+	res, err := s.acquisition(ctx, s.q.claimReconcile, append([]any{p.Now, p.Scope, p.Key, p.Lease.Microseconds()}, s.holder.args()...)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return &idemdriver.AcquireResult{Acquired: idemdriver.AcquiredNone}, nil
 	}
@@ -541,7 +564,7 @@ func (s *Store) ClaimIdle(ctx context.Context, p idemdriver.ClaimIdleParams) ([]
 	}
 	var recs []*idemdriver.KeyRecord
 	err := selectAll(ctx, s.db, &recs, s.q.claimIdle,
-		p.Now, string(p.Status), p.Flows, p.IdleFor.Microseconds(), p.MaxAttempts, p.Limit)
+		p.Now, string(p.Status), p.Flows, p.IdleFor.Microseconds(), p.MaxAttempts, p.Limit, s.holder.instance, s.holder.boot)
 	if err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: claim idle keys: %w", err))
 	}

@@ -68,7 +68,11 @@ func recordColumnsOf(k, l string, payload bool) string {
 		{k}response_body, {k}attempts, coalesce({k}last_error, '') AS last_error,
 		{k}created_at, {k}last_run_at, {k}finished_at, {k}expires_at,
 		coalesce({k}params_key_id, '') AS params_key_id, coalesce({k}response_key_id, '') AS response_key_id,
-		{k}generation`
+		{k}generation,
+		CASE WHEN {k}status <> 'finished' AND {l}holder_fence = {l}fence THEN coalesce({l}holder_instance, '') ELSE '' END AS holder_instance,
+		CASE WHEN {k}status <> 'finished' AND {l}holder_fence = {l}fence THEN coalesce({l}holder_host, '') ELSE '' END AS holder_host,
+		CASE WHEN {k}status <> 'finished' AND {l}holder_fence = {l}fence THEN coalesce({l}holder_pid, 0) ELSE 0 END AS holder_pid,
+		CASE WHEN {k}status <> 'finished' AND {l}holder_fence = {l}fence THEN coalesce({l}holder_boot, '') ELSE '' END AS holder_boot`
 	if !payload {
 		cols = strings.NewReplacer("{k}params,", "NULL::jsonb AS params,", "{k}checkpoint,", "NULL::jsonb AS checkpoint,",
 			"coalesce({k}response_headers, '{}')", "NULL::jsonb", "{k}response_body,", "NULL::bytea AS response_body,").Replace(cols)
@@ -87,7 +91,8 @@ func recordDest(rec *idemdriver.KeyRecord) []any {
 		&rec.ResponseStatus, &rec.ResponseHeaders,
 		&rec.ResponseBody, &rec.Attempts, &rec.LastError,
 		&rec.CreatedAt, &rec.LastRunAt, &rec.FinishedAt, &rec.ExpiresAt,
-		&rec.ParamsKeyID, &rec.ResponseKeyID, &rec.Generation}
+		&rec.ParamsKeyID, &rec.ResponseKeyID, &rec.Generation,
+		&rec.HolderInstance, &rec.HolderHost, &rec.HolderPID, &rec.HolderBoot}
 }
 
 // leaseOf joins progress rows k with their lease rows l for reading. A
@@ -104,6 +109,16 @@ func leaseOf(leases string) string {
 // {meta:k,l}: the same without the payload (recordColumnsOf).
 var colsPlaceholder = regexp.MustCompile(`\{(cols|meta):(\w+),(\w+)\}`)
 
+// holderParams renders takeOverLease with the lease parameter and the
+// holder's four (see holderArgs) numbered from first.
+func holderParams(sql, lease string, first int) string {
+	r := []string{"$LEASE", lease}
+	for i := 1; i <= 4; i++ {
+		r = append(r, fmt.Sprintf("$HOLDER%d", i), fmt.Sprintf("$%d", first+i-1))
+	}
+	return strings.NewReplacer(r...).Replace(sql)
+}
+
 func newQueries(prefix string) *queries {
 	t, l := prefix+"idem_keys", prefix+"idem_leases"
 	q := &queries{table: t, leases: l}
@@ -116,9 +131,10 @@ func newQueries(prefix string) *queries {
 	}
 
 	// acquire: one statement, one round trip, for a new key, a replay and an
-	// in-progress key alike. It calls idem_acquire_v7, a PL/pgSQL function
-	// (migrations/sql/0007_key_generation.up.sql, idem_acquire of
-	// 0005_acquire_function.up.sql with the key's generation), which
+	// in-progress key alike. It calls idem_acquire_v8, a PL/pgSQL function
+	// (migrations/sql/0008_lease_holder.up.sql: idem_acquire of
+	// 0005_acquire_function.up.sql with the key's generation, from 0007, and
+	// the lease's holder), which
 	//
 	//  - reads the key's progress row, and its lease row unless it is
 	//    finished (a finished key's lease row means nothing);
@@ -153,8 +169,8 @@ func newQueries(prefix string) *queries {
 	// Params travel as text (a Go string: []byte would be sent as bytea in
 	// the exec and simple_protocol modes): the function parses them only
 	// when it inserts.
-	q.acquire = `SELECT * FROM ` + prefix + `idem_acquire_v7($1::timestamptz, $2::text, $3::text, $4::text, $5::text, $6::text,
-    $7::bytea, $8::text, $9::bigint, $10::boolean, $11::text)`
+	q.acquire = `SELECT * FROM ` + prefix + `idem_acquire_v8($1::timestamptz, $2::text, $3::text, $4::text, $5::text, $6::text,
+    $7::bytea, $8::text, $9::bigint, $10::boolean, $11::text, $12::text, $13::text, $14::int, $15::text)`
 
 	// takeOverLease is the part of takeOver and claimReconcile that takes
 	// the lease. target is the progress row, already locked as an UPDATE
@@ -166,14 +182,26 @@ func newQueries(prefix string) *queries {
 	// taken and gets no row, and a mark made meanwhile comes back with the
 	// row. Only then does taken move the progress row's fence. A key that
 	// lost its lease row gets one.
+	//
+	// The lease names its new holder ($HOLDER: instance, host, pid, boot; see
+	// holderArgs) at its new fence. A live lease is taken too when its holder
+	// is an earlier process of this store's instance (same instance name,
+	// another boot, recorded at the lease's fence): that process is dead,
+	// since an instance name is unique among live processes, and the new
+	// fence fails any statement it would still send.
 	const takeOverLease = `
 leased AS (
-    INSERT INTO {l} AS l (key_id, fence, locked_at, lease_expires_at)
-    SELECT target.id, target.fence + 1, clock.t, clock.t + $LEASE::bigint * interval '1 microsecond'
+    INSERT INTO {l} AS l (key_id, fence, locked_at, lease_expires_at,
+        holder_instance, holder_host, holder_pid, holder_boot, holder_fence)
+    SELECT target.id, target.fence + 1, clock.t, clock.t + $LEASE::bigint * interval '1 microsecond',
+        nullif($HOLDER1::text, ''), nullif($HOLDER2::text, ''), nullif($HOLDER3::int, 0), nullif($HOLDER4::text, ''), target.fence + 1
     FROM target, clock
     ON CONFLICT (key_id) DO UPDATE
-    SET fence = excluded.fence, locked_at = excluded.locked_at, lease_expires_at = excluded.lease_expires_at
+    SET fence = excluded.fence, locked_at = excluded.locked_at, lease_expires_at = excluded.lease_expires_at,
+        holder_instance = excluded.holder_instance, holder_host = excluded.holder_host,
+        holder_pid = excluded.holder_pid, holder_boot = excluded.holder_boot, holder_fence = excluded.holder_fence
     WHERE l.locked_at IS NULL OR l.lease_expires_at <= excluded.locked_at
+       OR (l.holder_fence = l.fence AND l.holder_instance = excluded.holder_instance AND l.holder_boot <> excluded.holder_boot)
     RETURNING l.*
 ), taken AS (
     UPDATE {t} k
@@ -194,7 +222,7 @@ WITH clock AS (
     WHERE k.id = $2 AND k.status = 'running' AND k.flow = $3::text AND k.fingerprint = $4
       AND k.method = $6::text AND k.path = $7::text
     FOR NO KEY UPDATE
-), ` + strings.ReplaceAll(takeOverLease, "$LEASE", "$5") + `
+), ` + holderParams(takeOverLease, "$5", 8) + `
 SELECT 'taken_over' AS acquired, clock.t AS db_now, {cols:taken,leased}
 FROM taken JOIN leased ON leased.key_id = taken.id, clock`)
 
@@ -205,7 +233,7 @@ WITH clock AS (
     SELECT k.id, k.fence FROM {t} k
     WHERE k.scope = $2 AND k.key = $3::text AND k.status = 'needs_reconcile'
     FOR NO KEY UPDATE
-), ` + strings.ReplaceAll(takeOverLease, "$LEASE", "$4") + `
+), ` + holderParams(takeOverLease, "$4", 5) + `
 SELECT 'taken_over' AS acquired, (SELECT t FROM clock) AS db_now, {cols:taken,leased}
 FROM taken JOIN leased ON leased.key_id = taken.id
 UNION ALL
@@ -338,6 +366,11 @@ WHERE k.scope = $1 AND k.key = $2::text AND NOT EXISTS (SELECT 1 FROM unlocked)`
 	// version). "status <> 'finished'" restates the partial index's
 	// predicate, so even a generic plan of this prepared statement can use
 	// idem_keys_unfinished rather than scan the finished millions.
+	//
+	// Keys an earlier process of this store's instance ($7, with another
+	// boot than $8) held when it died are claimed at once, idle or not,
+	// their lease still running: the acquisition that runs them takes them
+	// over (see takeOverLease).
 	q.claimIdle = render(`
 WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
@@ -345,8 +378,10 @@ WITH clock AS (
     SELECT k.id
     FROM {t} k CROSS JOIN clock c LEFT JOIN {l} l ON l.key_id = k.id
     WHERE k.status <> 'finished' AND k.status = $2::text AND k.flow = ANY($3::text[])
-      AND (l.locked_at IS NULL OR l.lease_expires_at <= c.t)
-      AND k.last_run_at <= c.t - $4::bigint * interval '1 microsecond'
+      AND (((l.locked_at IS NULL OR l.lease_expires_at <= c.t)
+            AND k.last_run_at <= c.t - $4::bigint * interval '1 microsecond')
+           OR (l.locked_at IS NOT NULL AND l.holder_fence = l.fence
+               AND l.holder_instance = nullif($7::text, '') AND l.holder_boot <> $8::text))
       AND ($5::int <= 0 OR k.attempts < $5::int)
     ORDER BY k.last_run_at
     LIMIT $6
