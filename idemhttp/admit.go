@@ -67,7 +67,13 @@ func (h *Handler[In]) admit(w http.ResponseWriter, r *http.Request) (idem.Reques
 	// The request as a retry of a key made from these very bytes.
 	retry := idem.Request{Scope: scope, Key: key, Method: r.Method, Path: route(r), Payload: body, Target: target(r), RetryOnly: true}
 	if p != nil {
-		if body != nil && p.Type == h.ProblemType(ProblemInvalidInput) {
+		// Only a body refused for a field this release does not know is
+		// tried as a retry before Prepare has run: its canonical bytes are
+		// the ones that made the key, and only a deploy can have made them
+		// unreadable. Other refusals (a number spelled 2.0 for an integer
+		// field) could share the canonical bytes of another client's
+		// request and would replay it without the checks Prepare makes.
+		if body != nil && p.unknownField {
 			return retry, p
 		}
 		return idem.Request{}, p

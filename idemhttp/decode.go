@@ -80,7 +80,9 @@ func decodeBody[In any](h *Handler[In], body []byte) (In, *Problem) {
 		if unquoted, uerr := strconv.Unquote(name); uerr == nil {
 			name = unquoted
 		}
-		return in, h.invalidInput(FieldError{Field: clip(name), Detail: "is not a known field"})
+		p := h.invalidInput(FieldError{Field: clip(name), Detail: "is not a known field"})
+		p.unknownField = true
+		return in, p
 	}
 	// An UnmarshalJSON or UnmarshalText method of the input refused its
 	// value (a malformed time, say); its message is all there is to say.

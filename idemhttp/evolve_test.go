@@ -213,3 +213,28 @@ func TestRetryResumesAKeyInFlightAcrossADeploy(t *testing.T) {
 	require.Equal(t, http.StatusCreated, w.Code)
 	require.JSONEq(t, `{"ok":true,"input":{"sku":"A-1","qty":0}}`, w.Body.String(), "the stored input, decoded tolerantly")
 }
+
+// Bodies that share canonical bytes with a key's request but decode
+// differently are never taken for its retry: a number spelled 2.0 for an
+// integer field is refused as it is, before any key is read, and member names
+// that differ only in case are refused whatever their order. Either would
+// otherwise replay another client's answer without the checks Prepare makes.
+func TestBodiesThatOnlyLookLikeARetryAreRefused(t *testing.T) {
+	t.Parallel()
+	s := idemtest.NewSchema(t)
+	h := evolveServer[orderQty](t, s, nil)
+	w1 := sendOrder(h, "/orders", "k-alice", `{"sku":"A-1","quantity":2}`)
+	require.Equal(t, http.StatusCreated, w1.Code)
+
+	w2 := sendOrder(h, "/orders", "k-alice", `{"sku":"A-1","quantity":2.0}`)
+	t.Logf("2.0 for an integer: %d %s", w2.Code, w2.Body.String())
+	require.Equal(t, http.StatusUnprocessableEntity, w2.Code)
+	require.Empty(t, w2.Header().Get("Idempotent-Replayed"))
+	require.Contains(t, w2.Body.String(), "quantity")
+
+	w3 := sendOrder(h, "/orders", "k-case", `{"sku":"A-1","quantity":1,"QUANTITY":5}`)
+	w4 := sendOrder(h, "/orders", "k-case", `{"sku":"A-1","QUANTITY":5,"quantity":1}`)
+	t.Logf("case variants: %d then %d %s", w3.Code, w4.Code, w4.Body.String())
+	require.Empty(t, w4.Header().Get("Idempotent-Replayed"))
+	require.NotEqual(t, http.StatusCreated, w4.Code)
+}

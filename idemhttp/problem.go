@@ -42,6 +42,12 @@ type Problem struct {
 	Stripe *StripeError
 	// Header holds extra response headers, such as Retry-After or Allow.
 	Header http.Header
+
+	// unknownField marks a body refused only for a member In has no field
+	// for: what a request a previous release accepted looks like after a
+	// deploy removed or renamed the field, so the handler tries it as a
+	// retry of the key its bytes made.
+	unknownField bool
 }
 
 // StripeError is the "error" member Stripe clients read.

@@ -29,10 +29,12 @@
 package canonical
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"strconv"
 	"sync"
+	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -99,11 +101,14 @@ func Append(dst, doc []byte) ([]byte, error) {
 // decoder reads is mapped to one canonical form instead of refused, so that
 // every request a server decoded has a fingerprint. Duplicate member names
 // are kept, in their input order after sorting (the decoder's last one wins,
-// and this order says which is last); invalid UTF-8 and escaped surrogates
+// and this order says which is last), but names that differ only in case,
+// which the decoder also reads as one field, are refused (the sorted order
+// could not say which came last); invalid UTF-8 and escaped surrogates
 // that do not form a pair become U+FFFD, as encoding/json decodes them; and
 // nesting may be as deep as encoding/json allows (10000). Anything else
 // (syntax, a number with a huge exponent) is refused as by Append. For a
-// document Append accepts, AppendLoose writes the same bytes.
+// document Append accepts, AppendLoose writes the same bytes, or refuses it
+// for names that differ only in case.
 func AppendLoose(dst, doc []byte) ([]byte, error) {
 	c := get(doc)
 	c.loose = true
@@ -355,6 +360,11 @@ func (c *canonicalizer) object(depth int) error {
 // sortMembers puts the members of one object, whose bytes start at
 // c.out[bodyStart:], in canonical order and refuses duplicate names.
 func (c *canonicalizer) sortMembers(members []memberRef, bodyStart int) error {
+	if c.loose {
+		if err := c.refuseCaseVariants(members); err != nil {
+			return err
+		}
+	}
 	// Documents are usually small objects, often already sorted (a client
 	// that canonicalises, or a retry of one), so check before moving bytes.
 	sorted := true
@@ -446,6 +456,65 @@ func (c *canonicalizer) mergeSort(members []memberRef) []memberRef {
 // 0xD800-0xDFFF) sort before U+E000-U+FFFF in UTF-16. So compare bytes, and
 // only at the first difference decode the two runes and compare them as
 // UTF-16.
+// refuseCaseVariants refuses an object with two member names that differ
+// only in case ("quantity" and "QUANTITY"): encoding/json reads either for
+// the same field, the later one winning, and the sorted order would no
+// longer say which came later, so two documents that decode differently
+// would have one canonical form. Exact duplicates are fine: sorting keeps
+// their input order.
+func (c *canonicalizer) refuseCaseVariants(members []memberRef) error {
+	name := func(m *memberRef) []byte { return c.names[m.nameStart:m.nameEnd] }
+	report := func(a, b *memberRef) error {
+		c.pos = max(a.inOffset, b.inOffset)
+		return c.errorf("member names %s and %s differ only in case, which a decoder reads as one field", quoteName(name(a)), quoteName(name(b)))
+	}
+	if len(members) <= 32 {
+		for i := range members {
+			for j := i + 1; j < len(members); j++ {
+				if x, y := name(&members[i]), name(&members[j]); !bytes.Equal(x, y) && foldEqual(x, y) {
+					return report(&members[i], &members[j])
+				}
+			}
+		}
+		return nil
+	}
+	seen := make(map[string]*memberRef, len(members))
+	for i := range members {
+		m := &members[i]
+		folded := string(appendFolded(nil, name(m)))
+		if other, ok := seen[folded]; ok && !bytes.Equal(name(other), name(m)) {
+			return report(other, m)
+		}
+		seen[folded] = m
+	}
+	return nil
+}
+
+// appendFolded appends name folded as encoding/json folds member names
+// when it matches them to fields.
+func appendFolded(dst, name []byte) []byte {
+	for i := 0; i < len(name); {
+		if b := name[i]; b < utf8.RuneSelf {
+			if 'a' <= b && b <= 'z' {
+				b -= 'a' - 'A'
+			}
+			dst = append(dst, b)
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRune(name[i:])
+		dst = utf8.AppendRune(dst, unicode.ToUpper(unicode.ToLower(r)))
+		i += n
+	}
+	return dst
+}
+
+// foldEqual reports whether x and y fold to the same name.
+func foldEqual(x, y []byte) bool {
+	var a, b [64]byte
+	return bytes.Equal(appendFolded(a[:0], x), appendFolded(b[:0], y))
+}
+
 func (c *canonicalizer) compareNames(a, b *memberRef) int {
 	x := c.names[a.nameStart:a.nameEnd]
 	y := c.names[b.nameStart:b.nameEnd]
