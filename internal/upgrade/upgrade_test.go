@@ -396,7 +396,7 @@ func TestRollingUpgradeFromThePreviousRelease(t *testing.T) {
 	// This tree does not run on the previous schema: it refuses at start.
 	_, err = launch("HEAD on 6", bins.head, args(false))
 	require.ErrorContains(t, err, fmt.Sprintf("the schema is at version %d and this code needs %d", previousSchema, migrations.Latest()))
-	headOn6 := "refuses at start (pgstore.New: needs " + fmt.Sprint(migrations.Latest()) + ")"
+	headOn6 := fmt.Sprintf("refuses at start (needs %d)", migrations.Latest())
 
 	// Keys in flight by the previous release: charged, then its process is
 	// killed.
@@ -458,6 +458,23 @@ func TestRollingUpgradeFromThePreviousRelease(t *testing.T) {
 		replays++
 	}
 
+	// A release after this one, simulated by the row its migrations would
+	// record: this tree, migrating on start, starts on it when the new
+	// version's floor is this tree's schema (an expand), and refuses when
+	// it is not (a contract), naming the release needed.
+	next := migrations.Latest() + 1
+	_, err = schema.Pool.Exec(ctx, `INSERT INTO idem_migrations (version, name, floor) VALUES ($1, 'next', $2)`, next, migrations.Latest())
+	require.NoError(t, err)
+	headC := start(t, "HEAD C", bins.head, args(true))
+	require.Equal(t, next, headC.schema)
+	require.Zero(t, serveAll(headC, refs("head-on-next", 2)))
+	_, err = schema.Pool.Exec(ctx, `UPDATE idem_migrations SET floor = $1 WHERE version = $1`, next)
+	require.NoError(t, err)
+	_, err = launch("HEAD on a contract", bins.head, args(true))
+	require.ErrorContains(t, err, fmt.Sprintf("needs a binary that knows version %d or later; this binary knows up to %d", next, migrations.Latest()))
+	_, err = schema.Pool.Exec(ctx, `DELETE FROM idem_migrations WHERE version = $1`, next)
+	require.NoError(t, err)
+
 	// Each key: one order, one charge, finished.
 	orders, charges, double := 0, 0, 0
 	for ref := range all {
@@ -477,10 +494,13 @@ func TestRollingUpgradeFromThePreviousRelease(t *testing.T) {
 
 	short := bins.commit[:7]
 	say("upgrade matrix: previous = %s (%s, knows schema %d), HEAD (knows schema %d); one database, lease %s", previousTag, short, previousSchema, migrations.Latest(), lease)
-	say("  %-22s | %-34s | %s", "release \\ schema", fmt.Sprintf("schema %d", previousSchema), fmt.Sprintf("schema %d", migrations.Latest()))
-	say("  %-22s | %-34s | %s", "previous "+previousTag, "serves (migrates to 6 on start)",
-		fmt.Sprintf("serves: across the migration and started after it without migrating (%d requests, %d answers 5xx); migrating on start refuses", len(afterMigration)+len(startedAfter), prevErrs))
-	say("  %-22s | %-34s | %s", "HEAD", headOn6, fmt.Sprintf("serves (migrated %d -> %d on start while the previous release served)", previousSchema, migrations.Latest()))
+	say("  %-22s | %-34s | %-34s | %s", "release \\ schema", fmt.Sprintf("schema %d", previousSchema), fmt.Sprintf("schema %d", migrations.Latest()),
+		fmt.Sprintf("schema %d (simulated next release)", next))
+	say("  %-22s | %-34s | %-34s | %s", "previous "+previousTag, "serves (migrated 0 -> 6 on start)",
+		fmt.Sprintf("serves, %d requests, %d x 5xx (*)", len(afterMigration)+len(startedAfter), prevErrs), "not tried")
+	say("  %-22s | %-34s | %-34s | %s", "HEAD", headOn6, fmt.Sprintf("serves (migrated %d -> %d on start)", previousSchema, migrations.Latest()),
+		fmt.Sprintf("floor %d: starts, migrating on start; floor %d: refuses", migrations.Latest(), next))
+	say("  (*) a process running across HEAD's migration, and one started after it without migrating; started migrating on start, v0.1.0 refuses the schema ahead")
 	say("  keys handed over, previous -> HEAD: %d left in flight at \"charged\" (previous killed -9 after the provider charged), finished by HEAD: %d x 201 in %d tries (409 until the lease ran out)", len(fromPrevious), len(fromPrevious), tries)
 	say("  keys handed over, HEAD -> previous: %d left in flight at \"charged\" (HEAD killed -9 after the provider charged), finished by the previous release (running since before the migration): %d x 201 in %d tries (409 until the lease ran out)", len(fromHead), len(fromHead), backTries)
 	say("  finished keys replayed across builds: %d of 4, identical bodies", replays)
