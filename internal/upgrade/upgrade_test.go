@@ -207,7 +207,7 @@ type proc struct {
 	url    string
 	schema int // the schema version it found at start, after migrating
 	knows  int // migrations.Latest() of its build
-	stderr *bytes.Buffer
+	stderr *output
 	exited chan struct{}
 }
 
@@ -226,8 +226,8 @@ func start(t *testing.T, name, bin string, args []string) *proc {
 }
 
 func launch(name, bin string, args []string) (*proc, error) {
-	p := &proc{name: name, cmd: exec.Command(bin, args...), stderr: &bytes.Buffer{}, exited: make(chan struct{})}
-	p.cmd.Stderr = &lockedWriter{w: p.stderr}
+	p := &proc{name: name, cmd: exec.Command(bin, args...), stderr: &output{}, exited: make(chan struct{})}
+	p.cmd.Stderr = p.stderr
 	stdout, err := p.cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
@@ -261,15 +261,23 @@ func (p *proc) kill() {
 	<-p.exited
 }
 
-type lockedWriter struct {
-	mu sync.Mutex
-	w  io.Writer
+// output is a process's stderr, written by exec's copier while the test
+// reads it.
+type output struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
 }
 
-func (l *lockedWriter) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(b)
+func (o *output) Write(b []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.Write(b)
+}
+
+func (o *output) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.String()
 }
 
 // answer is what a request got in the end, and how many tries it took.
@@ -375,15 +383,18 @@ func TestRollingUpgradeFromThePreviousRelease(t *testing.T) {
 	var report []string
 	say := func(format string, a ...any) { report = append(report, fmt.Sprintf(format, a...)) }
 	all := map[string]bool{}
-	serveAll := func(p *proc, rs []string) (errs int) {
+	// serveAll has p run the requests for rs to the end; it returns the
+	// tries it took and the 5xx answers met on the way.
+	serveAll := func(p *proc, rs []string) (tries, errs int) {
 		for _, ref := range rs {
 			a := finish(t, p.url, ref)
 			require.False(t, a.replayed, "%s ran, not replayed", ref)
-			errs += a.errors
+			tries, errs = tries+a.tries, errs+a.errors
 			all[ref] = true
 		}
-		return errs
+		return tries, errs
 	}
+	served := func(p *proc, rs []string) int { _, errs := serveAll(p, rs); return errs }
 
 	// The previous release on an empty database migrates it to its schema.
 	prevA := start(t, "previous A", bins.previous, args(true))
@@ -391,7 +402,7 @@ func TestRollingUpgradeFromThePreviousRelease(t *testing.T) {
 	require.Equal(t, previousSchema, prevA.schema)
 	prevB := start(t, "previous B", bins.previous, args(false)) // keeps running across the upgrade
 	warm := refs("prev-on-6", 3)
-	require.Zero(t, serveAll(prevB, warm))
+	require.Zero(t, served(prevB, warm))
 
 	// This tree does not run on the previous schema: it refuses at start.
 	_, err = launch("HEAD on 6", bins.head, args(false))
@@ -412,35 +423,23 @@ func TestRollingUpgradeFromThePreviousRelease(t *testing.T) {
 	// migrating. Starting it with a migration on start refuses (v0.1.0
 	// predates compatibility floors).
 	afterMigration := refs("prev-on-new", 3)
-	prevErrs := serveAll(prevB, afterMigration)
+	prevErrs := served(prevB, afterMigration)
 	prevC := start(t, "previous C", bins.previous, args(false))
 	startedAfter := refs("prev-started-after", 2)
-	prevErrs += serveAll(prevC, startedAfter)
+	prevErrs += served(prevC, startedAfter)
 	_, err = launch("previous, migrating on start", bins.previous, args(true))
 	require.ErrorContains(t, err, fmt.Sprintf("the database is at version %d, this binary knows up to %d", migrations.Latest(), previousSchema))
 
 	// This tree finishes the keys the previous release left in flight.
-	tries := 0
-	for _, ref := range fromPrevious {
-		a := finish(t, headA.url, ref)
-		require.False(t, a.replayed)
-		tries += a.tries
-		all[ref] = true
-	}
+	tries, _ := serveAll(headA, fromPrevious)
 
 	// Keys in flight by this tree, finished by the previous release's
 	// process that was started before the migration.
 	headB := start(t, "HEAD B", bins.head, args(true))
-	require.Zero(t, serveAll(headB, refs("head", 2)))
+	require.Zero(t, served(headB, refs("head", 2)))
 	fromHead := refs("head-inflight", 4)
 	strand(t, prov, headB, fromHead)
-	backTries := 0
-	for _, ref := range fromHead {
-		a := finish(t, prevB.url, ref)
-		require.False(t, a.replayed)
-		backTries += a.tries
-		all[ref] = true
-	}
+	backTries, _ := serveAll(prevB, fromHead)
 
 	// Finished keys replay across builds, byte for byte.
 	replays := 0
@@ -467,7 +466,7 @@ func TestRollingUpgradeFromThePreviousRelease(t *testing.T) {
 	require.NoError(t, err)
 	headC := start(t, "HEAD C", bins.head, args(true))
 	require.Equal(t, next, headC.schema)
-	require.Zero(t, serveAll(headC, refs("head-on-next", 2)))
+	require.Zero(t, served(headC, refs("head-on-next", 2)))
 	_, err = schema.Pool.Exec(ctx, `UPDATE idem_migrations SET floor = $1 WHERE version = $1`, next)
 	require.NoError(t, err)
 	_, err = launch("HEAD on a contract", bins.head, args(true))
