@@ -280,7 +280,7 @@ func (m *Migrator) Down(ctx context.Context, target int) (*Result, error) {
 // DownTx is Down inside the caller's transaction.
 func (m *Migrator) DownTx(ctx context.Context, tx pgx.Tx, target int) (*Result, error) {
 	if target < 0 || target > Latest() {
-		return nil, fmt.Errorf("%w: %d", ErrUnknownVersion, target)
+		return nil, fmt.Errorf("%w: %d (this binary knows versions 1 to %d; a database ahead of it is reverted by a binary that knows its versions)", ErrUnknownVersion, target, Latest())
 	}
 	return m.migrateTx(ctx, tx, target, DirectionDown)
 }
