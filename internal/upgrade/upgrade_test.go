@@ -474,6 +474,48 @@ func TestRollingUpgradeFromThePreviousRelease(t *testing.T) {
 	_, err = schema.Pool.Exec(ctx, `DELETE FROM idem_migrations WHERE version = $1`, next)
 	require.NoError(t, err)
 
+	// A known gap of running v0.1.0 beside this tree: a key this tree
+	// replaced after it expired (generation 1, whose downstream keys hash
+	// the generation in) and left in flight is resumed by v0.1.0, which
+	// knows no generation, with the downstream keys of the request it
+	// replaced: the provider answers with the earlier request's charge,
+	// and the charge it made for the new request is referenced nowhere.
+	// (Had the process died before the provider charged, the new request
+	// would be answered as paid with no charge.) docs/operations.md says
+	// so; this measures it, and fails when it changes.
+	headD := start(t, "HEAD D", bins.head, append(args(true), "-retention", "1s"))
+	reused := "reused-after-expiry"
+	earlier := finish(t, headD.url, reused)
+	waitCtx, cancel := context.WithTimeout(ctx, deadline)
+	defer cancel()
+	for expired := false; !expired; {
+		require.NoError(t, schema.Pool.QueryRow(waitCtx, `SELECT expires_at <= now() FROM idem_keys WHERE key = $1`, reused).Scan(&expired))
+		if !expired {
+			select {
+			case <-waitCtx.Done():
+				require.FailNow(t, "the key did not expire")
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	strand(t, prov, headD, []string{reused})
+	var generation int
+	require.NoError(t, schema.Pool.QueryRow(ctx, `SELECT generation FROM idem_keys WHERE key = $1`, reused).Scan(&generation))
+	require.Equal(t, 1, generation)
+	later := finish(t, prevB.url, reused)
+	chargeOf := func(body string) string {
+		var out struct {
+			Charge string `json:"charge"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(body), &out))
+		return out.Charge
+	}
+	require.Equal(t, 2, prov.chargesOf(reused), "the provider charged each request once")
+	require.Equal(t, chargeOf(earlier.body), chargeOf(later.body),
+		"v0.1.0 resumed the generation-1 key with the earlier request's downstream key; if this changed, update docs/operations.md")
+	gap := fmt.Sprintf("known gap: a key HEAD replaced after it expired (generation %d) and left in flight, finished by v0.1.0: answered with the earlier request's charge %s; the provider's charge for the new request (%d charges for 2 requests) is referenced nowhere",
+		generation, chargeOf(later.body), prov.chargesOf(reused))
+
 	// Each key: one order, one charge, finished.
 	orders, charges, double := 0, 0, 0
 	for ref := range all {
@@ -503,6 +545,7 @@ func TestRollingUpgradeFromThePreviousRelease(t *testing.T) {
 	say("  keys handed over, previous -> HEAD: %d left in flight at \"charged\" (previous killed -9 after the provider charged), finished by HEAD: %d x 201 in %d tries (409 until the lease ran out)", len(fromPrevious), len(fromPrevious), tries)
 	say("  keys handed over, HEAD -> previous: %d left in flight at \"charged\" (HEAD killed -9 after the provider charged), finished by the previous release (running since before the migration): %d x 201 in %d tries (409 until the lease ran out)", len(fromHead), len(fromHead), backTries)
 	say("  finished keys replayed across builds: %d of 4, identical bodies", replays)
+	say("  %s", gap)
 	say("  audit: %d keys, %d orders, %d charges, %d charged twice, %d unfinished", len(all), orders, charges, double, unfinished)
 	t.Log("\n" + strings.Join(report, "\n"))
 }

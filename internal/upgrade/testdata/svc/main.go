@@ -4,7 +4,7 @@
 // order row, then a charge at a provider that deduplicates on the
 // idempotency key) behind idemhttp.
 //
-//	svc -db URL -provider URL [-migrate] [-lease 4s]
+//	svc -db URL -provider URL [-migrate] [-lease 4s] [-retention 24h]
 //
 // It prints "listening http://ADDR" on stdout once it serves, or the reason it
 // cannot start on stderr (exit status 1).
@@ -47,6 +47,7 @@ func run() error {
 	provider := flag.String("provider", "", "the payment provider's base URL")
 	migrate := flag.Bool("migrate", false, "apply idem's migrations at start, as a release that migrates on start does")
 	lease := flag.Duration("lease", 4*time.Second, "idem's lease")
+	retention := flag.Duration("retention", 0, "how long a finished key is kept (0: idem's default)")
 	flag.Parse()
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, *dbURL)
@@ -114,9 +115,10 @@ func run() error {
 		}},
 	}, nil)
 	runner, err := idem.NewRunner(store, &idem.Config{
-		Flows:  []idem.AnyFlow{flow},
-		Lease:  *lease,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Flows:     []idem.AnyFlow{flow},
+		Lease:     *lease,
+		Retention: *retention,
+		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {
 		return err
