@@ -211,7 +211,11 @@ func (m *Migrator) render(sql string) string {
 // NULL for the rows earlier binaries wrote (versions that any binary reading
 // floors knows anyway).
 func (m *Migrator) bookkeepingSQL() string {
-	return m.createBookkeepingSQL() + "\n" + m.render(`ALTER TABLE {{schema}}idem_migrations ADD COLUMN IF NOT EXISTS floor int;`)
+	return m.createBookkeepingSQL() + "\n" + m.addFloorSQL() + ";"
+}
+
+func (m *Migrator) addFloorSQL() string {
+	return m.render(`ALTER TABLE {{schema}}idem_migrations ADD COLUMN IF NOT EXISTS floor int`)
 }
 
 func (m *Migrator) createBookkeepingSQL() string {
@@ -238,7 +242,7 @@ WHERE attrelid = to_regclass($1) AND attname = 'floor' AND NOT attisdropped)`, m
 	if has {
 		return nil
 	}
-	if _, err := tx.Exec(ctx, m.render(`ALTER TABLE {{schema}}idem_migrations ADD COLUMN IF NOT EXISTS floor int`)); err != nil {
+	if _, err := tx.Exec(ctx, m.addFloorSQL()); err != nil {
 		return fmt.Errorf("migrations: add idem_migrations.floor: %w", err)
 	}
 	return nil
