@@ -112,11 +112,11 @@ var commands = []*command{
 				if err != nil {
 					return err
 				}
-				v, err := m.Version(ctx)
-				if err != nil {
+				v, err := m.Compatible(ctx)
+				if err != nil && !errors.Is(err, migrations.ErrUnknownVersion) {
 					return err
 				}
-				return e.printMigrationStatus(v)
+				return e.printMigrationStatus(v, err)
 			}
 		},
 	},

@@ -50,10 +50,25 @@ type Migration struct {
 	Name    string
 	Up      string
 	Down    string
+	// Floor is the oldest schema version a binary must know to keep
+	// working on a database with this version applied: a binary that knows
+	// version Floor (or later) works on it, one that knows less does not.
+	// A migration that only adds (a column with a default, a new function
+	// beside the old one) has the previous version as its floor; one that
+	// drops or changes what earlier binaries use has its own. The up file
+	// declares it on its first line ("-- idem:floor N"), and [Migrator]
+	// records it in idem_migrations with the version, so that a binary
+	// older than the migration can read it (see [Migrator.Compatible]).
+	Floor int
+	// FloorDeclared says whether the up file declares Floor; without a
+	// declaration Floor is the migration's own version.
+	FloorDeclared bool
 }
 
 // ErrUnknownVersion is returned when a version is asked for that no embedded
-// migration has, including a database that is ahead of this binary.
+// migration has, including a database that is ahead of this binary beyond
+// what it can work on (see [Migrator.Compatible]), or a Down on a database
+// ahead of this binary.
 var ErrUnknownVersion = errors.New("migrations: unknown version")
 
 // ErrRefused is returned by Down (and DownTx) when a migration's down
@@ -84,6 +99,10 @@ func Latest() int { return all[len(all)-1].Version }
 
 var fileName = regexp.MustCompile(`^(\d{4})_([a-z0-9_]+)\.(up|down)\.sql$`)
 
+// floorLine is the declaration of a migration's floor, the first line of its
+// up file.
+var floorLine = regexp.MustCompile(`\A-- idem:floor (\d+)\b`)
+
 func mustLoad() []Migration {
 	entries, err := fs.ReadDir(files, "sql")
 	if err != nil {
@@ -107,6 +126,14 @@ func mustLoad() []Migration {
 		}
 		if m[3] == "up" {
 			mig.Up = string(body)
+			mig.Floor = v
+			if f := floorLine.FindStringSubmatch(mig.Up); f != nil {
+				mig.Floor, _ = strconv.Atoi(f[1])
+				mig.FloorDeclared = true
+			}
+			if mig.Floor < 1 || mig.Floor > v {
+				panic(fmt.Sprintf("migrations: version %d declares floor %d, which is not between 1 and itself", v, mig.Floor))
+			}
 		} else {
 			mig.Down = string(body)
 		}
@@ -179,12 +206,46 @@ func (m *Migrator) render(sql string) string {
 	return strings.ReplaceAll(sql, "{{schema}}", m.prefix)
 }
 
+// bookkeepingSQL creates idem_migrations, or adds its floor column to one
+// that an earlier binary created. floor is each version's [Migration.Floor],
+// NULL for the rows earlier binaries wrote (versions that any binary reading
+// floors knows anyway).
 func (m *Migrator) bookkeepingSQL() string {
+	return m.createBookkeepingSQL() + "\n" + m.addFloorSQL() + ";"
+}
+
+func (m *Migrator) addFloorSQL() string {
+	return m.render(`ALTER TABLE {{schema}}idem_migrations ADD COLUMN IF NOT EXISTS floor int`)
+}
+
+func (m *Migrator) createBookkeepingSQL() string {
 	return m.render(`CREATE TABLE IF NOT EXISTS {{schema}}idem_migrations (
     version    int         PRIMARY KEY,
     name       text        NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
+    applied_at timestamptz NOT NULL DEFAULT now(),
+    floor      int
 );`)
+}
+
+// ensureBookkeeping is bookkeepingSQL without the ALTER TABLE's exclusive
+// lock on idem_migrations when the column is there already, as it is after
+// the first run: starting processes that read the version are not held up.
+func (m *Migrator) ensureBookkeeping(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, m.createBookkeepingSQL()); err != nil {
+		return fmt.Errorf("migrations: create idem_migrations: %w", err)
+	}
+	var has bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
+WHERE attrelid = to_regclass($1) AND attname = 'floor' AND NOT attisdropped)`, m.prefix+"idem_migrations").Scan(&has); err != nil {
+		return fmt.Errorf("migrations: look at idem_migrations: %w", err)
+	}
+	if has {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, m.addFloorSQL()); err != nil {
+		return fmt.Errorf("migrations: add idem_migrations.floor: %w", err)
+	}
+	return nil
 }
 
 // Result reports what Up or Down did.
@@ -195,7 +256,14 @@ type Result struct {
 	Applied []int
 }
 
-// Up applies every pending migration in one transaction.
+// Up applies every pending migration in one transaction. On a database
+// ahead of this binary it applies nothing and succeeds when this binary can
+// work on that schema (every version past [Latest] has a floor this binary
+// knows; Result.From and To are then the database's version, above Latest),
+// and otherwise returns an error wrapping [ErrUnknownVersion] that names the
+// version and the release needed. So a release that migrates on start also
+// starts on a database one release ahead, when the migrations of that
+// release allow it: a rollback of the binary needs no migrate down first.
 func (m *Migrator) Up(ctx context.Context) (*Result, error) {
 	return m.inTx(ctx, func(tx pgx.Tx) (*Result, error) { return m.UpTx(ctx, tx) })
 }
@@ -203,10 +271,12 @@ func (m *Migrator) Up(ctx context.Context) (*Result, error) {
 // UpTx is Up inside the caller's transaction; nothing is committed until the
 // caller commits, and the advisory lock is held until then.
 func (m *Migrator) UpTx(ctx context.Context, tx pgx.Tx) (*Result, error) {
-	return m.migrateTx(ctx, tx, Latest())
+	return m.migrateTx(ctx, tx, Latest(), DirectionUp)
 }
 
 // Down reverts migrations down to version target (0 reverts everything).
+// It refuses (ErrUnknownVersion) a database ahead of this binary: the
+// versions it does not know are reverted by a binary that knows them.
 func (m *Migrator) Down(ctx context.Context, target int) (*Result, error) {
 	return m.inTx(ctx, func(tx pgx.Tx) (*Result, error) { return m.DownTx(ctx, tx, target) })
 }
@@ -214,9 +284,9 @@ func (m *Migrator) Down(ctx context.Context, target int) (*Result, error) {
 // DownTx is Down inside the caller's transaction.
 func (m *Migrator) DownTx(ctx context.Context, tx pgx.Tx, target int) (*Result, error) {
 	if target < 0 || target > Latest() {
-		return nil, fmt.Errorf("%w: %d", ErrUnknownVersion, target)
+		return nil, fmt.Errorf("%w: %d (this binary knows versions 1 to %d; a database ahead of it is reverted by a binary that knows its versions)", ErrUnknownVersion, target, Latest())
 	}
-	return m.migrateTx(ctx, tx, target)
+	return m.migrateTx(ctx, tx, target, DirectionDown)
 }
 
 // Version reports the schema's current version (0 when nothing is applied).
@@ -245,6 +315,48 @@ func (m *Migrator) VersionTx(ctx context.Context, tx pgx.Tx) (int, error) {
 	return v, nil
 }
 
+// Compatible reports the schema's version and whether this binary can work
+// on it: a version up to [Latest] (older ones need Up first), or one ahead
+// of this binary whose versions past Latest all have a floor (see
+// [Migration.Floor]) of Latest or less, as idem_migrations records them. A
+// database ahead beyond that is an error wrapping [ErrUnknownVersion] that
+// names the first version this binary cannot work on and the version a
+// binary must know for it.
+func (m *Migrator) Compatible(ctx context.Context) (int, error) {
+	tx, err := m.db.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("migrations: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	return m.CompatibleTx(ctx, tx)
+}
+
+// CompatibleTx is Compatible inside the caller's transaction.
+func (m *Migrator) CompatibleTx(ctx context.Context, tx pgx.Tx) (int, error) {
+	v, err := m.VersionTx(ctx, tx)
+	if err != nil || v <= Latest() {
+		return v, err
+	}
+	// The floor column is read through to_jsonb so that a table without it
+	// (versions past Latest applied without their floor) reads as NULL,
+	// which counts as the version itself: not workable.
+	var (
+		version, floor int
+		name           string
+	)
+	err = tx.QueryRow(ctx, m.render(`SELECT version, name, coalesce((to_jsonb(m)->>'floor')::int, version)
+FROM {{schema}}idem_migrations m WHERE version > $1
+ORDER BY 3 DESC, version LIMIT 1`), Latest()).Scan(&version, &name, &floor)
+	if err != nil {
+		return 0, fmt.Errorf("migrations: read the floors: %w", err)
+	}
+	if floor > Latest() {
+		return v, fmt.Errorf("%w: the database is at version %d, and version %04d_%s needs a binary that knows version %d or later; this binary knows up to %d: deploy a release that knows version %d (or revert the schema to %d with the release that applied it)",
+			ErrUnknownVersion, v, version, name, floor, Latest(), floor, Latest())
+	}
+	return v, nil
+}
+
 func (m *Migrator) inTx(ctx context.Context, fn func(pgx.Tx) (*Result, error)) (*Result, error) {
 	tx, err := m.db.Begin(ctx)
 	if err != nil {
@@ -261,7 +373,7 @@ func (m *Migrator) inTx(ctx context.Context, fn func(pgx.Tx) (*Result, error)) (
 	return res, nil
 }
 
-func (m *Migrator) migrateTx(ctx context.Context, tx pgx.Tx, target int) (*Result, error) {
+func (m *Migrator) migrateTx(ctx context.Context, tx pgx.Tx, target int, dir Direction) (*Result, error) {
 	// Serialise concurrent migrators of the same schema. The lock is
 	// transaction-scoped, so a crashed migrator cannot leave it held.
 	if _, err := tx.Exec(ctx,
@@ -269,15 +381,20 @@ func (m *Migrator) migrateTx(ctx context.Context, tx pgx.Tx, target int) (*Resul
 		m.schema); err != nil {
 		return nil, fmt.Errorf("migrations: advisory lock: %w", err)
 	}
-	if _, err := tx.Exec(ctx, m.bookkeepingSQL()); err != nil {
-		return nil, fmt.Errorf("migrations: create idem_migrations: %w", err)
+	if err := m.ensureBookkeeping(ctx, tx); err != nil {
+		return nil, err
 	}
-	from, err := m.VersionTx(ctx, tx)
+	from, err := m.CompatibleTx(ctx, tx)
 	if err != nil {
 		return nil, err
 	}
 	if from > Latest() {
-		return nil, fmt.Errorf("%w: the database is at version %d, this binary knows up to %d", ErrUnknownVersion, from, Latest())
+		if dir == DirectionDown {
+			return nil, fmt.Errorf("%w: the database is at version %d, this binary knows up to %d: revert the versions past %d with a binary that knows them",
+				ErrUnknownVersion, from, Latest(), Latest())
+		}
+		// Ahead, and this binary works on it: nothing to apply.
+		return &Result{From: from, To: from}, nil
 	}
 	res := &Result{From: from, To: from}
 	for _, mig := range all {
@@ -287,7 +404,7 @@ func (m *Migrator) migrateTx(ctx context.Context, tx pgx.Tx, target int) (*Resul
 		if _, err := tx.Exec(ctx, m.render(mig.Up)); err != nil {
 			return nil, fmt.Errorf("migrations: apply %04d_%s: %w", mig.Version, mig.Name, err)
 		}
-		if _, err := tx.Exec(ctx, m.render(`INSERT INTO {{schema}}idem_migrations (version, name) VALUES ($1, $2)`), mig.Version, mig.Name); err != nil {
+		if _, err := tx.Exec(ctx, m.render(`INSERT INTO {{schema}}idem_migrations (version, name, floor) VALUES ($1, $2, $3)`), mig.Version, mig.Name, mig.Floor); err != nil {
 			return nil, fmt.Errorf("migrations: record %04d: %w", mig.Version, err)
 		}
 		res.Applied = append(res.Applied, mig.Version)
@@ -433,7 +550,7 @@ func (m *Migrator) Script(format Format, dir Direction, version int) (string, er
 	}
 	up := func(mig Migration) string {
 		return fmt.Sprintf("%s\n\n%s\n%s\n", m.bookkeepingSQL(), strings.TrimSpace(m.render(mig.Up)),
-			m.render(fmt.Sprintf("INSERT INTO {{schema}}idem_migrations (version, name) VALUES (%d, '%s') ON CONFLICT (version) DO NOTHING;", mig.Version, mig.Name)))
+			m.render(fmt.Sprintf("INSERT INTO {{schema}}idem_migrations (version, name, floor) VALUES (%d, '%s', %d) ON CONFLICT (version) DO NOTHING;", mig.Version, mig.Name, mig.Floor)))
 	}
 	down := func(mig Migration) string {
 		bookkeeping := fmt.Sprintf("DELETE FROM {{schema}}idem_migrations WHERE version = %d;", mig.Version)

@@ -316,3 +316,94 @@ func TestDownRefusesWhileKeysInFlightDependOnIt(t *testing.T) {
 	require.NoError(t, err, "finished keys send nothing more")
 	require.Equal(t, 1, res.To)
 }
+
+// Every migration declares its compatibility floor on the first line of its
+// up file, and the floor is recorded with the version.
+func TestEveryMigrationDeclaresItsFloor(t *testing.T) {
+	t.Parallel()
+	for _, mig := range migrations.All() {
+		require.True(t, mig.FloorDeclared, "%04d_%s.up.sql must start with \"-- idem:floor N\" (see Migration.Floor)", mig.Version, mig.Name)
+		require.LessOrEqual(t, mig.Floor, mig.Version)
+	}
+	require.Equal(t, 6, migrations.All()[6].Floor, "0007 only adds: a binary that knows 6 works on it")
+
+	b := setup(t)
+	ctx := context.Background()
+	_, err := b.migrator.Up(ctx)
+	require.NoError(t, err)
+	var floor int
+	require.NoError(t, b.schema.Pool.QueryRow(ctx, `SELECT floor FROM `+b.schema.Name+`.idem_migrations WHERE version = 7`).Scan(&floor))
+	require.Equal(t, 6, floor)
+	script, err := b.migrator.Script(migrations.FormatSQL, migrations.DirectionUp, 7)
+	require.NoError(t, err)
+	require.Contains(t, script, "ADD COLUMN IF NOT EXISTS floor int")
+	require.Contains(t, script, "(version, name, floor) VALUES (7, 'key_generation', 6)")
+}
+
+// A database that a binary without floors (v0.1.0) migrated has no floor
+// column: Up adds it and records the floors of what it applies.
+func TestUpAddsTheFloorColumnToAnOlderBookkeepingTable(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	_, err := b.migrator.Up(ctx)
+	require.NoError(t, err)
+	_, err = b.migrator.Down(ctx, 6)
+	require.NoError(t, err)
+	_, err = b.schema.Pool.Exec(ctx, `ALTER TABLE `+b.schema.Name+`.idem_migrations DROP COLUMN floor`)
+	require.NoError(t, err)
+	res, err := b.migrator.Up(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 7, res.Applied[0])
+	require.Equal(t, migrations.Latest(), res.Applied[len(res.Applied)-1])
+	var floor int
+	require.NoError(t, b.schema.Pool.QueryRow(ctx, `SELECT floor FROM `+b.schema.Name+`.idem_migrations WHERE version = 7`).Scan(&floor))
+	require.Equal(t, 6, floor)
+}
+
+// A database ahead of this binary: Up (a release that migrates on start)
+// and Compatible accept it when every version past Latest has a floor this
+// binary knows, and refuse it, naming the version and the release needed,
+// when one does not; Down refuses either way. The versions ahead are rows
+// a newer binary would have written.
+func TestDatabaseAheadOfTheBinary(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	_, err := b.migrator.Up(ctx)
+	require.NoError(t, err)
+	latest := migrations.Latest()
+	record := func(version, floor int) {
+		_, err := b.schema.Pool.Exec(ctx, `INSERT INTO `+b.schema.Name+`.idem_migrations (version, name, floor) VALUES ($1, $2, $3)`,
+			version, fmt.Sprintf("future_%d", version), floor)
+		require.NoError(t, err)
+	}
+
+	record(latest+1, latest) // expand only: this binary keeps working
+	v, err := b.migrator.Compatible(ctx)
+	require.NoError(t, err)
+	require.Equal(t, latest+1, v)
+	res, err := b.migrator.Up(ctx)
+	require.NoError(t, err, "a release that migrates on start starts on a database one release ahead")
+	require.Equal(t, &migrations.Result{From: latest + 1, To: latest + 1}, res)
+	_, err = b.migrator.Down(ctx, latest)
+	require.ErrorIs(t, err, migrations.ErrUnknownVersion)
+	require.ErrorContains(t, err, "revert the versions past")
+
+	record(latest+2, latest+1) // contracts what this binary uses
+	_, err = b.migrator.Compatible(ctx)
+	require.ErrorIs(t, err, migrations.ErrUnknownVersion)
+	_, err = b.migrator.Up(ctx)
+	require.ErrorIs(t, err, migrations.ErrUnknownVersion)
+	require.ErrorContains(t, err, fmt.Sprintf("version %04d_future_%d needs a binary that knows version %d or later; this binary knows up to %d",
+		latest+2, latest+2, latest+1, latest))
+	t.Logf("refused: %v", err)
+
+	// A version ahead recorded without a floor (NULL) counts as its own.
+	_, err = b.schema.Pool.Exec(ctx, `DELETE FROM `+b.schema.Name+`.idem_migrations WHERE version = $1`, latest+2)
+	require.NoError(t, err)
+	_, err = b.schema.Pool.Exec(ctx, `UPDATE `+b.schema.Name+`.idem_migrations SET floor = NULL WHERE version = $1`, latest+1)
+	require.NoError(t, err)
+	_, err = b.migrator.Up(ctx)
+	require.ErrorIs(t, err, migrations.ErrUnknownVersion)
+}

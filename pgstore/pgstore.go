@@ -127,9 +127,12 @@ var _ idemdriver.Store = (*Store)(nil)
 // New returns a store on db. A nil config means the defaults.
 //
 // New checks the schema, within 5 seconds: it returns an error wrapping
-// ErrSchema when the migrations were not applied there or the schema is
-// older than this code needs, so a deploy that forgot them fails at start
-// rather than on its first request. When the database does not answer
+// ErrSchema when the migrations were not applied there, the schema is
+// older than this code needs, or it is ahead of this code beyond what the
+// newer migrations' compatibility floors allow (see migrations.Migration's
+// Floor; a schema one release ahead whose migrations only added is
+// accepted), so a deploy that forgot them fails at start rather than on
+// its first request. When the database does not answer
 // (it is down, or unreachable from here), the check is skipped and New
 // succeeds: the runner then reports the store unavailable per request
 // until it is back, and the schema is not checked again.
@@ -160,7 +163,7 @@ func New(db DB, config *Config) (*Store, error) {
 			st.control = st.ownControl
 		}
 	}
-	if err := st.checkSchema(prefix); err != nil {
+	if err := st.checkSchema(config.Schema, prefix); err != nil {
 		st.Close()
 		return nil, err
 	}
@@ -182,17 +185,19 @@ func New(db DB, config *Config) (*Store, error) {
 }
 
 // ErrSchema is wrapped by the error New returns for a schema the migrations
-// were not applied to, or one older than this code.
+// were not applied to, one older than this code, or one ahead of it that it
+// cannot work on.
 var ErrSchema = errors.New("pgstore: the idem schema is missing or out of date")
 
 // schemaCheckTimeout bounds New's look at the schema.
 const schemaCheckTimeout = 5 * time.Second
 
-// checkSchema fails a store whose tables are missing or older than this
-// code, at construction rather than on the first request. A database that
+// checkSchema fails a store whose tables are missing, older than this code or
+// ahead of it beyond the floors of the versions it does not know, at
+// construction rather than on the first request. A database that
 // does not answer is not checked: the runner reports it unavailable, per
 // request, until it is back.
-func (s *Store) checkSchema(prefix string) error {
+func (s *Store) checkSchema(schema, prefix string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), schemaCheckTimeout)
 	defer cancel()
 	var found bool
@@ -210,6 +215,15 @@ func (s *Store) checkSchema(prefix string) error {
 	}
 	if version < migrations.Latest() {
 		return fmt.Errorf("%w: the schema is at version %d and this code needs %d; run the migrations (`idem migrate up`)", ErrSchema, version, migrations.Latest())
+	}
+	if version > migrations.Latest() {
+		m, err := migrations.New(s.control, &migrations.Config{Schema: schema})
+		if err != nil {
+			return fmt.Errorf("pgstore: %w", err)
+		}
+		if _, err := m.Compatible(ctx); err != nil {
+			return fmt.Errorf("%w: %w", ErrSchema, err)
+		}
 	}
 	return nil
 }

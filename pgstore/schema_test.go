@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -36,4 +37,30 @@ func TestNewChecksTheSchema(t *testing.T) {
 	store, err := pgstore.New(schema.Pool, &pgstore.Config{Schema: schema.Name})
 	require.NoError(t, err)
 	store.Close()
+}
+
+// A schema ahead of the code: New accepts it when the versions past the
+// code's have floors it knows (their migrations only added), and refuses
+// it, naming the release needed, otherwise.
+func TestNewOnASchemaAhead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.NewSchema(t)
+	m, err := migrations.New(schema.Pool, &migrations.Config{Schema: schema.Name})
+	require.NoError(t, err)
+	_, err = m.Up(ctx)
+	require.NoError(t, err)
+	latest := migrations.Latest()
+	_, err = schema.Pool.Exec(ctx, `INSERT INTO `+schema.Name+`.idem_migrations (version, name, floor) VALUES ($1, 'future', $2)`, latest+1, latest)
+	require.NoError(t, err)
+	store, err := pgstore.New(schema.Pool, &pgstore.Config{Schema: schema.Name})
+	require.NoError(t, err)
+	store.Close()
+
+	_, err = schema.Pool.Exec(ctx, `UPDATE `+schema.Name+`.idem_migrations SET floor = $1 WHERE version = $1`, latest+1)
+	require.NoError(t, err)
+	_, err = pgstore.New(schema.Pool, &pgstore.Config{Schema: schema.Name})
+	require.ErrorIs(t, err, pgstore.ErrSchema)
+	require.ErrorIs(t, err, migrations.ErrUnknownVersion)
+	require.ErrorContains(t, err, fmt.Sprintf("needs a binary that knows version %d or later", latest+1))
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -263,6 +264,26 @@ func TestBinary(t *testing.T) {
 		}](t, b.run(t, bins.idem, "migrate", "status", "--json", "--schema", b.schema.Name).stdout)
 		require.Equal(t, migrations.Latest(), status.Current)
 		require.Zero(t, status.Pending)
+
+		// A schema ahead of the binary: status says whether the floors of the
+		// versions past the binary's let it work on it, and up changes nothing.
+		next := migrations.Latest() + 1
+		_, err := b.schema.Pool.Exec(context.Background(), `INSERT INTO idem_migrations (version, name, floor) VALUES ($1, 'next', $2)`, next, next-1)
+		require.NoError(t, err)
+		res = b.run(t, bins.idem, "migrate", "status", "--schema", b.schema.Name)
+		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
+		require.Contains(t, res.stdout, fmt.Sprintf("ahead of this binary (latest %d); the floors of the versions past %d allow this binary to work on it", next-1, next-1))
+		res = b.run(t, bins.idem, "migrate", "up", "--schema", b.schema.Name)
+		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
+		require.Equal(t, fmt.Sprintf("nothing to do: the schema is at version %d\n", next), res.stdout)
+		_, err = b.schema.Pool.Exec(context.Background(), `UPDATE idem_migrations SET floor = $1 WHERE version = $1`, next)
+		require.NoError(t, err)
+		res = b.run(t, bins.idem, "migrate", "status", "--schema", b.schema.Name)
+		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
+		require.Contains(t, res.stdout, "which cannot work on it: upgrade the binary")
+		require.Contains(t, res.stdout, fmt.Sprintf("needs a binary that knows version %d or later", next))
+		_, err = b.schema.Pool.Exec(context.Background(), `DELETE FROM idem_migrations WHERE version = $1`, next)
+		require.NoError(t, err)
 
 		// The SQL other tools apply, for the named schema.
 		res = b.run(t, bins.idem, "migrate", "sql", "--format", "goose", "--schema", "billing")

@@ -1,3 +1,4 @@
+-- idem:floor 1 (nothing before it).
 -- idem_keys holds one row per (scope, key): the request, its progress through
 -- the flow's phases, the lease that protects it, and the stored response.
 CREATE TABLE {{schema}}idem_keys (

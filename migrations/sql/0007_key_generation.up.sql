@@ -1,3 +1,5 @@
+-- idem:floor 6 (it only adds a column with a default and a new function;
+--   idem_acquire stays as it was).
 -- A key reused after its retention runs as a new request: the expired row is
 -- replaced and every phase runs again. Its downstream idempotency keys must
 -- then differ from the old request's, or a provider that still remembers the

@@ -1,3 +1,5 @@
+-- idem:floor 7 (it only adds nullable columns and a new function;
+--   idem_acquire_v7 stays as it was).
 -- A lease names its holder: the process that took it, and, when the
 -- application gives its instances stable names (pgstore.Config.Instance: a
 -- pod name, a host name with one process on it), the instance. A process
