@@ -150,6 +150,11 @@ func (r *Runner) Resolve(ctx context.Context, scope, key string, res Resolution)
 		return out, fmt.Errorf("resolve key %q: %w", key, err)
 	}
 	out.Record = h.rec.Clone()
+	gctx, cancel = r.storeContext(ctx)
+	if rec, err := r.store.GetKey(gctx, scope, key); err == nil {
+		out.Record = rec // with what the store set (expiry, finish time)
+	}
+	cancel()
 	r.log.WarnContext(ctx, "idem: key resolved by an operator", h.logAttrs("flow", rec.Flow, "verdict", res.Verdict,
 		"operator", res.Operator, "reason", res.Reason, "phase", rec.ForeignMark, "recovery_point", h.rec.RecoveryPoint, "action", out.Action)...)
 	return out, nil
