@@ -2,7 +2,9 @@ package idem_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -271,4 +273,41 @@ func TestResolveIsFencedAgainstAConcurrentClaim(t *testing.T) {
 		RecoveryPoint: "sms_sent", Status: idem.StatusRunning})
 	require.ErrorIs(t, err, idem.ErrLockLost, "the old holder is fenced off")
 	require.Equal(t, "message_saved", b.key(t, "k1").RecoveryPoint)
+}
+
+// Resolves racing on one key: exactly one verdict lands; the others are
+// refused (held, or no longer in needs_reconcile) and change nothing.
+func TestResolveRaceOneVerdictWins(t *testing.T) {
+	t.Parallel()
+	b := setupSMS(t)
+	r := b.inDoubt(t, "k1")
+	ctx := context.Background()
+	verdicts := []idem.ResolveVerdict{idem.ResolveHappened, idem.ResolveNotHappened, idem.ResolveAbandon, idem.ResolveAbandon}
+	errs := make([]error, len(verdicts))
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i, v := range verdicts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			_, errs[i] = r.Resolve(ctx, "user:1", "k1", resolution(v))
+		}()
+	}
+	close(start)
+	wg.Wait()
+	won := -1
+	for i, err := range errs {
+		if err == nil {
+			require.Equal(t, -1, won, "two verdicts landed, the second %v", verdicts[i])
+			won = i
+			continue
+		}
+		require.True(t, errors.Is(err, idem.ErrInProgress) || errors.Is(err, idem.ErrNothingToReconcile), "%s: %v", verdicts[i], err)
+	}
+	require.GreaterOrEqual(t, won, 0, "no verdict landed: %v", errs)
+	rec := b.key(t, "k1")
+	t.Logf("winner %s: key %s at %s; others: %v", verdicts[won], rec.Status, rec.RecoveryPoint, errs)
+	require.Contains(t, rec.LastError, string(verdicts[won]))
+	require.Nil(t, rec.LockedAt)
 }
