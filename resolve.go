@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/go-idem/idem/idemdriver"
 )
@@ -112,6 +113,10 @@ func (r *Runner) Resolve(ctx context.Context, scope, key string, res Resolution)
 	}
 	if res.DryRun {
 		out.Action = "would " + out.Action
+		if rec.LeaseExpiresAt != nil && rec.LeaseExpiresAt.After(r.localNow()) {
+			out.Action += fmt.Sprintf("; but the key is held until %s (a reconcile run or another resolve), and is refused until then",
+				rec.LeaseExpiresAt.UTC().Format(time.RFC3339))
+		}
 		return out, nil
 	}
 

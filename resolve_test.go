@@ -257,6 +257,13 @@ func TestResolveIsFencedAgainstAConcurrentClaim(t *testing.T) {
 	require.NotEqual(t, idemdriver.AcquiredNone, held.Acquired)
 	before := b.keyRow(t, "k1")
 
+	dry := resolution(idem.ResolveAbandon)
+	dry.DryRun = true
+	plan, err := r.Resolve(ctx, "user:1", "k1", dry)
+	require.NoError(t, err)
+	t.Logf("dry run while claimed: %s", plan.Action)
+	require.Contains(t, plan.Action, "the key is held until")
+
 	_, err = r.Resolve(ctx, "user:1", "k1", resolution(idem.ResolveAbandon))
 	require.ErrorIs(t, err, idem.ErrInProgress)
 	t.Logf("while claimed: %v", err)
