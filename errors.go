@@ -66,6 +66,12 @@ var (
 	// never leave one done and one not.
 	ErrSecondForeignCall = errors.New("idem: second foreign call in one phase")
 
+	// ErrRequestAbandoned: an operator abandoned the request with
+	// [Runner.Resolve] while its not-idempotent call was in doubt. The key is
+	// finished: every retry with it gets this error (OutcomeRequestAbandoned),
+	// and nothing runs. A new request needs a new key.
+	ErrRequestAbandoned = errors.New("idem: request abandoned by an operator")
+
 	// ErrUnknownFlow: a key names a flow the runner has not been given
 	// (Config.Flows), so it cannot be completed or reconciled here.
 	ErrUnknownFlow = errors.New("idem: unknown flow")

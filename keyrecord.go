@@ -33,6 +33,11 @@ const (
 	RecoveryPointFinished = idemdriver.RecoveryPointFinished
 )
 
+// RecoveryPointAbandoned is the recovery point of a finished key whose
+// request an operator abandoned with [Runner.Resolve]: a retry with the key
+// gets ErrRequestAbandoned.
+const RecoveryPointAbandoned = idemdriver.RecoveryPointAbandoned
+
 // Response is what a flow answers: a status, headers and the body bytes
 // exactly as first sent.
 type Response = idemdriver.Response

@@ -51,6 +51,11 @@ const (
 	// committed. It is the caller's doing, not a failure of the store or of
 	// a phase, and is logged as neither.
 	OutcomeCanceled OutcomeKind = "canceled"
+	// OutcomeRequestAbandoned: an operator abandoned the request with
+	// Runner.Resolve (ErrRequestAbandoned). The key is finished and nothing
+	// runs; every retry with it gets this outcome. HTTP adapters answer a
+	// final, non-retryable problem.
+	OutcomeRequestAbandoned OutcomeKind = "request_abandoned"
 	// OutcomeAbandoned: a Config.Test.Hook simulated a crash
 	// (ErrSimulatedCrash); the key is left exactly as a dead process would
 	// leave it. Only tests see it.
@@ -86,6 +91,8 @@ func kindOf(err error, replayed bool, rec *KeyRecord) OutcomeKind {
 		return OutcomeInProgress
 	case errors.Is(err, ErrMismatch):
 		return OutcomeMismatch
+	case errors.Is(err, ErrRequestAbandoned):
+		return OutcomeRequestAbandoned
 	case errors.Is(err, ErrTooManyKeys):
 		return OutcomeTooManyKeys
 	case errors.Is(err, ErrPhaseFailed):

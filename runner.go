@@ -272,12 +272,16 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request, stored 
 		r.emit(ctx, ev)
 		return &Outcome{}, fmt.Errorf("%w: key %q was first used by flow %q at %s %s, with its own params", ErrMismatch, req.Key, rec.Flow, rec.Method, rec.Path)
 	}
-	switch rec.Status {
-	case StatusFinished:
+	switch {
+	case rec.Status == StatusFinished && rec.RecoveryPoint == RecoveryPointAbandoned:
+		ev.Kind = EventReplayed
+		r.emit(ctx, ev)
+		return &Outcome{Record: rec}, fmt.Errorf("%w: key %q", ErrRequestAbandoned, req.Key)
+	case rec.Status == StatusFinished:
 		ev.Kind = EventReplayed
 		r.emit(ctx, ev)
 		return &Outcome{replayed: true, Response: rec.Response(), Record: rec}, nil
-	case StatusNeedsReconcile:
+	case rec.Status == StatusNeedsReconcile:
 		ev.Kind = EventNeedsReconcile
 		r.emit(ctx, ev)
 		return &Outcome{Record: rec}, fmt.Errorf("%w: key %q", ErrNeedsReconcile, req.Key)
@@ -457,8 +461,11 @@ func (r *Runner) commitFor(h *held, res Result) *idemdriver.CommitParams {
 		RecoveryPoint:   h.phaseName(),
 		Status:          StatusRunning,
 		CheckpointPatch: h.patch,
-		Retention:       h.flow.retentionOr(r.config.Retention),
+		Retention:       r.config.Retention,
 		Now:             r.now(),
+	}
+	if h.flow != nil { // nil: an operator resolves a key of a flow this runner does not know
+		cp.Retention = h.flow.retentionOr(cp.Retention)
 	}
 	if res.Responds() {
 		cp.RecoveryPoint, cp.Status, cp.Response = RecoveryPointFinished, StatusFinished, res.response

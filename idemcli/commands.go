@@ -297,6 +297,75 @@ var commands = []*command{
 		},
 	},
 	{
+		name: "keys resolve", args: "KEY --scope SCOPE --verdict happened|not-happened|abandon --operator NAME --reason TEXT [--status N --body @FILE] [--dry-run] [flags]",
+		minArgs: 1, maxArgs: 1, needsDB: true,
+		summary: "give an operator's verdict on a needs_reconcile key",
+		help: "For a key in needs_reconcile whose reconcile hook keeps answering unknown, or that has no hook: you\n" +
+			"found out from the provider what its call in doubt did.\n" +
+			"  happened      the call took effect: the phase is committed in its stead and the key resumes at the\n" +
+			"                next phase on its client's retry or the completer's next pass. With --status (and\n" +
+			"                --body), the key is finished with that answer instead, replayed to every retry: needed\n" +
+			"                when the phase is the flow's last, or when this binary does not have the key's flow.\n" +
+			"  not-happened  the call did not take effect: its mark is cleared and the key released, so the phase\n" +
+			"                runs again on the next retry or completer pass.\n" +
+			"  abandon       give the request up: the key is finished, every retry gets the request-abandoned\n" +
+			"                problem (HTTP 410, gRPC FAILED_PRECONDITION) and nothing runs again.\n" +
+			"The key is claimed as a reconcile run claims it (its fence moves on, so a worker that held it can no\n" +
+			"longer commit); a key someone holds, or in any other state, is refused and left as it is. --operator\n" +
+			"and --reason are logged and recorded as the key's last error (keys show). --dry-run checks the key\n" +
+			"and prints what would be done, changing nothing. Runs no phase and no hook.",
+		examples: []string{
+			"PROG keys resolve order-77 --scope tenant:acme --verdict not-happened --operator alice --reason 'INC-42: no SMS in the gateway log' --dry-run",
+			"PROG keys resolve order-77 --scope tenant:acme --verdict happened --operator alice --reason 'INC-42: charge ch_123 in the dashboard'",
+			"PROG keys resolve order-77 --scope tenant:acme --verdict happened --status 201 --body @answer.json --operator alice --reason INC-42",
+			"PROG keys resolve order-77 --scope tenant:acme --verdict abandon --operator alice --reason 'INC-42: refunded by hand'",
+		},
+		setup: func(fs *flag.FlagSet) runFunc {
+			scope := fs.String("scope", "", "the key's `scope` (required)")
+			verdict := fs.String("verdict", "", "`verdict`: happened, not-happened or abandon (required)")
+			operator := fs.String("operator", "", "who gives the verdict (`name`, required)")
+			reason := fs.String("reason", "", "why: a ticket, what the provider showed (`text`, required)")
+			status := fs.Int("status", 0, "with happened: finish the key with this HTTP `status` (200-599) instead of resuming it")
+			body := fs.String("body", "", "with --status: the stored body, as `text` or @FILE")
+			contentType := fs.String("content-type", "application/json", "with --body: the stored Content-Type")
+			dryRun := fs.Bool("dry-run", false, "print what would be done; change nothing")
+			return func(ctx context.Context, e *env, args []string) error {
+				v, err := idem.ParseResolveVerdict(*verdict)
+				if err != nil {
+					return usageError(e.cmd, "--verdict: %q is not happened, not-happened or abandon", *verdict)
+				}
+				res := idem.Resolution{Verdict: v, Operator: *operator, Reason: *reason, DryRun: *dryRun}
+				switch {
+				case strings.TrimSpace(*operator) == "" || strings.TrimSpace(*reason) == "":
+					return usageError(e.cmd, "keys resolve: --operator and --reason are required: they are recorded with the key")
+				case *status != 0 && v != idem.ResolveHappened:
+					return usageError(e.cmd, "keys resolve: --status goes only with --verdict happened")
+				case *status == 0 && *body != "":
+					return usageError(e.cmd, "keys resolve: --body needs --status")
+				case *status != 0:
+					data := []byte(*body)
+					if name, ok := strings.CutPrefix(*body, "@"); ok {
+						if data, err = os.ReadFile(name); err != nil {
+							return usageError(e.cmd, "--body: %v", err)
+						}
+					}
+					res.Response = &idem.Response{Status: *status, Body: data}
+					if len(data) > 0 {
+						res.Response.Header = map[string][]string{"Content-Type": {*contentType}}
+					}
+				}
+				if err := e.connect(ctx); err != nil {
+					return err
+				}
+				out, err := e.runner.Resolve(ctx, *scope, args[0], res)
+				if err != nil {
+					return err
+				}
+				return e.printResolve(out)
+			}
+		},
+	},
+	{
 		name: "reap", args: "[--batch-size N] [--max-batches N] [--abandon-after DURATION] [flags]", needsDB: true,
 		summary: "delete expired and abandoned keys, in small batches",
 		help: "Runs one reaper pass: deletes expired finished keys batch by batch (each batch a short DELETE\n" +

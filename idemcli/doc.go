@@ -1,9 +1,11 @@
 // Package idemcli is the idem command-line tool as a library: migrations,
-// key inspection, forced unlocks, and on-demand reaper, completer and
-// reconcile runs against the database in DATABASE_URL.
+// key inspection, forced unlocks, operators' verdicts on needs_reconcile
+// keys (keys resolve), and on-demand reaper, completer and reconcile runs
+// against the database in DATABASE_URL.
 //
 // The generic binary, cmd/idem, knows no flows, so it can migrate, list,
-// show, unlock and reap, but not complete or reconcile: those run the
+// show, unlock, resolve (every verdict but resuming after a phase that
+// happened, which must know the flow) and reap, but not complete or reconcile: those run the
 // application's own phases and reconcile hooks. An application that wants
 // them builds its own binary with its flows registered:
 //

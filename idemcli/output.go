@@ -252,6 +252,20 @@ func (e *env) printUnlock(res *idem.UnlockResult) error {
 	return err
 }
 
+func (e *env) printResolve(res *idem.ResolveResult) error {
+	if e.json {
+		return e.printJSON(map[string]any{"verdict": res.Verdict, "dry_run": res.DryRun, "action": res.Action,
+			"key": newKeyJSON(res.Record, time.Now(), false)})
+	}
+	k := res.Record
+	done := "resolved"
+	if res.DryRun {
+		done = "dry run, nothing changed"
+	}
+	_, err := fmt.Fprintf(e.out, "key %q (scope %q), verdict %s (%s): %s\n", k.Key, k.Scope, res.Verdict, done, sanitize(res.Action))
+	return err
+}
+
 func (e *env) printReap(res *idem.ReapResult) error {
 	if e.json {
 		return e.printJSON(res)

@@ -46,6 +46,12 @@ const (
 	RecoveryPointFinished = "finished"
 )
 
+// RecoveryPointAbandoned is the recovery point of a finished key whose
+// request an operator abandoned (idem.Runner.Resolve): its retries get
+// idem.ErrRequestAbandoned rather than a replay of the placeholder response
+// stored with it. It cannot be a phase name, which has no hyphen.
+const RecoveryPointAbandoned = "abandoned-by-operator"
+
 // KeyRecord is one persisted idempotency key: the request it guards, how far
 // its flow got, the lease protecting it and, once finished, the response.
 // Phases see it read-only through idem.Attempt.Key; operators see it through

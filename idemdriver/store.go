@@ -181,7 +181,9 @@ type AcquireResult struct {
 type CommitParams struct {
 	Ref LockRef
 	// RecoveryPoint becomes the key's recovery point: the phase's name when
-	// it advances, RecoveryPointFinished when it responds.
+	// it advances, RecoveryPointFinished when it responds
+	// (RecoveryPointAbandoned when an operator abandoned the request; empty
+	// means RecoveryPointFinished for a finishing commit).
 	RecoveryPoint string
 	// Status is the key's status after the commit: StatusRunning for a
 	// phase that advances, StatusFinished (with Response) for one that
@@ -193,6 +195,10 @@ type CommitParams struct {
 	Response *Response
 	// Retention sets expires_at of a key that finishes.
 	Retention time.Duration
+	// LastError is recorded as the key's last error by a commit that
+	// finishes it (an operator's resolution says who and why); empty clears
+	// it, as every phase that responds does.
+	LastError string
 	Now       *time.Time
 }
 

@@ -384,7 +384,7 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 func (h *Handler[Req, Resp, In]) answer(ctx context.Context, key string, out *idem.Outcome, err error) (Resp, *status.Status) {
 	var zero Resp
 	switch out.Kind {
-	case idem.OutcomeReplayed, idem.OutcomeInProgress, idem.OutcomeNeedsReconcile:
+	case idem.OutcomeReplayed, idem.OutcomeInProgress, idem.OutcomeNeedsReconcile, idem.OutcomeRequestAbandoned:
 		if out.Record != nil && out.Record.Path != h.method {
 			// The key was first used with another method that runs the
 			// same flow and made the same input (a custom Config.Input

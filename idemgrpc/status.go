@@ -36,6 +36,10 @@ const (
 	// ReasonNeedsReconcile: the request made a foreign call whose outcome is
 	// unknown and waits for reconciliation. UNAVAILABLE with RetryInfo.
 	ReasonNeedsReconcile = "REQUEST_NEEDS_RECONCILE"
+	// ReasonRequestAbandoned: an operator gave the request up while its
+	// outcome was in doubt (idem keys resolve --verdict abandon); every
+	// retry with the key gets it, and nothing runs. FAILED_PRECONDITION.
+	ReasonRequestAbandoned = "REQUEST_ABANDONED"
 	// ReasonStoreUnavailable: the key store could not be reached; nothing
 	// was done, or the request stopped at its last committed phase.
 	// UNAVAILABLE with RetryInfo.
@@ -151,6 +155,11 @@ func outcomeStatus(out *idem.Outcome, err error, d delays, src keySource) (st *s
 			"This request called an outside system, and whether that call took effect is not known yet. "+
 				"The request will not run again until that is settled; retry after the delay in RetryInfo to get its final result.",
 			d.reconcile), true
+	case idem.OutcomeRequestAbandoned:
+		return newStatus(codes.FailedPrecondition, ReasonRequestAbandoned,
+			"This request was given up by an operator while its outcome was in doubt, and it will not run. "+
+				"Retrying with this idempotency key gets this answer again; to make the request anew, use a new key.",
+			0), true
 	case idem.OutcomeStoreUnavailable:
 		return newStatus(codes.Unavailable, ReasonStoreUnavailable,
 			"The idempotency key store could not be reached, so the request could not be completed. "+

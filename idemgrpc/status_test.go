@@ -38,6 +38,8 @@ func TestOutcomeStatus(t *testing.T) {
 			codes.FailedPrecondition, ReasonKeyReused, 0},
 		{"needs reconcile", &idem.Outcome{Kind: idem.OutcomeNeedsReconcile}, idem.ErrNeedsReconcile,
 			codes.Unavailable, ReasonNeedsReconcile, time.Minute},
+		{"request abandoned", &idem.Outcome{Kind: idem.OutcomeRequestAbandoned}, idem.ErrRequestAbandoned,
+			codes.FailedPrecondition, ReasonRequestAbandoned, 0},
 		{"store unavailable", &idem.Outcome{Kind: idem.OutcomeStoreUnavailable}, idem.ErrStoreUnavailable,
 			codes.Unavailable, ReasonStoreUnavailable, 5 * time.Second},
 		{"phase failed", &idem.Outcome{Kind: idem.OutcomeFailed}, fmt.Errorf("%w: provider down", idem.ErrPhaseFailed),

@@ -25,6 +25,7 @@ var wantTitles = map[string]string{
 	idemhttp.ProblemKeyReused:            "Idempotency-Key is already used",
 	idemhttp.ProblemInProgress:           "A request is outstanding for this Idempotency-Key",
 	idemhttp.ProblemNeedsReconcile:       "The outcome of this request is being reconciled",
+	idemhttp.ProblemRequestAbandoned:     "The request was abandoned",
 	idemhttp.ProblemStoreUnavailable:     "Idempotency key store unavailable",
 	idemhttp.ProblemRequestFailed:        "Request failed before it completed",
 	idemhttp.ProblemUnauthenticated:      "Authentication required",
@@ -455,6 +456,27 @@ var contractCases = []contractCase{
 			row := b.keyRow(t, "k-1")
 			require.Equal(t, idem.StatusNeedsReconcile, row.Status)
 			require.Equal(t, 1, b.counts.Get()["sms_sent"], "a call of unknown outcome is never re-run blindly")
+		},
+	},
+	{
+		name: "key an operator abandoned",
+		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
+			h, err := idemhttp.New(b.runner, b.sms, &idemhttp.Config[smsInput]{Scope: bearerScope, Profile: b.profile})
+			require.NoError(t, err)
+			first := post(h, "k-1", `{"to": "+15550100"}`)
+			require.Equal(t, http.StatusServiceUnavailable, first.Code, first.Body.String())
+			row := b.keyRow(t, "k-1")
+			_, err = b.runner.Resolve(context.Background(), row.Scope, "k-1",
+				idem.Resolution{Verdict: idem.ResolveAbandon, Operator: "alice", Reason: "INC-42"})
+			require.NoError(t, err)
+			return post(h, "k-1", `{"to": "+15550100"}`)
+		},
+		status: http.StatusGone, problem: idemhttp.ProblemRequestAbandoned, stripeType: idemhttp.StripeIdempotencyError,
+		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
+			row := b.keyRow(t, "k-1")
+			require.Equal(t, idem.StatusFinished, row.Status)
+			require.Equal(t, idem.RecoveryPointAbandoned, row.RecoveryPoint)
+			require.Equal(t, 1, b.counts.Get()["sms_sent"], "nothing runs again")
 		},
 	},
 

@@ -24,7 +24,7 @@ import (
 // docs/http.md lists them.
 var docSpecs = []problemSpec{
 	specKeyMissing, specKeyMalformed, specKeyReused, specInProgress, specTooManyKeys, specNeedsReconcile,
-	specStoreUnavailable, specRequestFailed, specUnauthenticated, specMethodNotAllowed,
+	specRequestAbandoned, specStoreUnavailable, specRequestFailed, specUnauthenticated, specMethodNotAllowed,
 	specUnsupportedMediaType, specBodyTooLarge, specMalformedJSON, specInvalidInput, specInternal,
 }
 

@@ -35,6 +35,10 @@ const (
 	// ProblemNeedsReconcile: the request made a foreign call whose outcome
 	// is unknown and waits for reconciliation. 503 with Retry-After.
 	ProblemNeedsReconcile = "request-needs-reconcile"
+	// ProblemRequestAbandoned: an operator gave the request up while its
+	// outcome was in doubt (idem keys resolve --verdict abandon). It is
+	// final: every retry with the key gets it, and nothing runs. 410.
+	ProblemRequestAbandoned = "request-abandoned"
 	// ProblemStoreUnavailable: the key store could not be reached; the
 	// request was not completed. 503 with Retry-After.
 	ProblemStoreUnavailable = "store-unavailable"
@@ -99,6 +103,8 @@ var (
 		http.StatusTooManyRequests, http.StatusTooManyRequests, StripeInvalidRequestError, "rate_limit"}
 	specNeedsReconcile = problemSpec{ProblemNeedsReconcile, "The outcome of this request is being reconciled",
 		http.StatusServiceUnavailable, http.StatusServiceUnavailable, StripeAPIError, ""}
+	specRequestAbandoned = problemSpec{ProblemRequestAbandoned, "The request was abandoned",
+		http.StatusGone, http.StatusGone, StripeIdempotencyError, ""}
 	specStoreUnavailable = problemSpec{ProblemStoreUnavailable, "Idempotency key store unavailable",
 		http.StatusServiceUnavailable, http.StatusServiceUnavailable, StripeAPIError, ""}
 	specRequestFailed = problemSpec{ProblemRequestFailed, "Request failed before it completed",

@@ -50,6 +50,9 @@ func (h *Handler[In]) writeOutcome(w http.ResponseWriter, r *http.Request, req i
 			"The request will not run again until that is settled; retry after the time in Retry-After to get its final result.")
 		p.Header = retryAfter(h.cfg.ReconcileRetryAfter)
 		h.writeProblem(w, p)
+	case idem.OutcomeRequestAbandoned:
+		h.writeProblem(w, h.problem(specRequestAbandoned, "This request was given up by an operator while its outcome was in doubt, "+
+			"and it will not run. Retrying with this Idempotency-Key gets this answer again; to make the request anew, use a new key."))
 	case idem.OutcomeStoreUnavailable:
 		h.writeProblem(w, h.storeUnavailable("The idempotency key store could not be reached, so the request could not be completed. "+
 			"Retry it with the same Idempotency-Key: it resumes where it stopped, and nothing runs twice."))

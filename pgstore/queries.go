@@ -1,6 +1,7 @@
 package pgstore
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"regexp"
@@ -275,7 +276,7 @@ SELECT 1 / count(*)::int FROM guarded`)
 WITH guarded AS (
 UPDATE {t}
 SET status           = 'finished',
-    recovery_point   = 'finished',
+    recovery_point   = $10::text,
     checkpoint       = CASE WHEN $3::jsonb = '{}' THEN checkpoint ELSE checkpoint || $3::jsonb END,
     last_run_at      = coalesce($8::timestamptz, clock_timestamp()),
     finished_at      = coalesce($8::timestamptz, clock_timestamp()),
@@ -284,7 +285,7 @@ SET status           = 'finished',
     response_headers = $5::jsonb,
     response_body    = $6,
     response_key_id  = nullif($9::text, ''),
-    last_error       = NULL
+    last_error       = nullif(left($11::text, 4000), '')
 WHERE id = $1 AND fence = $2
 RETURNING 1
 )
@@ -516,7 +517,8 @@ func (q *queries) commitStatement(p idemdriver.CommitParams, bodyKeyID string) (
 		if err != nil {
 			return "", nil, fmt.Errorf("pgstore: encode response header: %w", err)
 		}
-		return q.finishPhase, []any{p.Ref.ID, p.Ref.Fence, json.RawMessage(patch), p.Response.Status, string(headerJSON), body, p.Retention.Microseconds(), p.Now, bodyKeyID}, nil
+		return q.finishPhase, []any{p.Ref.ID, p.Ref.Fence, json.RawMessage(patch), p.Response.Status, string(headerJSON), body, p.Retention.Microseconds(), p.Now, bodyKeyID,
+			cmp.Or(p.RecoveryPoint, idemdriver.RecoveryPointFinished), p.LastError}, nil
 	case p.Status == idemdriver.StatusRunning:
 		return q.advancePhase, []any{p.Ref.ID, p.Ref.Fence, p.RecoveryPoint, json.RawMessage(patch), p.Now}, nil
 	}

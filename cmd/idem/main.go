@@ -1,6 +1,7 @@
 // Command idem is the operator's tool for idem's keys table: it applies and
 // prints migrations, lists and shows keys by state, force-unlocks a stuck
-// key, and runs the reaper on demand. It reads the database from
+// key, resolves a needs_reconcile key by an operator's verdict (keys
+// resolve), and runs the reaper on demand. It reads the database from
 // DATABASE_URL; `idem help` lists the commands and their exit codes.
 //
 // This binary knows no application flows, so `idem complete` and

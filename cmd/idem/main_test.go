@@ -210,7 +210,7 @@ func TestBinary(t *testing.T) {
 			require.Contains(t, res.stdout, "--state state")
 		}
 		// Every command's help has examples.
-		for _, cmd := range []string{"migrate up", "migrate down", "migrate status", "migrate sql", "keys list", "keys show", "keys unlock", "reap", "complete", "reconcile"} {
+		for _, cmd := range []string{"migrate up", "migrate down", "migrate status", "migrate sql", "keys list", "keys show", "keys unlock", "keys resolve", "reap", "complete", "reconcile"} {
 			res := b.runEnv(t, bins.idem, nil, append([]string{"help"}, strings.Fields(cmd)...)...)
 			require.Equal(t, idemcli.ExitOK, res.code, cmd)
 			require.Regexp(t, `Examples:\n  \S`, res.stdout, cmd)
