@@ -32,6 +32,7 @@ func TestNewRefusesMisconfiguration(t *testing.T) {
 		"key field type":    {func(c *orderConfig) { c.KeyField = "quantity" }, "not a singular string field"},
 		"repeated field":    {func(c *orderConfig) { c.KeyField = "notes" }, "not a singular string field"},
 		"negative delay":    {func(c *orderConfig) { c.FailedRetryDelay = -time.Second }, "FailedRetryDelay -1s is negative"},
+		"shared, no input":  {func(c *orderConfig) { c.SharedKeys = true }, "SharedKeys needs Config.Input"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

@@ -582,7 +582,8 @@ func TestOtherMethodsPassThrough(t *testing.T) {
 }
 
 // A flow that responds with something other than the method's response
-// message is a server bug: INTERNAL, and it is logged.
+// message (here JSON whose members are not its fields) is a server bug:
+// INTERNAL, and it is logged.
 func TestWrongResponseIsInternal(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -88,6 +88,20 @@ type Config[Req, Resp proto.Message, In any] struct {
 	// is a gRPC status error, which is answered as it is.
 	Input func(ctx context.Context, req Req) (In, error)
 
+	// SharedKeys binds the method's keys to its flow rather than to the
+	// method: every handler of the flow that sets it, over gRPC or over
+	// HTTP (idemhttp.Config.SharedKeys), serves one operation with one key
+	// space, so a request sent over one transport and retried over the
+	// other with the same key (and scope) gets the stored answer rather
+	// than a second execution. The key is recorded as POST <flow name>.
+	// The flow's input must then be a type of its own that both
+	// transports make (set Input), and is fingerprinted as JSON, not over
+	// the message's wire encoding; a flow that answers in JSON
+	// (idem.RespondJSON) answers both. docs/grpc.md, "One operation, two
+	// transports", shows the whole pattern. Default false: the key is
+	// bound to FullMethod.
+	SharedKeys bool
+
 	// UnavailableRetryDelay is the RetryInfo delay sent when the key store
 	// is unreachable. Default 5s.
 	UnavailableRetryDelay time.Duration
@@ -117,9 +131,12 @@ type Config[Req, Resp proto.Message, In any] struct {
 
 // core is what a Handler needs that does not depend on its type parameters.
 type core struct {
-	runner      *idem.Runner
-	flowName    string
-	method      string
+	runner   *idem.Runner
+	flowName string
+	method   string
+	// path is what the key is bound to: method, or with
+	// Config.SharedKeys the flow's name.
+	path        string
 	source      keySource
 	uuidKeys    bool
 	keyOptional bool
@@ -154,7 +171,7 @@ func New[Req, Resp proto.Message, In any](runner *idem.Runner, flow *idem.Flow[I
 	}
 	h := &Handler[Req, Resp, In]{
 		core: core{
-			runner: runner, flowName: flow.Name(), method: cfg.FullMethod,
+			runner: runner, flowName: flow.Name(), method: cfg.FullMethod, path: cfg.FullMethod,
 			uuidKeys: cfg.UUIDKeys, keyOptional: cfg.KeyOptional,
 			delays: delays{unavailable: DefaultUnavailableRetryDelay, reconcile: DefaultReconcileRetryDelay, failed: DefaultFailedRetryDelay},
 			log:    cfg.Logger,
@@ -182,6 +199,9 @@ func New[Req, Resp proto.Message, In any](runner *idem.Runner, flow *idem.Flow[I
 		}
 		h.source.field = fd
 	}
+	if cfg.SharedKeys && cfg.Input == nil {
+		errs = append(errs, errors.New("SharedKeys needs Config.Input: the default input holds the method's name, so no handler of another method or transport makes the same input"))
+	}
 	if h.input == nil {
 		def, ok := any(defaultInput[Req](cfg.FullMethod)).(func(context.Context, Req) (In, error))
 		if !ok {
@@ -204,6 +224,9 @@ func New[Req, Resp proto.Message, In any](runner *idem.Runner, flow *idem.Flow[I
 		case d.v > 0:
 			*d.dst = d.v
 		}
+	}
+	if cfg.SharedKeys {
+		h.path = flow.Name()
 	}
 	h.margin = cfg.DeadlineMargin
 	if h.margin == 0 {
@@ -339,10 +362,17 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 		return resp, internal()
 	}
 
-	payload, err := wirePayload(req)
-	if err != nil {
-		h.log.ErrorContext(ctx, "idemgrpc: the request cannot be encoded to fingerprint it", "method", h.method, "err", err)
-		return resp, internal()
+	// A key shared with other transports (Config.SharedKeys) is
+	// fingerprinted over the decoded input, which every transport builds
+	// alike; otherwise over the message as the client sent it.
+	var payload []byte
+	target := ""
+	if h.path == h.method {
+		if payload, err = wirePayload(req); err != nil {
+			h.log.ErrorContext(ctx, "idemgrpc: the request cannot be encoded to fingerprint it", "method", h.method, "err", err)
+			return resp, internal()
+		}
+		target = h.method
 	}
 
 	// The flow runs detached from the call: a client that gives up, or
@@ -357,8 +387,8 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 	done := make(chan result, 1)
 	go func() {
 		out, err := h.runner.Execute(context.WithoutCancel(ctx), h.flow, idem.Request{
-			Scope: scope, Key: key, Method: "POST", Path: h.method, Params: in,
-			Payload: payload, PayloadBinary: true, Target: h.method,
+			Scope: scope, Key: key, Method: "POST", Path: h.path, Params: in,
+			Payload: payload, PayloadBinary: payload != nil, Target: target,
 		})
 		done <- result{out, err}
 	}()
@@ -385,11 +415,12 @@ func (h *Handler[Req, Resp, In]) answer(ctx context.Context, key string, out *id
 	var zero Resp
 	switch out.Kind {
 	case idem.OutcomeReplayed, idem.OutcomeInProgress, idem.OutcomeNeedsReconcile, idem.OutcomeRequestAbandoned:
-		if out.Record != nil && out.Record.Path != h.method {
+		if out.Record != nil && out.Record.Path != h.path {
 			// The key was first used with another method that runs the
 			// same flow and made the same input (a custom Config.Input
 			// that leaves the method out): it is bound to that method all
-			// the same.
+			// the same. With Config.SharedKeys, path is the flow's name,
+			// which every transport of the operation records.
 			return zero, reused(h.source)
 		}
 	}

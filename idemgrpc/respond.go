@@ -1,15 +1,20 @@
 package idemgrpc
 
 import (
+	"bytes"
+	"cmp"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"mime"
 	"net/http"
+	"strings"
 
 	"google.golang.org/genproto/googleapis/rpc/code"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/go-idem/idem"
@@ -78,8 +83,11 @@ func decodeStored[Resp proto.Message](resp *idem.Response, want string) (Resp, *
 		return zero, nil, errors.New("the outcome has no response")
 	}
 	mediaType, params, err := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	if err == nil && isJSON(mediaType) {
+		return decodeStoredJSON[Resp](resp)
+	}
 	if err != nil || mediaType != ContentType {
-		return zero, nil, fmt.Errorf("the stored response is %q, not a protobuf message: did a phase respond with idem.Respond instead of idemgrpc.Respond?",
+		return zero, nil, fmt.Errorf("the stored response is %q, neither a protobuf message (idemgrpc.Respond) nor JSON (idem.RespondJSON)",
 			resp.Header.Get("Content-Type"))
 	}
 	stored := params["messagetype"]
@@ -140,4 +148,83 @@ func HTTPStatus(c codes.Code) int {
 		return http.StatusServiceUnavailable
 	}
 	return http.StatusInternalServerError // UNKNOWN, INTERNAL, DATA_LOSS and codes not defined yet
+}
+
+// isJSON reports whether a media type is JSON: application/json or any
+// +json type (application/problem+json).
+func isJSON(mediaType string) bool {
+	return mediaType == "application/json" || (strings.HasPrefix(mediaType, "application/") && strings.HasSuffix(mediaType, "+json"))
+}
+
+// strictJSON decodes a stored JSON answer into the response message: every
+// member must be a field of it, so that an answer shaped otherwise is a
+// reported error rather than an empty message.
+var strictJSON = protojson.UnmarshalOptions{}
+
+// decodeStoredJSON turns a stored JSON response, such as a flow that serves
+// HTTP too stores (idem.RespondJSON), into what a gRPC client gets: a 2xx
+// body decoded into the response message with protojson (member names are
+// the fields' proto or JSON names), any other status into an error status
+// (see StatusCode) whose message is the body's "detail" or "title" member
+// (an RFC 9457 problem), or else the HTTP status text.
+func decodeStoredJSON[Resp proto.Message](resp *idem.Response) (Resp, *status.Status, error) {
+	var zero Resp
+	if resp.Status >= 200 && resp.Status <= 299 {
+		msg, err := newMessage[Resp]()
+		if err != nil {
+			return zero, nil, err
+		}
+		if len(bytes.TrimSpace(resp.Body)) == 0 {
+			return msg, nil, nil
+		}
+		if err := strictJSON.Unmarshal(resp.Body, msg); err != nil {
+			return zero, nil, fmt.Errorf("decode the stored JSON answer into %s: %w", msg.ProtoReflect().Descriptor().FullName(), err)
+		}
+		return msg, nil, nil
+	}
+	var problem struct {
+		Title  string `json:"title"`
+		Detail string `json:"detail"`
+	}
+	_ = json.Unmarshal(resp.Body, &problem) // a body of another shape has no message to give
+	msg := cmp.Or(problem.Detail, problem.Title, http.StatusText(resp.Status), fmt.Sprintf("HTTP status %d", resp.Status))
+	return zero, status.New(StatusCode(resp.Status), msg), nil
+}
+
+// StatusCode is the gRPC code a gRPC client gets for a final answer a flow
+// stored as JSON with an HTTP status other than 2xx (a flow that serves
+// both transports, see docs/grpc.md): 400 INVALID_ARGUMENT, 401
+// UNAUTHENTICATED, 403 PERMISSION_DENIED, 404 NOT_FOUND, 409 ALREADY_EXISTS,
+// 429 RESOURCE_EXHAUSTED, 499 CANCELLED, 501 UNIMPLEMENTED, 503 UNAVAILABLE,
+// 504 DEADLINE_EXCEEDED; any other 4xx (402, 412, 422: a refusal that
+// depends on the state of things, such as a declined card) is
+// FAILED_PRECONDITION, any other status INTERNAL. It reverses [HTTPStatus]
+// where that is one to one.
+func StatusCode(httpStatus int) codes.Code {
+	switch httpStatus {
+	case http.StatusBadRequest:
+		return codes.InvalidArgument
+	case http.StatusUnauthorized:
+		return codes.Unauthenticated
+	case http.StatusForbidden:
+		return codes.PermissionDenied
+	case http.StatusNotFound:
+		return codes.NotFound
+	case http.StatusConflict:
+		return codes.AlreadyExists
+	case http.StatusTooManyRequests:
+		return codes.ResourceExhausted
+	case 499:
+		return codes.Canceled
+	case http.StatusNotImplemented:
+		return codes.Unimplemented
+	case http.StatusServiceUnavailable:
+		return codes.Unavailable
+	case http.StatusGatewayTimeout:
+		return codes.DeadlineExceeded
+	}
+	if httpStatus >= 400 && httpStatus <= 499 {
+		return codes.FailedPrecondition
+	}
+	return codes.Internal
 }

@@ -66,6 +66,11 @@ func (h *Handler[In]) admit(w http.ResponseWriter, r *http.Request) (idem.Reques
 	in, body, p := h.decode(w, r)
 	// The request as a retry of a key made from these very bytes.
 	retry := idem.Request{Scope: scope, Key: key, Method: r.Method, Path: route(r), Payload: body, Target: target(r), RetryOnly: true}
+	if h.cfg.SharedKeys {
+		// Shared keys are fingerprinted over the decoded input: a body
+		// that does not decode has nothing to match them with.
+		retry = idem.Request{}
+	}
 	if p != nil {
 		// Only a body refused for a field this release does not know is
 		// tried as a retry before Prepare has run: its canonical bytes are
@@ -98,6 +103,11 @@ func (h *Handler[In]) admit(w http.ResponseWriter, r *http.Request) (idem.Reques
 		}
 	}
 
+	if h.cfg.SharedKeys {
+		// A key shared with other transports is fingerprinted over the
+		// decoded input, which every transport builds alike.
+		return sharedRequest(scope, key, h.flow.Name(), in), nil
+	}
 	// The fingerprint is taken over what the client sent (the body and the
 	// request target), not over the input decoded and prepared from it, so
 	// a retry of the same bytes matches across a deploy that changed the
@@ -116,6 +126,15 @@ func target(r *http.Request) string {
 		t += "?" + r.URL.RawQuery
 	}
 	return t
+}
+
+// sharedRequest is the runner request of an operation served over several
+// transports (Config.SharedKeys): the key is bound to the flow, recorded
+// as POST <flow name> whatever the route and method, and the request holds
+// only what every transport makes, the decoded input, so that the same key
+// and input from any of them is one request.
+func sharedRequest(scope, key, flow string, in any) idem.Request {
+	return idem.Request{Scope: scope, Key: key, Method: http.MethodPost, Path: flow, Params: in}
 }
 
 // route names the endpoint a request reached, which the key is bound to

@@ -101,6 +101,20 @@ type Config[In any] struct {
 	// over the body as sent.
 	AllowUnknownFields bool
 
+	// SharedKeys binds the handler's keys to its flow rather than to its
+	// route and method: every handler of the flow that sets it, over HTTP
+	// or over gRPC (idemgrpc.Config.SharedKeys), serves one operation with
+	// one key space, so a request sent over one transport and retried over
+	// the other with the same key (and scope) gets the stored response
+	// rather than a second execution. The key is recorded as POST <flow
+	// name>. The fingerprint is then taken over the decoded input (what
+	// every transport makes of its request), so the flow's answer should
+	// be one every transport can render: JSON (idem.RespondJSON), which
+	// idemgrpc decodes into the method's response message. docs/http.md,
+	// "One operation, two transports", shows the whole pattern. Default
+	// false: the key is bound to the route and method.
+	SharedKeys bool
+
 	// ProblemTypeBase prefixes the names of problem types (the Problem*
 	// constants) to make their type URIs. Default ProblemTypeBaseDefault,
 	// which leads to docs/http.md.
