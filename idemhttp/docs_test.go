@@ -232,6 +232,7 @@ func TestDocsConfigurationTable(t *testing.T) {
 		"MinKeyLength":          fmt.Sprintf("`MinKeyLengthDefault`, %d", MinKeyLengthDefault),
 		"ReplayHeaders":         "none",
 		"AllowUnknownFields":    "false",
+		"SharedKeys":            "false",
 		"ProblemTypeBase":       "`ProblemTypeBaseDefault`, `" + ProblemTypeBaseDefault + "`",
 		"AuthChallenge":         "none",
 		"UnavailableRetryAfter": "`UnavailableRetryAfterDefault`, " + seconds(UnavailableRetryAfterDefault),
