@@ -46,6 +46,11 @@
 //		return idemgrpc.Respond(&ridespb.Ride{RideId: id, ChargeId: charge.ID})
 //	}}
 //
+// A flow that also serves HTTP (Config.SharedKeys: one operation, one key
+// space over both transports) answers in JSON with idem.RespondJSON instead;
+// the handler decodes a stored JSON answer into the response message, or
+// into a final status for a non-2xx one ([StatusCode]).
+//
 // # From call to runner
 //
 // For a configured method the handler does, in order, and stops at the first
