@@ -82,10 +82,16 @@ func (b *bundle) sharedOrderFlow() *idem.Flow[sharedOrder] {
 // user:alice on either.
 func twoTransports(t *testing.T, b *bundle) (httpURL string, client testpb.OrdersClient) {
 	t.Helper()
+	return serveTwoTransports(t, b, true)
+}
+
+// serveTwoTransports is twoTransports with SharedKeys set as shared says.
+func serveTwoTransports(t *testing.T, b *bundle, shared bool) (httpURL string, client testpb.OrdersClient) {
+	t.Helper()
 	flow := b.sharedOrderFlow()
 	runner := b.newRunner(t, b.store, func(c *idem.Config) { c.Flows = append(c.Flows, flow) })
 
-	overHTTP, err := idemhttp.New(runner, flow, &idemhttp.Config[sharedOrder]{
+	httpConfig := &idemhttp.Config[sharedOrder]{
 		Scope: func(r *http.Request) (string, error) {
 			user, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 			if !ok || user == "" {
@@ -94,21 +100,24 @@ func twoTransports(t *testing.T, b *bundle) (httpURL string, client testpb.Order
 			return "user:" + user, nil
 		},
 		SharedKeys: true,
-	})
-	require.NoError(t, err)
-	mux := http.NewServeMux()
-	mux.Handle("POST /orders", overHTTP)
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-
-	overGRPC, err := idemgrpc.New(runner, flow, &idemgrpc.Config[*testpb.CreateOrderRequest, *testpb.Order, sharedOrder]{
+	}
+	grpcConfig := &idemgrpc.Config[*testpb.CreateOrderRequest, *testpb.Order, sharedOrder]{
 		FullMethod: testpb.Orders_CreateOrder_FullMethodName,
 		Scope:      userScope,
 		Input: func(_ context.Context, req *testpb.CreateOrderRequest) (sharedOrder, error) {
 			return sharedOrder{SKU: req.GetSku(), Quantity: req.GetQuantity()}, nil
 		},
 		SharedKeys: true,
-	})
+	}
+	httpConfig.SharedKeys, grpcConfig.SharedKeys = shared, shared
+
+	overHTTP, err := idemhttp.New(runner, flow, httpConfig)
+	require.NoError(t, err)
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders", overHTTP)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	overGRPC, err := idemgrpc.New(runner, flow, grpcConfig)
 	require.NoError(t, err)
 	return srv.URL, serveOrders(t, overGRPC, nil)
 }
@@ -194,6 +203,21 @@ func TestOneOperationTwoTransports(t *testing.T) {
 	require.Equal(t, map[string]int{"order_created": 3, "charged": 2, "responded": 2}, b.counts.get(), "nothing ran twice")
 	require.Equal(t, 2, b.provider.count())
 	t.Logf("3 keys over 2 transports: %d executions of the first phase, %d charges, %d orders", b.counts.get()["order_created"], b.provider.count(), b.count(t, "orders"))
+}
+
+// Without SharedKeys a key is bound to its route or method: the two
+// transports are two key spaces, and a retry over the other one is refused
+// as a reused key (never run a second time).
+func TestTwoTransportsWithoutSharedKeys(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	url, client := serveTwoTransports(t, b, false)
+	code, body, _ := postOrder(t, url, "k-1", `{"sku": "rocket", "quantity": 2}`)
+	require.Equal(t, http.StatusCreated, code, "body: %s", body)
+	_, err, _ := call(t, client, "k-1", &testpb.CreateOrderRequest{Sku: "rocket", Quantity: 2})
+	requireStatus(t, err, codes.FailedPrecondition, idemgrpc.ReasonKeyReused)
+	require.Equal(t, "POST /orders", b.keyRow(t, "k-1").Method+" "+b.keyRow(t, "k-1").Path)
+	require.Equal(t, map[string]int{"order_created": 1, "charged": 1, "responded": 1}, b.counts.get())
 }
 
 func TestStatusCodeOfAStoredHTTPStatus(t *testing.T) {
