@@ -120,15 +120,3 @@ func payloadFingerprint(key []byte, flow, target string, payload []byte, binary 
 		return canonical.AppendLoose(append(buf, 'j'), payload)
 	})
 }
-
-// fingerprintScheme says which scheme made a stored fingerprint: 1 or 2, or
-// 0 for bytes neither makes.
-func fingerprintScheme(fp []byte) int {
-	switch {
-	case len(fp) == sha256.Size:
-		return fingerprintSchemeInput
-	case len(fp) == 1+sha256.Size && fp[0] == fingerprintSchemePayload:
-		return fingerprintSchemePayload
-	}
-	return 0
-}

@@ -9,13 +9,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemdriver"
 )
 
 // setFingerprint rewrites a key's stored fingerprint, as a binary before
-// the payload scheme would have written it.
+// the payload fingerprint had its own column would have written it.
 func (b *testBundle) setFingerprint(t *testing.T, key string, fp []byte) {
 	t.Helper()
-	tag, err := b.pool.Exec(context.Background(), `UPDATE idem_keys SET fingerprint = $1 WHERE key = $2`, fp, key)
+	tag, err := b.pool.Exec(context.Background(), `UPDATE idem_keys SET fingerprint = $1, payload_fingerprint = NULL WHERE key = $2`, fp, key)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), tag.RowsAffected())
 }
@@ -76,6 +77,89 @@ func TestKeysFingerprintedBeforeThePayloadSchemeKeepMatching(t *testing.T) {
 			t.Logf("scheme-1 keys: finished replayed, in flight resumed (%s), other input %v", out.Kind, idem.ErrMismatch)
 		})
 	}
+}
+
+// A key carries two fingerprints (migration 0009): the payload's, which
+// this release compares, and the decoded input's, which earlier releases
+// compare and downstream keys derive from, so that a key made here and
+// resumed by the previous release during a rolling upgrade sends its
+// provider the downstream key it was sent here. The downstream scheme is
+// written out, so a migration that changes the column's default (a revert
+// of 0002's) changes nothing a new key sends.
+func TestNewKeysCarryBothFingerprints(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		key  []byte
+	}{{"unkeyed", nil}, {"hmac", fingerprintKey}} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			ctx := context.Background()
+			_, err := b.pool.Exec(ctx, `ALTER TABLE idem_keys ALTER COLUMN downstream_scheme SET DEFAULT 1`)
+			require.NoError(t, err)
+			in := rideInput{Origin: "SF", Amount: 5}
+			r := b.runner(t, &idem.Config{FingerprintKey: tt.key})
+			out, err := r.Execute(ctx, b.flow, b.request("new", in))
+			require.NoError(t, err)
+			require.Equal(t, idem.OutcomeExecuted, out.Kind)
+
+			rec := b.key(t, "new")
+			require.Equal(t, inputFingerprint(t, tt.key, "rides.create", in), rec.Fingerprint, "what the previous release computes")
+			require.Len(t, rec.PayloadFingerprint, 33)
+			require.Equal(t, byte(2), rec.PayloadFingerprint[0])
+			require.Equal(t, idemdriver.DownstreamByRequest, rec.DownstreamScheme, "written, not the column's default")
+			previous := idemdriver.KeyRecord{DownstreamScheme: idemdriver.DownstreamByRequest, Scope: rec.Scope, Key: rec.Key, Flow: rec.Flow,
+				Fingerprint: inputFingerprint(t, tt.key, "rides.create", in)}
+			require.Equal(t, previous.DownstreamKey("charge_created"), rec.DownstreamKey("charge_created"))
+
+			// The payload decides: the same JSON with its members in
+			// another order and spaced differently is this request.
+			same := b.request("new", in)
+			same.Params = json.RawMessage(`{ "amount": 5, "origin": "SF" }`)
+			out, err = r.Execute(ctx, b.flow, same)
+			require.NoError(t, err)
+			require.Equal(t, idem.OutcomeReplayed, out.Kind)
+			_, err = r.Execute(ctx, b.flow, b.request("new", rideInput{Origin: "SF", Amount: 6}))
+			require.ErrorIs(t, err, idem.ErrMismatch)
+			t.Logf("fingerprint %x (input scheme), payload_fingerprint %x, downstream scheme %d with the column's default at 1",
+				rec.Fingerprint[:6], rec.PayloadFingerprint[:7], rec.DownstreamScheme)
+		})
+	}
+}
+
+// Keys made before the payload fingerprint had its own column carry it as
+// their fingerprint (33 bytes, scheme 2): retries still match and resume,
+// keeping the fingerprint, so their downstream keys do not change.
+func TestKeysWithThePayloadFingerprintInPlaceKeepMatching(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	in := rideInput{Origin: "SF", Amount: 5}
+	crash := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "ride_created")}})
+	_, err := crash.Execute(ctx, b.flow, b.request("in-flight", in))
+	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	r := b.runner(t, nil)
+	_, err = r.Execute(ctx, b.flow, b.request("finished", in))
+	require.NoError(t, err)
+	for _, key := range []string{"in-flight", "finished"} {
+		b.setFingerprint(t, key, b.key(t, key).PayloadFingerprint)
+	}
+	b.clock.Advance(time.Hour)
+
+	out, err := r.Execute(ctx, b.flow, b.request("finished", in))
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeReplayed, out.Kind)
+	_, err = r.Execute(ctx, b.flow, b.request("finished", rideInput{Origin: "LA", Amount: 5}))
+	require.ErrorIs(t, err, idem.ErrMismatch)
+	before := b.key(t, "in-flight").Fingerprint
+	out, err = r.Execute(ctx, b.flow, b.request("in-flight", in))
+	require.NoError(t, err)
+	require.True(t, out.TookOver)
+	after := b.key(t, "in-flight")
+	require.Equal(t, before, after.Fingerprint, "it keeps its fingerprint")
+	require.Nil(t, after.PayloadFingerprint)
+	require.Equal(t, 2, b.provider.Charges())
 }
 
 // Fingerprints are over what the caller passed: JSON params are

@@ -268,13 +268,18 @@ type AnyFlow interface {
 
 // prepared is a request's input in the forms the runner needs.
 type prepared struct {
-	input       any
-	params      []byte // JSON, stored with the key: what FlowConfig.Store keeps
-	fingerprint []byte
+	input  any
+	params []byte // JSON, stored with the key: what FlowConfig.Store keeps
+	// fingerprint is the input scheme's (fingerprintSchemeInput), which
+	// earlier releases compare and a new key's downstream keys derive from;
+	// payloadFingerprint the payload scheme's, which this one compares (see
+	// idemdriver.KeyRecord.SameRequest). A retry-only request has only the
+	// second.
+	fingerprint, payloadFingerprint []byte
 	// whole is the whole input as JSON, and payload, binary and target
-	// what the fingerprint was taken over, for fingerprints in earlier
-	// schemes (fingerprintSchemeInput, Config.PreviousFingerprintKeys);
-	// nil for an input read back from its key.
+	// what the payload fingerprint was taken over, for fingerprints made
+	// with earlier keys (Config.PreviousFingerprintKeys); nil for an input
+	// read back from its key.
 	whole   []byte
 	payload []byte
 	binary  bool
@@ -289,7 +294,7 @@ type prepared struct {
 // once the key is held (execute), so that params that no longer decode are
 // recorded on the key rather than skipped on every pass.
 func storedInput(rec *KeyRecord) *prepared {
-	return &prepared{params: rec.Params, fingerprint: rec.Fingerprint, fromKey: true}
+	return &prepared{params: rec.Params, fingerprint: rec.Fingerprint, payloadFingerprint: rec.PayloadFingerprint, fromKey: true}
 }
 
 func (f *Flow[In]) retentionOr(d time.Duration) time.Duration {
@@ -355,10 +360,12 @@ func (f *Flow[In]) joinsPrevious(i int) bool {
 
 // prepare accepts the input (req.Params) as In, *In, or JSON
 // (json.RawMessage or []byte), and returns it decoded, fingerprinted, and as
-// JSON to store (what FlowConfig.Store keeps of it). The fingerprint is the
-// payload scheme's (payloadFingerprint) over what the caller sent:
-// req.Payload, else the JSON that req.Params is, else the JSON encoding of
-// the input; keyed with fingerprintKey when it is set.
+// JSON to store (what FlowConfig.Store keeps of it). The fingerprint that
+// decides is the payload scheme's (payloadFingerprint) over what the caller
+// sent: req.Payload, else the JSON that req.Params is, else the JSON
+// encoding of the input. The input scheme's, over the JSON encoding of the
+// input, goes with it for earlier releases. Both are keyed with
+// fingerprintKey when it is set.
 func (f *Flow[In]) prepare(req *Request, fingerprintKey []byte) (*prepared, error) {
 	var in In
 	payload := req.Payload
@@ -404,11 +411,15 @@ func (f *Flow[In]) prepare(req *Request, fingerprintKey []byte) (*prepared, erro
 		payload = js
 	}
 	binary := req.PayloadBinary && req.Payload != nil
-	fp, err := payloadFingerprint(fingerprintKey, f.name, req.Target, payload, binary) // an error wraps ErrInvalidParams
+	pfp, err := payloadFingerprint(fingerprintKey, f.name, req.Target, payload, binary) // an error wraps ErrInvalidParams
 	if err != nil {
 		return nil, err
 	}
-	p := &prepared{input: in, params: js, fingerprint: fp, whole: js, payload: payload, binary: binary, target: req.Target}
+	fp, err := fingerprintWith(fingerprintKey, f.name, js)
+	if err != nil {
+		return nil, err
+	}
+	p := &prepared{input: in, params: js, fingerprint: fp, payloadFingerprint: pfp, whole: js, payload: payload, binary: binary, target: req.Target}
 	if f.store != nil {
 		if p.params, err = encodeJSON(f.store(in)); err != nil {
 			return nil, fmt.Errorf("%w: encode what FlowConfig.Store keeps: %w", ErrInvalidParams, err)

@@ -37,9 +37,10 @@ func TestPrepareDoesNotEscapeHTML(t *testing.T) {
 	fp, err := Fingerprint("notes.create", escaped)
 	require.NoError(t, err)
 	require.Equal(t, fp, fingerprintOf(t, "notes.create", p.whole))
+	require.Equal(t, fp, p.fingerprint)
 	fp, err = payloadFingerprint(nil, "notes.create", "", escaped, false)
 	require.NoError(t, err)
-	require.Equal(t, fp, p.fingerprint)
+	require.Equal(t, fp, p.payloadFingerprint)
 
 	// The canonicaliser writes them literally too, whichever way they came.
 	canon, err := canonical.JSON([]byte(`"\u003c\u003e\u0026` + note + `"`))

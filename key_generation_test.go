@@ -37,6 +37,9 @@ func TestReusedExpiredKeyGetsNewDownstreamKeys(t *testing.T) {
 	require.Zero(t, first.Record.Generation)
 	require.Equal(t, 1, second.Record.Generation)
 	require.NotEqual(t, first.Record.DownstreamKey("charge_created"), second.Record.DownstreamKey("charge_created"))
+	require.Len(t, first.Record.Fingerprint, 32, "generation 0: the input scheme, which the previous release compares")
+	require.Equal(t, second.Record.PayloadFingerprint, second.Record.Fingerprint,
+		"generation 1: the payload fingerprint in both columns, which the previous release (no generations) cannot compare")
 	t.Logf("generation %d sent %s, generation %d sent %s", first.Record.Generation, first.Record.DownstreamKey("charge_created"),
 		second.Record.Generation, second.Record.DownstreamKey("charge_created"))
 

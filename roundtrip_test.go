@@ -72,7 +72,7 @@ func TestAcquisitionIsOneRoundTrip(t *testing.T) {
 		require.NoError(t, err)
 		sqls, prepares, writes := snapshot()
 		require.Zero(t, prepares)
-		require.Contains(t, sqls[0], "idem_acquire_v8(", "the first statement is the acquisition")
+		require.Contains(t, sqls[0], "idem_acquire_v9(", "the first statement is the acquisition")
 
 		require.Equal(t, mark{idem.HookPhaseStart, "ride_created", 1}, marks[0], "acquisition: one round trip, and no BEGIN of its own before the phase")
 		starts := map[string]int64{}

@@ -1,7 +1,6 @@
 package idem
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -208,16 +207,14 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request, stored 
 		acq, err = r.acquire(ctx, flow, req, p, false)
 	}
 	if err == nil && acq.Acquired == idemdriver.AcquiredNone {
-		if fp := r.earlierFingerprint(flow, p, acq.Record); fp != nil {
+		if q := r.earlierFingerprint(flow, p, acq.Record); q != nil {
 			// The key was fingerprinted before the current
 			// Config.FingerprintKey, for this very input: it is this
-			// request, and keeps the fingerprint it has.
-			q := *p
-			q.fingerprint = fp
+			// request, and keeps the fingerprints it has.
 			at := r.localNow()
-			again, aerr := r.acquire(ctx, flow, req, &q, true)
+			again, aerr := r.acquire(ctx, flow, req, q, true)
 			if aerr != nil || again.Record != nil {
-				acq, err, p, sent = again, aerr, &q, at
+				acq, err, p, sent = again, aerr, q, at
 			}
 			// Otherwise the key vanished (reaped) in between: the first
 			// answer stands, and the retry that follows creates it anew.
@@ -267,7 +264,7 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request, stored 
 
 	// Nothing was locked: report what is there. The mismatch check comes
 	// first, so a different request learns nothing about this key's state.
-	if rec.Flow != flow.Name() || rec.Method != req.Method || rec.Path != req.Path || !bytes.Equal(rec.Fingerprint, p.fingerprint) {
+	if rec.Flow != flow.Name() || rec.Method != req.Method || rec.Path != req.Path || !rec.SameRequest(p.fingerprint, p.payloadFingerprint) {
 		ev.Kind = EventMismatch
 		r.emit(ctx, ev)
 		return &Outcome{}, fmt.Errorf("%w: key %q was first used by flow %q at %s %s, with its own params", ErrMismatch, req.Key, rec.Flow, rec.Method, rec.Path)
@@ -302,7 +299,7 @@ func (r *Runner) retryInput(flow AnyFlow, req *Request) (*prepared, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &prepared{fingerprint: fp, fromKey: true, payload: req.Payload, binary: req.PayloadBinary, target: req.Target}, nil
+	return &prepared{payloadFingerprint: fp, fromKey: true, payload: req.Payload, binary: req.PayloadBinary, target: req.Target}, nil
 }
 
 // acquire is the acquisition of req's key, bounded by StatementTimeout.
@@ -312,39 +309,37 @@ func (r *Runner) acquire(ctx context.Context, flow AnyFlow, req Request, p *prep
 	defer cancel()
 	return r.store.Acquire(actx, idemdriver.AcquireParams{
 		Scope: req.Scope, Key: req.Key, Flow: flow.Name(), Method: req.Method, Path: req.Path,
-		Fingerprint: p.fingerprint, Params: p.params, Lease: r.config.Lease, NoCreate: noCreate, Now: r.now(),
+		Fingerprint: p.fingerprint, PayloadFingerprint: p.payloadFingerprint, Params: p.params, Lease: r.config.Lease, NoCreate: noCreate, Now: r.now(),
 	})
 }
 
-// earlierFingerprint returns rec's fingerprint when it is p's request
-// fingerprinted in a way Config accepts besides the current one: the input
-// scheme (fingerprintSchemeInput) that keys written before the payload
-// scheme carry, or a fingerprint key used before the current one
-// (PreviousFingerprintKeys, AcceptUnkeyedFingerprints). It returns nil
-// otherwise.
-func (r *Runner) earlierFingerprint(flow AnyFlow, p *prepared, rec *KeyRecord) []byte {
-	if rec == nil || rec.Flow != flow.Name() || bytes.Equal(rec.Fingerprint, p.fingerprint) {
+// earlierFingerprint returns p with the fingerprints that make it rec's
+// request when they were made with a fingerprint key used before the
+// current one (PreviousFingerprintKeys, AcceptUnkeyedFingerprints), and nil
+// when p is rec's request as it is, or is not in any of them.
+func (r *Runner) earlierFingerprint(flow AnyFlow, p *prepared, rec *KeyRecord) *prepared {
+	if rec == nil || rec.Flow != flow.Name() || rec.SameRequest(p.fingerprint, p.payloadFingerprint) {
 		return nil
 	}
-	keys := append([][]byte{r.config.FingerprintKey}, r.config.PreviousFingerprintKeys...)
+	keys := r.config.PreviousFingerprintKeys
 	if r.config.AcceptUnkeyedFingerprints && len(r.config.FingerprintKey) > 0 {
-		keys = append(keys, nil)
+		keys = append(append([][]byte(nil), keys...), nil)
 	}
 	for _, key := range keys {
-		var fp []byte
+		q := *p
 		var err error
-		switch scheme := fingerprintScheme(rec.Fingerprint); {
-		case scheme == fingerprintSchemeInput && p.whole != nil:
-			fp, err = fingerprintWith(key, flow.Name(), p.whole)
-		case scheme == fingerprintSchemePayload && p.payload != nil:
-			fp, err = payloadFingerprint(key, flow.Name(), p.target, p.payload, p.binary)
-		default:
-			// Nothing to compare it with: a key's own stored input, or a
-			// retry-only request (no decoded input) and an input-scheme key.
-			return nil
+		if p.payload != nil {
+			if q.payloadFingerprint, err = payloadFingerprint(key, flow.Name(), p.target, p.payload, p.binary); err != nil {
+				continue
+			}
 		}
-		if err == nil && bytes.Equal(fp, rec.Fingerprint) {
-			return rec.Fingerprint
+		if p.whole != nil {
+			if q.fingerprint, err = fingerprintWith(key, flow.Name(), p.whole); err != nil {
+				continue
+			}
+		}
+		if rec.SameRequest(q.fingerprint, q.payloadFingerprint) {
+			return &q
 		}
 	}
 	return nil

@@ -1,6 +1,7 @@
 package idemdriver
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -71,8 +72,17 @@ type KeyRecord struct {
 	Method           string           `db:"method" json:"method"`
 	Path             string           `db:"path" json:"path"`
 	// Fingerprint is SHA-256 over the flow name and the canonical JSON of the
-	// input; see idem.Fingerprint.
+	// decoded input (see idem.Fingerprint; HMAC-SHA-256 with a fingerprint
+	// key), what releases before the payload fingerprint compare. Downstream
+	// keys derive from it, so that a key resumed by either release sends the
+	// same ones. A key that replaced an expired one holds its
+	// PayloadFingerprint here instead, which earlier releases cannot compare.
 	Fingerprint []byte `db:"fingerprint" json:"fingerprint"`
+	// PayloadFingerprint is the fingerprint of what the client sent (33
+	// bytes: the scheme byte 2, then the hash), which a deploy that changes
+	// the flow's input type does not change; nil for keys created before it
+	// was stored, which compare by Fingerprint. See SameRequest.
+	PayloadFingerprint []byte `db:"payload_fingerprint" json:"payload_fingerprint,omitempty"`
 	// Params is the input as JSON (or what the flow's FlowConfig.Store
 	// keeps of it), kept so the request can be re-driven server-side
 	// without the client. It is always the plain JSON once read, however it
@@ -164,6 +174,19 @@ func (k *KeyRecord) DownstreamKey(phase string) string {
 		sum.Write(field)
 	}
 	return "idem-" + hex.EncodeToString(sum.Sum(nil)[:16])
+}
+
+// SameRequest reports whether a request with these fingerprints (see
+// AcquireParams) is the one the key was created for, flow, method and path
+// aside: by the payload fingerprint when the key has one, else by the stored
+// fingerprint, which, in keys made before the payload fingerprint had its
+// own column, may itself be one (scheme 2).
+func (k *KeyRecord) SameRequest(fingerprint, payloadFingerprint []byte) bool {
+	if k.PayloadFingerprint != nil {
+		return payloadFingerprint != nil && bytes.Equal(k.PayloadFingerprint, payloadFingerprint)
+	}
+	return (fingerprint != nil && bytes.Equal(k.Fingerprint, fingerprint)) ||
+		(payloadFingerprint != nil && bytes.Equal(k.Fingerprint, payloadFingerprint))
 }
 
 // Locked reports whether a live lease holds the key at time now.

@@ -143,9 +143,15 @@ const (
 // AcquireParams are the inputs of [Store.Acquire].
 type AcquireParams struct {
 	Scope, Key, Flow, Method, Path string
-	Fingerprint                    []byte
-	Params                         []byte
-	Lease                          time.Duration
+	// Fingerprint is what a new key stores as KeyRecord.Fingerprint (the
+	// input scheme, which earlier releases compare and downstream keys
+	// derive from), and PayloadFingerprint what it stores as
+	// KeyRecord.PayloadFingerprint. An existing key is this request when
+	// KeyRecord.SameRequest says so. A request that cannot make the first
+	// (a retry-only request: NoCreate) leaves it nil.
+	Fingerprint, PayloadFingerprint []byte
+	Params                          []byte
+	Lease                           time.Duration
 	// NoCreate reports or takes over an existing key as usual, but inserts
 	// nothing when there is none (or only an expired one, which is then
 	// left as it is): Acquired is AcquiredNone and Record nil.

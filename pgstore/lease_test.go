@@ -155,7 +155,7 @@ func TestReplayDoesNotReadTheLeaseRow(t *testing.T) {
 		var before, after int64
 		require.NoError(t, tx.QueryRow(ctx, counters).Scan(&before))
 		require.NoError(t, tx.QueryRow(ctx, `SELECT acquired FROM (`+store.q.acquire+`) a`,
-			append([]any{nil, "s", key, "f", "POST", "/", []byte{1}, "{}", int64(90e6), false, ""}, store.holder.args()...)...).Scan(&acquired))
+			append([]any{nil, "s", key, "f", "POST", "/", []byte{1}, []byte(nil), "{}", int64(90e6), false, ""}, store.holder.args()...)...).Scan(&acquired))
 		require.NoError(t, tx.QueryRow(ctx, counters).Scan(&after))
 		return acquired, after - before
 	}

@@ -25,7 +25,6 @@
 package pgstore
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -258,7 +257,7 @@ func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemd
 	replanned := false
 	for i := 0; i < maxAcquireStatements; i++ {
 		res, err := s.acquisition(ctx, s.q.acquire, append([]any{
-			p.Now, p.Scope, p.Key, p.Flow, p.Method, p.Path, p.Fingerprint, string(params), p.Lease.Microseconds(), p.NoCreate, paramsKeyID},
+			p.Now, p.Scope, p.Key, p.Flow, p.Method, p.Path, p.Fingerprint, p.PayloadFingerprint, string(params), p.Lease.Microseconds(), p.NoCreate, paramsKeyID},
 			s.holder.args()...)...)
 		if !replanned && planChanged(err) {
 			// A migration changed what the statement returns since this
@@ -289,12 +288,12 @@ func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemd
 		}
 		res.Retried = i
 		if rec := res.Record; res.Acquired == idemdriver.AcquiredNone && rec.Status == idemdriver.StatusRunning &&
-			rec.Flow == p.Flow && bytes.Equal(rec.Fingerprint, p.Fingerprint) && rec.Method == p.Method && rec.Path == p.Path &&
+			rec.Flow == p.Flow && rec.SameRequest(p.Fingerprint, p.PayloadFingerprint) && rec.Method == p.Method && rec.Path == p.Path &&
 			(!rec.Locked(res.DBNow) || s.holder.resumes(rec)) {
 			// Nobody holds this unfinished key, or an earlier process of
 			// this instance, now dead, does: take it over.
 			taken, err := s.acquisition(ctx, s.q.takeOver, append([]any{
-				p.Now, rec.ID, p.Flow, p.Fingerprint, p.Lease.Microseconds(), p.Method, p.Path}, s.holder.args()...)...)
+				p.Now, rec.ID, p.Flow, rec.Fingerprint, p.Lease.Microseconds(), p.Method, p.Path}, s.holder.args()...)...)
 			switch {
 			case errors.Is(err, pgx.ErrNoRows), errors.Is(mapError(err), idemdriver.ErrSerialization):
 				// Another worker took it (or finished it) first; report

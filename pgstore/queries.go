@@ -73,7 +73,8 @@ func recordColumnsOf(k, l string, payload bool) string {
 		CASE WHEN {k}status <> 'finished' AND {l}holder_fence = {l}fence THEN coalesce({l}holder_instance, '') ELSE '' END AS holder_instance,
 		CASE WHEN {k}status <> 'finished' AND {l}holder_fence = {l}fence THEN coalesce({l}holder_host, '') ELSE '' END AS holder_host,
 		CASE WHEN {k}status <> 'finished' AND {l}holder_fence = {l}fence THEN coalesce({l}holder_pid, 0) ELSE 0 END AS holder_pid,
-		CASE WHEN {k}status <> 'finished' AND {l}holder_fence = {l}fence THEN coalesce({l}holder_boot, '') ELSE '' END AS holder_boot`
+		CASE WHEN {k}status <> 'finished' AND {l}holder_fence = {l}fence THEN coalesce({l}holder_boot, '') ELSE '' END AS holder_boot,
+		{k}payload_fingerprint`
 	if !payload {
 		cols = strings.NewReplacer("{k}params,", "NULL::jsonb AS params,", "{k}checkpoint,", "NULL::jsonb AS checkpoint,",
 			"coalesce({k}response_headers, '{}')", "NULL::jsonb", "{k}response_body,", "NULL::bytea AS response_body,").Replace(cols)
@@ -93,7 +94,7 @@ func recordDest(rec *idemdriver.KeyRecord) []any {
 		&rec.ResponseBody, &rec.Attempts, &rec.LastError,
 		&rec.CreatedAt, &rec.LastRunAt, &rec.FinishedAt, &rec.ExpiresAt,
 		&rec.ParamsKeyID, &rec.ResponseKeyID, &rec.Generation,
-		&rec.HolderInstance, &rec.HolderHost, &rec.HolderPID, &rec.HolderBoot}
+		&rec.HolderInstance, &rec.HolderHost, &rec.HolderPID, &rec.HolderBoot, &rec.PayloadFingerprint}
 }
 
 // leaseOf joins progress rows k with their lease rows l for reading. A
@@ -132,10 +133,10 @@ func newQueries(prefix string) *queries {
 	}
 
 	// acquire: one statement, one round trip, for a new key, a replay and an
-	// in-progress key alike. It calls idem_acquire_v8, a PL/pgSQL function
-	// (migrations/sql/0008_lease_holder.up.sql: idem_acquire of
-	// 0005_acquire_function.up.sql with the key's generation, from 0007, and
-	// the lease's holder), which
+	// in-progress key alike. It calls idem_acquire_v9, a PL/pgSQL function
+	// (migrations/sql/0009_payload_fingerprint.up.sql: idem_acquire of
+	// 0005_acquire_function.up.sql with the key's generation, from 0007, the
+	// lease's holder, from 0008, and the key's two fingerprints), which
 	//
 	//  - reads the key's progress row, and its lease row unless it is
 	//    finished (a finished key's lease row means nothing);
@@ -170,8 +171,8 @@ func newQueries(prefix string) *queries {
 	// Params travel as text (a Go string: []byte would be sent as bytea in
 	// the exec and simple_protocol modes): the function parses them only
 	// when it inserts.
-	q.acquire = `SELECT * FROM ` + prefix + `idem_acquire_v8($1::timestamptz, $2::text, $3::text, $4::text, $5::text, $6::text,
-    $7::bytea, $8::text, $9::bigint, $10::boolean, $11::text, $12::text, $13::text, $14::int, $15::text)`
+	q.acquire = `SELECT * FROM ` + prefix + `idem_acquire_v9($1::timestamptz, $2::text, $3::text, $4::text, $5::text, $6::text,
+    $7::bytea, $8::bytea, $9::text, $10::bigint, $11::boolean, $12::text, $13::text, $14::text, $15::int, $16::text)`
 
 	// takeOverLease is the part of takeOver and claimReconcile that takes
 	// the lease. target is the progress row, already locked as an UPDATE

@@ -433,35 +433,26 @@ func TestRollingUpgradeFromThePreviousRelease(t *testing.T) {
 	// This tree finishes the keys the previous release left in flight.
 	tries, _ := serveAll(headA, fromPrevious)
 
-	// Keys in flight by this tree, retried on the previous release's
-	// process that was started before the migration: a known gap. This
-	// tree fingerprints what the client sent (scheme 2, 33 bytes), which
-	// v0.1.0 cannot compare, so it answers 422 key-reused and changes
-	// nothing; this tree then finishes them. docs/operations.md says so;
-	// this measures it, and fails when it changes.
+	// Keys in flight by this tree, finished by the previous release's
+	// process that was started before the migration. This tree compares
+	// what the client sent (the payload fingerprint) and keeps, beside it,
+	// the fingerprint of the decoded input that v0.1.0 compares and derives
+	// downstream keys from (migration 0009): v0.1.0 takes them over once
+	// the killed process's lease runs out and sends the provider the
+	// downstream key this tree sent, so each is charged once.
 	headB := start(t, "HEAD B", bins.head, args(true))
-	require.Zero(t, served(headB, refs("head", 2)))
+	finishedByHead := refs("head", 2)
+	require.Zero(t, served(headB, finishedByHead))
 	fromHead := refs("head-inflight", 4)
 	strand(t, prov, headB, fromHead)
-	refused := 0
-	for _, ref := range fromHead {
-		resp, body, err := post(ctx, prevB.url, ref)
-		require.NoError(t, err)
-		require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode, "v0.1.0 on a key this tree made: %s", body)
-		require.Contains(t, body, "idempotency-key-reused")
-		refused++
-	}
-	backTries, _ := serveAll(headA, fromHead)
+	backTries, _ := serveAll(prevB, fromHead)
 
 	// Finished keys replay across builds, byte for byte.
 	replays := 0
 	for _, pair := range []struct {
 		ref      string
 		from, to *proc
-	}{{warm[0], prevB, headA}, {fromPrevious[0], headA, prevB}} {
-		if pair.from == headB {
-			pair.from = headA // headB is gone; its answer is in the database
-		}
+	}{{warm[0], prevB, headA}, {fromPrevious[0], headA, prevB}, {finishedByHead[0], headA, prevB}, {fromHead[0], prevB, headA}} {
 		first := finish(t, pair.from.url, pair.ref)
 		second := finish(t, pair.to.url, pair.ref)
 		require.True(t, first.replayed && second.replayed, "%s replays", pair.ref)
@@ -488,9 +479,10 @@ func TestRollingUpgradeFromThePreviousRelease(t *testing.T) {
 
 	// A key this tree replaced after it expired (generation 1, whose
 	// downstream keys hash the generation in) and left in flight is not
-	// resumed by v0.1.0, which knows no generation: the new fingerprint
-	// scheme makes it answer 422 first, so it never sends the earlier
-	// request's downstream keys. This tree finishes it.
+	// resumed by v0.1.0, which knows no generation and would send the
+	// expired request's downstream keys: such a key carries only the
+	// payload fingerprint, which v0.1.0 cannot compare, so it answers 422
+	// and sends nothing. This tree finishes it.
 	headD := start(t, "HEAD D", bins.head, append(args(true), "-retention", "1s"))
 	reused := "reused-after-expiry"
 	earlier := finish(t, headD.url, reused)
@@ -523,8 +515,8 @@ func TestRollingUpgradeFromThePreviousRelease(t *testing.T) {
 	}
 	require.Equal(t, 2, prov.chargesOf(reused), "the provider charged each request once")
 	require.NotEqual(t, chargeOf(earlier.body), chargeOf(later.body), "the new request is answered with its own charge")
-	gap := fmt.Sprintf("known gap: v0.1.0 answers 422 key-reused for keys this tree made (%d of %d in flight, and a generation-%d key), which it cannot compare; this tree finishes them (the generation-%d key with its own charge %s, not the earlier %s)",
-		refused, len(fromHead), generation, generation, chargeOf(later.body), chargeOf(earlier.body))
+	genRefused := fmt.Sprintf("a generation-%d key (one that replaced an expired key) left in flight by HEAD: v0.1.0 answers 422 key-reused and sends nothing (it knows no generation); HEAD finishes it with its own charge %s, not the earlier %s",
+		generation, chargeOf(later.body), chargeOf(earlier.body))
 
 	// Each key: one order, one charge, finished.
 	orders, charges, double := 0, 0, 0
@@ -553,9 +545,9 @@ func TestRollingUpgradeFromThePreviousRelease(t *testing.T) {
 		fmt.Sprintf("floor %d: starts, migrating on start; floor %d: refuses", migrations.Latest(), next))
 	say("  (*) a process running across HEAD's migration, and one started after it without migrating; started migrating on start, v0.1.0 refuses the schema ahead")
 	say("  keys handed over, previous -> HEAD: %d left in flight at \"charged\" (previous killed -9 after the provider charged), finished by HEAD: %d x 201 in %d tries (409 until the lease ran out)", len(fromPrevious), len(fromPrevious), tries)
-	say("  keys handed over, HEAD -> previous: %d left in flight at \"charged\" (HEAD killed -9 after the provider charged): the previous release answers 422 for each (%d), and HEAD finishes them: %d x 201 in %d tries (409 until the lease ran out)", len(fromHead), refused, len(fromHead), backTries)
-	say("  finished keys replayed across builds: %d of %d, identical bodies (keys this tree made are not replayed by v0.1.0: the gap below)", replays, replays)
-	say("  %s", gap)
+	say("  keys handed over, HEAD -> previous: %d left in flight at \"charged\" (HEAD killed -9 after the provider charged), finished by the previous release: %d x 201 in %d tries (409 until the lease ran out)", len(fromHead), len(fromHead), backTries)
+	say("  finished keys replayed across builds: %d of %d, identical bodies, in both directions", replays, replays)
+	say("  %s", genRefused)
 	say("  audit: %d keys, %d orders, %d charges, %d charged twice, %d unfinished", len(all), orders, charges, double, unfinished)
 	t.Log("\n" + strings.Join(report, "\n"))
 }

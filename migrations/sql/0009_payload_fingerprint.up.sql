@@ -1,0 +1,152 @@
+-- idem:floor 8 (it only adds a nullable column and a new function;
+--   idem_acquire_v8 stays as it was).
+-- A key carries two fingerprints, so that the previous release can compare
+-- the keys this one makes during a rolling upgrade, in both directions.
+--
+-- payload_fingerprint is what this release compares: the fingerprint of
+-- what the client sent (scheme 2, 33 bytes), which a deploy that changes the
+-- flow's input type does not change. fingerprint keeps what every earlier
+-- release compares and derives downstream idempotency keys from: the
+-- fingerprint of the decoded input (scheme 1, 32 bytes), as they compute it.
+-- A key created here and retried on the previous release is then the same
+-- request there too, and, resumed there, sends the provider the downstream
+-- keys it was sent here; a key the previous release created has no
+-- payload_fingerprint and is compared by its fingerprint, as before.
+--
+-- A key that replaces an expired one (generation above 0) gets the payload
+-- fingerprint in both columns instead: the previous release knows no
+-- generation, and resuming such a key would send the expired request's
+-- downstream keys. It cannot compare it, and answers 422 (key reused)
+-- rather than sending them; this release resumes it. A nullable column
+-- without a default rewrites nothing.
+ALTER TABLE {{schema}}idem_keys ADD COLUMN payload_fingerprint bytea;
+
+-- idem_acquire_v9 is idem_acquire_v8 (see its migration, and 0005's for how
+-- the acquisition works) that takes both fingerprints and returns
+-- payload_fingerprint as a last column, and writes the downstream scheme
+-- explicitly. It is a new function, not a replacement, so that instances of
+-- the previous version, which call idem_acquire_v8, keep working during a
+-- rolling upgrade.
+CREATE FUNCTION {{schema}}idem_acquire_v9(
+    p_now timestamptz, p_scope text, p_key text, p_flow text, p_method text, p_path text,
+    p_fingerprint bytea, p_payload_fingerprint bytea, p_params text, p_lease bigint, p_no_create boolean, p_params_key_id text,
+    p_holder_instance text, p_holder_host text, p_holder_pid int, p_holder_boot text)
+RETURNS TABLE (
+    acquired text, db_now timestamptz,
+    id bigint, request_id text, downstream_scheme smallint, scope text, key text, flow text, method text, path text,
+    fingerprint bytea, params jsonb, status text, recovery_point text, checkpoint jsonb,
+    foreign_mark text, locked_at timestamptz, lease_expires_at timestamptz, fence bigint,
+    response_status int, response_headers jsonb, response_body bytea, attempts int, last_error text,
+    created_at timestamptz, last_run_at timestamptz, finished_at timestamptz, expires_at timestamptz,
+    params_key_id text, response_key_id text, generation int,
+    holder_instance text, holder_host text, holder_pid int, holder_boot text,
+    payload_fingerprint bytea)
+LANGUAGE plpgsql
+AS $idem_acquire_v9$
+#variable_conflict error
+DECLARE
+    v_now      timestamptz := coalesce(p_now, now());
+    v_acquired text := 'none';
+    v_found    boolean;
+    -- The generation of the key inserted: one more than the expired key it
+    -- replaces, 0 for a key never seen.
+    v_generation int := 0;
+    -- The key's progress row and lease row (all NULL until read).
+    k {{schema}}idem_keys;
+    l {{schema}}idem_leases;
+BEGIN
+    -- At most two reads: the second follows an insert that lost to a
+    -- concurrent one, and finds the winner's key.
+    FOR attempt IN 1..2 LOOP
+        SELECT * INTO k FROM {{schema}}idem_keys t WHERE t.scope = p_scope AND t.key = p_key;
+        v_found := FOUND;
+        -- A live key: report it. A finished key past its expiry is absent,
+        -- whether or not the reaper has run, and is never replayed.
+        EXIT WHEN v_found AND NOT (k.status = 'finished' AND k.expires_at <= v_now);
+        IF p_no_create OR attempt = 2 THEN
+            -- NoCreate leaves an expired key as it is. A second read that
+            -- finds nothing live (the winner's key already reaped, say):
+            -- the caller's next call sees what happened.
+            RETURN;
+        END IF;
+
+        IF v_found THEN
+            -- Expired: delete it (its lease row goes with it, ON DELETE
+            -- CASCADE) so that the insert takes its place in this
+            -- transaction. The conditions are re-checked on the row's newest
+            -- version: if a concurrent acquirer or the reaper deleted it
+            -- first, this deletes nothing and the insert meets that
+            -- acquirer's new key, or finds the way clear. Under repeatable
+            -- read, a row deleted since the snapshot is a serialization
+            -- failure, which the caller retries.
+            DELETE FROM {{schema}}idem_keys d
+            WHERE d.id = k.id AND d.status = 'finished' AND d.expires_at <= v_now;
+            v_generation := k.generation + 1;
+        END IF;
+
+        -- Absent: insert the key, and its lease row, locked. A row this
+        -- transaction deleted is no conflict. A concurrent insert of the same
+        -- key is: ON CONFLICT waits for the other transaction and then does
+        -- nothing, rather than raise a unique violation that would abort the
+        -- caller. Under read committed the second read then sees the winner's
+        -- key; under repeatable read or serializable a winner the snapshot
+        -- cannot see is a serialization failure instead, and the caller calls
+        -- again.
+        --
+        -- The key gets both fingerprints (see this migration's header), and
+        -- the downstream scheme written out, not left to the column's
+        -- default: what a key sends downstream never depends on a default
+        -- that a migration (or its revert) may change.
+        INSERT INTO {{schema}}idem_keys AS t
+            (scope, key, flow, method, path, fingerprint, payload_fingerprint, downstream_scheme,
+             params, created_at, last_run_at, params_key_id, generation)
+        VALUES (p_scope, p_key, p_flow, p_method, p_path,
+                CASE WHEN v_generation > 0 AND p_payload_fingerprint IS NOT NULL THEN p_payload_fingerprint
+                     ELSE coalesce(p_fingerprint, p_payload_fingerprint) END,
+                p_payload_fingerprint, 2, p_params::jsonb, v_now, v_now,
+                nullif(p_params_key_id, ''), v_generation)
+        ON CONFLICT ON CONSTRAINT idem_keys_scope_key DO NOTHING
+        RETURNING * INTO k;
+        IF FOUND THEN
+            INSERT INTO {{schema}}idem_leases AS t (key_id, fence, locked_at, lease_expires_at,
+                holder_instance, holder_host, holder_pid, holder_boot, holder_fence)
+            VALUES (k.id, k.fence, v_now, v_now + p_lease * interval '1 microsecond',
+                nullif(p_holder_instance, ''), nullif(p_holder_host, ''), nullif(p_holder_pid, 0),
+                nullif(p_holder_boot, ''), k.fence)
+            RETURNING * INTO l;
+            v_acquired := 'created';
+            EXIT;
+        END IF;
+    END LOOP;
+
+    -- A finished key's lease row means nothing (the record hides it), and is
+    -- not read. An unfinished key's is read now: under read committed from a
+    -- snapshot a little newer than the progress row's, which is harmless, as
+    -- the runner only reports such a key, or takes it over with a statement
+    -- that checks everything again under the row locks.
+    IF v_acquired = 'none' AND k.status <> 'finished' THEN
+        SELECT * INTO l FROM {{schema}}idem_leases t WHERE t.key_id = k.id;
+    END IF;
+
+    -- pgstore's recordColumns over k and l, except for a finished key's
+    -- params and checkpoint. The columns that version 6 makes domains over
+    -- text are cast to text: RETURN QUERY needs the declared types exactly.
+    RETURN QUERY SELECT v_acquired, v_now,
+        k.id, k.request_id::text, k.downstream_scheme, k.scope, k.key::text, k.flow::text, k.method::text, k.path::text,
+        k.fingerprint, CASE WHEN k.status <> 'finished' THEN k.params END,
+        k.status::text, k.recovery_point::text, CASE WHEN k.status <> 'finished' THEN k.checkpoint END,
+        CASE WHEN k.status <> 'finished' AND l.foreign_mark_after = k.recovery_point
+             THEN coalesce(l.foreign_mark, '') ELSE '' END,
+        CASE WHEN k.status <> 'finished' THEN l.locked_at END,
+        CASE WHEN k.status <> 'finished' THEN l.lease_expires_at END, k.fence,
+        coalesce(k.response_status, 0), coalesce(k.response_headers, '{}'),
+        k.response_body, k.attempts, coalesce(k.last_error, ''),
+        k.created_at, k.last_run_at, k.finished_at, k.expires_at,
+        coalesce(k.params_key_id, ''), coalesce(k.response_key_id, ''), k.generation,
+        CASE WHEN k.status <> 'finished' AND l.holder_fence = l.fence THEN coalesce(l.holder_instance, '') ELSE '' END,
+        CASE WHEN k.status <> 'finished' AND l.holder_fence = l.fence THEN coalesce(l.holder_host, '') ELSE '' END,
+        CASE WHEN k.status <> 'finished' AND l.holder_fence = l.fence THEN coalesce(l.holder_pid, 0) ELSE 0 END,
+        CASE WHEN k.status <> 'finished' AND l.holder_fence = l.fence THEN coalesce(l.holder_boot, '') ELSE '' END,
+        k.payload_fingerprint;
+END
+$idem_acquire_v9$;
