@@ -131,6 +131,9 @@ type Outcome struct {
 	// TookOver is true when this call resumed a key another attempt left
 	// unfinished (a crash, a stale lease, an earlier failure).
 	TookOver bool
+	// Waited is how long the call waited for another attempt of its key
+	// to end (Request.Wait); zero when it did not wait.
+	Waited time.Duration
 
 	replayed bool
 }

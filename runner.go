@@ -109,6 +109,20 @@ type Request struct {
 	// problem. Only keys fingerprinted over their payload (this release on)
 	// match. idemhttp sets it for a body it cannot decode or validate.
 	RetryOnly bool
+
+	// Wait is how long the request waits, when another attempt holds its
+	// key, for that attempt to end, instead of returning ErrInProgress at
+	// once: it is then acquired again, as a retry arriving at that moment
+	// would be, and gets the stored response (OutcomeReplayed), the
+	// ErrNeedsReconcile of a key parked for reconciliation, or the key
+	// itself, taken over and resumed, when the attempt failed and released
+	// it or its holder died and its lease ran out. ErrInProgress when Wait
+	// (or ctx) ends first. A waiting request holds no database connection:
+	// a pgstore store wakes every waiter of a key in a process with one
+	// notification (idemdriver.KeyWatcher), and a store without that is
+	// polled. Outcome.Waited says how long it waited. Zero (the default)
+	// does not wait.
+	Wait time.Duration
 }
 
 func (q *Request) normalise() error {
@@ -164,6 +178,9 @@ func (r *Runner) executeWith(ctx context.Context, flow AnyFlow, req Request, sto
 	started := time.Now()
 	ctx, end := r.startRequest(ctx, flow.Name(), req.Scope)
 	out, err := r.execute(ctx, flow, req, stored)
+	if req.Wait > 0 && errors.Is(err, ErrInProgress) && out.Record != nil {
+		out, err = r.waitAndExecute(ctx, flow, req, stored, out, err, started)
+	}
 	err = callerGone(ctx, err)
 	out.settle(err)
 	end(out, err)
@@ -287,6 +304,50 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request, stored 
 	r.emit(ctx, ev)
 	return &Outcome{Record: rec, RetryAfter: retryAfter(rec, acq.DBNow, r.config.MaxRetryAfter)},
 		fmt.Errorf("%w: key %q", ErrInProgress, req.Key)
+}
+
+// waitAndExecute waits, until req.Wait after started, for the attempt that
+// holds the key out reports in progress to end, and executes req again
+// each time it may have. Outcome.Waited is the time spent waiting.
+func (r *Runner) waitAndExecute(ctx context.Context, flow AnyFlow, req Request, stored *prepared, out *Outcome, err error, started time.Time) (*Outcome, error) {
+	until := started.Add(req.Wait)
+	watcher, _ := r.store.(idemdriver.KeyWatcher)
+	poll := 50 * time.Millisecond
+	var waited time.Duration
+	for errors.Is(err, ErrInProgress) && out.Record != nil {
+		left := time.Until(until)
+		if left <= 0 || ctx.Err() != nil {
+			break
+		}
+		var woken <-chan struct{}
+		stop := func() {}
+		if watcher != nil {
+			woken, stop = watcher.WatchKey(ctx, idemdriver.LockRef{ID: out.Record.ID, Fence: out.Record.Fence})
+		} else {
+			// No watcher: each waiter polls on its own.
+			left = min(left, poll)
+			poll = min(poll*2, time.Second)
+		}
+		began := time.Now()
+		timer := time.NewTimer(left)
+		wake := false
+		select {
+		case <-woken:
+			wake = true
+		case <-timer.C:
+			wake = watcher == nil && time.Now().Before(until)
+		case <-ctx.Done():
+		}
+		timer.Stop()
+		stop()
+		waited += time.Since(began)
+		if !wake {
+			break
+		}
+		out, err = r.execute(ctx, flow, req, stored)
+	}
+	out.Waited = waited
+	return out, err
 }
 
 // retryInput is what a RetryOnly request brings: the fingerprint of its

@@ -389,3 +389,16 @@ type ReapParams struct {
 	StatementTimeout time.Duration
 	Now              *time.Time
 }
+
+// KeyWatcher is implemented by stores that can tell a process when a key
+// its requests wait for (idem.Request.Wait) may be done: the runner then
+// acquires the key again, which replays it, reports it parked or in
+// progress, or takes it over. A store without it is polled by each waiter.
+type KeyWatcher interface {
+	// WatchKey returns a channel that is closed when the attempt that holds
+	// ref (the key's id and the fence it holds it at) may be over: it
+	// finished, failed and released the key, was parked for reconcile or
+	// taken over, or its lease ran out. stop must be called when the caller
+	// stops waiting. Waiters of one key share what it costs the store.
+	WatchKey(ctx context.Context, ref LockRef) (woken <-chan struct{}, stop func())
+}

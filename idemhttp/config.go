@@ -134,6 +134,21 @@ type Config[In any] struct {
 	// ReconcileRetryAfterDefault, 60s.
 	ReconcileRetryAfter time.Duration
 
+	// MaxWait is the longest a request waits for another attempt of its key
+	// that is in flight, when it asks to with the RFC 7240 preference
+	// "Prefer: wait=N" (N in seconds; the smaller of the two counts): it
+	// then gets that attempt's stored response, replayed as any replay is
+	// (Idempotent-Replayed: true), or what a retry arriving when the
+	// attempt ended gets (503 for a key parked for reconciliation; the
+	// request itself, resumed, when the attempt failed and released the
+	// key or its process died), or the 409 it gets today when the attempt
+	// is not over in time. A request that waited is answered with
+	// Preference-Applied: wait=N. The wait holds no database connection
+	// (idem.Request.Wait), and goes on if the client goes away. Keep it
+	// below the server's WriteTimeout. Default 0: Prefer: wait is ignored,
+	// and a key in flight answers 409 at once.
+	MaxWait time.Duration
+
 	// Logger receives the handler's logs (panics, misconfiguration; client
 	// errors at debug level). Default: the runner's logger.
 	Logger *slog.Logger
@@ -183,6 +198,9 @@ func (c *Config[In]) apply() (replay []string, err error) {
 		errs = append(errs, fmt.Errorf("ReconcileRetryAfter %s is negative", c.ReconcileRetryAfter))
 	}
 	c.ReconcileRetryAfter = wholeSeconds(cmp.Or(c.ReconcileRetryAfter, ReconcileRetryAfterDefault))
+	if c.MaxWait < 0 {
+		errs = append(errs, fmt.Errorf("MaxWait %s is negative", c.MaxWait))
+	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"runtime/debug"
 	"slices"
+	"time"
 
 	"github.com/go-idem/idem"
 )
@@ -132,12 +133,15 @@ func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 	}()
 
 	req, p := h.admit(w, r)
+	wait, asked := preferWait(r.Header, h.cfg.MaxWait)
+	req.Wait = wait
 	if p != nil && req.RetryOnly {
 		// A body this release refuses may be the retry of a request an
 		// earlier one accepted: the key made from these bytes answers it
 		// (a replay, or its resumption); with no such key, the problem.
 		out, err := h.runner.Execute(context.WithoutCancel(r.Context()), h.flow, req)
 		responded = true
+		h.applied(w, out, asked, wait)
 		if errors.Is(err, idem.ErrNotFound) || errors.Is(err, idem.ErrMismatch) || errors.Is(err, idem.ErrNoRedrive) ||
 			errors.Is(err, idem.ErrInvalidRequest) {
 			h.writeProblem(w, p)
@@ -157,5 +161,15 @@ func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 	// the phases.
 	out, err := h.runner.Execute(context.WithoutCancel(r.Context()), h.flow, req)
 	responded = true
+	h.applied(w, out, asked, wait)
 	h.writeOutcome(w, r, req, out, err)
+}
+
+// applied answers Preference-Applied: wait=N (the wait the handler granted,
+// Prefer's capped by Config.MaxWait) when the request asked to wait and did,
+// for another attempt of its key.
+func (h *Handler[In]) applied(w http.ResponseWriter, out *idem.Outcome, asked bool, wait time.Duration) {
+	if asked && out != nil && out.Waited > 0 {
+		w.Header().Set("Preference-Applied", preferenceApplied(wait))
+	}
 }

@@ -90,6 +90,18 @@ type Config struct {
 	// reloads do, needs a new name). Default: empty, and a dead process's leases
 	// run out (Lease) before another takes its keys over.
 	Instance string
+
+	// WaitPolling makes the requests that wait for a key in flight
+	// (idem.Request.Wait, Prefer: wait over HTTP) find out that it is done
+	// by polling it, once per key and process however many of them wait
+	// (every 100ms, backing off to 1s), instead of by a notification. By
+	// default the store LISTENs on its schema's channel (see Channel), on a
+	// connection of its own with db's configuration, opened on the first
+	// wait and closed by Close, and polls only while that connection is
+	// down. It polls anyway behind a connection pooler in transaction mode
+	// (detected, unless SessionPooler is set), where LISTEN does not work,
+	// and when db is not a *pgxpool.Pool. Default false.
+	WaitPolling bool
 }
 
 // ControlConnsDefault is the size of the control pool New opens.
@@ -119,6 +131,8 @@ type Store struct {
 	seal *sealer
 	// holder is who the store's leases name as their holder.
 	holder holder
+	// waits are the keys this process's requests wait for (wait.go).
+	waits *waits
 }
 
 var _ idemdriver.Store = (*Store)(nil)
@@ -151,6 +165,7 @@ func New(db DB, config *Config) (*Store, error) {
 		return nil, err
 	}
 	st := &Store{db: db, control: config.ControlDB, q: newQueries(prefix), seal: seal, holder: newHolder(config.Instance)}
+	st.waits = newWaits(st, db, config)
 	if st.control == nil {
 		st.control = db
 		if pool, ok := db.(*pgxpool.Pool); ok {
@@ -227,9 +242,13 @@ func (s *Store) checkSchema(schema, prefix string) error {
 	return nil
 }
 
-// Close closes the control pool New opened, if it did. It does not close the
-// db the store was given.
+// Close closes the control pool New opened, if it did, and the connection
+// that LISTENs for the keys requests wait for. It does not close the db the
+// store was given.
 func (s *Store) Close() {
+	if s.waits != nil {
+		s.waits.close()
+	}
 	if s.ownControl != nil {
 		s.ownControl.Close()
 	}

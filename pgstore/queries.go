@@ -40,6 +40,7 @@ type queries struct {
 	heartbeat, release                string
 	markForeign, clearForeignMark     string
 	setNeedsReconcile, getKey         string
+	waitMark, waitCheck               string
 
 	unlockKey, claimIdle, reap, reapAbandoned, unfinishedKeys, statementTimeout, clock string
 	backlog                                                                            string
@@ -125,7 +126,7 @@ func newQueries(prefix string) *queries {
 	t, l := prefix+"idem_keys", prefix+"idem_leases"
 	q := &queries{table: t, leases: l}
 	render := func(sql string) string {
-		sql = strings.NewReplacer("{t}", t, "{leaseOf:k}", leaseOf(l), "{l}", l).Replace(sql)
+		sql = strings.NewReplacer("{t}", t, "{leaseOf:k}", leaseOf(l), "{l}", l, "{p}", prefix).Replace(sql)
 		return colsPlaceholder.ReplaceAllStringFunc(sql, func(m string) string {
 			a := colsPlaceholder.FindStringSubmatch(m)
 			return recordColumnsOf(a[2], a[3], a[1] == "cols")
@@ -259,7 +260,14 @@ WHERE k.scope = $2 AND k.key = $3::text AND NOT EXISTS (SELECT 1 FROM taken)`)
 	// cleared here either: moving the recovery point retires it.
 	//
 	// They write no indexed column while the key stays running, so an
-	// advance is a HOT update. clock_timestamp(), not now(): now() is when
+	// advance is a HOT update.
+	//
+	// finishPhase, release and setNeedsReconcile end an attempt: each wakes
+	// the key's waiters, on every instance, through
+	// idem_notify_waiters_v10 (migrations/sql/0010_key_waiters.up.sql),
+	// which notifies only for a key a waiter marked (waitMark), at commit.
+	// The condition calls it once per row the guard matched and is true
+	// either way. clock_timestamp(), not now(): now() is when
 	// the transaction began.
 	q.advancePhase = render(`
 WITH guarded AS (
@@ -288,9 +296,9 @@ SET status           = 'finished',
     response_key_id  = nullif($9::text, ''),
     last_error       = nullif(left($11::text, 4000), '')
 WHERE id = $1 AND fence = $2
-RETURNING 1
+RETURNING id
 )
-SELECT 1 / count(*)::int FROM guarded`)
+SELECT 1 / count(*)::int FROM guarded WHERE {p}idem_notify_waiters_v10(guarded.id) IS NOT NULL`)
 
 	q.heartbeat = render(`
 UPDATE {l} l
@@ -312,7 +320,7 @@ WITH released AS (
     UPDATE {l} l SET locked_at = NULL, lease_expires_at = NULL
     FROM released WHERE l.key_id = released.id AND l.fence = $2
 )
-SELECT count(*) FROM released`)
+SELECT count(*) FROM released WHERE {p}idem_notify_waiters_v10(released.id) IS NOT NULL`)
 
 	q.setNeedsReconcile = render(`
 WITH parked AS (
@@ -323,7 +331,7 @@ WITH parked AS (
     UPDATE {l} l SET locked_at = NULL, lease_expires_at = NULL
     FROM parked WHERE l.key_id = parked.id AND l.fence = $2
 )
-SELECT count(*) FROM parked`)
+SELECT count(*) FROM parked WHERE {p}idem_notify_waiters_v10(parked.id) IS NOT NULL`)
 
 	// markForeign records the mark with the recovery point it is made at;
 	// the phase's commit moves the recovery point and so retires the mark
@@ -337,6 +345,37 @@ WHERE l.key_id = $1 AND l.fence = $2 AND k.id = l.key_id AND k.status = 'running
 	q.clearForeignMark = render(`
 UPDATE {l} SET foreign_mark = NULL, foreign_mark_after = NULL
 WHERE key_id = $1 AND fence = $2`)
+
+	// waitMark marks a key that a process starts waiting for, so that the
+	// statement that ends its attempt notifies (idem_notify_waiters_v10),
+	// and reports the key as waitCheck does. It locks the progress row FOR
+	// SHARE, which conflicts with the finishing update: a mark either
+	// commits before that update takes the row (the finishing statement,
+	// at read committed, then sees it: it waits for the row, and the
+	// function reads with a snapshot of its own) or waits for the finish
+	// to commit and reports the key finished. The mark is written once per
+	// key (waited_at IS NULL), on the lease row, which phase commits never
+	// write. Run at read committed (Store.markWaited).
+	q.waitMark = render(`
+WITH k AS (
+    SELECT id, status, fence FROM {t} WHERE id = $1 FOR SHARE
+), marked AS (
+    UPDATE {l} l SET waited_at = now()
+    FROM k WHERE l.key_id = k.id AND k.status = 'running' AND l.waited_at IS NULL
+    RETURNING 1
+)
+SELECT k.status <> 'running' OR k.fence <> $2 OR l.locked_at IS NULL OR l.lease_expires_at <= now() OR l.key_id IS NULL,
+       coalesce(extract(epoch FROM l.lease_expires_at - now()), 0)::float8
+FROM k LEFT JOIN {l} l ON l.key_id = k.id`)
+
+	// waitCheck reports whether a waited-for key's attempt is over (it
+	// finished, was parked, released, taken over, or its lease ran out) and
+	// how many seconds its lease has left; no row when the key is gone.
+	q.waitCheck = render(`
+SELECT k.status <> 'running' OR k.fence <> $2 OR l.locked_at IS NULL OR l.lease_expires_at <= now() OR l.key_id IS NULL,
+       coalesce(extract(epoch FROM l.lease_expires_at - now()), 0)::float8
+FROM {t} k LEFT JOIN {l} l ON l.key_id = k.id
+WHERE k.id = $1`)
 
 	q.getKey = render(`SELECT {cols:k,l} FROM {t} k {leaseOf:k} WHERE k.scope = $1 AND k.key = $2::text`)
 
