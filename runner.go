@@ -314,6 +314,7 @@ func (r *Runner) waitAndExecute(ctx context.Context, flow AnyFlow, req Request, 
 	watcher, _ := r.store.(idemdriver.KeyWatcher)
 	poll := 50 * time.Millisecond
 	var waited time.Duration
+	again := false
 	for errors.Is(err, ErrInProgress) && out.Record != nil {
 		left := time.Until(until)
 		if left <= 0 || ctx.Err() != nil {
@@ -321,7 +322,14 @@ func (r *Runner) waitAndExecute(ctx context.Context, flow AnyFlow, req Request, 
 		}
 		var woken <-chan struct{}
 		stop := func() {}
-		if watcher != nil {
+		if watcher != nil && again {
+			// Woken, but the same attempt still holds the key (its
+			// lease looked over by the database's clock and not by the
+			// runner's: a test clock): do not spin on it.
+			left = min(left, poll)
+			poll = min(poll*2, time.Second)
+			woken = nil
+		} else if watcher != nil {
 			woken, stop = watcher.WatchKey(ctx, idemdriver.LockRef{ID: out.Record.ID, Fence: out.Record.Fence})
 		} else {
 			// No watcher: each waiter polls on its own.
@@ -335,7 +343,7 @@ func (r *Runner) waitAndExecute(ctx context.Context, flow AnyFlow, req Request, 
 		case <-woken:
 			wake = true
 		case <-timer.C:
-			wake = watcher == nil && time.Now().Before(until)
+			wake = (watcher == nil || again) && time.Now().Before(until)
 		case <-ctx.Done():
 		}
 		timer.Stop()
@@ -344,7 +352,10 @@ func (r *Runner) waitAndExecute(ctx context.Context, flow AnyFlow, req Request, 
 		if !wake {
 			break
 		}
+		before := *out.Record
 		out, err = r.execute(ctx, flow, req, stored)
+		again = out.Record != nil && out.Record.ID == before.ID && out.Record.Fence == before.Fence &&
+			out.Record.LeaseExpiresAt != nil && before.LeaseExpiresAt != nil && out.Record.LeaseExpiresAt.Equal(*before.LeaseExpiresAt)
 	}
 	out.Waited = waited
 	return out, err

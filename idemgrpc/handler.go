@@ -125,6 +125,18 @@ type Config[Req, Resp proto.Message, In any] struct {
 	// waits for the flow.
 	DeadlineMargin time.Duration
 
+	// MaxWait opts the method in to waiting for another attempt of the
+	// call's key that is in flight, instead of answering ABORTED
+	// (REQUEST_IN_PROGRESS) at once: the call waits up to MaxWait, and no
+	// longer than its deadline less twice DeadlineMargin, for that attempt
+	// to end, and then gets its stored answer, or what a retry arriving
+	// then gets (UNAVAILABLE with REQUEST_NEEDS_RECONCILE for a key parked
+	// for reconciliation; the request itself, resumed, when the attempt
+	// failed and released the key or its process died), or the ABORTED it
+	// gets today when the attempt is not over in time. The wait holds no
+	// database connection (idem.Request.Wait). Default 0: no wait.
+	MaxWait time.Duration
+
 	// Logger receives the handler's logs. Default: the runner's logger.
 	Logger *slog.Logger
 }
@@ -142,6 +154,7 @@ type core struct {
 	keyOptional bool
 	delays      delays
 	margin      time.Duration
+	maxWait     time.Duration
 	log         *slog.Logger
 }
 
@@ -228,6 +241,10 @@ func New[Req, Resp proto.Message, In any](runner *idem.Runner, flow *idem.Flow[I
 	if cfg.SharedKeys {
 		h.path = flow.Name()
 	}
+	if cfg.MaxWait < 0 {
+		errs = append(errs, fmt.Errorf("MaxWait %s is negative", cfg.MaxWait))
+	}
+	h.maxWait = max(cfg.MaxWait, 0)
 	h.margin = cfg.DeadlineMargin
 	if h.margin == 0 {
 		h.margin = DefaultDeadlineMargin
@@ -385,10 +402,16 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 		err error
 	}
 	done := make(chan result, 1)
+	wait := h.maxWait
+	if dl, ok := ctx.Deadline(); ok && wait > 0 {
+		// Stop waiting early enough to answer ABORTED, not
+		// REQUEST_UNFINISHED at the deadline less the margin.
+		wait = min(wait, max(time.Until(dl)-2*max(h.margin, 0), 0))
+	}
 	go func() {
 		out, err := h.runner.Execute(context.WithoutCancel(ctx), h.flow, idem.Request{
 			Scope: scope, Key: key, Method: "POST", Path: h.path, Params: in,
-			Payload: payload, PayloadBinary: payload != nil, Target: target,
+			Payload: payload, PayloadBinary: payload != nil, Target: target, Wait: wait,
 		})
 		done <- result{out, err}
 	}()

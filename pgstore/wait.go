@@ -83,6 +83,7 @@ type waits struct {
 type watch struct {
 	ref     idemdriver.LockRef
 	woken   chan struct{}
+	recheck chan struct{}
 	waiters int
 	stop    context.CancelFunc
 }
@@ -119,7 +120,7 @@ func (s *Store) WatchKey(ctx context.Context, ref idemdriver.LockRef) (<-chan st
 			w.wakeLocked(wt)
 		}
 		var wctx context.Context
-		wt = &watch{ref: ref, woken: make(chan struct{})}
+		wt = &watch{ref: ref, woken: make(chan struct{}), recheck: make(chan struct{}, 1)}
 		wctx, wt.stop = context.WithCancel(w.ctx)
 		w.watches[ref.ID] = wt
 		go w.run(wctx, wt)
@@ -168,13 +169,17 @@ func (w *waits) wakeKey(id int64) {
 	}
 }
 
-// wakeAll wakes every watch: after the listener (re)connects, as a
-// notification may have been missed while it did not listen.
-func (w *waits) wakeAll() {
+// recheckAll has every watch check its key now: after the listener
+// (re)connects, as a notification may have been missed while it did not
+// listen. One statement per key, not an acquisition per waiter.
+func (w *waits) recheckAll() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, wt := range w.watches {
-		w.wakeLocked(wt)
+		select {
+		case wt.recheck <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -182,7 +187,16 @@ func (w *waits) wakeAll() {
 // expiry and on its schedule, until the key's attempt is over (wake), the
 // listener wakes it, or its last waiter leaves.
 func (w *waits) run(ctx context.Context, wt *watch) {
-	over, left, err := w.st.markWaited(ctx, wt.ref)
+	// A process that does not listen does not mark: a mark makes the
+	// finishing statement notify, which nobody here would hear.
+	mark := w.st.checkWaited
+	if w.conn != nil {
+		mark = w.st.markWaited
+	}
+	over, left, err := mark(ctx, wt.ref)
+	if errors.Is(err, pgx.ErrNoRows) {
+		over, err = true, nil
+	}
 	interval := pollFirst
 	for {
 		if err == nil && over {
@@ -206,6 +220,8 @@ func (w *waits) run(ctx context.Context, wt *watch) {
 			t.Stop()
 			return
 		case <-t.C:
+		case <-wt.recheck:
+			t.Stop()
 		}
 		over, left, err = w.st.checkWaited(ctx, wt.ref)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -304,7 +320,7 @@ JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regcla
 	w.listening.Store(true)
 	defer w.listening.Store(false)
 	// Whatever finished before LISTEN took effect is looked at again.
-	w.wakeAll()
+	w.recheckAll()
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
