@@ -720,3 +720,68 @@ func TestRetryAcrossDeployThatChangesTheInput(t *testing.T) {
 	requireStatus(t, err, codes.FailedPrecondition, idemgrpc.ReasonKeyReused)
 	require.Equal(t, 1, b.counts.get()["order_created"])
 }
+
+// With MaxWait, a call for a key in flight waits for it and gets its stored
+// answer; without it, ABORTED at once.
+func TestWaitForInProgress(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// The database's clock, not the bundle's test clock: a waiter checks
+	// leases by it.
+	runner := b.newRunner(t, b.store, func(c *idem.Config) { c.Test.Now = nil })
+	client := serveOrders(t, b.handler(t, runner, func(c *orderConfig) { c.MaxWait = time.Minute }), nil)
+	entered, release := b.blockPhase("charged")
+
+	type answer struct {
+		order  *testpb.Order
+		err    error
+		header metadata.MD
+	}
+	first := make(chan answer, 1)
+	go func() {
+		order, err, header := call(t, client, "k-1", orderRequest())
+		first <- answer{order, err, header}
+	}()
+	<-entered
+
+	waiter := make(chan answer, 1)
+	go func() {
+		order, err, header := call(t, client, "k-1", orderRequest())
+		waiter <- answer{order, err, header}
+	}()
+	select {
+	case <-b.inProgress:
+	case <-time.After(time.Minute):
+		t.Fatal("the second call never found the key in progress")
+	}
+	close(release)
+	one, two := <-first, <-waiter
+	require.NoError(t, one.err)
+	require.NoError(t, two.err)
+	require.True(t, replayed(two.header))
+	requireProtoEqual(t, one.order, two.order)
+	require.Equal(t, 1, b.counts.get()["charged"])
+}
+
+// A call whose deadline comes before the attempt in flight ends gets
+// ABORTED, not DEADLINE_EXCEEDED.
+func TestWaitEndsBeforeTheDeadline(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runner := b.newRunner(t, b.store, func(c *idem.Config) { c.Test.Now = nil })
+	client := serveOrders(t, b.handler(t, runner, func(c *orderConfig) { c.MaxWait = time.Minute }), nil)
+	entered, release := b.blockPhase("charged")
+	done := make(chan error, 1)
+	go func() { _, err, _ := call(t, client, "k-1", orderRequest()); done <- err }()
+	<-entered
+
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+testUser, idemgrpc.MetadataKey, "k-1")
+	began := time.Now()
+	_, err := client.CreateOrder(ctx, orderRequest())
+	requireStatus(t, err, codes.Aborted, idemgrpc.ReasonInProgress)
+	require.GreaterOrEqual(t, time.Since(began), time.Second, "it waited")
+	close(release)
+	require.NoError(t, <-done)
+}
