@@ -237,6 +237,7 @@ func TestDocsConfigurationTable(t *testing.T) {
 		"AuthChallenge":         "none",
 		"UnavailableRetryAfter": "`UnavailableRetryAfterDefault`, " + seconds(UnavailableRetryAfterDefault),
 		"ReconcileRetryAfter":   "`ReconcileRetryAfterDefault`, " + seconds(ReconcileRetryAfterDefault),
+		"MaxWait":               "0: off",
 		"Logger":                "the runner's",
 	}
 	rows := firstTable(t, section(t, readDocs(t), "## Configuration"))
@@ -262,6 +263,7 @@ func TestDocsConfigurationTable(t *testing.T) {
 	require.Equal(t, ReconcileRetryAfterDefault, c.ReconcileRetryAfter)
 	require.Empty(t, c.ReplayHeaders)
 	require.False(t, c.AllowUnknownFields)
+	require.Zero(t, c.MaxWait)
 }
 
 // The Retry-After table's defaults.

@@ -100,8 +100,15 @@ type Config struct {
 	// wait and closed by Close, and polls only while that connection is
 	// down. It polls anyway behind a connection pooler in transaction mode
 	// (detected, unless SessionPooler is set), where LISTEN does not work,
-	// and when db is not a *pgxpool.Pool. Default false.
+	// and when db is not a *pgxpool.Pool (unless ListenConfig is set).
+	// Default false.
 	WaitPolling bool
+
+	// ListenConfig is the connection the store LISTENs on for the keys
+	// requests wait for. Default: db's configuration, when db is a
+	// *pgxpool.Pool. Behind a connection pooler in transaction mode, point
+	// it at Postgres directly to keep notifications rather than polling.
+	ListenConfig *pgx.ConnConfig
 }
 
 // ControlConnsDefault is the size of the control pool New opens.

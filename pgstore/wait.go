@@ -91,7 +91,11 @@ type watch struct {
 func newWaits(st *Store, db DB, config *Config) *waits {
 	w := &waits{st: st, watches: map[int64]*watch{}, sessionPooler: config.SessionPooler, done: make(chan struct{})}
 	w.ctx, w.cancel = context.WithCancel(context.Background())
-	if pool, ok := db.(*pgxpool.Pool); ok && !config.WaitPolling {
+	switch pool, ok := db.(*pgxpool.Pool); {
+	case config.WaitPolling:
+	case config.ListenConfig != nil:
+		w.conn = config.ListenConfig.Copy()
+	case ok:
 		w.conn = pool.Config().ConnConfig.Copy()
 	}
 	return w

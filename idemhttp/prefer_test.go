@@ -1,0 +1,47 @@
+package idemhttp
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Prefer: wait as RFC 7240 spells it: among other preferences, in any case,
+// quoted or not, with parameters; capped by MaxWait; ignored when MaxWait
+// is 0 or the value is not delta-seconds.
+func TestPreferWait(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		headers []string
+		max     time.Duration
+		want    time.Duration
+		asked   bool
+	}{
+		{[]string{"wait=5"}, 10 * time.Second, 5 * time.Second, true},
+		{[]string{"respond-async, WAIT=3"}, 10 * time.Second, 3 * time.Second, true},
+		{[]string{"handling=lenient", " wait = 4 ; foo=bar"}, 10 * time.Second, 4 * time.Second, true},
+		{[]string{`wait="7"`}, 10 * time.Second, 7 * time.Second, true},
+		{[]string{`foo="a,wait=9", wait=2`}, 10 * time.Second, 2 * time.Second, true},
+		{[]string{"wait=60"}, 10 * time.Second, 10 * time.Second, true},
+		{[]string{"wait=99999999999999999999999"}, 10 * time.Second, 10 * time.Second, true},
+		{[]string{"wait=0"}, 10 * time.Second, 0, true},
+		{[]string{"wait=5"}, 0, 0, false},
+		{[]string{"wait=-1"}, 10 * time.Second, 0, false},
+		{[]string{"wait=1.5"}, 10 * time.Second, 0, false},
+		{[]string{"wait"}, 10 * time.Second, 0, false},
+		{[]string{"waiting=5"}, 10 * time.Second, 0, false},
+		{nil, 10 * time.Second, 0, false},
+	} {
+		h := http.Header{}
+		for _, v := range tc.headers {
+			h.Add("Prefer", v)
+		}
+		got, asked := preferWait(h, tc.max)
+		require.Equal(t, tc.want, got, "%q", tc.headers)
+		require.Equal(t, tc.asked, asked, "%q", tc.headers)
+	}
+	require.Equal(t, "wait=10", preferenceApplied(10*time.Second))
+	require.Equal(t, "wait=2", preferenceApplied(1500*time.Millisecond))
+}
