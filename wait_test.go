@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
@@ -28,7 +29,14 @@ type waitBench struct {
 
 func setupWait(t *testing.T, wrap func(idemdriver.Store) idemdriver.Store) *waitBench {
 	t.Helper()
-	b := &waitBench{testBundle: setup(t), entered: make(chan struct{}), release: make(chan struct{}), inProgress: make(chan struct{}, 16)}
+	return setupWaitOn(t, setup(t), wrap)
+}
+
+// setupWaitOn is setupWait on a bundle the caller made (through a pooler,
+// say).
+func setupWaitOn(t *testing.T, tb *testBundle, wrap func(idemdriver.Store) idemdriver.Store) *waitBench {
+	t.Helper()
+	b := &waitBench{testBundle: tb, entered: make(chan struct{}), release: make(chan struct{}), inProgress: make(chan struct{}, 16)}
 	var once sync.Once
 	b.hooks["charge_created"] = func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
 		first := false
@@ -141,4 +149,25 @@ func TestWaitAfterAFailure(t *testing.T) {
 	require.True(t, two.out.TookOver)
 	require.Positive(t, two.out.Waited)
 	require.Equal(t, 1, b.countRows(t, "rides"), "the ride the first attempt made, resumed")
+}
+
+// Through PgBouncer in transaction mode, where a LISTEN would be lost, the
+// store finds the pooler and polls: the waiter gets the stored response,
+// and the store received no notification.
+func TestWaitThroughPgBouncerPolls(t *testing.T) {
+	t.Parallel()
+	b := setupWaitOn(t, setupBounced(t, pgx.QueryExecModeExec), nil)
+	first := b.execute("k-1", 0)
+	<-b.entered
+	waiter := b.execute("k-1", time.Minute)
+	<-b.inProgress
+	close(b.release)
+	one, two := <-first, <-waiter
+	require.NoError(t, one.err)
+	require.NoError(t, two.err)
+	require.Equal(t, idem.OutcomeReplayed, two.out.Kind)
+	require.Equal(t, one.out.Response.Body, two.out.Response.Body)
+	require.Positive(t, two.out.Waited)
+	require.Zero(t, b.store.Notifications(), "no LISTEN through a transaction pooler")
+	require.Equal(t, 1, b.provider.Charges())
 }
