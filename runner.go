@@ -120,8 +120,9 @@ type Request struct {
 	// (or ctx) ends first. A waiting request holds no database connection:
 	// a pgstore store wakes every waiter of a key in a process with one
 	// notification (idemdriver.KeyWatcher), and a store without that is
-	// polled. Outcome.Waited says how long it waited. Zero (the default)
-	// does not wait.
+	// polled. Outcome.Waited says how long it waited. Each acquisition
+	// reports its event to the Observer (EventInProgress for each that
+	// finds the key still held). Zero (the default) does not wait.
 	Wait time.Duration
 }
 

@@ -71,6 +71,8 @@ type waits struct {
 	started bool
 	// listening says the listener is LISTENing now.
 	listening atomic.Bool
+	// unheard says the listener gave up: LISTEN cannot work here.
+	unheard atomic.Bool
 	// notified counts the notifications the listener received.
 	notified atomic.Int64
 
@@ -194,7 +196,7 @@ func (w *waits) run(ctx context.Context, wt *watch) {
 	// A process that does not listen does not mark: a mark makes the
 	// finishing statement notify, which nobody here would hear.
 	mark := w.st.checkWaited
-	if w.conn != nil {
+	if w.conn != nil && !w.unheard.Load() {
 		mark = w.st.markWaited
 	}
 	over, left, err := mark(ctx, wt.ref)
@@ -277,6 +279,7 @@ func (w *waits) listen() {
 	defer close(w.done)
 	for w.ctx.Err() == nil {
 		if !w.listenOnce() {
+			w.unheard.Store(true)
 			return
 		}
 		t := time.NewTimer(listenRetry)
