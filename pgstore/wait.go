@@ -115,6 +115,8 @@ func (s *Store) WatchKey(ctx context.Context, ref idemdriver.LockRef) (<-chan st
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.conn != nil && !w.started && w.ctx.Err() == nil {
+		// Started under w.mu, as close reads started: a listener starts
+		// before Close cancels w.ctx, or never.
 		w.started = true
 		go w.listen()
 	}
@@ -341,12 +343,13 @@ JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regcla
 }
 
 // close stops the listener and every watch, and waits for the listener.
+// Close may be called more than once.
 func (w *waits) close() {
 	w.mu.Lock()
-	started := w.started
-	w.started = true // no listener starts after Close
-	w.mu.Unlock()
+	// No listener starts after Close (WatchKey checks w.ctx).
 	w.cancel()
+	started := w.started
+	w.mu.Unlock()
 	if started {
 		<-w.done
 	}
