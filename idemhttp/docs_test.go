@@ -26,6 +26,7 @@ var docSpecs = []problemSpec{
 	specKeyMissing, specKeyMalformed, specKeyReused, specInProgress, specTooManyKeys, specNeedsReconcile,
 	specRequestAbandoned, specStoreUnavailable, specRequestFailed, specUnauthenticated, specMethodNotAllowed,
 	specUnsupportedMediaType, specBodyTooLarge, specMalformedJSON, specInvalidInput, specInternal,
+	specWebhookSignatureInvalid, specWebhookEventInvalid, specWebhookEventReused, specWebhookEventInProgress,
 }
 
 func specNamed(t *testing.T, name string) problemSpec {
