@@ -1,7 +1,6 @@
 package idemhttp_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -35,7 +34,7 @@ type hookBundle struct {
 	runner  *idem.Runner
 	flow    *idem.Flow[hookEvent]
 	counts  *testfixture.PhaseCounts
-	logs    *syncBuffer
+	logs    *testfixture.Buffer
 	handler *idemhttp.Webhook[hookEvent]
 
 	mu      sync.Mutex
@@ -72,23 +71,6 @@ func verifyHook(r *http.Request, body []byte) error {
 	return nil
 }
 
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 func setupWebhook(t *testing.T) *hookBundle {
 	t.Helper()
 	ctx := context.Background()
@@ -98,7 +80,7 @@ func setupWebhook(t *testing.T) *hookBundle {
 	store, err := pgstore.New(schema.Pool, &pgstore.Config{Schema: schema.Name})
 	require.NoError(t, err)
 	t.Cleanup(store.Close)
-	b := &hookBundle{pool: schema.Pool, store: store, counts: &testfixture.PhaseCounts{}, logs: &syncBuffer{},
+	b := &hookBundle{pool: schema.Pool, store: store, counts: &testfixture.PhaseCounts{}, logs: &testfixture.Buffer{},
 		events: map[idem.EventKind]int{}}
 	step := func(phase string) error {
 		b.counts.Add(phase)

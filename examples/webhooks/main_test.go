@@ -21,6 +21,7 @@ import (
 
 	"github.com/go-idem/idem/idemhttp"
 	"github.com/go-idem/idem/internal/pgtest"
+	"github.com/go-idem/idem/internal/testfixture"
 )
 
 // runMainEnv makes the test binary behave as the webhooks program, so the
@@ -41,7 +42,7 @@ type server struct {
 	name   string
 	url    string
 	cmd    *exec.Cmd
-	output *lockedBuffer
+	output *testfixture.Buffer
 	exited chan error
 	killed bool
 }
@@ -80,7 +81,7 @@ func tryStart(t *testing.T, ctx context.Context, name, databaseURL string, args 
 	cmd.Env = append(cmd.Env, runMainEnv+"=1", "DATABASE_URL="+databaseURL, "WEBHOOK_SECRET="+testSecret)
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGKILL) }
 	cmd.WaitDelay = 10 * time.Second
-	s := &server{name: name, url: "http://" + addr, cmd: cmd, output: &lockedBuffer{}, exited: make(chan error, 1)}
+	s := &server{name: name, url: "http://" + addr, cmd: cmd, output: &testfixture.Buffer{}, exited: make(chan error, 1)}
 	cmd.Stdout, cmd.Stderr = s.output, s.output
 	require.NoError(t, cmd.Start())
 	go func() { s.exited <- cmd.Wait() }()
@@ -144,23 +145,6 @@ func (s *server) waitOutput(t *testing.T, want string) {
 		require.True(t, time.Now().Before(deadline), "%s never printed %q:\n%s", s.name, want, s.output.String())
 		time.Sleep(20 * time.Millisecond) // polling another process's output
 	}
-}
-
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // stripeEvent is a Stripe-shaped event body, with members the receiver
