@@ -213,7 +213,8 @@ func (c *WebhookConfig) validate() error {
 //
 // The other outcomes (store unavailable, needs reconcile, too many keys,
 // an over-long body, a body that does not decode into In) are answered as
-// by [Handler]. Every answer but the flow's own is non-2xx, so the
+// by [Handler]; a body that no longer decodes is first tried as a
+// redelivery of the key those bytes made (idem.Request.RetryOnly). Every answer but the flow's own is non-2xx, so the
 // provider delivers the event again. docs/webhooks.md has the whole
 // contract.
 type Webhook[In any] struct {
@@ -298,6 +299,21 @@ func (wh *Webhook[In]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	responded := false
 	defer h.recoverPanic(w, r, &responded)
 	req, p := wh.admit(w, r)
+	if p != nil && req.RetryOnly {
+		// A body this release cannot decode may be the redelivery of an
+		// event an earlier release handled: its key answers it (the
+		// stored response, or the event resumed); without one, the
+		// problem.
+		out, err := h.runner.Execute(context.WithoutCancel(r.Context()), h.flow, req)
+		responded = true
+		if errors.Is(err, idem.ErrNotFound) || errors.Is(err, idem.ErrMismatch) || errors.Is(err, idem.ErrNoRedrive) ||
+			errors.Is(err, idem.ErrInvalidRequest) {
+			h.writeProblem(w, p)
+			return
+		}
+		wh.writeOutcome(w, r, req, out, err)
+		return
+	}
 	if p != nil {
 		responded = true
 		h.writeProblem(w, p)
@@ -353,7 +369,7 @@ func (wh *Webhook[In]) admit(w http.ResponseWriter, r *http.Request) (idem.Reque
 	}
 	in, p := decodeBody[In](h, body)
 	if p != nil {
-		return idem.Request{}, p
+		return idem.Request{Scope: scope, Key: id, Method: http.MethodPost, Path: route(r), Payload: body, RetryOnly: true}, p
 	}
 	// The fingerprint is taken over the body as the provider sent it (its
 	// canonical JSON): a redelivery of the same event matches, the same

@@ -142,14 +142,19 @@ func (b *hookBundle) eventCount(kind idem.EventKind) int {
 
 // deliver posts body to the receiver, signed unless signature is given.
 func (b *hookBundle) deliver(body string, signature ...string) *httptest.ResponseRecorder {
+	r := signedRequest(body)
+	if len(signature) > 0 {
+		r.Header.Set("X-Signature", signature[0])
+	}
+	return serve(b.handler, r)
+}
+
+// signedRequest is a delivery of body with a good signature.
+func signedRequest(body string) *http.Request {
 	r := httptest.NewRequest(http.MethodPost, "/webhooks/payments", strings.NewReader(body))
 	r.Header.Set("Content-Type", "application/json")
-	sig := sign(body)
-	if len(signature) > 0 {
-		sig = signature[0]
-	}
-	r.Header.Set("X-Signature", sig)
-	return serve(b.handler, r)
+	r.Header.Set("X-Signature", sign(body))
+	return r
 }
 
 func (b *hookBundle) ledger(t *testing.T, eventID string) int {
@@ -403,4 +408,42 @@ func TestWebhookValues(t *testing.T) {
 			require.Equal(t, tc.want, v)
 		}
 	}
+}
+
+// A redelivery that this release can no longer decode (the input type
+// changed under it) is answered from the event's key: the stored response,
+// not a 422 the provider would redeliver for days.
+func TestWebhookRedeliveryAfterADeployThatCannotDecodeIt(t *testing.T) {
+	t.Parallel()
+	b := setupWebhook(t)
+	const event = `{"id": "evt_6", "amount": 300}`
+	first := b.deliver(event)
+	require.Equal(t, http.StatusOK, first.Code, "body: %s", first.Body)
+
+	type eventV2 struct {
+		ID     string `json:"id"`
+		Amount string `json:"amount"` // was a number
+	}
+	v2 := idem.MustNewFlow(b.flow.Name(), []idem.Phase[eventV2]{
+		{Name: "booked", Do: func(context.Context, idem.Tx, *idem.Attempt[eventV2]) (idem.Result, error) {
+			return idem.Result{}, errors.New("must not run")
+		}},
+		{Name: "responded", Do: func(context.Context, idem.Tx, *idem.Attempt[eventV2]) (idem.Result, error) {
+			return idem.Result{}, errors.New("must not run")
+		}},
+	}, &idem.FlowConfig[eventV2]{Retention: 4 * 24 * time.Hour})
+	runner, err := idem.NewRunner(b.store, &idem.Config{Flows: []idem.AnyFlow{v2}})
+	require.NoError(t, err)
+	h, err := idemhttp.NewWebhook(runner, v2, &idemhttp.WebhookConfig{Provider: "payments", EventID: idemhttp.JSONValue("id"), Verify: verifyHook})
+	require.NoError(t, err)
+	again := serve(h, signedRequest(event))
+	require.Equal(t, http.StatusOK, again.Code, "body: %s", again.Body)
+	require.Equal(t, first.Body.Bytes(), again.Body.Bytes())
+	require.Equal(t, "true", again.Header().Get("Idempotent-Replayed"))
+
+	// A new event this release cannot decode is its problem.
+	res := serve(h, signedRequest(`{"id": "evt_7", "amount": 300}`))
+	requireWebhookProblem(t, res, http.StatusUnprocessableEntity, idemhttp.ProblemInvalidInput)
+	require.Equal(t, 1, b.ledger(t, "evt_6"))
+	require.Zero(t, b.ledger(t, "evt_7"))
 }
