@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -84,6 +85,9 @@ type serveConfig struct {
 	stdout                    io.Writer
 }
 
+// defaultMaxConns sizes the pool when the URL does not (pool_max_conns).
+const defaultMaxConns = 16
+
 // serve runs the receiver until ctx ends, then lets the deliveries in
 // flight finish (up to 10s).
 func serve(ctx context.Context, cfg serveConfig) error {
@@ -93,7 +97,16 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	if cfg.secret == "" {
 		return errors.New("a signing secret is required (--secret or WEBHOOK_SECRET)")
 	}
-	pool, err := pgxpool.New(ctx, cfg.databaseURL)
+	poolConfig, err := pgxpool.ParseConfig(cfg.databaseURL)
+	if err != nil {
+		return err
+	}
+	if !strings.Contains(cfg.databaseURL, "pool_max_conns") {
+		// A delivery holds up to two connections (its phase and its
+		// lease's heartbeat), and a provider sends many at once.
+		poolConfig.MaxConns = defaultMaxConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, poolConfig)
 	if err != nil {
 		return err
 	}
