@@ -16,6 +16,13 @@ import (
 	"github.com/go-idem/idem"
 )
 
+// WebhookScopePrefix starts the scope of every key a [Webhook] makes:
+// "webhook:" + Provider, or "webhook:" + Provider + "/" + account. A
+// [Handler] whose Config.Scope returns a scope with this prefix is refused
+// (500 internal-error), and so is idemgrpc's, so no other handler on the
+// store can create a webhook event's key before its delivery does.
+const WebhookScopePrefix = "webhook:"
+
 // RedeliveryWindowDefault is the default WebhookConfig.RedeliveryWindow:
 // 72 hours, the longest of the common providers' (Stripe retries a
 // delivery for up to three days).
@@ -101,8 +108,9 @@ func Optional(v WebhookValue, fallback string) WebhookValue {
 // contract.
 type WebhookConfig struct {
 	// Provider names the sender ("stripe", "github"): 1-64 characters of
-	// a-z, 0-9, '.', '_' and '-'. It is the first part of every key's
-	// scope, so two providers' event ids never collide. Required.
+	// a-z, 0-9, '.', '_' and '-'. Every key's scope is WebhookScopePrefix
+	// + Provider (+ "/" + account), so two providers' event ids never
+	// collide, nor a webhook's with another handler's keys. Required.
 	Provider string
 
 	// Account derives the provider account the event belongs to (a
@@ -116,10 +124,14 @@ type WebhookConfig struct {
 	Account WebhookValue
 
 	// EventID reads the provider's event id, which becomes the key:
-	// JSONValue("id") for Stripe, HeaderValue("X-GitHub-Delivery") for
-	// GitHub. It must be 1-255 printable ASCII characters. An error, or an
-	// id that is not a key, answers 400 ProblemWebhookEventInvalid and
-	// nothing is recorded. It runs after Verify. Required.
+	// JSONValue("id") for Stripe. It must be 1-255 printable ASCII
+	// characters. An error, or an id that is not a key, answers 400
+	// ProblemWebhookEventInvalid and nothing is recorded. It runs after
+	// Verify, and only what the signature covers can be trusted: an id
+	// read from an unsigned header (GitHub's X-GitHub-Delivery; GitHub
+	// signs the body alone) lets anyone who captured a delivery replay it
+	// under a fresh id, and run it again. docs/webhooks.md says what to do
+	// for such providers. Required.
 	EventID WebhookValue
 
 	// Verify checks the delivery's signature over the raw body, before
@@ -278,14 +290,15 @@ func NewWebhook[In any](runner *idem.Runner, flow *idem.Flow[In], cfg *WebhookCo
 // Flow returns the flow the receiver runs.
 func (wh *Webhook[In]) Flow() *idem.Flow[In] { return wh.h.flow }
 
-// Scope returns the scope of the keys of account's events: Provider, or
-// Provider/account. With the event id as the key, it finds an event's key
-// (idem keys show, Store.GetKey).
+// Scope returns the scope of the keys of account's events:
+// "webhook:Provider", or "webhook:Provider/account" (WebhookScopePrefix).
+// With the event id as the key, it finds an event's key (idem keys show,
+// Store.GetKey).
 func (wh *Webhook[In]) Scope(account string) string {
 	if account == "" {
-		return wh.cfg.Provider
+		return WebhookScopePrefix + wh.cfg.Provider
 	}
-	return wh.cfg.Provider + "/" + account
+	return WebhookScopePrefix + wh.cfg.Provider + "/" + account
 }
 
 // ServeHTTP receives one delivery. A method other than POST answers 405
@@ -365,7 +378,7 @@ func (wh *Webhook[In]) admit(w http.ResponseWriter, r *http.Request) (idem.Reque
 	scope := wh.Scope(account)
 	if len(scope) > 255 || !utf8.ValidString(scope) || strings.IndexByte(scope, 0) >= 0 {
 		return idem.Request{}, wh.eventInvalid(ctx, fmt.Sprintf("The event's account %q is not 1-%d bytes of UTF-8 without NUL.",
-			clip(account), 254-len(wh.cfg.Provider)), nil)
+			clip(account), 254-len(WebhookScopePrefix)-len(wh.cfg.Provider)), nil)
 	}
 	in, p := decodeBody[In](h, body)
 	if p != nil {

@@ -206,8 +206,8 @@ func TestWebhookRunsAnEventOnce(t *testing.T) {
 	rec, err := b.store.GetKey(context.Background(), b.handler.Scope(""), "evt_1")
 	require.NoError(t, err)
 	require.Equal(t, idem.StatusFinished, rec.Status)
-	require.Equal(t, "payments", b.handler.Scope(""))
-	require.Equal(t, "payments/acct_9", b.handler.Scope("acct_9"))
+	require.Equal(t, "webhook:payments", b.handler.Scope(""))
+	require.Equal(t, "webhook:payments/acct_9", b.handler.Scope("acct_9"))
 }
 
 // A delivery that fails Verify, or whose event cannot be identified, is
@@ -446,4 +446,54 @@ func TestWebhookRedeliveryAfterADeployThatCannotDecodeIt(t *testing.T) {
 	requireWebhookProblem(t, res, http.StatusUnprocessableEntity, idemhttp.ProblemInvalidInput)
 	require.Equal(t, 1, b.ledger(t, "evt_6"))
 	require.Zero(t, b.ledger(t, "evt_7"))
+}
+
+// A webhook's keys live in scopes no other handler can make: a Handler
+// whose Scope is named like the provider cannot take an event id before
+// the provider delivers it, and one whose Scope returns a webhook scope is
+// refused.
+func TestWebhookScopesAreReserved(t *testing.T) {
+	t.Parallel()
+	b := setupWebhook(t)
+	notes := idem.MustNewFlow("notes.create", []idem.Phase[hookEvent]{{Name: "responded",
+		Do: func(context.Context, idem.Tx, *idem.Attempt[hookEvent]) (idem.Result, error) {
+			return idem.RespondJSON(http.StatusCreated, map[string]any{"ok": true}), nil
+		}}}, nil)
+	runner, err := idem.NewRunner(b.store, &idem.Config{Flows: []idem.AnyFlow{b.flow, notes},
+		Logger: slog.New(slog.NewTextHandler(b.logs, nil))})
+	require.NoError(t, err)
+	// The scope is a user name the caller chose.
+	h, err := idemhttp.New(runner, notes, &idemhttp.Config[hookEvent]{
+		Scope:              func(r *http.Request) (string, error) { return r.Header.Get("X-User"), nil },
+		AllowUnknownFields: true,
+	})
+	require.NoError(t, err)
+	note := func(user string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/notes", strings.NewReader(`{"id": "x"}`))
+		r.Header.Set("Content-Type", "application/json")
+		r.Header.Set("Idempotency-Key", "evt_42")
+		r.Header.Set("X-User", user)
+		return serve(h, r)
+	}
+	for _, user := range []string{"payments", "payments/acct_9"} {
+		res := note(user)
+		require.Equal(t, http.StatusCreated, res.Code, "body: %s", res.Body)
+	}
+	for _, user := range []string{"webhook:payments", "webhook:payments/acct_9", "webhook:"} {
+		requireWebhookProblem(t, note(user), http.StatusInternalServerError, idemhttp.ProblemInternal)
+	}
+	require.Contains(t, b.logs.String(), "Config.Scope returned a scope reserved for webhook receivers")
+	var keys int
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM idem_keys WHERE scope LIKE 'webhook:%'`).Scan(&keys))
+	require.Zero(t, keys)
+
+	// The provider's events run, in the provider's account and without.
+	for _, event := range []string{`{"id": "evt_42", "amount": 500}`, `{"id": "evt_42", "account": "acct_9", "amount": 500}`} {
+		res := b.deliver(event)
+		require.Equal(t, http.StatusOK, res.Code, "body: %s", res.Body)
+		require.Empty(t, res.Header().Get("Idempotent-Replayed"))
+	}
+	require.Equal(t, 2, b.ledger(t, "evt_42"))
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM idem_keys WHERE key = 'evt_42'`).Scan(&keys))
+	require.Equal(t, 4, keys)
 }

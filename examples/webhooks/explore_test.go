@@ -56,7 +56,7 @@ func TestExploreEveryCrashPoint(t *testing.T) {
 	rep := idemtest.Explore(t, idemtest.Config[Event]{
 		Pool: schema.Pool, Schema: schema.Name, DatabaseURL: schema.URL,
 		Flow: receiver.Flow(), Input: ev,
-		Scope: "stripe/acct_1", Path: "/webhooks/stripe",
+		Scope: "webhook:stripe/acct_1", Path: "/webhooks/stripe",
 		Compare: idemtest.EqualJSON("ledger_entry"),
 		Check:   bookedOnce(schema),
 	})

@@ -372,7 +372,7 @@ func TestTwoProcesses(t *testing.T) {
 			requireOnceEach(t, schema, account, []string{"evt_connect"})
 		}
 		require.Equal(t, -80, count(t, schema, `SELECT sum(amount)::int FROM ledger WHERE event_id = 'evt_connect'`))
-		require.Equal(t, 2, count(t, schema, `SELECT count(*) FROM idem_keys WHERE key = 'evt_connect' AND scope IN ('stripe/acct_1', 'stripe/acct_2')`))
+		require.Equal(t, 2, count(t, schema, `SELECT count(*) FROM idem_keys WHERE key = 'evt_connect' AND scope IN ('webhook:stripe/acct_1', 'webhook:stripe/acct_2')`))
 	})
 }
 

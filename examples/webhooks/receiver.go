@@ -115,7 +115,7 @@ func NewReceiver(schema string, fault func(ctx context.Context, phase string, ev
 func (r *Receiver) Flow() *idem.Flow[Event] { return r.flow }
 
 // Handler returns the webhook receiver for the flow on runner: the key is
-// the event's id, scoped to "stripe" and its Connect account, and verifier
+// the event's id, scoped to "webhook:stripe" and its Connect account, and verifier
 // checks every delivery before anything is stored.
 func (r *Receiver) Handler(runner *idem.Runner, verifier *Verifier) (*idemhttp.Webhook[Event], error) {
 	return idemhttp.NewWebhook(runner, r.flow, &idemhttp.WebhookConfig{
