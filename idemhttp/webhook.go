@@ -177,9 +177,9 @@ type WebhookConfig struct {
 	// ReconcileRetryAfterDefault, 60s.
 	ReconcileRetryAfter time.Duration
 
-	// Logger receives the receiver's logs: refused signatures and
-	// redeliveries with another body at warn, panics at error. Default: the
-	// runner's logger.
+	// Logger receives the receiver's logs: refused signatures, signed
+	// deliveries whose event cannot be identified and redeliveries with
+	// another body at warn, panics at error. Default: the runner's logger.
 	Logger *slog.Logger
 }
 
@@ -316,11 +316,11 @@ func (wh *Webhook[In]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// A body this release cannot decode may be the redelivery of an
 		// event an earlier release handled: its key answers it (the
 		// stored response, or the event resumed); without one, the
-		// problem.
+		// problem. A key made from another body is the event id reused,
+		// as for a body that decodes.
 		out, err := h.runner.Execute(context.WithoutCancel(r.Context()), h.flow, req)
 		responded = true
-		if errors.Is(err, idem.ErrNotFound) || errors.Is(err, idem.ErrMismatch) || errors.Is(err, idem.ErrNoRedrive) ||
-			errors.Is(err, idem.ErrInvalidRequest) {
+		if errors.Is(err, idem.ErrNotFound) || errors.Is(err, idem.ErrNoRedrive) || errors.Is(err, idem.ErrInvalidRequest) {
 			h.writeProblem(w, p)
 			return
 		}
@@ -401,7 +401,10 @@ func (wh *Webhook[In]) eventInvalid(ctx context.Context, detail string, err erro
 			"flow", wh.h.flow.Name(), "provider", wh.cfg.Provider, "err", err)
 		return wh.h.storeUnavailable(storeUnavailableBeforeDetail)
 	}
-	wh.h.log.DebugContext(ctx, "idemhttp: webhook event cannot be identified", "flow", wh.h.flow.Name(), "provider", wh.cfg.Provider, "err", err)
+	// The delivery is signed: the provider sent it, and will send it
+	// again. An operator must see it.
+	wh.h.log.WarnContext(ctx, "idemhttp: webhook event cannot be identified; nothing was recorded",
+		"flow", wh.h.flow.Name(), "provider", wh.cfg.Provider, "detail", detail, "err", err)
 	return wh.h.problem(specWebhookEventInvalid, detail)
 }
 
@@ -425,9 +428,10 @@ func (wh *Webhook[In]) writeOutcome(w http.ResponseWriter, r *http.Request, req 
 	case idem.OutcomeMismatch:
 		// The runner counted it (idem.EventMismatch, for this flow); the
 		// log line names the event, which the provider will keep
-		// delivering until it gives up.
+		// delivering until it gives up, and the runner's error names the
+		// flow, method and route the key was first used with.
 		h.log.WarnContext(r.Context(), "idemhttp: webhook event delivered again with another body; refused",
-			"flow", h.flow.Name(), "provider", wh.cfg.Provider, "scope", req.Scope, "event_id", req.Key)
+			"flow", h.flow.Name(), "provider", wh.cfg.Provider, "scope", req.Scope, "event_id", req.Key, "err", err)
 		h.writeProblem(w, h.problem(specWebhookEventReused, "This event id was first delivered with another body. "+
 			"The delivery was not processed; the event's first delivery stands."))
 	default:

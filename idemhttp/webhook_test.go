@@ -199,7 +199,14 @@ func TestWebhookRunsAnEventOnce(t *testing.T) {
 	require.Equal(t, 1, b.eventCount(idem.EventMismatch))
 	require.Contains(t, b.logs.String(), "webhook event delivered again with another body")
 	require.Contains(t, b.logs.String(), "event_id=evt_1")
+	require.Contains(t, b.logs.String(), `first used by flow \"payments.webhook\" at POST /webhooks/payments`)
 	require.Equal(t, 1, b.ledger(t, "evt_1"))
+
+	// The same event delivered to another route is another request.
+	moved := signedRequest(event)
+	moved.URL.Path = "/webhooks/payments-v2"
+	requireWebhookProblem(t, serve(b.handler, moved), http.StatusUnprocessableEntity, idemhttp.ProblemWebhookEventReused)
+	require.Equal(t, 2, b.eventCount(idem.EventMismatch))
 	require.Equal(t, map[string]int{"booked": 1, "responded": 1}, b.counts.Get())
 
 	// The key is the event id, in the provider's scope.
@@ -225,6 +232,9 @@ func TestWebhookRefusesBeforeStoringAnything(t *testing.T) {
 	requireWebhookProblem(t, b.deliver(`{"id": "evt\u00e9"}`), http.StatusBadRequest, idemhttp.ProblemWebhookEventInvalid)
 	requireWebhookProblem(t, b.deliver(`{"id": "evt_2", "account": 5}`), http.StatusBadRequest, idemhttp.ProblemWebhookEventInvalid)
 	requireWebhookProblem(t, b.deliver(`["evt_2"]`), http.StatusBadRequest, idemhttp.ProblemWebhookEventInvalid)
+	// A signed delivery the receiver cannot identify is the provider's,
+	// which will send it again: the operator sees it.
+	require.Contains(t, b.logs.String(), "level=WARN msg=\"idemhttp: webhook event cannot be identified; nothing was recorded\"")
 	requireWebhookProblem(t, b.deliver(`{"id": "evt_2", "amount": "lots"}`), http.StatusUnprocessableEntity, idemhttp.ProblemInvalidInput)
 	requireWebhookProblem(t, b.deliver(strings.Repeat(" ", idemhttp.MaxBodyBytesDefault+1)), http.StatusRequestEntityTooLarge, idemhttp.ProblemBodyTooLarge)
 
@@ -496,4 +506,19 @@ func TestWebhookScopesAreReserved(t *testing.T) {
 	require.Equal(t, 2, b.ledger(t, "evt_42"))
 	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM idem_keys WHERE key = 'evt_42'`).Scan(&keys))
 	require.Equal(t, 4, keys)
+}
+
+// A body that does not decode, delivered under the id of an event that
+// ran with another body, is the event id reused, as for one that decodes:
+// refused 422 webhook-event-reused, logged and counted.
+func TestWebhookUndecodableBodyUnderAnotherEventsID(t *testing.T) {
+	t.Parallel()
+	b := setupWebhook(t)
+	require.Equal(t, http.StatusOK, b.deliver(`{"id": "evt_9", "amount": 1}`).Code)
+	res := b.deliver(`{"id": "evt_9", "amount": "two"}`)
+	requireWebhookProblem(t, res, http.StatusUnprocessableEntity, idemhttp.ProblemWebhookEventReused)
+	require.Equal(t, 1, b.eventCount(idem.EventMismatch))
+	require.Contains(t, b.logs.String(), "webhook event delivered again with another body")
+	require.Contains(t, b.logs.String(), "event_id=evt_9")
+	require.Equal(t, 1, b.ledger(t, "evt_9"))
 }
