@@ -298,6 +298,7 @@ func TestDocsWebhooks(t *testing.T) {
 		"Account":               "none: one account",
 		"EventID":               "required",
 		"Verify":                "required",
+		"Content":               "the whole body",
 		"MaxBodyBytes":          fmt.Sprintf("`MaxBodyBytesDefault`, %d MiB", MaxBodyBytesDefault>>20),
 		"RedeliveryWindow":      fmt.Sprintf("`RedeliveryWindowDefault`, %d h", RedeliveryWindowDefault/time.Hour),
 		"ReplayHeaders":         "none",

@@ -146,6 +146,21 @@ type WebhookConfig struct {
 	// books whatever anyone posts to it is not a webhook receiver.
 	Verify func(r *http.Request, body []byte) error
 
+	// Content returns what is compared between deliveries of one event:
+	// the key's fingerprint is taken over it (as canonical JSON), so a
+	// delivery of the event id whose Content differs from the first's is
+	// refused 422 ProblemWebhookEventReused. Default the whole body. Set it
+	// when the provider changes the body between deliveries of one event
+	// (an attempt counter; Stripe's "pending_webhooks" counts the
+	// endpoints still to be notified), or every redelivery would be
+	// refused: return the body without those members, as JSON. What it
+	// leaves out must not matter to the flow, since a redelivery that
+	// differs only there gets the first delivery's stored response. It runs
+	// after Verify, EventID and Account; an error answers 400
+	// ProblemWebhookEventInvalid (a *Problem as it is, one wrapping
+	// idem.ErrStoreUnavailable 503), and nothing is recorded.
+	Content func(r *http.Request, body []byte) ([]byte, error)
+
 	// MaxBodyBytes limits the delivery's body; a larger one answers 413
 	// before Verify runs. Default MaxBodyBytesDefault, 1 MiB.
 	MaxBodyBytes int64
@@ -211,7 +226,8 @@ func (c *WebhookConfig) validate() error {
 // Webhook receives a provider's webhook deliveries and runs each event
 // through a flow once, however often the provider delivers it: the key is
 // the provider's event id, scoped to WebhookConfig.Provider and the
-// account, and the fingerprint is taken over the body as delivered. It is
+// account, and the fingerprint is taken over the body as delivered (or
+// what WebhookConfig.Content keeps of it). It is
 // an http.Handler for POST; it is safe for concurrent use.
 //
 //	delivery                            answer
@@ -380,14 +396,24 @@ func (wh *Webhook[In]) admit(w http.ResponseWriter, r *http.Request) (idem.Reque
 		return idem.Request{}, wh.eventInvalid(ctx, fmt.Sprintf("The event's account %q is not 1-%d bytes of UTF-8 without NUL.",
 			clip(account), 254-len(WebhookScopePrefix)-len(wh.cfg.Provider)), nil)
 	}
+	content := body
+	if wh.cfg.Content != nil {
+		if content, err = wh.cfg.Content(r, body); err != nil {
+			return idem.Request{}, wh.eventInvalid(ctx, "The event's content could not be read: "+clip(err.Error())+".", err)
+		}
+		if content == nil {
+			return idem.Request{}, wh.eventInvalid(ctx, "The event's content could not be read: WebhookConfig.Content returned none.", nil)
+		}
+	}
 	in, p := decodeBody[In](h, body)
 	if p != nil {
-		return idem.Request{Scope: scope, Key: id, Method: http.MethodPost, Path: route(r), Payload: body, RetryOnly: true}, p
+		return idem.Request{Scope: scope, Key: id, Method: http.MethodPost, Path: route(r), Payload: content, RetryOnly: true}, p
 	}
 	// The fingerprint is taken over the body as the provider sent it (its
-	// canonical JSON): a redelivery of the same event matches, the same
-	// event id with another body does not.
-	return idem.Request{Scope: scope, Key: id, Method: http.MethodPost, Path: route(r), Params: in, Payload: body}, nil
+	// canonical JSON), or what WebhookConfig.Content keeps of it: a
+	// redelivery of the same event matches, the same event id with another
+	// body does not.
+	return idem.Request{Scope: scope, Key: id, Method: http.MethodPost, Path: route(r), Params: in, Payload: content}, nil
 }
 
 // eventInvalid is the 400 for a delivery whose event cannot be identified;

@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -521,4 +522,50 @@ func TestWebhookUndecodableBodyUnderAnotherEventsID(t *testing.T) {
 	require.Contains(t, b.logs.String(), "webhook event delivered again with another body")
 	require.Contains(t, b.logs.String(), "event_id=evt_9")
 	require.Equal(t, 1, b.ledger(t, "evt_9"))
+}
+
+// WebhookConfig.Content says what is compared between deliveries: a
+// provider that counts its attempts in the body gets the stored response
+// for every redelivery, while a change elsewhere is still refused.
+func TestWebhookContent(t *testing.T) {
+	t.Parallel()
+	b := setupWebhook(t)
+	withoutAttempt := func(_ *http.Request, body []byte) ([]byte, error) {
+		var members map[string]json.RawMessage
+		if err := json.Unmarshal(body, &members); err != nil {
+			return nil, err
+		}
+		delete(members, "attempt")
+		return json.Marshal(members)
+	}
+	h, err := idemhttp.NewWebhook(b.runner, b.flow, &idemhttp.WebhookConfig{
+		Provider: "payments", EventID: idemhttp.JSONValue("id"), Verify: verifyHook, Content: withoutAttempt,
+	})
+	require.NoError(t, err)
+	first := serve(h, signedRequest(`{"id": "evt_c", "amount": 10, "attempt": 1}`))
+	require.Equal(t, http.StatusOK, first.Code, "body: %s", first.Body)
+	for attempt := 2; attempt <= 4; attempt++ {
+		again := serve(h, signedRequest(fmt.Sprintf(`{"id": "evt_c", "amount": 10, "attempt": %d}`, attempt)))
+		require.Equal(t, http.StatusOK, again.Code, "body: %s", again.Body)
+		require.Equal(t, "true", again.Header().Get("Idempotent-Replayed"))
+		require.Equal(t, first.Body.Bytes(), again.Body.Bytes())
+	}
+	requireWebhookProblem(t, serve(h, signedRequest(`{"id": "evt_c", "amount": 11, "attempt": 5}`)),
+		http.StatusUnprocessableEntity, idemhttp.ProblemWebhookEventReused)
+	require.Equal(t, 1, b.ledger(t, "evt_c"))
+
+	// Without Content, the whole body is compared.
+	require.Equal(t, http.StatusOK, b.deliver(`{"id": "evt_d", "amount": 10, "attempt": 1}`).Code)
+	requireWebhookProblem(t, b.deliver(`{"id": "evt_d", "amount": 10, "attempt": 2}`),
+		http.StatusUnprocessableEntity, idemhttp.ProblemWebhookEventReused)
+
+	// Content that fails refuses the delivery before anything is stored.
+	requireWebhookProblem(t, serve(h, signedRequest(`["evt_e"]`)), http.StatusBadRequest, idemhttp.ProblemWebhookEventInvalid)
+	failing, err := idemhttp.NewWebhook(b.runner, b.flow, &idemhttp.WebhookConfig{
+		Provider: "payments", EventID: idemhttp.JSONValue("id"), Verify: verifyHook,
+		Content: func(*http.Request, []byte) ([]byte, error) { return nil, errors.New("no content") },
+	})
+	require.NoError(t, err)
+	requireWebhookProblem(t, serve(failing, signedRequest(`{"id": "evt_e", "amount": 1}`)), http.StatusBadRequest, idemhttp.ProblemWebhookEventInvalid)
+	require.Zero(t, b.ledger(t, "evt_e"))
 }

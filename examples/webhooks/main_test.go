@@ -332,6 +332,27 @@ func TestTwoProcesses(t *testing.T) {
 		requireOnceEach(t, schema, "", ids)
 	})
 
+	t.Run("redelivery with another pending_webhooks", func(t *testing.T) {
+		// Stripe updates pending_webhooks between deliveries of an event:
+		// Content leaves it out, so the redelivery is the same event.
+		for i, pending := range []int{0, 3, 7} {
+			var ev map[string]any
+			require.NoError(t, json.Unmarshal(bodies[ids[0]], &ev))
+			require.EqualValues(t, 1, ev["pending_webhooks"])
+			ev["pending_webhooks"] = pending
+			body, err := json.Marshal(ev)
+			require.NoError(t, err)
+			got := deliver(urls[i%2], body, "")
+			require.NoError(t, got.err)
+			require.Equal(t, http.StatusOK, got.status, "pending_webhooks %d: %s", pending, got.body)
+			require.True(t, got.replayed)
+			if want, ok := first[ids[0]]; ok {
+				require.Equal(t, want, got.body)
+			}
+		}
+		requireOnceEach(t, schema, "", ids[:1])
+	})
+
 	t.Run("the same event id with another body", func(t *testing.T) {
 		before := count(t, schema, `SELECT count(*) FROM ledger`)
 		got := deliver(b.url, stripeEvent(t, ids[0], "payment_intent.succeeded", "", 999_999), "")

@@ -29,6 +29,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -60,7 +61,8 @@ const Retention = 4 * 24 * time.Hour
 
 // Event is a Stripe-shaped event: the members the receiver reads. Stripe
 // sends many more; the receiver ignores them, and the fingerprint covers
-// them all, since it is taken over the body as delivered.
+// them all but pending_webhooks, which Stripe changes between deliveries
+// (see Content).
 type Event struct {
 	ID      string `json:"id"`
 	Type    string `json:"type"`
@@ -123,7 +125,19 @@ func (r *Receiver) Handler(runner *idem.Runner, verifier *Verifier) (*idemhttp.W
 		Account:  idemhttp.Optional(idemhttp.JSONValue("account"), ""),
 		EventID:  idemhttp.JSONValue("id"),
 		Verify:   verifier.Verify,
+		Content:  Content,
 	})
+}
+
+// Content is the receiver's WebhookConfig.Content: the body without
+// pending_webhooks, which Stripe updates between deliveries of an event.
+func Content(_ *http.Request, body []byte) ([]byte, error) {
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(body, &members); err != nil {
+		return nil, err
+	}
+	delete(members, "pending_webhooks")
+	return json.Marshal(members)
 }
 
 // Migrate applies idem's migrations and creates the example's tables in
