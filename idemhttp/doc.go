@@ -99,7 +99,8 @@
 // is the key, scoped to the provider and its account, the signature is
 // checked by WebhookConfig.Verify before anything is stored, a redelivery
 // of a finished event gets the stored response without running anything,
-// one while the event runs a 503 the provider redelivers, and the same
+// one while the event runs a 503 (which a provider that redelivers, such as
+// Stripe, delivers again), and the same
 // event id with another body a 422. docs/webhooks.md has the contract.
 //
 // # Errors

@@ -87,8 +87,9 @@ const (
 	// untouched. 422.
 	ProblemWebhookEventReused = "webhook-event-reused"
 	// ProblemWebhookEventInProgress: another delivery of the same event is
-	// running, or took this one over. 503 with Retry-After, so that every
-	// provider redelivers it later.
+	// running, or took this one over. 503 with Retry-After: a provider that
+	// redelivers on its own (Stripe) delivers it again later; one that does
+	// not (GitHub) shows the delivery as failed, to be resent by hand.
 	ProblemWebhookEventInProgress = "webhook-event-in-progress"
 )
 

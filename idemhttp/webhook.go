@@ -38,8 +38,11 @@ var ErrWebhookValueMissing = errors.New("idemhttp: webhook value missing")
 // [JSONValue] make the usual ones.
 type WebhookValue func(r *http.Request, body []byte) (string, error)
 
-// HeaderValue reads the value of the request header name, such as GitHub's
-// X-GitHub-Delivery. A missing or empty header is ErrWebhookValueMissing.
+// HeaderValue reads the value of the request header name. A missing or
+// empty header is ErrWebhookValueMissing. Use it only for a header the
+// provider's signature covers: any other (GitHub's X-GitHub-Delivery, say)
+// is the sender's to choose, and a captured delivery sent again under a
+// fresh value is a new event.
 func HeaderValue(name string) WebhookValue {
 	name = http.CanonicalHeaderKey(name)
 	return func(r *http.Request, _ []byte) (string, error) {
@@ -227,24 +230,26 @@ func (c *WebhookConfig) validate() error {
 // through a flow once, however often the provider delivers it: the key is
 // the provider's event id, scoped to WebhookConfig.Provider and the
 // account, and the fingerprint is taken over the body as delivered (or
-// what WebhookConfig.Content keeps of it). It is
-// an http.Handler for POST; it is safe for concurrent use.
+// what WebhookConfig.Content keeps of it). It is an http.Handler for POST;
+// it is safe for concurrent use.
 //
 //	delivery                            answer
 //	signature refused (Verify)          400 webhook-signature-invalid; nothing stored, nothing run
 //	no event id (EventID, Account)      400 webhook-event-invalid; nothing stored
 //	first delivery                      the flow's response (answer 2xx for every event handled or ignored)
 //	redelivery, event finished          the stored response, byte for byte, Idempotent-Replayed: true; nothing runs
-//	redelivery, event running           503 webhook-event-in-progress + Retry-After: the provider delivers again later
-//	same event id, another body         422 webhook-event-reused, logged at warn and counted as idem.EventMismatch
+//	redelivery, event running           503 webhook-event-in-progress + Retry-After: a provider that redelivers delivers again later
+//	same event id, another body/route   422 webhook-event-reused, logged at warn and counted as idem.EventMismatch
 //	a phase failed                      500 request-failed; the next redelivery resumes after the committed phases
 //
 // The other outcomes (store unavailable, needs reconcile, too many keys,
-// an over-long body, a body that does not decode into In) are answered as
-// by [Handler]; a body that no longer decodes is first tried as a
-// redelivery of the key those bytes made (idem.Request.RetryOnly). Every answer but the flow's own is non-2xx, so the
-// provider delivers the event again. docs/webhooks.md has the whole
-// contract.
+// an abandoned event, a panic in Verify, EventID, Account or Content, an
+// over-long body, a body that does not decode into In) are answered as by
+// [Handler]; a body that no longer decodes is first tried as a
+// redelivery of the key those bytes made (idem.Request.RetryOnly). Every
+// answer but the flow's own is non-2xx, so the provider delivers the event
+// again if it redelivers at all (Stripe does; GitHub only resends by
+// hand). docs/webhooks.md has the whole contract.
 type Webhook[In any] struct {
 	h   *Handler[In]
 	cfg WebhookConfig
@@ -441,8 +446,8 @@ func (wh *Webhook[In]) writeOutcome(w http.ResponseWriter, r *http.Request, req 
 	h := wh.h
 	switch out.Kind {
 	case idem.OutcomeInProgress, idem.OutcomeLockLost:
-		// 503 rather than the Handler's 409: every provider that
-		// redelivers, redelivers a 503, while some give up on a 4xx.
+		// 503 rather than the Handler's 409: a provider that redelivers
+		// at all redelivers a 503, while some give up on a 4xx.
 		p := h.problem(specWebhookEventInProgress, "Another delivery of this event is being processed. "+
 			"Deliver it again after the time in Retry-After to get its result.")
 		after := out.RetryAfter

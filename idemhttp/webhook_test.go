@@ -270,8 +270,8 @@ func TestWebhookAccountsAreScopes(t *testing.T) {
 	require.Equal(t, 2, b.ledger(t, "evt_3"))
 }
 
-// A redelivery while the event runs is a 503 with Retry-After, which every
-// provider redelivers; the redelivery after it finished gets the stored
+// A redelivery while the event runs is a 503 with Retry-After, which a
+// provider that redelivers delivers again; the redelivery after it finished gets the stored
 // response.
 func TestWebhookRedeliveryWhileRunning(t *testing.T) {
 	t.Parallel()
@@ -568,4 +568,36 @@ func TestWebhookContent(t *testing.T) {
 	require.NoError(t, err)
 	requireWebhookProblem(t, serve(failing, signedRequest(`{"id": "evt_e", "amount": 1}`)), http.StatusBadRequest, idemhttp.ProblemWebhookEventInvalid)
 	require.Zero(t, b.ledger(t, "evt_e"))
+}
+
+// The Handler's answers a webhook shares, as docs/webhooks.md lists them:
+// Config.Admit's refusal is a 429, and a panic in the receiver's own
+// functions a 500, with nothing stored.
+func TestWebhookAdmitAndPanics(t *testing.T) {
+	t.Parallel()
+	b := setupWebhook(t)
+	full, err := idem.NewRunner(b.store, &idem.Config{Flows: []idem.AnyFlow{b.flow},
+		Admit: func(context.Context, string, string) error { return idem.TooManyKeys(30 * time.Second) }})
+	require.NoError(t, err)
+	h, err := idemhttp.NewWebhook(full, b.flow, &idemhttp.WebhookConfig{Provider: "payments", EventID: idemhttp.JSONValue("id"), Verify: verifyHook})
+	require.NoError(t, err)
+	res := serve(h, signedRequest(`{"id": "evt_a", "amount": 1}`))
+	requireWebhookProblem(t, res, http.StatusTooManyRequests, idemhttp.ProblemTooManyKeys)
+	require.Equal(t, "30", res.Header().Get("Retry-After"))
+
+	for name, cfg := range map[string]*idemhttp.WebhookConfig{
+		"Verify":  {Verify: func(*http.Request, []byte) error { panic("Verify") }, EventID: idemhttp.JSONValue("id")},
+		"EventID": {Verify: verifyHook, EventID: func(*http.Request, []byte) (string, error) { panic("EventID") }},
+		"Account": {Verify: verifyHook, EventID: idemhttp.JSONValue("id"), Account: func(*http.Request, []byte) (string, error) { panic("Account") }},
+		"Content": {Verify: verifyHook, EventID: idemhttp.JSONValue("id"), Content: func(*http.Request, []byte) ([]byte, error) { panic("Content") }},
+	} {
+		cfg.Provider = "payments"
+		h, err := idemhttp.NewWebhook(b.runner, b.flow, cfg)
+		require.NoError(t, err)
+		requireWebhookProblem(t, serve(h, signedRequest(`{"id": "evt_p", "amount": 1}`)), http.StatusInternalServerError, idemhttp.ProblemInternal)
+		require.Contains(t, b.logs.String(), "panic="+name, name)
+	}
+	var keys int
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM idem_keys`).Scan(&keys))
+	require.Zero(t, keys)
 }
