@@ -156,7 +156,18 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	// A delivery is small (1 MiB at most) and its event is handled in
+	// well under a minute; the timeouts keep a slow or idle client from
+	// holding a connection. An event whose answer is cut off by
+	// WriteTimeout still finishes: the provider's redelivery gets its
+	// stored response.
+	srv := &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      60 * time.Second,
+		IdleTimeout:       120 * time.Second,
+	}
 	maintained := make(chan error, 1)
 	mctx, stopMaintainer := context.WithCancel(context.WithoutCancel(ctx))
 	go func() { maintained <- maintainer.Serve(mctx) }()
