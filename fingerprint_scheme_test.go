@@ -122,10 +122,45 @@ func TestNewKeysCarryBothFingerprints(t *testing.T) {
 			require.Equal(t, idem.OutcomeReplayed, out.Kind)
 			_, err = r.Execute(ctx, b.flow, b.request("new", rideInput{Origin: "SF", Amount: 6}))
 			require.ErrorIs(t, err, idem.ErrMismatch)
+			// A member the input type ignores decodes to the same input
+			// (the same input fingerprint) but is another payload.
+			extra := b.request("new", in)
+			extra.Params = json.RawMessage(`{"amount":5,"origin":"SF","coupon":"X"}`)
+			_, err = r.Execute(ctx, b.flow, extra)
+			require.ErrorIs(t, err, idem.ErrMismatch, "the payload decides, not the decoded input")
 			t.Logf("fingerprint %x (input scheme), payload_fingerprint %x, downstream scheme %d with the column's default at 1",
 				rec.Fingerprint[:6], rec.PayloadFingerprint[:7], rec.DownstreamScheme)
 		})
 	}
+}
+
+// The input scheme's canonical form is stricter than the payload scheme's:
+// an input it refuses (a duplicate member inside a json.RawMessage field)
+// still runs, as it did before keys kept both, and its key stores the
+// payload fingerprint in place of the input scheme's.
+func TestInputTheInputSchemeRefusesStillRuns(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	type note struct {
+		Meta json.RawMessage `json:"meta"`
+	}
+	flow := idem.MustNewFlow("notes.create", []idem.Phase[note]{{Name: "responded",
+		Do: func(context.Context, idem.Tx, *idem.Attempt[note]) (idem.Result, error) {
+			return idem.RespondJSON(201, map[string]bool{"ok": true}), nil
+		}}}, nil)
+	r := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{flow}})
+	req := idem.Request{Scope: "user:1", Key: "dup", Method: "POST", Path: "/notes", Params: json.RawMessage(`{"meta":{"a":1,"a":2}}`)}
+	_, err := idem.Fingerprint("notes.create", []byte(`{"meta":{"a":1,"a":2}}`))
+	require.ErrorIs(t, err, idem.ErrInvalidParams, "the input scheme refuses it")
+	out, err := r.Execute(ctx, flow, req)
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeExecuted, out.Kind)
+	rec := b.key(t, "dup")
+	require.Equal(t, rec.PayloadFingerprint, rec.Fingerprint)
+	out, err = r.Execute(ctx, flow, req)
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeReplayed, out.Kind)
 }
 
 // Keys made before the payload fingerprint had its own column carry it as

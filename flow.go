@@ -415,9 +415,14 @@ func (f *Flow[In]) prepare(req *Request, fingerprintKey []byte) (*prepared, erro
 	if err != nil {
 		return nil, err
 	}
+	// The input scheme's canonical form is stricter than the payload
+	// scheme's (duplicate member names, nesting depth): an input it refuses
+	// (inside a json.RawMessage or an any field) has no fingerprint for
+	// earlier releases, which refused it anyway, and the key stores its
+	// payload fingerprint in its place.
 	fp, err := fingerprintWith(fingerprintKey, f.name, js)
 	if err != nil {
-		return nil, err
+		fp = nil
 	}
 	p := &prepared{input: in, params: js, fingerprint: fp, payloadFingerprint: pfp, whole: js, payload: payload, binary: binary, target: req.Target}
 	if f.store != nil {

@@ -36,8 +36,17 @@ const (
 	// created before downstream keys were derived from the request.
 	DownstreamByRequestID DownstreamScheme = 1
 	// DownstreamByRequest: a hash of scope, key, flow, fingerprint and
-	// phase, which survives the loss of the key row.
+	// phase, which survives the loss of the key row, and of the generation
+	// when it is not 0 (keys that replaced an expired one before migration
+	// 0009).
 	DownstreamByRequest DownstreamScheme = 2
+	// DownstreamByGeneration: the same hash without a generation field,
+	// for keys that replaced an expired one from migration 0009 on: their
+	// Fingerprint binds the generation (the byte 3, then SHA-256 of the
+	// payload fingerprint and the generation), so a release that knows no
+	// generation, and hashes every scheme but 1 this way, derives the same
+	// keys, and no request sends the keys of the expired one it replaced.
+	DownstreamByGeneration DownstreamScheme = 3
 )
 
 // The two recovery points every flow has. Between them, a key's recovery point
@@ -75,8 +84,11 @@ type KeyRecord struct {
 	// decoded input (see idem.Fingerprint; HMAC-SHA-256 with a fingerprint
 	// key), what releases before the payload fingerprint compare. Downstream
 	// keys derive from it, so that a key resumed by either release sends the
-	// same ones. A key that replaced an expired one holds its
-	// PayloadFingerprint here instead, which earlier releases cannot compare.
+	// same ones. A key that replaced an expired one holds instead the byte 3
+	// and SHA-256 of its PayloadFingerprint and generation
+	// (DownstreamByGeneration), which earlier releases cannot compare; an
+	// input the input scheme cannot fingerprint (JSON that only the payload
+	// scheme's tolerant canonical form accepts) holds its PayloadFingerprint.
 	Fingerprint []byte `db:"fingerprint" json:"fingerprint"`
 	// PayloadFingerprint is the fingerprint of what the client sent (33
 	// bytes: the scheme byte 2, then the hash), which a deploy that changes
@@ -145,7 +157,8 @@ type KeyRecord struct {
 // sends to its provider (idem.Attempt.IdempotencyKey). It is derived from the
 // request itself: "idem-" and 32 hex digits of SHA-256 over the scope, key,
 // flow, fingerprint and phase, each length-prefixed so no two requests collide
-// by shifting bytes between fields, and the key's Generation when it is not 0.
+// by shifting bytes between fields, and the key's Generation when it is not 0
+// (DownstreamByRequest; under DownstreamByGeneration the fingerprint binds it).
 // So it is stable across retries, crashes and takeovers, distinct per phase,
 // and the same after the key row is lost and re-created (a failover to a
 // standby that had not received it comes back with the same generation): the
@@ -166,7 +179,7 @@ func (k *KeyRecord) DownstreamKey(phase string) string {
 	}
 	sum := sha256.New()
 	fields := [][]byte{[]byte(k.Scope), []byte(k.Key), []byte(k.Flow), k.Fingerprint, []byte(phase)}
-	if k.Generation != 0 {
+	if k.Generation != 0 && k.DownstreamScheme == DownstreamByRequest {
 		fields = append(fields, []byte(strconv.Itoa(k.Generation)))
 	}
 	for _, field := range fields {

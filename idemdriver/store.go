@@ -143,12 +143,17 @@ const (
 // AcquireParams are the inputs of [Store.Acquire].
 type AcquireParams struct {
 	Scope, Key, Flow, Method, Path string
-	// Fingerprint is what a new key stores as KeyRecord.Fingerprint (the
-	// input scheme, which earlier releases compare and downstream keys
-	// derive from), and PayloadFingerprint what it stores as
-	// KeyRecord.PayloadFingerprint. An existing key is this request when
-	// KeyRecord.SameRequest says so. A request that cannot make the first
-	// (a retry-only request: NoCreate) leaves it nil.
+	// Fingerprint is the input scheme's fingerprint, which earlier releases
+	// compare and a new key of generation 0 stores as KeyRecord.Fingerprint
+	// (downstream keys derive from it); PayloadFingerprint the payload
+	// scheme's, which a new key stores as KeyRecord.PayloadFingerprint and
+	// which decides. A key that replaces an expired one stores a
+	// generation-bound Fingerprint instead (see DownstreamByGeneration), and
+	// one without an input-scheme fingerprint its PayloadFingerprint. An
+	// existing key is this request when KeyRecord.SameRequest says so; a
+	// store takes it over by the Fingerprint it has. A request that cannot
+	// make the input scheme's (a retry-only request, always NoCreate; an
+	// input the input scheme refuses) leaves Fingerprint nil.
 	Fingerprint, PayloadFingerprint []byte
 	Params                          []byte
 	Lease                           time.Duration

@@ -343,6 +343,15 @@ func TestScopeFromCaller(t *testing.T) {
 	})
 	_, err, _ = call(t, serveOrders(t, denied, nil), "k-2", orderRequest())
 	requireStatusCode(t, err, codes.PermissionDenied)
+
+	// Scopes that start with "webhook:" belong to idemhttp's webhook
+	// receivers: a call cannot take an event's key.
+	reserved := b.handler(t, b.runner, func(c *orderConfig) {
+		c.Scope = func(context.Context) (string, error) { return "webhook:stripe", nil }
+	})
+	_, err, _ = call(t, serveOrders(t, reserved, nil), "evt_1", orderRequest())
+	requireStatusCode(t, err, codes.Internal)
+	require.Zero(t, b.count(t, "idem_keys WHERE scope LIKE 'webhook:%'"))
 }
 
 func requireStatusCode(t *testing.T, err error, c codes.Code) *status.Status {

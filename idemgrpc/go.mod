@@ -3,7 +3,7 @@ module github.com/go-idem/idem/idemgrpc
 go 1.26.0
 
 require (
-	github.com/go-idem/idem v0.0.0
+	github.com/go-idem/idem v0.1.0
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/stretchr/testify v1.12.1
@@ -23,5 +23,3 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 )
-
-replace github.com/go-idem/idem => ../

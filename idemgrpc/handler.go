@@ -21,6 +21,10 @@ import (
 	"github.com/go-idem/idem"
 )
 
+// webhookScopePrefix is idemhttp.WebhookScopePrefix, which this module
+// does not import: the scopes of webhook receivers' keys.
+const webhookScopePrefix = "webhook:"
+
 // ErrUnauthenticated is what a Config.Scope function returns when the call
 // carries no valid credentials. Any error from Scope answers
 // UNAUTHENTICATED, unless it is a gRPC status error, which is answered as it
@@ -46,7 +50,10 @@ type Config[Req, Resp proto.Message, In any] struct {
 	//
 	// An error answers UNAUTHENTICATED and nothing is recorded; a gRPC
 	// status error (say PERMISSION_DENIED) is answered as it is. An empty
-	// scope without an error is treated as unauthenticated.
+	// scope without an error is treated as unauthenticated. A scope that
+	// starts with "webhook:" is reserved for idemhttp's webhook receivers
+	// (idemhttp.WebhookScopePrefix): it answers INTERNAL, logged, and
+	// nothing is recorded, so that no call can take a webhook event's key.
 	Scope func(ctx context.Context) (string, error)
 
 	// KeyField names a string field of Req that may carry the key, as
@@ -346,6 +353,11 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 		}
 		h.log.DebugContext(ctx, "idemgrpc: unauthenticated", "method", h.method, "err", err)
 		return resp, status.New(codes.Unauthenticated, "This method requires an authenticated caller.")
+	}
+	if strings.HasPrefix(scope, webhookScopePrefix) {
+		h.log.ErrorContext(ctx, "idemgrpc: Config.Scope returned a scope reserved for webhook receivers; answering INTERNAL",
+			"method", h.method, "reserved_prefix", webhookScopePrefix)
+		return resp, internal()
 	}
 	key, sent, kst := h.requestKey(ctx, req)
 	if kst != nil {

@@ -46,6 +46,14 @@ func (h *Handler[In]) admit(w http.ResponseWriter, r *http.Request) (idem.Reques
 		h.log.ErrorContext(ctx, "idemhttp: Config.Scope returned a scope that is not 1-255 bytes of UTF-8 without NUL", "flow", h.flow.Name(), "length", len(scope))
 		return idem.Request{}, h.problem(specInternal, internalDetail)
 	}
+	if strings.HasPrefix(scope, WebhookScopePrefix) {
+		// Webhook receivers' keys live there: a handler that could make
+		// such a scope (a tenant named "webhook:stripe") could take an
+		// event id before the provider's delivery of it.
+		h.log.ErrorContext(ctx, "idemhttp: Config.Scope returned a scope reserved for webhook receivers; answering 500",
+			"flow", h.flow.Name(), "reserved_prefix", WebhookScopePrefix)
+		return idem.Request{}, h.problem(specInternal, internalDetail)
+	}
 
 	key, err := ParseKey(r.Header.Values("Idempotency-Key"))
 	switch {

@@ -41,6 +41,10 @@ type Config[In any] struct {
 	// that holds the keys, which did not answer) answers the adapter's own
 	// 503 ProblemStoreUnavailable with UnavailableRetryAfter. An empty scope
 	// without an error is treated as unauthenticated. A scope is 1-255 bytes.
+	// A scope that starts with WebhookScopePrefix ("webhook:") is reserved
+	// for webhook receivers ([NewWebhook]): it answers 500 internal-error,
+	// logged, and nothing is recorded. Prefix tenant names ("tenant:acme")
+	// so that none can take that form.
 	Scope func(r *http.Request) (string, error)
 
 	// Prepare sets server-derived fields of the decoded input (the user id

@@ -18,19 +18,28 @@ import (
 // it, not over the decoded value.
 func (h *Handler[In]) decode(w http.ResponseWriter, r *http.Request) (In, []byte, *Problem) {
 	var in In
+	body, p := h.readBody(w, r)
+	if p != nil {
+		return in, nil, p
+	}
+	in, p = decodeBody[In](h, body)
+	return in, body, p
+}
+
+// readBody reads the body within Config.MaxBodyBytes.
+func (h *Handler[In]) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *Problem) {
 	limit := h.cfg.MaxBodyBytes
 	if r.ContentLength > limit {
-		return in, nil, h.tooLarge()
+		return nil, h.tooLarge()
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			return in, nil, h.tooLarge()
+			return nil, h.tooLarge()
 		}
-		return in, nil, h.problem(specMalformedJSON, "The request body could not be read: "+err.Error()+".")
+		return nil, h.problem(specMalformedJSON, "The request body could not be read: "+err.Error()+".")
 	}
-	in, p := decodeBody[In](h, body)
-	return in, body, p
+	return body, nil
 }
 
 // decodeBody decodes body into an In, mapping each kind of failure to its

@@ -94,6 +94,17 @@
 // that the same key is a new request, whether or not the reaper has deleted
 // the expired key yet.
 //
+// # Webhooks
+//
+// [NewWebhook] serves a flow the other way round, as the receiver of a
+// provider's webhook deliveries (Stripe, GitHub): the provider's event id
+// is the key, scoped to the provider and its account, the signature is
+// checked by WebhookConfig.Verify before anything is stored, a redelivery
+// of a finished event gets the stored response without running anything,
+// one while the event runs a 503 (which a provider that redelivers, such as
+// Stripe, delivers again), and the same
+// event id with another body a 422. docs/webhooks.md has the contract.
+//
 // # Errors
 //
 // Every error the adapter writes is an RFC 9457 application/problem+json

@@ -26,6 +26,7 @@ var docSpecs = []problemSpec{
 	specKeyMissing, specKeyMalformed, specKeyReused, specInProgress, specTooManyKeys, specNeedsReconcile,
 	specRequestAbandoned, specStoreUnavailable, specRequestFailed, specUnauthenticated, specMethodNotAllowed,
 	specUnsupportedMediaType, specBodyTooLarge, specMalformedJSON, specInvalidInput, specInternal,
+	specWebhookSignatureInvalid, specWebhookEventInvalid, specWebhookEventReused, specWebhookEventInProgress,
 }
 
 func specNamed(t *testing.T, name string) problemSpec {
@@ -283,4 +284,55 @@ func TestDocsRetryAfterTable(t *testing.T) {
 		}
 	}
 	require.Empty(t, want, "rows missing from the table")
+}
+
+// The Configuration table of docs/webhooks.md lists every WebhookConfig
+// field in order, with the default NewWebhook applies to it; its contract
+// table names the webhook problem types with their statuses.
+func TestDocsWebhooks(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("../docs/webhooks.md")
+	require.NoError(t, err)
+	doc := string(raw)
+	seconds := func(d time.Duration) string { return strconv.Itoa(int(d/time.Second)) + " s" }
+	wantDefault := map[string]string{
+		"Provider":              "required",
+		"Account":               "none: one account",
+		"EventID":               "required",
+		"Verify":                "required",
+		"Content":               "the whole body",
+		"MaxBodyBytes":          fmt.Sprintf("`MaxBodyBytesDefault`, %d MiB", MaxBodyBytesDefault>>20),
+		"RedeliveryWindow":      fmt.Sprintf("`RedeliveryWindowDefault`, %d h", RedeliveryWindowDefault/time.Hour),
+		"ReplayHeaders":         "none",
+		"ProblemTypeBase":       "`ProblemTypeBaseDefault`",
+		"UnavailableRetryAfter": "`UnavailableRetryAfterDefault`, " + seconds(UnavailableRetryAfterDefault),
+		"ReconcileRetryAfter":   "`ReconcileRetryAfterDefault`, " + seconds(ReconcileRetryAfterDefault),
+		"Logger":                "the runner's",
+	}
+	rows := firstTable(t, section(t, doc, "## Configuration"))
+	typ := reflect.TypeFor[WebhookConfig]()
+	require.Len(t, rows, typ.NumField())
+	for i := range typ.NumField() {
+		name := typ.Field(i).Name
+		require.Equal(t, "`"+name+"`", rows[i][0], "row %d", i+1)
+		want, ok := wantDefault[name]
+		require.True(t, ok, "the test knows no default for %s", name)
+		require.Equal(t, want, rows[i][1], name)
+	}
+	c := WebhookConfig{Provider: "p", EventID: JSONValue("id"), Verify: func(*http.Request, []byte) error { return nil }}
+	require.NoError(t, c.validate())
+	require.Equal(t, RedeliveryWindowDefault, c.RedeliveryWindow)
+
+	named := 0
+	for _, row := range firstTable(t, section(t, doc, "## The contract")) {
+		m := regexp.MustCompile("\\[`([a-z-]+)`\\]\\(http\\.md#([a-z-]+)\\)").FindStringSubmatch(row[1])
+		if m == nil {
+			continue
+		}
+		named++
+		require.Equal(t, m[1], m[2])
+		s := specNamed(t, m[1])
+		require.True(t, strings.HasPrefix(row[1], strconv.Itoa(s.status)+" "), "%q: status %d", row[0], s.status)
+	}
+	require.GreaterOrEqual(t, named, 4)
 }

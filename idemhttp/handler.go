@@ -111,26 +111,30 @@ func (h *Handler[In]) WriteProblem(w http.ResponseWriter, p *Problem) {
 // its name (a Problem* constant).
 func (h *Handler[In]) ProblemType(name string) string { return h.cfg.ProblemTypeBase + name }
 
+// recoverPanic, deferred, answers a panic in a Config hook with
+// ProblemInternal, unless the response may have begun (*responded).
+func (h *Handler[In]) recoverPanic(w http.ResponseWriter, r *http.Request, responded *bool) {
+	v := recover()
+	if v == nil {
+		return
+	}
+	if v == http.ErrAbortHandler { // a deliberate abort: let net/http drop the connection
+		panic(v)
+	}
+	if *responded {
+		// The response may have begun: a problem now could only corrupt
+		// it. net/http logs the panic and drops the connection, which
+		// the client retries.
+		panic(v)
+	}
+	h.log.ErrorContext(r.Context(), "idemhttp: panic while handling a request; nothing was recorded for its key",
+		"flow", h.flow.Name(), "panic", v, "stack", string(debug.Stack()))
+	h.writeProblem(w, h.problem(specInternal, internalDetail))
+}
+
 func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 	responded := false
-	defer func() {
-		v := recover()
-		if v == nil {
-			return
-		}
-		if v == http.ErrAbortHandler { // a deliberate abort: let net/http drop the connection
-			panic(v)
-		}
-		if responded {
-			// The response may have begun: a problem now could only corrupt
-			// it. net/http logs the panic and drops the connection, which
-			// the client retries.
-			panic(v)
-		}
-		h.log.ErrorContext(r.Context(), "idemhttp: panic while handling a request; nothing was recorded for its key",
-			"flow", h.flow.Name(), "panic", v, "stack", string(debug.Stack()))
-		h.writeProblem(w, h.problem(specInternal, internalDetail))
-	}()
+	defer h.recoverPanic(w, r, &responded)
 
 	req, p := h.admit(w, r)
 	wait, asked := preferWait(r.Header, h.cfg.MaxWait)

@@ -70,6 +70,27 @@ const (
 	// (a panic in a Config hook, a misconfiguration). Nothing was recorded.
 	// 500.
 	ProblemInternal = "internal-error"
+
+	// The problems only a [Webhook] writes; docs/webhooks.md describes the
+	// contract they belong to.
+
+	// ProblemWebhookSignatureInvalid: WebhookConfig.Verify refused the
+	// delivery (a bad or missing signature, a timestamp outside the
+	// tolerance). Nothing was recorded and nothing ran. 400.
+	ProblemWebhookSignatureInvalid = "webhook-signature-invalid"
+	// ProblemWebhookEventInvalid: the delivery's event id or account could
+	// not be read (WebhookConfig.EventID or Account failed), or is not a
+	// usable key. Nothing was recorded. 400.
+	ProblemWebhookEventInvalid = "webhook-event-invalid"
+	// ProblemWebhookEventReused: the event id was first delivered with
+	// another body. Nothing ran; the first delivery's stored response is
+	// untouched. 422.
+	ProblemWebhookEventReused = "webhook-event-reused"
+	// ProblemWebhookEventInProgress: another delivery of the same event is
+	// running, or took this one over. 503 with Retry-After: a provider that
+	// redelivers on its own (Stripe) delivers it again later; one that does
+	// not (GitHub) shows the delivery as failed, to be resent by hand.
+	ProblemWebhookEventInProgress = "webhook-event-in-progress"
 )
 
 // Stripe error types, the "type" of the Stripe profile's "error" member.
@@ -123,6 +144,14 @@ var (
 		http.StatusUnprocessableEntity, http.StatusBadRequest, StripeInvalidRequestError, ""}
 	specInternal = problemSpec{ProblemInternal, "Internal server error",
 		http.StatusInternalServerError, http.StatusInternalServerError, StripeAPIError, ""}
+	specWebhookSignatureInvalid = problemSpec{ProblemWebhookSignatureInvalid, "Webhook signature is invalid",
+		http.StatusBadRequest, http.StatusBadRequest, StripeInvalidRequestError, ""}
+	specWebhookEventInvalid = problemSpec{ProblemWebhookEventInvalid, "Webhook event cannot be identified",
+		http.StatusBadRequest, http.StatusBadRequest, StripeInvalidRequestError, ""}
+	specWebhookEventReused = problemSpec{ProblemWebhookEventReused, "Webhook event was delivered with another body",
+		http.StatusUnprocessableEntity, http.StatusUnprocessableEntity, StripeInvalidRequestError, ""}
+	specWebhookEventInProgress = problemSpec{ProblemWebhookEventInProgress, "Webhook event is being processed",
+		http.StatusServiceUnavailable, http.StatusServiceUnavailable, StripeAPIError, ""}
 )
 
 // problem builds the adapter's problem of kind spec in profile.

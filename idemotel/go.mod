@@ -3,7 +3,7 @@ module github.com/go-idem/idem/idemotel
 go 1.26.0
 
 require (
-	github.com/go-idem/idem v0.0.0-00010101000000-000000000000
+	github.com/go-idem/idem v0.1.0
 	github.com/stretchr/testify v1.12.1
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/metric v1.47.0
@@ -29,5 +29,3 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 )
-
-replace github.com/go-idem/idem => ..

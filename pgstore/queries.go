@@ -214,9 +214,11 @@ leased AS (
     RETURNING k.*
 )`
 
-	// takeOver locks an unfinished key of the same flow, fingerprint, method
-	// and path that nobody holds (unlocked, or lease expired), with a new
-	// fence on both of its rows.
+	// takeOver locks an unfinished key of the same flow, method and path
+	// that nobody holds (unlocked, or lease expired), with a new fence on
+	// both of its rows. Its fingerprint parameter is the key's own, as read
+	// (Acquire decides it is this request by KeyRecord.SameRequest): it
+	// only checks that the row is still the one read.
 	q.takeOver = render(`
 WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t

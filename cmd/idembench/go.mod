@@ -3,7 +3,7 @@ module github.com/go-idem/idem/cmd/idembench
 go 1.26.0
 
 require (
-	github.com/go-idem/idem v0.0.0-00010101000000-000000000000
+	github.com/go-idem/idem v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/stretchr/testify v1.12.1
 )
@@ -17,5 +17,3 @@ require (
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 )
-
-replace github.com/go-idem/idem => ../..

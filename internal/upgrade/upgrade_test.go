@@ -477,12 +477,14 @@ func TestRollingUpgradeFromThePreviousRelease(t *testing.T) {
 	_, err = schema.Pool.Exec(ctx, `DELETE FROM idem_migrations WHERE version = $1`, next)
 	require.NoError(t, err)
 
-	// A key this tree replaced after it expired (generation 1, whose
-	// downstream keys hash the generation in) and left in flight is not
-	// resumed by v0.1.0, which knows no generation and would send the
-	// expired request's downstream keys: such a key carries only the
-	// payload fingerprint, which v0.1.0 cannot compare, so it answers 422
-	// and sends nothing. This tree finishes it.
+	// A key this tree replaced after it expired (generation 1) and left in
+	// flight: its fingerprint binds the generation (downstream scheme 3),
+	// which v0.1.0 cannot compare, so a client retry there is answered 422
+	// and sends nothing; v0.1.0's completer, which compares no fingerprint,
+	// resumes it and sends the provider the downstream key this tree sent
+	// (v0.1.0 knows no generation, but hashes that fingerprint the same
+	// way), never the expired request's: the provider charges the new
+	// request once, and this tree replays the answer.
 	headD := start(t, "HEAD D", bins.head, append(args(true), "-retention", "1s"))
 	reused := "reused-after-expiry"
 	earlier := finish(t, headD.url, reused)
@@ -505,7 +507,27 @@ func TestRollingUpgradeFromThePreviousRelease(t *testing.T) {
 	resp, body, err := post(ctx, prevB.url, reused)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode, "v0.1.0 on a generation-1 key: %s", body)
+	completedByPrevious := 0
+	for completedByPrevious == 0 {
+		// The killed process's lease runs out first; until then the
+		// completer claims nothing.
+		require.NoError(t, waitCtx.Err(), "v0.1.0's completer never completed the generation-1 key")
+		out, err := exec.CommandContext(waitCtx, bins.previous, append(args(false), "-complete-once")...).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		var claimed int
+		at := bytes.LastIndex(out, []byte("completed claimed="))
+		require.GreaterOrEqual(t, at, 0, "%s", out)
+		_, err = fmt.Sscanf(string(out[at:]), "completed claimed=%d completed=%d", &claimed, &completedByPrevious)
+		require.NoError(t, err, "%s", out)
+		if completedByPrevious == 0 {
+			select {
+			case <-waitCtx.Done():
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
+	}
 	later := finish(t, headA.url, reused)
+	require.True(t, later.replayed, "v0.1.0's completer finished it; this tree replays")
 	chargeOf := func(body string) string {
 		var out struct {
 			Charge string `json:"charge"`
@@ -515,8 +537,8 @@ func TestRollingUpgradeFromThePreviousRelease(t *testing.T) {
 	}
 	require.Equal(t, 2, prov.chargesOf(reused), "the provider charged each request once")
 	require.NotEqual(t, chargeOf(earlier.body), chargeOf(later.body), "the new request is answered with its own charge")
-	genRefused := fmt.Sprintf("a generation-%d key (one that replaced an expired key) left in flight by HEAD: v0.1.0 answers 422 key-reused and sends nothing (it knows no generation); HEAD finishes it with its own charge %s, not the earlier %s",
-		generation, chargeOf(later.body), chargeOf(earlier.body))
+	genRefused := fmt.Sprintf("a generation-%d key (one that replaced an expired key) left in flight by HEAD after the charge: a client retry on v0.1.0 is answered 422 key-reused and sends nothing; v0.1.0's completer finishes it with the charge HEAD made (%s, not the earlier request's %s; %d charges for the key's two requests), HEAD replays it",
+		generation, chargeOf(later.body), chargeOf(earlier.body), prov.chargesOf(reused))
 
 	// Each key: one order, one charge, finished.
 	orders, charges, double := 0, 0, 0

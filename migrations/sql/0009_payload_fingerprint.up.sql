@@ -13,12 +13,19 @@
 -- keys it was sent here; a key the previous release created has no
 -- payload_fingerprint and is compared by its fingerprint, as before.
 --
--- A key that replaces an expired one (generation above 0) gets the payload
--- fingerprint in both columns instead: the previous release knows no
--- generation, and resuming such a key would send the expired request's
--- downstream keys. It cannot compare it, and answers 422 (key reused)
--- rather than sending them; this release resumes it. A nullable column
--- without a default rewrites nothing.
+-- A key that replaces an expired one (generation above 0) gets, as its
+-- fingerprint, the byte 3 and SHA-256 of its payload fingerprint and its
+-- generation, and downstream_scheme 3: its downstream keys hash that
+-- fingerprint with no separate generation field. The previous release knows
+-- no generation and hashes every scheme but 1 the same way, so its completer
+-- or reconcile run, should one resume such a key, sends the downstream keys
+-- this release sent, never the expired request's; its client retries cannot
+-- compare the fingerprint (33 bytes) and are answered 422 (key reused),
+-- changing nothing. An input that only the payload scheme can fingerprint
+-- (JSON the input scheme refuses, such as a duplicate member inside a
+-- json.RawMessage field) gets the payload fingerprint as its fingerprint: the
+-- previous release refused such an input anyway. A nullable column without a
+-- default rewrites nothing.
 ALTER TABLE {{schema}}idem_keys ADD COLUMN payload_fingerprint bytea;
 
 -- idem_acquire_v9 is idem_acquire_v8 (see its migration, and 0005's for how
@@ -101,9 +108,12 @@ BEGIN
             (scope, key, flow, method, path, fingerprint, payload_fingerprint, downstream_scheme,
              params, created_at, last_run_at, params_key_id, generation)
         VALUES (p_scope, p_key, p_flow, p_method, p_path,
-                CASE WHEN v_generation > 0 AND p_payload_fingerprint IS NOT NULL THEN p_payload_fingerprint
+                CASE WHEN v_generation > 0 AND p_payload_fingerprint IS NOT NULL
+                     THEN '\x03'::bytea || sha256(p_payload_fingerprint || convert_to(v_generation::text, 'UTF8'))
                      ELSE coalesce(p_fingerprint, p_payload_fingerprint) END,
-                p_payload_fingerprint, 2, p_params::jsonb, v_now, v_now,
+                p_payload_fingerprint,
+                CASE WHEN v_generation > 0 AND p_payload_fingerprint IS NOT NULL THEN 3 ELSE 2 END,
+                p_params::jsonb, v_now, v_now,
                 nullif(p_params_key_id, ''), v_generation)
         ON CONFLICT ON CONSTRAINT idem_keys_scope_key DO NOTHING
         RETURNING * INTO k;

@@ -4,10 +4,13 @@
 // order row, then a charge at a provider that deduplicates on the
 // idempotency key) behind idemhttp.
 //
-//	svc -db URL -provider URL [-migrate] [-lease 4s] [-retention 24h]
+//	svc -db URL -provider URL [-migrate] [-lease 4s] [-retention 24h] [-complete-once]
 //
 // It prints "listening http://ADDR" on stdout once it serves, or the reason it
-// cannot start on stderr (exit status 1).
+// cannot start on stderr (exit status 1). With -complete-once it serves
+// nothing: it runs one completer pass over idle keys (the Maintainer's
+// completer, as an instance of that build runs it), prints "completed
+// claimed=N completed=M" and exits.
 package main
 
 import (
@@ -48,6 +51,7 @@ func run() error {
 	migrate := flag.Bool("migrate", false, "apply idem's migrations at start, as a release that migrates on start does")
 	lease := flag.Duration("lease", 4*time.Second, "idem's lease")
 	retention := flag.Duration("retention", 0, "how long a finished key is kept (0: idem's default)")
+	completeOnce := flag.Bool("complete-once", false, "run one completer pass over idle keys and exit")
 	flag.Parse()
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, *dbURL)
@@ -122,6 +126,14 @@ func run() error {
 	})
 	if err != nil {
 		return err
+	}
+	if *completeOnce {
+		res, err := runner.Complete(ctx, &idem.CompleteConfig{IdleFor: time.Millisecond})
+		if err != nil {
+			return err
+		}
+		fmt.Printf("completed claimed=%d completed=%d\n", res.Claimed, res.Completed)
+		return nil
 	}
 	handler, err := idemhttp.New(runner, flow, &idemhttp.Config[Order]{
 		Scope: func(*http.Request) (string, error) { return "upgrade", nil },
