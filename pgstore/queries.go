@@ -126,7 +126,7 @@ func newQueries(prefix string) *queries {
 	t, l := prefix+"idem_keys", prefix+"idem_leases"
 	q := &queries{table: t, leases: l}
 	render := func(sql string) string {
-		sql = strings.NewReplacer("{t}", t, "{leaseOf:k}", leaseOf(l), "{l}", l, "{p}", prefix).Replace(sql)
+		sql = strings.NewReplacer("{t}", t, "{leaseOf:k}", leaseOf(l), "{l}", l).Replace(sql)
 		return colsPlaceholder.ReplaceAllStringFunc(sql, func(m string) string {
 			a := colsPlaceholder.FindStringSubmatch(m)
 			return recordColumnsOf(a[2], a[3], a[1] == "cols")
@@ -262,15 +262,13 @@ WHERE k.scope = $2 AND k.key = $3::text AND NOT EXISTS (SELECT 1 FROM taken)`)
 	// cleared here either: moving the recovery point retires it.
 	//
 	// They write no indexed column while the key stays running, so an
-	// advance is a HOT update.
-	//
-	// finishPhase, release and setNeedsReconcile end an attempt: each wakes
-	// the key's waiters, on every instance, through
-	// idem_notify_waiters_v10 (migrations/sql/0010_key_waiters.up.sql),
-	// which notifies only for a key a waiter marked (waitMark), at commit.
-	// The condition calls it once per row the guard matched and is true
-	// either way. clock_timestamp(), not now(): now() is when
+	// advance is a HOT update. clock_timestamp(), not now(): now() is when
 	// the transaction began.
+	//
+	// finishPhase, release and setNeedsReconcile end an attempt: triggers
+	// of migration 0010 (migrations/sql/0010_key_waiters.up.sql) wake the
+	// key's waiters, on every instance, when a waiter marked it (waitMark),
+	// at commit. The statements do not name them.
 	q.advancePhase = render(`
 WITH guarded AS (
 UPDATE {t}
@@ -298,9 +296,9 @@ SET status           = 'finished',
     response_key_id  = nullif($9::text, ''),
     last_error       = nullif(left($11::text, 4000), '')
 WHERE id = $1 AND fence = $2
-RETURNING id
+RETURNING 1
 )
-SELECT 1 / count(*)::int FROM guarded WHERE {p}idem_notify_waiters_v10(guarded.id) IS NOT NULL`)
+SELECT 1 / count(*)::int FROM guarded`)
 
 	q.heartbeat = render(`
 UPDATE {l} l
@@ -322,7 +320,7 @@ WITH released AS (
     UPDATE {l} l SET locked_at = NULL, lease_expires_at = NULL
     FROM released WHERE l.key_id = released.id AND l.fence = $2
 )
-SELECT count(*) FROM released WHERE {p}idem_notify_waiters_v10(released.id) IS NOT NULL`)
+SELECT count(*) FROM released`)
 
 	q.setNeedsReconcile = render(`
 WITH parked AS (
@@ -333,7 +331,7 @@ WITH parked AS (
     UPDATE {l} l SET locked_at = NULL, lease_expires_at = NULL
     FROM parked WHERE l.key_id = parked.id AND l.fence = $2
 )
-SELECT count(*) FROM parked WHERE {p}idem_notify_waiters_v10(parked.id) IS NOT NULL`)
+SELECT count(*) FROM parked`)
 
 	// markForeign records the mark with the recovery point it is made at;
 	// the phase's commit moves the recovery point and so retires the mark
@@ -349,7 +347,7 @@ UPDATE {l} SET foreign_mark = NULL, foreign_mark_after = NULL
 WHERE key_id = $1 AND fence = $2`)
 
 	// waitMark marks a key that a process starts waiting for, so that the
-	// statement that ends its attempt notifies (idem_notify_waiters_v10),
+	// statement that ends its attempt notifies (the triggers of 0010),
 	// and reports the key as waitCheck does. It locks the progress row FOR
 	// SHARE, which conflicts with the finishing update: a mark either
 	// commits before that update takes the row (the finishing statement,
