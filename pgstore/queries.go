@@ -41,6 +41,7 @@ type queries struct {
 	markForeign, clearForeignMark     string
 	setNeedsReconcile, getKey         string
 	waitMark, waitCheck               string
+	notifyWaiters                     string
 
 	unlockKey, claimIdle, reap, reapAbandoned, unfinishedKeys, statementTimeout, clock string
 	backlog                                                                            string
@@ -376,6 +377,11 @@ SELECT k.status <> 'running' OR k.fence <> $2 OR l.locked_at IS NULL OR l.lease_
        coalesce(extract(epoch FROM l.lease_expires_at - now()), 0)::float8
 FROM {t} k LEFT JOIN {l} l ON l.key_id = k.id
 WHERE k.id = $1`)
+
+	// notifyWaiters is idem_notify_waiters_v10 on its own, run after a
+	// finishing commit at repeatable read or serializable, whose function
+	// call saw only the marks of its snapshot (phaseTx.commitGuarded).
+	q.notifyWaiters = render(`SELECT {p}idem_notify_waiters_v10($1)`)
 
 	q.getKey = render(`SELECT {cols:k,l} FROM {t} k {leaseOf:k} WHERE k.scope = $1 AND k.key = $2::text`)
 

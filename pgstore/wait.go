@@ -149,6 +149,12 @@ func (s *Store) WatchKey(ctx context.Context, ref idemdriver.LockRef) (<-chan st
 // on its channel since it started, for tests and metrics.
 func (s *Store) Notifications() int64 { return s.waits.notified.Load() }
 
+// Listening reports whether the store's listener LISTENs on its channel
+// now; false: its watches poll (no waiter yet, Config.WaitPolling, a
+// transaction pooler, or a listener that cannot connect), for tests and
+// metrics.
+func (s *Store) Listening() bool { return s.waits.listening.Load() }
+
 // wakeLocked closes wt and forgets it; w.mu is held.
 func (w *waits) wakeLocked(wt *watch) {
 	if w.watches[wt.ref.ID] == wt {
