@@ -186,6 +186,8 @@ func TestWaitThroughPgBouncerPolls(t *testing.T) {
 	require.Equal(t, idem.OutcomeReplayed, two.out.Kind)
 	require.Equal(t, one.out.Response.Body, two.out.Response.Body)
 	require.Positive(t, two.out.Waited)
+	require.Eventually(t, b.store.Polling, time.Minute, 5*time.Millisecond, "the listener found the pooler: the store polls")
+	require.False(t, b.store.Listening())
 	require.Zero(t, b.store.Notifications(), "no LISTEN through a transaction pooler")
 	require.Equal(t, 1, b.provider.Charges())
 }

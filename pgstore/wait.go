@@ -209,6 +209,12 @@ func (s *Store) Notifications() int64 { return s.waits.notified.Load() }
 // metrics.
 func (s *Store) Listening() bool { return s.waits.listening.Load() }
 
+// Polling reports whether the store polls for good, having no way to
+// listen here: Config.WaitPolling, a handle that is not a *pgxpool.Pool
+// (without ListenConfig), or a transaction pooler its listener found (on
+// the first wait), for tests and metrics.
+func (s *Store) Polling() bool { return s.waits.conn == nil || s.waits.unheard.Load() }
+
 // markLocked starts wt's mark: it marks the key when the listener may hear
 // the notification, checks it either way, and hands the watch to the
 // checker; w.mu is held.
