@@ -73,7 +73,10 @@ SELECT 'none', clock.t, existing.* FROM existing, clock
 WHERE NOT (existing.status = 'finished' AND existing.expires_at <= clock.t)`
 
 // version4Store is the store as it ran on version 4: this store's statements,
-// which are version 4's, except the acquisition. It creates and reports keys
+// which are version 4's, except the acquisition, and the statements that end
+// an attempt, which call migration 0010's idem_notify_waiters_v10: on
+// version 4 the test stands in for it with a function that notifies nobody,
+// as version 4's statements did (notifyStandIn). It creates and reports keys
 // and takes none over, which is all this test asks of it.
 type version4Store struct{ *pgstore.Store }
 
@@ -127,9 +130,21 @@ func TestMigration0005KeepsKeysWorking(t *testing.T) {
 		require.NoError(t, schema.Pool.QueryRow(ctx, `SELECT to_regproc($1) IS NOT NULL`, schema.Name+".idem_acquire").Scan(&fn))
 		require.Equal(t, want >= 5, fn, "idem_acquire exists from version 5 on")
 	}
+	// notifyStandIn creates (or drops) the stand-in for version 4's
+	// statements that end an attempt, which called no function.
+	notifyStandIn := func(create bool) {
+		t.Helper()
+		sql := `DROP FUNCTION ` + schema.Name + `.idem_notify_waiters_v10(bigint)`
+		if create {
+			sql = `CREATE FUNCTION ` + schema.Name + `.idem_notify_waiters_v10(bigint) RETURNS boolean LANGUAGE sql AS 'SELECT false'`
+		}
+		_, err := schema.Pool.Exec(ctx, sql)
+		require.NoError(t, err)
+	}
 	_, err = m.Down(ctx, 4)
 	require.NoError(t, err)
 	atVersion(4)
+	notifyStandIn(true)
 
 	ride := rideInput{Origin: "SF", Amount: 20}
 	crashing := false
@@ -182,6 +197,7 @@ func TestMigration0005KeepsKeysWorking(t *testing.T) {
 
 	// The latest version (0005 and 0006 applied to what version 4 left),
 	// with a store made for it.
+	notifyStandIn(false)
 	_, err = m.Up(ctx)
 	require.NoError(t, err)
 	atVersion(migrations.Latest())
@@ -236,6 +252,7 @@ func TestMigration0005KeepsKeysWorking(t *testing.T) {
 	_, err = m.Down(ctx, 4)
 	require.NoError(t, err)
 	atVersion(4)
+	notifyStandIn(true)
 	for _, key := range []string{"finished", "in-flight", "held"} {
 		out, err = old.Execute(ctx, b.testBundle.flow, b.request(key, ride))
 		require.NoError(t, err, key)
