@@ -400,7 +400,8 @@ LEFT JOIN {l} l ON l.key_id = k.id`)
 	// notifyWaiters is idem_notify_waiters_v10 on its own, run after a
 	// finishing commit at repeatable read or serializable, whose function
 	// call saw only the marks of its snapshot (phaseTx.commitGuarded).
-	q.notifyWaiters = render(`SELECT {p}idem_notify_waiters_v10($1)`)
+	// It names the function with the prefix itself, not through render.
+	q.notifyWaiters = "SELECT " + prefix + "idem_notify_waiters_v10($1)"
 
 	q.getKey = render(`SELECT {cols:k,l} FROM {t} k {leaseOf:k} WHERE k.scope = $1 AND k.key = $2::text`)
 
