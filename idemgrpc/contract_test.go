@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -731,6 +732,8 @@ func TestWaitForInProgress(t *testing.T) {
 	runner := b.newRunner(t, b.store, func(c *idem.Config) { c.Test.Now = nil })
 	client := serveOrders(t, b.handler(t, runner, func(c *orderConfig) { c.MaxWait = time.Minute }), nil)
 	entered, release := b.blockPhase("charged")
+	open := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(open) // a failing test must not leave the phase blocked
 
 	type answer struct {
 		order  *testpb.Order
@@ -754,7 +757,7 @@ func TestWaitForInProgress(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("the second call never found the key in progress")
 	}
-	close(release)
+	open()
 	one, two := <-first, <-waiter
 	require.NoError(t, one.err)
 	require.NoError(t, two.err)
@@ -771,6 +774,8 @@ func TestWaitEndsBeforeTheDeadline(t *testing.T) {
 	runner := b.newRunner(t, b.store, func(c *idem.Config) { c.Test.Now = nil })
 	client := serveOrders(t, b.handler(t, runner, func(c *orderConfig) { c.MaxWait = time.Minute }), nil)
 	entered, release := b.blockPhase("charged")
+	open := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(open) // a failing test must not leave the phase blocked
 	done := make(chan error, 1)
 	go func() { _, err, _ := call(t, client, "k-1", orderRequest()); done <- err }()
 	<-entered
@@ -782,7 +787,7 @@ func TestWaitEndsBeforeTheDeadline(t *testing.T) {
 	_, err := client.CreateOrder(ctx, orderRequest())
 	requireStatus(t, err, codes.Aborted, idemgrpc.ReasonInProgress)
 	require.GreaterOrEqual(t, time.Since(began), time.Second, "it waited")
-	close(release)
+	open()
 	require.NoError(t, <-done)
 }
 
