@@ -217,7 +217,7 @@ func TestWaitAcquiresOnceMoreAtItsEnd(t *testing.T) {
 	<-b.entered
 	waiter := b.execute("k-1", 2*time.Second)
 	<-b.inProgress
-	close(b.release)
+	b.open()
 	one := <-first
 	require.NoError(t, one.err)
 	two := <-waiter
@@ -248,6 +248,8 @@ func TestWaitWakesAfterAFinishAtRepeatableRead(t *testing.T) {
 				<-release
 				return nil
 			}
+			open := sync.OnceFunc(func() { close(release) })
+			t.Cleanup(open)
 			first := b.execute("k-1", 0)
 			<-entered
 			waiter := b.execute("k-1", time.Minute)
@@ -257,7 +259,7 @@ func TestWaitWakesAfterAFinishAtRepeatableRead(t *testing.T) {
 				err := b.pool.QueryRow(context.Background(), `SELECT waited_at IS NOT NULL FROM idem_leases`).Scan(&marked)
 				return err == nil && marked && b.store.Listening()
 			}, 10*time.Second, 5*time.Millisecond, "the waiter marks the key while the last phase runs, and its store listens")
-			close(release)
+			open()
 			one, two := <-first, <-waiter
 			require.NoError(t, one.err)
 			require.NoError(t, two.err)
@@ -284,7 +286,7 @@ func TestWaitContextEndsTheWait(t *testing.T) {
 	r := <-waiter
 	require.ErrorIs(t, r.err, idem.ErrInProgress)
 	require.Less(t, time.Since(began), 30*time.Second, "not the hour it asked for")
-	close(b.release)
+	b.open()
 	one := <-first
 	require.NoError(t, one.err)
 	require.Equal(t, idem.OutcomeExecuted, one.out.Kind)

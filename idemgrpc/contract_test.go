@@ -818,6 +818,8 @@ func TestWaitEndsWithTheCall(t *testing.T) {
 	})
 	client := serveOrders(t, b.handler(t, runner, func(c *orderConfig) { c.MaxWait = time.Hour }), nil)
 	entered, release := b.blockPhase("charged")
+	open := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(open)
 	done := make(chan error, 1)
 	go func() { _, err, _ := call(t, client, "k-1", orderRequest()); done <- err }()
 	<-entered
@@ -830,6 +832,6 @@ func TestWaitEndsWithTheCall(t *testing.T) {
 	cancel()
 	requireStatusCode(t, <-waiter, codes.Canceled)
 	require.ErrorIs(t, <-ends, idem.ErrInProgress, "the waiting request ended, without waiting the hour")
-	close(release)
+	open()
 	require.NoError(t, <-done)
 }

@@ -420,6 +420,8 @@ func TestWaitEndsWhenTheClientGoesAway(t *testing.T) {
 	b.runner = b.newRunner(t, &idem.Config{Test: idem.TestConfig{Now: time.Now}})
 	h := b.handler(t, func(c *idemhttp.Config[rideInput]) { c.MaxWait = time.Hour })
 	entered, release := b.blockPhase("ride_created")
+	open := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(open)
 	first := make(chan *httptest.ResponseRecorder, 1)
 	go func() { first <- post(h, "k-1", rideBody) }()
 	<-entered
@@ -440,6 +442,6 @@ func TestWaitEndsWhenTheClientGoesAway(t *testing.T) {
 	res := <-waiter
 	require.Equal(t, http.StatusConflict, res.Code, "no one reads it; the handler has returned")
 	require.Less(t, time.Since(began), 30*time.Second, "not the hour it asked for")
-	close(release)
+	open()
 	require.Equal(t, http.StatusCreated, (<-first).Code, "the request in flight goes on")
 }
