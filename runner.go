@@ -122,8 +122,19 @@ type Request struct {
 	// notification (idemdriver.KeyWatcher), and a store without that is
 	// polled. Outcome.Waited says how long it waited. Each acquisition
 	// reports its event to the Observer (EventInProgress for each that
-	// finds the key still held). Zero (the default) does not wait.
+	// finds the key still held). When Wait passes, the key is acquired once
+	// more before ErrInProgress is returned, so that an attempt that ended
+	// without waking the waiter is still found. Zero (the default) does
+	// not wait.
 	Wait time.Duration
+
+	// WaitContext, when set, also ends the waiting (Wait): when it is done,
+	// the request stops waiting and returns ErrInProgress at once, without
+	// acquiring the key again. It ends only the waiting: a request that
+	// took the key over runs its flow under Execute's context. The
+	// adapters set it to the request's own context, so that a client that
+	// goes away does not keep a waiter.
+	WaitContext context.Context
 }
 
 func (q *Request) normalise() error {
@@ -309,16 +320,25 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request, stored 
 
 // waitAndExecute waits, until req.Wait after started, for the attempt that
 // holds the key out reports in progress to end, and executes req again
-// each time it may have. Outcome.Waited is the time spent waiting.
+// each time it may have, and once more when the wait passes (a wake-up
+// that never came). req.WaitContext (and ctx) ending stops the waiting at
+// once. Outcome.Waited is the time spent waiting.
 func (r *Runner) waitAndExecute(ctx context.Context, flow AnyFlow, req Request, stored *prepared, out *Outcome, err error, started time.Time) (*Outcome, error) {
 	until := started.Add(req.Wait)
+	waitCtx := ctx
+	if req.WaitContext != nil {
+		var cancel context.CancelFunc
+		waitCtx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		defer context.AfterFunc(req.WaitContext, cancel)()
+	}
 	watcher, _ := r.store.(idemdriver.KeyWatcher)
 	poll := 50 * time.Millisecond
 	var waited time.Duration
 	again := false
 	for errors.Is(err, ErrInProgress) && out.Record != nil {
 		left := time.Until(until)
-		if left <= 0 || ctx.Err() != nil {
+		if left <= 0 || waitCtx.Err() != nil {
 			break
 		}
 		var woken <-chan struct{}
@@ -331,7 +351,7 @@ func (r *Runner) waitAndExecute(ctx context.Context, flow AnyFlow, req Request, 
 			poll = min(poll*2, time.Second)
 			woken = nil
 		} else if watcher != nil {
-			woken, stop = watcher.WatchKey(ctx, idemdriver.LockRef{ID: out.Record.ID, Fence: out.Record.Fence})
+			woken, stop = watcher.WatchKey(waitCtx, idemdriver.LockRef{ID: out.Record.ID, Fence: out.Record.Fence})
 		} else {
 			// No watcher: each waiter polls on its own.
 			left = min(left, poll)
@@ -344,8 +364,10 @@ func (r *Runner) waitAndExecute(ctx context.Context, flow AnyFlow, req Request, 
 		case <-woken:
 			wake = true
 		case <-timer.C:
-			wake = (watcher == nil || again) && time.Now().Before(until)
-		case <-ctx.Done():
+			// A poll, or the wait's end: either way the key is acquired
+			// (once more), as a retry arriving now would acquire it.
+			wake = true
+		case <-waitCtx.Done():
 		}
 		timer.Stop()
 		stop()

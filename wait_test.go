@@ -37,6 +37,12 @@ func setupWait(t *testing.T, wrap func(idemdriver.Store) idemdriver.Store) *wait
 // say).
 func setupWaitOn(t *testing.T, tb *testBundle, wrap func(idemdriver.Store) idemdriver.Store) *waitBench {
 	t.Helper()
+	return setupWaitWith(t, tb, wrap, nil)
+}
+
+// setupWaitWith is setupWaitOn with the runner's configuration tuned.
+func setupWaitWith(t *testing.T, tb *testBundle, wrap func(idemdriver.Store) idemdriver.Store, tune func(*idem.Config)) *waitBench {
+	t.Helper()
 	b := &waitBench{testBundle: tb, entered: make(chan struct{}), release: make(chan struct{}), inProgress: make(chan struct{}, 16)}
 	b.open = sync.OnceFunc(func() { close(b.release) })
 	// A test that fails before it opens the gate must not leave the phase
@@ -60,12 +66,19 @@ func setupWaitOn(t *testing.T, tb *testBundle, wrap func(idemdriver.Store) idemd
 	if wrap != nil {
 		store = wrap(store)
 	}
-	r, err := idem.NewRunner(store, &idem.Config{Flows: []idem.AnyFlow{b.flow},
+	cfg := &idem.Config{Flows: []idem.AnyFlow{b.flow},
 		Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) {
 			if e.Kind == idem.EventInProgress {
-				b.inProgress <- struct{}{}
+				select {
+				case b.inProgress <- struct{}{}:
+				default:
+				}
 			}
-		})})
+		})}
+	if tune != nil {
+		tune(cfg)
+	}
+	r, err := idem.NewRunner(store, cfg)
 	require.NoError(t, err)
 	b.runner = r
 	return b
@@ -77,10 +90,15 @@ type result struct {
 }
 
 func (b *waitBench) execute(key string, wait time.Duration) <-chan result {
+	return b.executeWaiting(key, wait, nil)
+}
+
+// executeWaiting is execute with the request's WaitContext.
+func (b *waitBench) executeWaiting(key string, wait time.Duration, waitCtx context.Context) <-chan result {
 	done := make(chan result, 1)
 	go func() {
 		req := b.request(key, rideInput{Origin: "here", Amount: 12})
-		req.Wait = wait
+		req.Wait, req.WaitContext = wait, waitCtx
 		out, err := b.runner.Execute(context.Background(), b.flow, req)
 		done <- result{out, err}
 	}()
@@ -176,6 +194,100 @@ func TestWaitThroughPgBouncerPolls(t *testing.T) {
 	require.Equal(t, idem.OutcomeReplayed, two.out.Kind)
 	require.Equal(t, one.out.Response.Body, two.out.Response.Body)
 	require.Positive(t, two.out.Waited)
+	require.Eventually(t, b.store.Polling, time.Minute, 5*time.Millisecond, "the listener found the pooler: the store polls")
+	require.False(t, b.store.Listening())
 	require.Zero(t, b.store.Notifications(), "no LISTEN through a transaction pooler")
 	require.Equal(t, 1, b.provider.Charges())
+}
+
+// deafWatcher is a store whose KeyWatcher never wakes anyone: a wake-up
+// lost.
+type deafWatcher struct{ idemdriver.Store }
+
+func (deafWatcher) WatchKey(context.Context, idemdriver.LockRef) (<-chan struct{}, func()) {
+	return make(chan struct{}), func() {}
+}
+
+// A waiter whose wake-up never comes acquires the key once more when its
+// wait passes, and gets the stored response rather than a 409.
+func TestWaitAcquiresOnceMoreAtItsEnd(t *testing.T) {
+	t.Parallel()
+	b := setupWait(t, func(s idemdriver.Store) idemdriver.Store { return deafWatcher{s} })
+	first := b.execute("k-1", 0)
+	<-b.entered
+	waiter := b.execute("k-1", 2*time.Second)
+	<-b.inProgress
+	b.open()
+	one := <-first
+	require.NoError(t, one.err)
+	two := <-waiter
+	require.NoError(t, two.err, "acquired once more at the wait's end")
+	require.Equal(t, idem.OutcomeReplayed, two.out.Kind)
+	require.Equal(t, one.out.Response.Body, two.out.Response.Body)
+	require.GreaterOrEqual(t, two.out.Waited, time.Second)
+}
+
+// A finishing phase at repeatable read or serializable reads the marks
+// with its snapshot: a waiter that marks the key while that phase runs is
+// still notified (the store notifies once more after the commit), well
+// before the watch's own recheck.
+func TestWaitWakesAfterAFinishAtRepeatableRead(t *testing.T) {
+	t.Parallel()
+	for _, iso := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable} {
+		t.Run(string(iso), func(t *testing.T) {
+			t.Parallel()
+			b := setupWaitWith(t, setup(t), nil, func(c *idem.Config) { c.Isolation = iso })
+			b.hooks["charge_created"] = nil
+			entered, release := make(chan struct{}), make(chan struct{})
+			b.hooks["receipt_enqueued"] = func(ctx context.Context, tx idem.Tx, _ *idem.Attempt[rideInput]) error {
+				// The phase's snapshot is taken by its first statement.
+				if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+					return err
+				}
+				close(entered)
+				<-release
+				return nil
+			}
+			open := sync.OnceFunc(func() { close(release) })
+			t.Cleanup(open)
+			first := b.execute("k-1", 0)
+			<-entered
+			waiter := b.execute("k-1", time.Minute)
+			<-b.inProgress
+			require.Eventually(t, func() bool {
+				var marked bool
+				err := b.pool.QueryRow(context.Background(), `SELECT waited_at IS NOT NULL FROM idem_leases`).Scan(&marked)
+				return err == nil && marked && b.store.Listening()
+			}, 10*time.Second, 5*time.Millisecond, "the waiter marks the key while the last phase runs, and its store listens")
+			open()
+			one, two := <-first, <-waiter
+			require.NoError(t, one.err)
+			require.NoError(t, two.err)
+			require.Equal(t, idem.OutcomeReplayed, two.out.Kind)
+			require.Less(t, two.out.Waited, 3*time.Second, "notified, not found by the 5 s recheck")
+			require.Positive(t, b.store.Notifications())
+			t.Logf("%s: woken after %s", iso, two.out.Waited)
+		})
+	}
+}
+
+// WaitContext ending stops the waiting at once (ErrInProgress), without
+// touching the attempt in flight.
+func TestWaitContextEndsTheWait(t *testing.T) {
+	t.Parallel()
+	b := setupWait(t, nil)
+	first := b.execute("k-1", 0)
+	<-b.entered
+	ctx, cancel := context.WithCancel(context.Background())
+	began := time.Now()
+	waiter := b.executeWaiting("k-1", time.Hour, ctx)
+	<-b.inProgress
+	cancel()
+	r := <-waiter
+	require.ErrorIs(t, r.err, idem.ErrInProgress)
+	require.Less(t, time.Since(began), 30*time.Second, "not the hour it asked for")
+	b.open()
+	one := <-first
+	require.NoError(t, one.err)
+	require.Equal(t, idem.OutcomeExecuted, one.out.Kind)
 }

@@ -801,3 +801,48 @@ func TestWaitEndsBeforeTheDeadline(t *testing.T) {
 	open()
 	require.NoError(t, <-done)
 }
+
+// requestEnds is an Observer whose Tracer reports each request's end.
+type requestEnds struct {
+	idem.Observer
+	ended chan error
+}
+
+func (r requestEnds) StartRequest(ctx context.Context, _, _ string) (context.Context, func(*idem.Outcome, error)) {
+	return ctx, func(_ *idem.Outcome, err error) { r.ended <- err }
+}
+
+func (requestEnds) StartPhase(ctx context.Context, _, _ string, _ int) (context.Context, func(error)) {
+	return ctx, func(error) {}
+}
+
+// A call that is cancelled while it waits stops waiting at once: its
+// request ends (in progress), rather than holding a goroutine for MaxWait.
+// The call in flight is untouched.
+func TestWaitEndsWithTheCall(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ends := make(chan error, 4)
+	runner := b.newRunner(t, b.store, func(c *idem.Config) {
+		c.Test.Now = nil
+		c.Observer = requestEnds{Observer: c.Observer, ended: ends}
+	})
+	client := serveOrders(t, b.handler(t, runner, func(c *orderConfig) { c.MaxWait = time.Hour }), nil)
+	entered, release := b.blockPhase("charged")
+	open := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(open)
+	done := make(chan error, 1)
+	go func() { _, err, _ := call(t, client, "k-1", orderRequest()); done <- err }()
+	<-entered
+
+	ctx, cancel := context.WithCancel(t.Context())
+	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+testUser, idemgrpc.MetadataKey, "k-1")
+	waiter := make(chan error, 1)
+	go func() { _, err := client.CreateOrder(ctx, orderRequest()); waiter <- err }()
+	<-b.inProgress
+	cancel()
+	requireStatusCode(t, <-waiter, codes.Canceled)
+	require.ErrorIs(t, <-ends, idem.ErrInProgress, "the waiting request ended, without waiting the hour")
+	open()
+	require.NoError(t, <-done)
+}

@@ -141,7 +141,9 @@ type Config[Req, Resp proto.Message, In any] struct {
 	// for reconciliation; the request itself, resumed, when the attempt
 	// failed and released the key or its process died), or the ABORTED it
 	// gets today when the attempt is not over in time. The wait holds no
-	// database connection (idem.Request.Wait). Default 0: no wait.
+	// database connection (idem.Request.Wait), and ends when the call does
+	// (cancelled, or its client gone); a flow the call took over runs on.
+	// Default 0: no wait.
 	MaxWait time.Duration
 
 	// Logger receives the handler's logs. Default: the runner's logger.
@@ -424,6 +426,8 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 		out, err := h.runner.Execute(context.WithoutCancel(ctx), h.flow, idem.Request{
 			Scope: scope, Key: key, Method: "POST", Path: h.path, Params: in,
 			Payload: payload, PayloadBinary: payload != nil, Target: target, Wait: wait,
+			// The wait (not a flow the call runs) ends with the call.
+			WaitContext: ctx,
 		})
 		done <- result{out, err}
 	}()

@@ -147,10 +147,13 @@ type Config[In any] struct {
 	// request itself, resumed, when the attempt failed and released the
 	// key or its process died), or the 409 it gets today when the attempt
 	// is not over in time. A request that waited is answered with
-	// Preference-Applied: wait=N. The wait holds no database connection
-	// (idem.Request.Wait), and goes on if the client goes away. Keep it
-	// below the server's WriteTimeout. Default 0: Prefer: wait is ignored,
-	// and a key in flight answers 409 at once.
+	// Preference-Applied: wait=N, N the whole seconds granted, rounded
+	// down (whole seconds are what a client can ask for). The wait holds
+	// no database connection (idem.Request.Wait), and ends when the client
+	// goes away (a flow the request took over runs on). Prefer is read
+	// only for a request that is to run, within its first 4096 bytes and
+	// 32 preferences. Keep it below the server's WriteTimeout. Default 0:
+	// Prefer: wait is ignored, and a key in flight answers 409 at once.
 	MaxWait time.Duration
 
 	// Logger receives the handler's logs (panics, misconfiguration; client

@@ -137,9 +137,17 @@ func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 	defer h.recoverPanic(w, r, &responded)
 
 	req, p := h.admit(w, r)
+	if p != nil && !req.RetryOnly {
+		responded = true
+		h.writeProblem(w, p)
+		return
+	}
+	// Prefer is read only for a request that is to run (bounded and
+	// without allocating, preferWait), and the wait ends when the client
+	// goes away (WaitContext); the flow itself, once run, does not.
 	wait, asked := preferWait(r.Header, h.cfg.MaxWait)
-	req.Wait = wait
-	if p != nil && req.RetryOnly {
+	req.Wait, req.WaitContext = wait, r.Context()
+	if p != nil {
 		// A body this release refuses may be the retry of a request an
 		// earlier one accepted: the key made from these bytes answers it
 		// (a replay, or its resumption); with no such key, the problem.
@@ -152,11 +160,6 @@ func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		h.writeOutcome(w, r, req, out, err)
-		return
-	}
-	if p != nil {
-		responded = true
-		h.writeProblem(w, p)
 		return
 	}
 	// The flow runs to completion even if the client goes away: a

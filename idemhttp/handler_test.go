@@ -410,3 +410,38 @@ func TestConfiguredRetryAfterRoundsUp(t *testing.T) {
 		require.Equal(t, tt.want, res.Header().Get("Retry-After"))
 	}
 }
+
+// A client that goes away while its request waits (Prefer: wait) ends the
+// wait: the handler returns at once instead of keeping the request, its
+// body and its goroutine for MaxWait. The request in flight is untouched.
+func TestWaitEndsWhenTheClientGoesAway(t *testing.T) {
+	t.Parallel()
+	b := setup(t, idemhttp.ProfileIETF)
+	b.runner = b.newRunner(t, &idem.Config{Test: idem.TestConfig{Now: time.Now}})
+	h := b.handler(t, func(c *idemhttp.Config[rideInput]) { c.MaxWait = time.Hour })
+	entered, release := b.blockPhase("ride_created")
+	open := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(open)
+	first := make(chan *httptest.ResponseRecorder, 1)
+	go func() { first <- post(h, "k-1", rideBody) }()
+	<-entered
+
+	ctx, cancel := context.WithCancel(context.Background())
+	r := request("k-1", rideBody).WithContext(ctx)
+	r.Header.Set("Prefer", "wait=3600")
+	waiter := make(chan *httptest.ResponseRecorder, 1)
+	began := time.Now()
+	go func() { waiter <- serve(h, r) }()
+	// The waiter has found the key in flight once its watch marked it.
+	require.Eventually(t, func() bool {
+		var marked bool
+		err := b.pool.QueryRow(context.Background(), `SELECT waited_at IS NOT NULL FROM idem_leases`).Scan(&marked)
+		return err == nil && marked
+	}, time.Minute, 5*time.Millisecond)
+	cancel()
+	res := <-waiter
+	require.Equal(t, http.StatusConflict, res.Code, "no one reads it; the handler has returned")
+	require.Less(t, time.Since(began), 30*time.Second, "not the hour it asked for")
+	open()
+	require.Equal(t, http.StatusCreated, (<-first).Code, "the request in flight goes on")
+}

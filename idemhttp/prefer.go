@@ -7,39 +7,65 @@ import (
 	"time"
 )
 
+// preferScanMax bounds the bytes of Prefer headers preferWait examines, and
+// preferMax the preferences: a request cannot make the handler work in
+// proportion to a header as large as the server accepts. A wait beyond them
+// is ignored, as a preference the server does not understand is.
+const (
+	preferScanMax = 4096
+	preferMax     = 32
+)
+
 // preferWait returns the wait a request asks for with the RFC 7240
 // preference wait=N (delta-seconds) in its Prefer headers, capped by max,
 // and whether it asks for one. Preferences are separated by commas, within
 // a header and across headers; names are case-insensitive, values tokens
 // or quoted strings, and parameters after ";" are ignored. The first wait
 // counts; one whose value is not delta-seconds is ignored, as RFC 7240
-// asks of a preference a server does not understand.
+// asks of a preference a server does not understand. It allocates nothing
+// and examines at most preferScanMax bytes and preferMax preferences.
 func preferWait(header http.Header, max time.Duration) (time.Duration, bool) {
 	if max <= 0 {
 		return 0, false
 	}
-	for _, line := range header.Values("Prefer") {
-		for _, pref := range splitOutsideQuotes(line, ',') {
-			pref, _, _ = strings.Cut(pref, ";")
-			name, value, ok := strings.Cut(pref, "=")
-			if !ok || !strings.EqualFold(strings.TrimSpace(name), "wait") {
-				continue
+	budget, prefs := preferScanMax, 0
+	for _, line := range header["Prefer"] {
+		if len(line) > budget {
+			line = line[:budget]
+		}
+		budget -= len(line)
+		for line != "" {
+			if prefs++; prefs > preferMax {
+				return 0, false
 			}
-			value = strings.TrimSpace(value)
-			if len(value) >= 2 && value[0] == '"' && value[len(value)-1] == '"' {
-				value = value[1 : len(value)-1]
+			var pref string
+			pref, line = nextOutsideQuotes(line, ',')
+			if secs, ok := waitPreference(pref); ok {
+				if secs >= int64(max/time.Second)+1 {
+					return max, true
+				}
+				return min(time.Duration(secs)*time.Second, max), true
 			}
-			secs, ok := deltaSeconds(value)
-			if !ok {
-				continue
-			}
-			if secs >= int64(max/time.Second)+1 {
-				return max, true
-			}
-			return min(time.Duration(secs)*time.Second, max), true
+		}
+		if budget <= 0 {
+			break
 		}
 	}
 	return 0, false
+}
+
+// waitPreference returns N when pref is wait=N with N delta-seconds.
+func waitPreference(pref string) (int64, bool) {
+	pref, _ = nextOutsideQuotes(pref, ';')
+	name, value, ok := strings.Cut(pref, "=")
+	if !ok || !strings.EqualFold(strings.TrimSpace(name), "wait") {
+		return 0, false
+	}
+	value = strings.TrimSpace(value)
+	if len(value) >= 2 && value[0] == '"' && value[len(value)-1] == '"' {
+		value = value[1 : len(value)-1]
+	}
+	return deltaSeconds(value)
 }
 
 // deltaSeconds parses RFC 9111 delta-seconds: one or more digits, a value
@@ -60,10 +86,10 @@ func deltaSeconds(s string) (int64, bool) {
 	return n, true
 }
 
-// splitOutsideQuotes splits s at sep outside quoted strings.
-func splitOutsideQuotes(s string, sep byte) []string {
-	var out []string
-	start, quoted := 0, false
+// nextOutsideQuotes returns s up to the first sep outside a quoted string,
+// and what follows that sep ("" when there is none).
+func nextOutsideQuotes(s string, sep byte) (string, string) {
+	quoted := false
 	for i := 0; i < len(s); i++ {
 		switch {
 		case quoted && s[i] == '\\':
@@ -71,14 +97,15 @@ func splitOutsideQuotes(s string, sep byte) []string {
 		case s[i] == '"':
 			quoted = !quoted
 		case !quoted && s[i] == sep:
-			out = append(out, s[start:i])
-			start = i + 1
+			return s[:i], s[i+1:]
 		}
 	}
-	return append(out, s[start:])
+	return s, ""
 }
 
-// preferenceApplied is the Preference-Applied value for a wait of w.
+// preferenceApplied is the Preference-Applied value for a wait of w: the
+// whole seconds the handler granted, rounded down, so that it never claims
+// more than it applied.
 func preferenceApplied(w time.Duration) string {
-	return "wait=" + strconv.FormatInt(int64((w+time.Second-1)/time.Second), 10)
+	return "wait=" + strconv.FormatInt(int64(w/time.Second), 10)
 }

@@ -2,6 +2,7 @@ package idemhttp
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -43,5 +44,35 @@ func TestPreferWait(t *testing.T) {
 		require.Equal(t, tc.asked, asked, "%q", tc.headers)
 	}
 	require.Equal(t, "wait=10", preferenceApplied(10*time.Second))
-	require.Equal(t, "wait=2", preferenceApplied(1500*time.Millisecond))
+	require.Equal(t, "wait=1", preferenceApplied(1500*time.Millisecond), "never more than was applied")
+}
+
+// A Prefer header as large as the server accepts costs what a small one
+// does: preferWait allocates nothing and stops at preferScanMax bytes and
+// preferMax preferences, and a wait past them is ignored. Not parallel:
+// testing.AllocsPerRun refuses to run in a parallel test.
+func TestPreferWaitHugeHeader(t *testing.T) {
+	commas := http.Header{"Prefer": {strings.Repeat(",", 1<<20)}}
+	late := http.Header{"Prefer": {strings.Repeat("a=1,", 1<<18) + "wait=5"}}
+	many := http.Header{"Prefer": {"respond-async", "handling=lenient"}}
+	for range 100 {
+		many["Prefer"] = append(many["Prefer"], "x")
+	}
+	many["Prefer"] = append(many["Prefer"], "wait=5")
+	for name, h := range map[string]http.Header{"commas": commas, "late": late, "many headers": many} {
+		asked := false
+		allocs := testing.AllocsPerRun(10, func() { _, asked = preferWait(h, time.Minute) })
+		require.False(t, asked, name)
+		require.Zero(t, allocs, name)
+	}
+	started := time.Now()
+	for range 1000 {
+		preferWait(commas, time.Minute)
+	}
+	// 1000 scans of 1 MiB would take seconds; of preferScanMax bytes, a
+	// fraction of that.
+	require.Less(t, time.Since(started), time.Second)
+	got, asked := preferWait(http.Header{"Prefer": {strings.Repeat(" ", preferScanMax-10) + "wait=5"}}, time.Minute)
+	require.True(t, asked, "a wait within the bytes examined counts")
+	require.Equal(t, 5*time.Second, got)
 }

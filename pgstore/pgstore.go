@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"strings"
 	"time"
@@ -106,9 +107,15 @@ type Config struct {
 
 	// ListenConfig is the connection the store LISTENs on for the keys
 	// requests wait for. Default: db's configuration, when db is a
-	// *pgxpool.Pool. Behind a connection pooler in transaction mode, point
+	// *pgxpool.Pool, with the pool's BeforeConnect hook run before each
+	// connect. Behind a connection pooler in transaction mode, point
 	// it at Postgres directly to keep notifications rather than polling.
 	ListenConfig *pgx.ConnConfig
+
+	// Logger receives the store's own logs: a listener that cannot LISTEN
+	// (logged at warn, at most once a minute; waiting requests poll
+	// meanwhile). Default: slog.Default().
+	Logger *slog.Logger
 }
 
 // ControlConnsDefault is the size of the control pool New opens.
@@ -250,8 +257,11 @@ func (s *Store) checkSchema(schema, prefix string) error {
 }
 
 // Close closes the control pool New opened, if it did, and the connection
-// that LISTENs for the keys requests wait for. It does not close the db the
-// store was given.
+// that LISTENs for the keys requests wait for; it wakes every request that
+// waits for a key (each acquires it again, and gets what the store then
+// answers), and returns once the store's goroutines have ended. A key
+// watched after Close is woken at once. It does not close the db the store
+// was given.
 func (s *Store) Close() {
 	if s.waits != nil {
 		s.waits.close()

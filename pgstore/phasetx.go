@@ -47,6 +47,11 @@ type phaseTx struct {
 	// stmtTimeout bounds each of the phase's own statements (zero: none).
 	stmtTimeout time.Duration
 	tx          pgx.Tx // the real transaction once begun
+	// notifyAfter is the key whose waiters a finishing commit at
+	// repeatable read or serializable notifies once more after it commits
+	// (0: none): the trigger's call of idem_notify_waiters_v10 read the marks
+	// with the transaction's snapshot, blind to a mark committed since.
+	notifyAfter int64
 	closed      bool
 	// failed is the error of a first statement whose pipeline failed before
 	// BEGIN ran (a statement that does not prepare, say). In a transaction
@@ -327,6 +332,14 @@ func (t *phaseTx) commitGuarded(ctx context.Context, guard string, args ...any) 
 		// ignored), so COMMIT rolled it back.
 		return fmt.Errorf("%w: the phase's transaction was rolled back at commit", pgx.ErrTxCommitRollback)
 	}
+	if t.notifyAfter != 0 {
+		// One more round trip, at read committed, for the marks the
+		// finishing statement's snapshot could not see. A failure only
+		// leaves the waiters to their watch's recheck.
+		nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), beginTimeout)
+		defer cancel()
+		_, _ = t.conn.Exec(nctx, t.q.notifyWaiters, t.notifyAfter)
+	}
 	return nil
 }
 
@@ -447,6 +460,9 @@ func (t *phaseTx) CommitPhase(ctx context.Context, p idemdriver.CommitParams) er
 	if err != nil {
 		_ = t.RollbackPhase(ctx)
 		return err
+	}
+	if sql == t.q.finishPhase && t.opts.IsoLevel != pgx.ReadCommitted && t.opts.IsoLevel != pgx.ReadUncommitted {
+		t.notifyAfter = p.Ref.ID
 	}
 	err = t.commitGuarded(ctx, sql, args...)
 	switch {

@@ -41,6 +41,7 @@ type queries struct {
 	markForeign, clearForeignMark     string
 	setNeedsReconcile, getKey         string
 	waitMark, waitCheck               string
+	notifyWaiters, waitCheckAll       string
 
 	unlockKey, claimIdle, reap, reapAbandoned, unfinishedKeys, statementTimeout, clock string
 	backlog                                                                            string
@@ -355,7 +356,9 @@ WHERE key_id = $1 AND fence = $2`)
 	// function reads with a snapshot of its own) or waits for the finish
 	// to commit and reports the key finished. The mark is written once per
 	// key (waited_at IS NULL), on the lease row, which phase commits never
-	// write. Run at read committed (Store.markWaited).
+	// write. Run at read committed (Store.markWaited), and followed by
+	// waitCheck: what it reports of the lease row is of its snapshot, which
+	// predates a release it waited for.
 	q.waitMark = render(`
 WITH k AS (
     SELECT id, status, fence FROM {t} WHERE id = $1 FOR SHARE
@@ -371,11 +374,34 @@ FROM k LEFT JOIN {l} l ON l.key_id = k.id`)
 	// waitCheck reports whether a waited-for key's attempt is over (it
 	// finished, was parked, released, taken over, or its lease ran out) and
 	// how many seconds its lease has left; no row when the key is gone.
+	// Store.markWaited runs it after waitMark, in the same read-committed
+	// transaction: its snapshot, newer than the mark's, sees a release that
+	// committed while the mark waited for the progress row's lock (the
+	// mark's own statement read the lease row from its older snapshot, and
+	// the release notified nobody, the key not being marked yet).
 	q.waitCheck = render(`
 SELECT k.status <> 'running' OR k.fence <> $2 OR l.locked_at IS NULL OR l.lease_expires_at <= now() OR l.key_id IS NULL,
        coalesce(extract(epoch FROM l.lease_expires_at - now()), 0)::float8
 FROM {t} k LEFT JOIN {l} l ON l.key_id = k.id
 WHERE k.id = $1`)
+
+	// waitCheckAll is waitCheck for every key a process's watches check at
+	// one tick, in one statement: one row per (id, fence) pair, over true
+	// for a key that is gone.
+	q.waitCheckAll = render(`
+SELECT w.id,
+       k.id IS NULL OR k.status <> 'running' OR k.fence <> w.fence OR l.locked_at IS NULL
+           OR l.lease_expires_at <= now() OR l.key_id IS NULL,
+       coalesce(extract(epoch FROM l.lease_expires_at - now()), 0)::float8
+FROM unnest($1::bigint[], $2::bigint[]) AS w(id, fence)
+LEFT JOIN {t} k ON k.id = w.id
+LEFT JOIN {l} l ON l.key_id = k.id`)
+
+	// notifyWaiters is idem_notify_waiters_v10 on its own, run after a
+	// finishing commit at repeatable read or serializable, whose trigger's
+	// call saw only the marks of its snapshot (phaseTx.commitGuarded).
+	// It names the function with the prefix itself, not through render.
+	q.notifyWaiters = "SELECT " + prefix + "idem_notify_waiters_v10($1)"
 
 	q.getKey = render(`SELECT {cols:k,l} FROM {t} k {leaseOf:k} WHERE k.scope = $1 AND k.key = $2::text`)
 

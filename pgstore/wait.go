@@ -5,6 +5,7 @@ import (
 	"crypto/md5"
 	"encoding/hex"
 	"errors"
+	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -18,27 +19,36 @@ import (
 
 // How a process finds out that a key its requests wait for is done
 // (idemdriver.KeyWatcher; idem.Request.Wait): one watch per key, shared by
-// every waiter of the process, and one LISTEN connection per store, shared
-// by every watch.
+// every waiter of the process, one LISTEN connection per store, shared by
+// every watch, and one checker per store, which checks every watched key
+// due at a tick with one statement.
 //
-// A watch marks its key once (queries.waitMark), so that the statement that
-// ends the key's attempt, on any instance, notifies the schema's channel
-// with the key's id; the listener wakes the watch, and the watch wakes its
-// waiters, who acquire the key again. A waiter holds no connection. Each
-// watch also re-checks its key itself (queries.waitCheck): at its lease's
+// A watch marks its key once (queries.waitMark, then queries.waitCheck in
+// the same transaction), so that the statement that ends the key's
+// attempt, on any instance, notifies the schema's channel with the key's
+// id; the listener wakes the watch, and the watch wakes its waiters, who
+// acquire the key again. A waiter holds no connection. The checker also
+// checks each watched key itself (queries.waitCheckAll): at its lease's
 // expiry (a dead holder: a waiter then takes the key over), every
 // listenRecheck while the listener listens (a notification lost to a
-// reconnect, a key finished by a release that does not notify, a phase at
-// repeatable read that could not see the mark), and on a polling schedule
-// (pollFirst doubling to pollMax) when there is no listener: Config.
-// WaitPolling, a pooler in transaction mode, a handle that is not a
-// *pgxpool.Pool, or a LISTEN connection that failed.
+// reconnect, a key finished by a release of the previous version, which
+// does not notify), and on a polling schedule (pollFirst doubling to
+// pollMax) when there is no listener: Config.WaitPolling, a pooler in
+// transaction mode, a handle that is not a *pgxpool.Pool, or a LISTEN
+// connection that is down. While the listener is down (it failed to
+// connect, and has not listened since), new watches do not mark their key:
+// nobody would hear the notification; once it listens again, they do.
+//
+// The marks and checks run on the store's main pool, never on its control
+// pool, which heartbeats must find free.
 const (
 	listenRecheck = 5 * time.Second
 	pollFirst     = 100 * time.Millisecond
 	pollMax       = time.Second
 	// listenRetry is the pause before the listener connects again.
 	listenRetry = time.Second
+	// listenWarnEvery bounds how often a listener that cannot listen logs.
+	listenWarnEvery = time.Minute
 )
 
 // channelPrefix starts the name of every schema's channel.
@@ -57,48 +67,81 @@ func Channel(schema string) string {
 	return ch
 }
 
-// waits is a store's watches and its listener.
+// closedChan is closed: what WatchKey returns when there is nothing to wait
+// for.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// waits is a store's watches, its checker and its listener.
 type waits struct {
 	st *Store
 	// conn is the listener's configuration; nil: no listener, poll.
 	conn *pgx.ConnConfig
+	// beforeConnect is the pool's BeforeConnect hook, run on conn before
+	// each connect (credentials that rotate, say); nil: none.
+	beforeConnect func(context.Context, *pgx.ConnConfig) error
 	// sessionPooler is Config.SessionPooler: LISTEN works through a pooler.
 	sessionPooler bool
+	log           *slog.Logger
 
 	mu      sync.Mutex
 	watches map[int64]*watch
-	// started says the listener goroutine runs.
-	started bool
+	// started says the listener goroutine runs; checking, the checker's.
+	started, checking bool
+	// closed says Close was called: no watch starts any more.
+	closed bool
+	// lastWarn is when the listener last logged that it cannot listen.
+	lastWarn time.Time
 	// listening says the listener is LISTENing now.
 	listening atomic.Bool
+	// down says the listener failed and has not listened since: watches
+	// poll and do not mark.
+	down atomic.Bool
 	// unheard says the listener gave up: LISTEN cannot work here.
 	unheard atomic.Bool
 	// notified counts the notifications the listener received.
 	notified atomic.Int64
 
-	ctx    context.Context
+	// kick wakes the checker: a watch became due, or every watch is.
+	kick chan struct{}
+	ctx  context.Context
+	// cancel ends the listener, the checker and the marks.
 	cancel context.CancelFunc
-	done   chan struct{}
+	// wg counts the goroutines Close waits for.
+	wg sync.WaitGroup
 }
 
-// watch is one key's: closed wakes every waiter of the process.
+// watch is one key's: closing woken wakes every waiter of the process. Its
+// fields other than ref and woken are guarded by waits.mu.
 type watch struct {
 	ref     idemdriver.LockRef
 	woken   chan struct{}
-	recheck chan struct{}
 	waiters int
-	stop    context.CancelFunc
+	// marking says its mark runs; marked that it was made.
+	marking, marked bool
+	// ready says the checker checks it, at next; interval is its polling
+	// interval now.
+	ready    bool
+	next     time.Time
+	interval time.Duration
+	// stop ends its mark.
+	stop context.CancelFunc
 }
 
 func newWaits(st *Store, db DB, config *Config) *waits {
-	w := &waits{st: st, watches: map[int64]*watch{}, sessionPooler: config.SessionPooler, done: make(chan struct{})}
+	w := &waits{st: st, watches: map[int64]*watch{}, sessionPooler: config.SessionPooler,
+		log: config.Logger, kick: make(chan struct{}, 1)}
+	if w.log == nil {
+		w.log = slog.Default()
+	}
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	switch pool, ok := db.(*pgxpool.Pool); {
 	case config.WaitPolling:
 	case config.ListenConfig != nil:
 		w.conn = config.ListenConfig.Copy()
 	case ok:
-		w.conn = pool.Config().ConnConfig.Copy()
+		pc := pool.Config()
+		w.conn = pc.ConnConfig.Copy()
+		w.beforeConnect = pc.BeforeConnect
 	}
 	return w
 }
@@ -108,30 +151,41 @@ var _ idemdriver.KeyWatcher = (*Store)(nil)
 // WatchKey implements idemdriver.KeyWatcher: the channel is closed when the
 // attempt that holds ref may be over, which a waiter finds out by acquiring
 // the key again; stop ends the caller's interest. The first waiter of a key
-// in the process marks it (one statement, at read committed) and starts
-// its watch; the others share it.
+// in the process marks it (one transaction, at read committed) and starts
+// its watch; the others share it. A ref older than the key's watch (a
+// lower fence) is over already: its channel is closed. After Close, every
+// channel is closed.
 func (s *Store) WatchKey(ctx context.Context, ref idemdriver.LockRef) (<-chan struct{}, func()) {
 	w := s.waits
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.conn != nil && !w.started && w.ctx.Err() == nil {
-		// Started under w.mu, as close reads started: a listener starts
-		// before Close cancels w.ctx, or never.
+	if w.closed {
+		return closedChan, func() {}
+	}
+	if w.conn != nil && !w.started {
 		w.started = true
+		w.wg.Add(1)
 		go w.listen()
 	}
+	if !w.checking {
+		w.checking = true
+		w.wg.Add(1)
+		go w.check()
+	}
 	wt := w.watches[ref.ID]
-	if wt == nil || wt.ref.Fence != ref.Fence {
+	switch {
+	case wt != nil && ref.Fence < wt.ref.Fence:
+		// The key's attempt moved on since this waiter looked.
+		return closedChan, func() {}
+	case wt == nil || ref.Fence > wt.ref.Fence:
 		if wt != nil {
 			// Another attempt holds the key now: wake the old watch's
 			// waiters, who find that out.
 			w.wakeLocked(wt)
 		}
-		var wctx context.Context
-		wt = &watch{ref: ref, woken: make(chan struct{}), recheck: make(chan struct{}, 1)}
-		wctx, wt.stop = context.WithCancel(w.ctx)
+		wt = &watch{ref: ref, woken: make(chan struct{}), interval: pollFirst}
 		w.watches[ref.ID] = wt
-		go w.run(wctx, wt)
+		w.markLocked(wt)
 	}
 	wt.waiters++
 	return wt.woken, func() {
@@ -149,6 +203,75 @@ func (s *Store) WatchKey(ctx context.Context, ref idemdriver.LockRef) (<-chan st
 // on its channel since it started, for tests and metrics.
 func (s *Store) Notifications() int64 { return s.waits.notified.Load() }
 
+// Listening reports whether the store's listener LISTENs on its channel
+// now; false: its watches poll (no waiter yet, Config.WaitPolling, a
+// transaction pooler, or a listener that cannot connect), for tests and
+// metrics.
+func (s *Store) Listening() bool { return s.waits.listening.Load() }
+
+// Polling reports whether the store polls for good, having no way to
+// listen here: Config.WaitPolling, a handle that is not a *pgxpool.Pool
+// (without ListenConfig), or a transaction pooler its listener found (on
+// the first wait), for tests and metrics.
+func (s *Store) Polling() bool { return s.waits.conn == nil || s.waits.unheard.Load() }
+
+// markLocked starts wt's mark: it marks the key when the listener may hear
+// the notification, checks it either way, and hands the watch to the
+// checker; w.mu is held.
+func (w *waits) markLocked(wt *watch) {
+	mark := w.conn != nil && !w.unheard.Load() && !w.down.Load()
+	var ctx context.Context
+	ctx, wt.stop = context.WithCancel(w.ctx)
+	wt.marking = true
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		var over bool
+		var left time.Duration
+		var err error
+		if mark {
+			over, left, err = w.st.markWaited(ctx, wt.ref)
+		} else {
+			over, left, err = w.st.checkWaited(ctx, wt.ref)
+		}
+		if errors.Is(err, pgx.ErrNoRows) {
+			over, err = true, nil
+		}
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		wt.marking = false
+		if err == nil && over {
+			w.wakeLocked(wt)
+			return
+		}
+		wt.marked = mark && err == nil
+		w.scheduleLocked(wt, time.Now(), left, err == nil)
+		wt.ready = true
+		select {
+		case w.kick <- struct{}{}:
+		default:
+		}
+	}()
+}
+
+// scheduleLocked sets when the checker checks wt next: on the polling
+// schedule, or every listenRecheck while listening, and at the expiry of
+// its holder's lease (left, when known); w.mu is held.
+func (w *waits) scheduleLocked(wt *watch, now time.Time, left time.Duration, known bool) {
+	next := wt.interval
+	if w.listening.Load() && wt.marked {
+		next = listenRecheck
+	} else {
+		wt.interval = min(wt.interval*2, pollMax)
+	}
+	if known && left > 0 {
+		// A dead holder's lease runs out: wake then, so that a waiter
+		// takes the key over.
+		next = min(next, left+10*time.Millisecond)
+	}
+	wt.next = now.Add(next)
+}
+
 // wakeLocked closes wt and forgets it; w.mu is held.
 func (w *waits) wakeLocked(wt *watch) {
 	if w.watches[wt.ref.ID] == wt {
@@ -159,13 +282,9 @@ func (w *waits) wakeLocked(wt *watch) {
 	default:
 		close(wt.woken)
 	}
-	wt.stop()
-}
-
-func (w *waits) wake(wt *watch) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.wakeLocked(wt)
+	if wt.stop != nil {
+		wt.stop()
+	}
 }
 
 // wakeKey wakes the watch of the key with id, if any.
@@ -177,90 +296,124 @@ func (w *waits) wakeKey(id int64) {
 	}
 }
 
-// recheckAll has every watch check its key now: after the listener
-// (re)connects, as a notification may have been missed while it did not
-// listen. One statement per key, not an acquisition per waiter.
-func (w *waits) recheckAll() {
+// relisten runs when the listener (re)starts listening: every watch checks
+// its key at once, since a notification may have come while it did not
+// listen, and a watch that did not mark its key (the listener was down)
+// marks it now.
+func (w *waits) relisten() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	now := time.Now()
 	for _, wt := range w.watches {
-		select {
-		case wt.recheck <- struct{}{}:
-		default:
+		if !wt.marked && !wt.marking && !w.closed {
+			w.markLocked(wt)
+			continue
 		}
+		wt.next = now
+	}
+	select {
+	case w.kick <- struct{}{}:
+	default:
 	}
 }
 
-// run is one key's watch: it marks the key, then re-checks it at its lease's
-// expiry and on its schedule, until the key's attempt is over (wake), the
-// listener wakes it, or its last waiter leaves.
-func (w *waits) run(ctx context.Context, wt *watch) {
-	// A process that does not listen does not mark: a mark makes the
-	// finishing statement notify, which nobody here would hear.
-	mark := w.st.checkWaited
-	if w.conn != nil && !w.unheard.Load() {
-		mark = w.st.markWaited
-	}
-	over, left, err := mark(ctx, wt.ref)
-	if errors.Is(err, pgx.ErrNoRows) {
-		over, err = true, nil
-	}
-	interval := pollFirst
+// check is the store's checker: at each tick it checks, with one
+// statement, every ready watch that is due, or nearly (within half its
+// interval, so that watches share ticks), and wakes those whose key's
+// attempt is over, until Close.
+func (w *waits) check() {
+	defer w.wg.Done()
+	var ids, fences []int64
 	for {
-		if err == nil && over {
-			w.wake(wt)
-			return
+		w.mu.Lock()
+		now := time.Now()
+		ids, fences = ids[:0], fences[:0]
+		due := map[int64]*watch{}
+		var earliest time.Time
+		for id, wt := range w.watches {
+			if !wt.ready {
+				continue
+			}
+			if !wt.next.After(now.Add(min(wt.interval, listenRecheck) / 2)) {
+				ids, fences = append(ids, id), append(fences, wt.ref.Fence)
+				due[id] = wt
+			} else if earliest.IsZero() || wt.next.Before(earliest) {
+				earliest = wt.next
+			}
 		}
-		next := interval
-		if w.listening.Load() {
-			next = listenRecheck
-		} else {
-			interval = min(interval*2, pollMax)
+		w.mu.Unlock()
+		if len(ids) > 0 {
+			results, err := w.st.checkAllWaited(w.ctx, ids, fences)
+			w.mu.Lock()
+			now = time.Now()
+			for id, wt := range due {
+				if w.watches[id] != wt {
+					continue // woken, or replaced, meanwhile
+				}
+				r, ok := results[id]
+				if err == nil && ok && r.over {
+					w.wakeLocked(wt)
+					continue
+				}
+				w.scheduleLocked(wt, now, r.left, err == nil && ok)
+				if earliest.IsZero() || wt.next.Before(earliest) {
+					earliest = wt.next
+				}
+			}
+			w.mu.Unlock()
 		}
-		if err == nil && left > 0 {
-			// A dead holder's lease runs out: wake then, so that a waiter
-			// takes the key over.
-			next = min(next, left+10*time.Millisecond)
+		var timer <-chan time.Time
+		t := time.NewTimer(time.Until(earliest))
+		if !earliest.IsZero() {
+			timer = t.C
 		}
-		t := time.NewTimer(next)
 		select {
-		case <-ctx.Done():
+		case <-w.ctx.Done():
 			t.Stop()
 			return
-		case <-t.C:
-		case <-wt.recheck:
-			t.Stop()
+		case <-w.kick:
+		case <-timer:
 		}
-		over, left, err = w.st.checkWaited(ctx, wt.ref)
-		if errors.Is(err, pgx.ErrNoRows) {
-			// The key is gone (reaped, abandoned): the waiters find out.
-			over, err = true, nil
-		}
+		t.Stop()
 	}
 }
 
 // markWaited marks the key as waited for and reports whether its attempt
-// is over and how long its lease has left.
+// is over and how long its lease has left: the mark, then the check, in
+// one read-committed transaction on the main pool.
 func (s *Store) markWaited(ctx context.Context, ref idemdriver.LockRef) (over bool, left time.Duration, err error) {
 	sctx, cancel := context.WithTimeout(ctx, beginTimeout)
 	defer cancel()
-	tx, err := s.control.BeginTx(sctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	tx, err := s.db.BeginTx(sctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return false, 0, mapError(err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(sctx)) }()
+	b := &pgx.Batch{}
+	b.Queue(s.q.waitMark, ref.ID, ref.Fence)
+	b.Queue(s.q.waitCheck, ref.ID, ref.Fence)
+	br := tx.SendBatch(sctx, b)
+	var marked bool
 	var secs float64
-	err = tx.QueryRow(sctx, s.q.waitMark, ref.ID, ref.Fence).Scan(&over, &secs)
+	err = br.QueryRow().Scan(&marked, &secs)
 	if errors.Is(err, pgx.ErrNoRows) {
+		_ = br.Close()
 		return true, 0, nil
 	}
+	if err == nil {
+		err = br.QueryRow().Scan(&over, &secs)
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		over, err = true, nil
+	}
+	err = errors.Join(err, br.Close())
 	if err == nil {
 		err = tx.Commit(sctx)
 	}
 	if err != nil {
 		return false, 0, mapError(err)
 	}
-	return over, time.Duration(secs * float64(time.Second)), nil
+	return over || marked, time.Duration(secs * float64(time.Second)), nil
 }
 
 // checkWaited reports whether the key's attempt is over and how long its
@@ -269,21 +422,59 @@ func (s *Store) checkWaited(ctx context.Context, ref idemdriver.LockRef) (over b
 	sctx, cancel := context.WithTimeout(ctx, beginTimeout)
 	defer cancel()
 	var secs float64
-	if err := s.control.QueryRow(sctx, s.q.waitCheck, ref.ID, ref.Fence).Scan(&over, &secs); err != nil {
+	if err := s.db.QueryRow(sctx, s.q.waitCheck, ref.ID, ref.Fence).Scan(&over, &secs); err != nil {
 		return false, 0, err
 	}
 	return over, time.Duration(secs * float64(time.Second)), nil
 }
 
+// waitState is a checked key's: whether its attempt is over, and how long
+// its lease has left.
+type waitState struct {
+	over bool
+	left time.Duration
+}
+
+// checkAllWaited checks the keys ids (each with its fence) in one
+// statement on the main pool.
+func (s *Store) checkAllWaited(ctx context.Context, ids, fences []int64) (map[int64]waitState, error) {
+	sctx, cancel := context.WithTimeout(ctx, beginTimeout)
+	defer cancel()
+	rows, err := s.db.Query(sctx, s.q.waitCheckAll, ids, fences)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int64]waitState, len(ids))
+	for rows.Next() {
+		var id int64
+		var st waitState
+		var secs float64
+		if err := rows.Scan(&id, &st.over, &secs); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		st.left = time.Duration(secs * float64(time.Second))
+		out[id] = st
+	}
+	return out, rows.Err()
+}
+
 // listen holds the store's LISTEN connection until Close, connecting again
-// after a failure; while it does not listen, watches poll.
+// after a failure; while it does not listen, watches poll. A failure is
+// logged at warn, at most once per listenWarnEvery.
 func (w *waits) listen() {
-	defer close(w.done)
+	defer w.wg.Done()
 	for w.ctx.Err() == nil {
-		if !w.listenOnce() {
+		ok, err := w.listenOnce()
+		if !ok {
 			w.unheard.Store(true)
 			return
 		}
+		if w.ctx.Err() != nil {
+			return
+		}
+		w.down.Store(true)
+		w.warn(err)
 		t := time.NewTimer(listenRetry)
 		select {
 		case <-w.ctx.Done():
@@ -293,16 +484,40 @@ func (w *waits) listen() {
 	}
 }
 
+// warn logs that the listener cannot listen, at most once per
+// listenWarnEvery.
+func (w *waits) warn(err error) {
+	w.mu.Lock()
+	now := time.Now()
+	if !w.lastWarn.IsZero() && now.Sub(w.lastWarn) < listenWarnEvery {
+		w.mu.Unlock()
+		return
+	}
+	w.lastWarn = now
+	w.mu.Unlock()
+	w.log.Warn("pgstore: cannot LISTEN for finished keys; requests waiting for a key in flight poll until it can",
+		"channel_table", w.st.q.leases, "error", err, "retry", listenRetry)
+}
+
 // listenOnce connects, LISTENs and receives notifications until the
-// connection fails; false when listening cannot work here (a pooler in
-// transaction mode), so that the watches poll from then on.
-func (w *waits) listenOnce() bool {
+// connection fails, and returns why; false when listening cannot work
+// here (a pooler in transaction mode), so that the watches poll from then
+// on.
+func (w *waits) listenOnce() (bool, error) {
 	ctx := w.ctx
 	cctx, cancel := context.WithTimeout(ctx, schemaCheckTimeout)
-	conn, err := pgx.ConnectConfig(cctx, w.conn)
+	cfg := w.conn
+	if w.beforeConnect != nil {
+		cfg = w.conn.Copy()
+		if err := w.beforeConnect(cctx, cfg); err != nil {
+			cancel()
+			return true, err
+		}
+	}
+	conn, err := pgx.ConnectConfig(cctx, cfg)
 	if err != nil {
 		cancel()
-		return true
+		return true, err
 	}
 	defer func() { _ = conn.Close(context.Background()) }()
 	var backend uint32
@@ -314,7 +529,7 @@ JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regcla
 		// A pooler hands this session's statements to any server
 		// connection: a LISTEN would be lost with the next one.
 		cancel()
-		return false
+		return false, nil
 	}
 	if err == nil && schema == nil {
 		err = errors.New("no idem_leases table")
@@ -324,16 +539,17 @@ JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regcla
 	}
 	cancel()
 	if err != nil {
-		return true
+		return true, err
 	}
 	w.listening.Store(true)
+	w.down.Store(false)
 	defer w.listening.Store(false)
 	// Whatever finished before LISTEN took effect is looked at again.
-	w.recheckAll()
+	w.relisten()
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
-			return true
+			return true, err
 		}
 		w.notified.Add(1)
 		if id, err := strconv.ParseInt(n.Payload, 10, 64); err == nil {
@@ -342,15 +558,17 @@ JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regcla
 	}
 }
 
-// close stops the listener and every watch, and waits for the listener.
-// Close may be called more than once.
+// close stops the listener, the checker and every mark, wakes every
+// waiter (who acquire the key again, and find the store closed or the key
+// as it is), and waits for the store's goroutines. Close may be called
+// more than once.
 func (w *waits) close() {
 	w.mu.Lock()
-	// No listener starts after Close (WatchKey checks w.ctx).
+	w.closed = true
 	w.cancel()
-	started := w.started
-	w.mu.Unlock()
-	if started {
-		<-w.done
+	for _, wt := range w.watches {
+		w.wakeLocked(wt)
 	}
+	w.mu.Unlock()
+	w.wg.Wait()
 }

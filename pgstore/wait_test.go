@@ -1,10 +1,17 @@
 package pgstore
 
 import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem/idemdriver"
@@ -37,4 +44,238 @@ func TestWatchAndCloseTwice(t *testing.T) {
 	}
 	st.Close()
 	st.Close()
+}
+
+// holdKey creates key in store, held for an hour by the database's clock.
+func holdKey(t *testing.T, store *Store, key string) idemdriver.LockRef {
+	t.Helper()
+	res, err := store.Acquire(context.Background(), idemdriver.AcquireParams{Scope: "s", Key: key, Flow: "f", Method: "POST",
+		Path: "/", Fingerprint: []byte{1}, Params: []byte(`{}`), Lease: time.Hour})
+	require.NoError(t, err)
+	require.Equal(t, idemdriver.AcquiredCreated, res.Acquired)
+	return idemdriver.LockRef{ID: res.Record.ID, Fence: res.Record.Fence}
+}
+
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// Close wakes every waiter of a key still held, returns once the store's
+// goroutines have ended, and a watch after Close is woken at once.
+func TestCloseWakesWaiters(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.NewMigratedSchema(t)
+	st, err := New(schema.Pool, &Config{Schema: schema.Name})
+	require.NoError(t, err)
+	ref := holdKey(t, st, "k")
+	woken, stop := st.WatchKey(t.Context(), ref)
+	defer stop()
+	require.False(t, closed(woken), "the key is held")
+	st.Close()
+	require.True(t, closed(woken), "Close woke the waiter")
+	after, stop2 := st.WatchKey(t.Context(), ref)
+	defer stop2()
+	require.True(t, closed(after), "a watch after Close is woken at once")
+}
+
+// A waiter that saw an older fence of the key finds its attempt over at
+// once and leaves the current watch alone; a newer fence replaces it.
+func TestOlderFenceDoesNotEvictTheWatch(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.NewMigratedSchema(t)
+	st, err := New(schema.Pool, &Config{Schema: schema.Name})
+	require.NoError(t, err)
+	t.Cleanup(st.Close)
+	ref := holdKey(t, st, "k")
+	current, stop := st.WatchKey(t.Context(), ref)
+	defer stop()
+	old, stopOld := st.WatchKey(t.Context(), idemdriver.LockRef{ID: ref.ID, Fence: ref.Fence - 1})
+	defer stopOld()
+	require.True(t, closed(old), "an older attempt is over")
+	require.False(t, closed(current), "the current watch stays")
+	newer, stopNewer := st.WatchKey(t.Context(), idemdriver.LockRef{ID: ref.ID, Fence: ref.Fence + 1})
+	defer stopNewer()
+	require.True(t, closed(current), "a newer fence wakes the older watch's waiters")
+	require.False(t, closed(newer))
+}
+
+// A release that commits while the mark waits for the progress row's lock
+// notified nobody (the key was not marked yet): the mark must report the
+// attempt over, or its waiters sleep until the recheck.
+func TestMarkSeesAReleaseItWaitedFor(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.NewMigratedSchema(t)
+	st, err := New(schema.Pool, &Config{Schema: schema.Name})
+	require.NoError(t, err)
+	t.Cleanup(st.Close)
+	ref := holdKey(t, st, "k")
+
+	tx, err := schema.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	var matched int
+	require.NoError(t, tx.QueryRow(ctx, st.q.release, ref.ID, ref.Fence, "failed").Scan(&matched))
+	require.Equal(t, 1, matched)
+
+	type marked struct {
+		over bool
+		err  error
+	}
+	done := make(chan marked, 1)
+	go func() {
+		over, _, err := st.markWaited(ctx, ref)
+		done <- marked{over, err}
+	}()
+	// The mark waits for the release's lock on the progress row.
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := schema.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%waited_at = now()%' AND strpos(query, $1) > 0)`, st.q.leases).Scan(&waiting)
+		return err == nil && waiting
+	}, time.Minute, 5*time.Millisecond)
+	require.NoError(t, tx.Commit(ctx))
+	m := <-done
+	require.NoError(t, m.err)
+	require.True(t, m.over, "the release committed before the mark took the row: the attempt is over")
+}
+
+// Every watched key of a tick is checked with one statement, on the main
+// pool: the control pool, which heartbeats use, serves none of it.
+func TestWatchesAreCheckedTogetherOnTheMainPool(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.NewMigratedSchema(t)
+	cfg, err := pgxpool.ParseConfig(schema.URL)
+	require.NoError(t, err)
+	tr := &countingTracer{}
+	cfg.ConnConfig.Tracer = tr
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	st, err := New(pool, &Config{Schema: schema.Name, WaitPolling: true})
+	require.NoError(t, err)
+	t.Cleanup(st.Close)
+	const n = 20
+	refs := make([]idemdriver.LockRef, n)
+	for i := range refs {
+		refs[i] = holdKey(t, st, fmt.Sprint("k-", i))
+	}
+	controlBefore := st.ownControl.Stat().AcquireCount()
+	for _, ref := range refs {
+		_, stop := st.WatchKey(t.Context(), ref)
+		defer stop()
+	}
+	require.Eventually(t, func() bool { return tr.count(st.q.waitCheckAll) >= 5 }, time.Minute, 5*time.Millisecond)
+	require.Equal(t, n, tr.count(st.q.waitCheck), "one check per key when its watch starts, none per key after")
+	require.Equal(t, controlBefore, st.ownControl.Stat().AcquireCount(), "nothing on the control pool")
+}
+
+// countingTracer counts the statements sent, by their text.
+type countingTracer struct {
+	mu   sync.Mutex
+	seen map[string]int
+}
+
+func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.seen == nil {
+		c.seen = map[string]int{}
+	}
+	c.seen[d.SQL]++
+	return ctx
+}
+
+func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *countingTracer) count(sql string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.seen[sql]
+}
+
+// A listener that cannot connect says so at warn, once, and the watches
+// poll meanwhile: a key watched then is not marked (nobody would hear its
+// notification) and its waiters are woken all the same.
+func TestListenerDownIsLoggedAndPolled(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.NewMigratedSchema(t)
+	lc, err := pgx.ParseConfig(schema.URL)
+	require.NoError(t, err)
+	lc.Host, lc.Port = "127.0.0.1", 1 // nothing listens there
+	logs := &syncBuffer{}
+	st, err := New(schema.Pool, &Config{Schema: schema.Name, ListenConfig: lc,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	require.NoError(t, err)
+	t.Cleanup(st.Close)
+	first := holdKey(t, st, "first")
+	_, stop := st.WatchKey(t.Context(), first)
+	defer stop()
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "cannot LISTEN") }, time.Minute, 5*time.Millisecond)
+	require.Contains(t, logs.String(), "level=WARN")
+	require.False(t, st.Listening())
+
+	ref := holdKey(t, st, "second")
+	woken, stop2 := st.WatchKey(t.Context(), ref)
+	defer stop2()
+	require.NoError(t, st.Release(context.Background(), ref, "failed"))
+	select {
+	case <-woken:
+	case <-time.After(time.Minute):
+		t.Fatal("the watch did not poll while the listener was down")
+	}
+	var marked bool
+	require.NoError(t, schema.Pool.QueryRow(context.Background(),
+		`SELECT waited_at IS NOT NULL FROM idem_leases WHERE key_id = $1`, ref.ID).Scan(&marked))
+	require.False(t, marked, "no mark while nobody listens")
+	require.Equal(t, 1, strings.Count(logs.String(), "cannot LISTEN"), "rate-limited")
+}
+
+// The listener connects with the pool's configuration and its
+// BeforeConnect hook.
+func TestListenerRunsBeforeConnect(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.NewMigratedSchema(t)
+	cfg, err := pgxpool.ParseConfig(schema.URL)
+	require.NoError(t, err)
+	cfg.BeforeConnect = func(_ context.Context, c *pgx.ConnConfig) error {
+		c.RuntimeParams["application_name"] = "hooked"
+		return nil
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	st, err := New(pool, &Config{Schema: schema.Name})
+	require.NoError(t, err)
+	t.Cleanup(st.Close)
+	_, stop := st.WatchKey(t.Context(), holdKey(t, st, "k"))
+	defer stop()
+	require.Eventually(t, st.Listening, time.Minute, 5*time.Millisecond)
+	var app string
+	require.NoError(t, schema.Pool.QueryRow(context.Background(),
+		`SELECT application_name FROM pg_stat_activity WHERE query = 'LISTEN ' || quote_ident($1)`, Channel(schema.Name)).Scan(&app))
+	require.Equal(t, "hooked", app)
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent use.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

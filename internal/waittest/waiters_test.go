@@ -167,6 +167,8 @@ type stats struct {
 	InProgress    int64 `json:"in_progress"`
 	Events        int64 `json:"in_progress_events"`
 	Notifications int64 `json:"notifications"`
+	Listening     bool  `json:"listening"`
+	Polling       bool  `json:"polling"`
 }
 
 func (p *proc) stats(t *testing.T) stats {
@@ -306,6 +308,7 @@ func TestFiftyWaitersGetTheFirstAnswer(t *testing.T) {
 		require.NoError(t, b.schema.Pool.QueryRow(context.Background(), `SELECT waited_at IS NOT NULL FROM idem_leases`).Scan(&marked))
 		return marked
 	})
+	waitFor(t, "both processes to listen", func() bool { return b.procs[0].stats(t).Listening && b.procs[1].stats(t).Listening })
 	opened := time.Now()
 	b.provider.release()
 
@@ -327,6 +330,11 @@ func TestFiftyWaitersGetTheFirstAnswer(t *testing.T) {
 	require.Equal(t, int64(1), sent.Load(), "one notification for every waiter")
 	s0, s1 := b.procs[0].stats(t), b.procs[1].stats(t)
 	received := []int64{s0.Notifications, s1.Notifications}
+	require.Positive(t, s0.Notifications, "each process is woken by the notification")
+	require.Positive(t, s1.Notifications, "each process is woken by the notification")
+	// The watches' own recheck comes every 5 s (pgstore's listenRecheck):
+	// waiters woken sooner were woken by the notification.
+	require.Less(t, percentile(woke, .99), 5*time.Second, "p99 wake after the finish, below the recheck interval")
 	t.Logf("in-progress answers on the way: %d for %d waiters", s0.Events+s1.Events, waiters)
 	require.Equal(t, 1, b.orders(t))
 	require.Equal(t, 1, b.provider.distinctCharges())
@@ -436,6 +444,9 @@ func TestWaitersPoll(t *testing.T) {
 		took = append(took, a.took)
 	}
 	require.Zero(t, sent.Load(), "a polling process marks nothing, so nothing is notified")
-	require.Zero(t, b.procs[0].stats(t).Notifications+b.procs[1].stats(t).Notifications)
+	s0, s1 := b.procs[0].stats(t), b.procs[1].stats(t)
+	require.Zero(t, s0.Notifications+s1.Notifications)
+	require.True(t, s0.Polling && s1.Polling, "both processes poll")
+	require.False(t, s0.Listening || s1.Listening)
 	t.Logf("polling: %d waiters, wait p50 %s p99 %s", waiters, percentile(took, .5).Round(time.Millisecond), percentile(took, .99).Round(time.Millisecond))
 }

@@ -143,7 +143,8 @@ func run() error {
 		handler.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), seenKey{}, new(atomic.Bool))))
 	}))
 	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, _ *http.Request) {
-		_ = json.NewEncoder(w).Encode(map[string]int64{"in_progress": inProgress.Load(), "in_progress_events": events.Load(), "notifications": store.Notifications()})
+		_ = json.NewEncoder(w).Encode(map[string]any{"in_progress": inProgress.Load(), "in_progress_events": events.Load(),
+			"notifications": store.Notifications(), "listening": store.Listening(), "polling": store.Polling()})
 	})
 	listener, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
