@@ -159,9 +159,9 @@ type WebhookConfig struct {
 	// refused: return the body without those members, as JSON. What it
 	// leaves out must not matter to the flow, since a redelivery that
 	// differs only there gets the first delivery's stored response. It runs
-	// after Verify, EventID and Account; an error answers 400
-	// ProblemWebhookEventInvalid (a *Problem as it is, one wrapping
-	// idem.ErrStoreUnavailable 503), and nothing is recorded.
+	// after Verify, EventID and Account; an error, or a result that is not
+	// JSON, answers 400 ProblemWebhookEventInvalid (a *Problem as it is,
+	// one wrapping idem.ErrStoreUnavailable 503), and nothing is recorded.
 	Content func(r *http.Request, body []byte) ([]byte, error)
 
 	// MaxBodyBytes limits the delivery's body; a larger one answers 413
@@ -408,6 +408,11 @@ func (wh *Webhook[In]) admit(w http.ResponseWriter, r *http.Request) (idem.Reque
 		}
 		if content == nil {
 			return idem.Request{}, wh.eventInvalid(ctx, "The event's content could not be read: WebhookConfig.Content returned none.", nil)
+		}
+		if !json.Valid(content) {
+			// The fingerprint canonicalises JSON: anything else would be
+			// refused later as the provider's invalid input.
+			return idem.Request{}, wh.eventInvalid(ctx, "The event's content could not be read: WebhookConfig.Content returned something that is not JSON.", nil)
 		}
 	}
 	in, p := decodeBody[In](h, body)

@@ -567,6 +567,14 @@ func TestWebhookContent(t *testing.T) {
 	})
 	require.NoError(t, err)
 	requireWebhookProblem(t, serve(failing, signedRequest(`{"id": "evt_e", "amount": 1}`)), http.StatusBadRequest, idemhttp.ProblemWebhookEventInvalid)
+	// Content that is not JSON is the application's mistake, answered as
+	// one: 400 with nothing stored, not a 500 from the fingerprint.
+	notJSON, err := idemhttp.NewWebhook(b.runner, b.flow, &idemhttp.WebhookConfig{
+		Provider: "payments", EventID: idemhttp.JSONValue("id"), Verify: verifyHook,
+		Content: func(*http.Request, []byte) ([]byte, error) { return []byte("evt_e;1"), nil },
+	})
+	require.NoError(t, err)
+	requireWebhookProblem(t, serve(notJSON, signedRequest(`{"id": "evt_e", "amount": 1}`)), http.StatusBadRequest, idemhttp.ProblemWebhookEventInvalid)
 	require.Zero(t, b.ledger(t, "evt_e"))
 }
 
