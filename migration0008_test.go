@@ -1,14 +1,6 @@
 package idem_test
 
-import (
-	"context"
-	"testing"
-
-	"github.com/stretchr/testify/require"
-
-	"github.com/go-idem/idem/internal/pgtest"
-	"github.com/go-idem/idem/migrations"
-)
+import "testing"
 
 // The release before 0008 keeps acquiring on one connection across
 // migration 0008 and back: idem_acquire_v7 (what it calls, called here as it
@@ -17,30 +9,5 @@ import (
 // before must not fail its next call.
 func TestAcquireV7OnOneConnectionAcrossMigration0008(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	schema := pgtest.NewMigratedSchema(t)
-	conn, err := schema.Pool.Acquire(ctx) // every acquisition on the same session
-	require.NoError(t, err)
-	defer conn.Release()
-	m, err := migrations.New(schema.Pool, &migrations.Config{Schema: schema.Name})
-	require.NoError(t, err)
-
-	acquire := func(key string) {
-		t.Helper()
-		for _, want := range []string{"created", "none"} {
-			var acquired string
-			require.NoError(t, conn.QueryRow(ctx, `SELECT acquired FROM `+schema.Name+`.idem_acquire_v7(NULL, 's', $1, 'f', 'POST', '/', '\x01', '{}', 60000000, false, '')`, key).Scan(&acquired), key)
-			require.Equal(t, want, acquired, key)
-		}
-	}
-	acquire("at-8")
-	_, err = m.Down(ctx, 7)
-	require.NoError(t, err)
-	acquire("at-7")
-	_, err = m.Up(ctx)
-	require.NoError(t, err)
-	acquire("at-8-again")
-	_, err = m.Down(ctx, 7)
-	require.NoError(t, err)
-	acquire("at-7-again")
+	acquireOnOneSessionAcross(t, 8, `idem_acquire_v7(NULL, 's', $1, 'f', 'POST', '/', '\x01', '{}', 60000000, false, '')`, nil)
 }

@@ -6,9 +6,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/go-idem/idem/internal/pgtest"
-	"github.com/go-idem/idem/migrations"
 )
 
 // The release before 0010 keeps acquiring on one connection across
@@ -18,32 +15,7 @@ import (
 // session that compiled it before must not fail its next call.
 func TestAcquireV9OnOneConnectionAcrossMigration0010(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	schema := pgtest.NewMigratedSchema(t)
-	conn, err := schema.Pool.Acquire(ctx) // every acquisition on the same session
-	require.NoError(t, err)
-	defer conn.Release()
-	m, err := migrations.New(schema.Pool, &migrations.Config{Schema: schema.Name})
-	require.NoError(t, err)
-
-	acquire := func(key string) {
-		t.Helper()
-		for _, want := range []string{"created", "none"} {
-			var acquired string
-			require.NoError(t, conn.QueryRow(ctx, `SELECT acquired FROM `+schema.Name+`.idem_acquire_v9(NULL, 's', $1, 'f', 'POST', '/', '\x01', '\x02', '{}', 60000000, false, '', '', '', 0, '')`, key).Scan(&acquired), key)
-			require.Equal(t, want, acquired, key)
-		}
-	}
-	acquire("at-10")
-	_, err = m.Down(ctx, 9)
-	require.NoError(t, err)
-	acquire("at-9")
-	_, err = m.Up(ctx)
-	require.NoError(t, err)
-	acquire("at-10-again")
-	_, err = m.Down(ctx, 9)
-	require.NoError(t, err)
-	acquire("at-9-again")
+	acquireOnOneSessionAcross(t, 10, `idem_acquire_v9(NULL, 's', $1, 'f', 'POST', '/', '\x01', '\x02', '{}', 60000000, false, '', '', '', 0, '')`, nil)
 }
 
 // idem_notify_waiters_v10 notifies the schema's channel with the key's id
