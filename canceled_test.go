@@ -1,36 +1,17 @@
 package idem_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/internal/testfixture"
 )
-
-// syncBuffer is a bytes.Buffer safe for the runner's concurrent log writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // A caller whose context is already cancelled gets a context error and
 // OutcomeCanceled: not a phase failure, not the store being down, and no
@@ -39,7 +20,7 @@ func TestCancelledCallerBeforeAcquisitionIsCanceled(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	obs := newCountingObserver()
-	var logs syncBuffer
+	var logs testfixture.Buffer
 	r := b.runner(t, &idem.Config{Observer: obs, Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -67,7 +48,7 @@ func TestCallerCancellingMidPhaseIsCanceledAndResumable(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	obs := newCountingObserver()
-	var logs syncBuffer
+	var logs testfixture.Buffer
 	r := b.runner(t, &idem.Config{Observer: obs, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 
 	ctx, cancel := context.WithCancelCause(context.Background())

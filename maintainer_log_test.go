@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/internal/testfixture"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -23,7 +24,7 @@ import (
 func TestMaintainerLogsDurationsAsStrings(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	var logs syncBuffer
+	var logs testfixture.Buffer
 	r := b.runner(t, &idem.Config{Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	m, err := idem.NewMaintainer(r, &idem.MaintainerConfig{CompleteInterval: 90 * time.Second})
 	require.NoError(t, err)
@@ -52,7 +53,7 @@ func TestReconciledVerdictLogsAsItsName(t *testing.T) {
 	t.Parallel()
 	b := setupSMS(t)
 	ctx := context.Background()
-	var logs syncBuffer
+	var logs testfixture.Buffer
 	r := b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	b.gateway.lose = true
 	_, err := r.Execute(ctx, b.flow, b.req("k1"))
@@ -93,7 +94,7 @@ func TestMaintainerLogsEachFailedPassOnceWithAPlainMessage(t *testing.T) {
 			require.NoError(t, err, "an unreachable database is not checked")
 			t.Cleanup(down.Close)
 
-			var logs syncBuffer
+			var logs testfixture.Buffer
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			var storeErrors atomic.Int32
@@ -158,7 +159,7 @@ func TestMaintenanceLogsDoNotCarryTheKeyWithoutLogKeys(t *testing.T) {
 	t.Parallel()
 	b := setupSMS(t)
 	ctx := context.Background()
-	var logs syncBuffer
+	var logs testfixture.Buffer
 	r := b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	const key = "h3-secret-key"
 	crashing := b.runner(t, func(_ context.Context, at idem.HookPoint) error {

@@ -1,7 +1,6 @@
 package pgstore
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/go-idem/idem/idemdriver"
 	"github.com/go-idem/idem/internal/pgtest"
+	"github.com/go-idem/idem/internal/testfixture"
 )
 
 // A channel name fits the 63 bytes Postgres allows, and names its schema.
@@ -214,7 +214,7 @@ func TestListenerDownIsLoggedAndPolled(t *testing.T) {
 	lc, err := pgx.ParseConfig(schema.URL)
 	require.NoError(t, err)
 	lc.Host, lc.Port = "127.0.0.1", 1 // nothing listens there
-	logs := &syncBuffer{}
+	logs := &testfixture.Buffer{}
 	st, err := New(schema.Pool, &Config{Schema: schema.Name, ListenConfig: lc,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	require.NoError(t, err)
@@ -266,22 +266,4 @@ func TestListenerRunsBeforeConnect(t *testing.T) {
 	require.NoError(t, schema.Pool.QueryRow(context.Background(),
 		`SELECT application_name FROM pg_stat_activity WHERE query = 'LISTEN ' || quote_ident($1)`, Channel(schema.Name)).Scan(&app))
 	require.Equal(t, "hooked", app)
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent use.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem/internal/pgtest"
+	"github.com/go-idem/idem/internal/testfixture"
 	"github.com/go-idem/idem/migrations"
 )
 
@@ -207,7 +208,7 @@ type proc struct {
 	url    string
 	schema int // the schema version it found at start, after migrating
 	knows  int // migrations.Latest() of its build
-	stderr *output
+	stderr *testfixture.Buffer
 	exited chan struct{}
 }
 
@@ -226,7 +227,7 @@ func start(t *testing.T, name, bin string, args []string) *proc {
 }
 
 func launch(name, bin string, args []string) (*proc, error) {
-	p := &proc{name: name, cmd: exec.Command(bin, args...), stderr: &output{}, exited: make(chan struct{})}
+	p := &proc{name: name, cmd: exec.Command(bin, args...), stderr: &testfixture.Buffer{}, exited: make(chan struct{})}
 	p.cmd.Stderr = p.stderr
 	stdout, err := p.cmd.StdoutPipe()
 	if err != nil {
@@ -259,25 +260,6 @@ func launch(name, bin string, args []string) (*proc, error) {
 func (p *proc) kill() {
 	_ = p.cmd.Process.Kill()
 	<-p.exited
-}
-
-// output is a process's stderr, written by exec's copier while the test
-// reads it.
-type output struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (o *output) Write(b []byte) (int, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.buf.Write(b)
-}
-
-func (o *output) String() string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.buf.String()
 }
 
 // answer is what a request got in the end, and how many tries it took.
