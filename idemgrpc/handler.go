@@ -157,7 +157,10 @@ type core struct {
 	method   string
 	// path is what the key is bound to: method, or with
 	// Config.SharedKeys the flow's name.
-	path        string
+	path string
+	// shared: Config.SharedKeys, the key is fingerprinted over the decoded
+	// input, as every transport builds it.
+	shared      bool
 	source      keySource
 	uuidKeys    bool
 	keyOptional bool
@@ -248,12 +251,12 @@ func New[Req, Resp proto.Message, In any](runner *idem.Runner, flow *idem.Flow[I
 		}
 	}
 	if cfg.SharedKeys {
-		h.path = flow.Name()
+		h.path, h.shared = flow.Name(), true
 	}
 	if cfg.MaxWait < 0 {
 		errs = append(errs, fmt.Errorf("MaxWait %s is negative", cfg.MaxWait))
 	}
-	h.maxWait = max(cfg.MaxWait, 0)
+	h.maxWait = cfg.MaxWait
 	h.margin = cfg.DeadlineMargin
 	if h.margin == 0 {
 		h.margin = DefaultDeadlineMargin
@@ -398,7 +401,7 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 	// alike; otherwise over the message as the client sent it.
 	var payload []byte
 	target := ""
-	if h.path == h.method {
+	if !h.shared {
 		if payload, err = wirePayload(req); err != nil {
 			h.log.ErrorContext(ctx, "idemgrpc: the request cannot be encoded to fingerprint it", "method", h.method, "err", err)
 			return resp, internal()

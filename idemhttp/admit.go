@@ -42,7 +42,7 @@ func (h *Handler[In]) admit(w http.ResponseWriter, r *http.Request) (idem.Reques
 		h.log.WarnContext(ctx, "idemhttp: Config.Scope returned an empty scope without an error; answering 401", "flow", h.flow.Name())
 		return idem.Request{}, h.unauthenticated()
 	}
-	if len(scope) > 255 || !utf8.ValidString(scope) || strings.IndexByte(scope, 0) >= 0 {
+	if !validScope(scope) {
 		h.log.ErrorContext(ctx, "idemhttp: Config.Scope returned a scope that is not 1-255 bytes of UTF-8 without NUL", "flow", h.flow.Name(), "length", len(scope))
 		return idem.Request{}, h.problem(specInternal, internalDetail)
 	}
@@ -203,4 +203,11 @@ func (h *Handler[In]) checkContentType(r *http.Request) *Problem {
 	}
 	p.Header = http.Header{accept: {"application/json"}}
 	return p
+}
+
+// validScope reports whether scope is what the store accepts: 1-255 bytes
+// of UTF-8 without NUL (an empty one is refused before this, with its own
+// answer).
+func validScope(scope string) bool {
+	return len(scope) <= 255 && utf8.ValidString(scope) && strings.IndexByte(scope, 0) < 0
 }

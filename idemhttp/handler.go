@@ -145,7 +145,7 @@ func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 	// Prefer is read only for a request that is to run (bounded and
 	// without allocating, preferWait), and the wait ends when the client
 	// goes away (WaitContext); the flow itself, once run, does not.
-	wait, asked := preferWait(r.Header, h.cfg.MaxWait)
+	wait, _ := preferWait(r.Header, h.cfg.MaxWait)
 	req.Wait, req.WaitContext = wait, r.Context()
 	if p != nil {
 		// A body this release refuses may be the retry of a request an
@@ -153,7 +153,7 @@ func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 		// (a replay, or its resumption); with no such key, the problem.
 		out, err := h.runner.Execute(context.WithoutCancel(r.Context()), h.flow, req)
 		responded = true
-		h.applied(w, out, asked, wait)
+		h.applied(w, out, wait)
 		if errors.Is(err, idem.ErrNotFound) || errors.Is(err, idem.ErrMismatch) || errors.Is(err, idem.ErrNoRedrive) ||
 			errors.Is(err, idem.ErrInvalidRequest) {
 			h.writeProblem(w, p)
@@ -168,15 +168,15 @@ func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 	// the phases.
 	out, err := h.runner.Execute(context.WithoutCancel(r.Context()), h.flow, req)
 	responded = true
-	h.applied(w, out, asked, wait)
+	h.applied(w, out, wait)
 	h.writeOutcome(w, r, req, out, err)
 }
 
 // applied answers Preference-Applied: wait=N (the wait the handler granted,
-// Prefer's capped by Config.MaxWait) when the request asked to wait and did,
-// for another attempt of its key.
-func (h *Handler[In]) applied(w http.ResponseWriter, out *idem.Outcome, asked bool, wait time.Duration) {
-	if asked && out != nil && out.Waited > 0 {
+// Prefer's capped by Config.MaxWait) when the request waited for another
+// attempt of its key, which only a request that asked to wait does.
+func (h *Handler[In]) applied(w http.ResponseWriter, out *idem.Outcome, wait time.Duration) {
+	if out.Waited > 0 {
 		w.Header().Set("Preference-Applied", preferenceApplied(wait))
 	}
 }

@@ -44,7 +44,7 @@ func preferWait(header http.Header, max time.Duration) (time.Duration, bool) {
 				if secs >= int64(max/time.Second)+1 {
 					return max, true
 				}
-				return min(time.Duration(secs)*time.Second, max), true
+				return time.Duration(secs) * time.Second, true
 			}
 		}
 		if budget <= 0 {

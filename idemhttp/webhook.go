@@ -11,7 +11,6 @@ import (
 	"regexp"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/go-idem/idem"
 )
@@ -298,12 +297,6 @@ func NewWebhook[In any](runner *idem.Runner, flow *idem.Flow[In], cfg *WebhookCo
 	}
 	h.replay = replay
 	h.log = cmp.Or(h.cfg.Logger, runner.Config().Logger)
-	wh.cfg.MaxBodyBytes = h.cfg.MaxBodyBytes
-	wh.cfg.ReplayHeaders = h.cfg.ReplayHeaders
-	wh.cfg.ProblemTypeBase = h.cfg.ProblemTypeBase
-	wh.cfg.UnavailableRetryAfter = h.cfg.UnavailableRetryAfter
-	wh.cfg.ReconcileRetryAfter = h.cfg.ReconcileRetryAfter
-	wh.cfg.Logger = h.log
 	wh.h = h
 	return wh, nil
 }
@@ -397,7 +390,7 @@ func (wh *Webhook[In]) admit(w http.ResponseWriter, r *http.Request) (idem.Reque
 		}
 	}
 	scope := wh.Scope(account)
-	if len(scope) > 255 || !utf8.ValidString(scope) || strings.IndexByte(scope, 0) >= 0 {
+	if !validScope(scope) {
 		return idem.Request{}, wh.eventInvalid(ctx, fmt.Sprintf("The event's account %q is not 1-%d bytes of UTF-8 without NUL.",
 			clip(account), 254-len(WebhookScopePrefix)-len(wh.cfg.Provider)), nil)
 	}
