@@ -73,5 +73,5 @@ func TestReusedExpiredKeyGetsNewDownstreamKeys(t *testing.T) {
 	_, err = m.Down(ctx, 6)
 	t.Logf("0007 down with a generation-2 key in flight: %v", err)
 	require.ErrorIs(t, err, migrations.ErrRefused)
-	require.ErrorContains(t, err, "0007")
+	require.ErrorContains(t, err, "0007_key_generation")
 }

@@ -349,7 +349,6 @@ func (r *Runner) waitAndExecute(ctx context.Context, flow AnyFlow, req Request, 
 			// runner's: a test clock): do not spin on it.
 			left = min(left, poll)
 			poll = min(poll*2, time.Second)
-			woken = nil
 		} else if watcher != nil {
 			woken, stop = watcher.WatchKey(waitCtx, idemdriver.LockRef{ID: out.Record.ID, Fence: out.Record.Fence})
 		} else {

@@ -151,7 +151,6 @@ func TestWaitPasses(t *testing.T) {
 	require.ErrorIs(t, r.err, idem.ErrInProgress)
 	require.Equal(t, idem.OutcomeInProgress, r.out.Kind)
 	require.Positive(t, r.out.Waited)
-	require.LessOrEqual(t, r.out.Waited, 200*time.Millisecond)
 	require.Positive(t, r.out.RetryAfter)
 	b.open()
 	require.NoError(t, (<-first).err)
@@ -278,13 +277,13 @@ func TestWaitContextEndsTheWait(t *testing.T) {
 	first := b.execute("k-1", 0)
 	<-b.entered
 	ctx, cancel := context.WithCancel(context.Background())
-	began := time.Now()
 	waiter := b.executeWaiting("k-1", time.Hour, ctx)
 	<-b.inProgress
 	cancel()
 	r := <-waiter
+	// It ended while the first attempt is still held (opened only below),
+	// not after the hour it asked for.
 	require.ErrorIs(t, r.err, idem.ErrInProgress)
-	require.Less(t, time.Since(began), 30*time.Second, "not the hour it asked for")
 	b.open()
 	one := <-first
 	require.NoError(t, one.err)

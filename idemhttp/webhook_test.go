@@ -560,13 +560,14 @@ func TestWebhookContent(t *testing.T) {
 		http.StatusUnprocessableEntity, idemhttp.ProblemWebhookEventReused)
 
 	// Content that fails refuses the delivery before anything is stored.
-	requireWebhookProblem(t, serve(h, signedRequest(`["evt_e"]`)), http.StatusBadRequest, idemhttp.ProblemWebhookEventInvalid)
 	failing, err := idemhttp.NewWebhook(b.runner, b.flow, &idemhttp.WebhookConfig{
 		Provider: "payments", EventID: idemhttp.JSONValue("id"), Verify: verifyHook,
 		Content: func(*http.Request, []byte) ([]byte, error) { return nil, errors.New("no content") },
 	})
 	require.NoError(t, err)
-	requireWebhookProblem(t, serve(failing, signedRequest(`{"id": "evt_e", "amount": 1}`)), http.StatusBadRequest, idemhttp.ProblemWebhookEventInvalid)
+	res := serve(failing, signedRequest(`{"id": "evt_e", "amount": 1}`))
+	require.Contains(t, res.Body.String(), "content could not be read: no content", "refused by Content, not earlier")
+	requireWebhookProblem(t, res, http.StatusBadRequest, idemhttp.ProblemWebhookEventInvalid)
 	// Content that is not JSON is the application's mistake, answered as
 	// one: 400 with nothing stored, not a 500 from the fingerprint.
 	notJSON, err := idemhttp.NewWebhook(b.runner, b.flow, &idemhttp.WebhookConfig{
@@ -574,7 +575,9 @@ func TestWebhookContent(t *testing.T) {
 		Content: func(*http.Request, []byte) ([]byte, error) { return []byte("evt_e;1"), nil },
 	})
 	require.NoError(t, err)
-	requireWebhookProblem(t, serve(notJSON, signedRequest(`{"id": "evt_e", "amount": 1}`)), http.StatusBadRequest, idemhttp.ProblemWebhookEventInvalid)
+	res = serve(notJSON, signedRequest(`{"id": "evt_e", "amount": 1}`))
+	require.Contains(t, res.Body.String(), "Content returned something that is not JSON")
+	requireWebhookProblem(t, res, http.StatusBadRequest, idemhttp.ProblemWebhookEventInvalid)
 	require.Zero(t, b.ledger(t, "evt_e"))
 }
 

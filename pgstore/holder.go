@@ -13,9 +13,10 @@ import (
 // store's instance is a dead process's (see Config.Instance). It is one per
 // process, not per Store, so two stores of one process never take each
 // other's leases.
-var bootID = newBootID()
+var bootID = randomHex()
 
-func newBootID() string {
+// randomHex is 16 random hex digits: a boot id, a probe's statement name.
+func randomHex() string {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b) // never fails (crypto/rand panics rather)
 	return hex.EncodeToString(b)

@@ -2,8 +2,6 @@ package pgstore
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 
@@ -69,7 +67,7 @@ func (s *Store) checkPooler(ctx context.Context, pool *pgxpool.Pool) error {
 		return nil
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	name := "idem_pooler_probe_" + randomName()
+	name := "idem_pooler_probe_" + randomHex()
 	if _, err := conn.Conn().PgConn().Prepare(ctx, name, "SELECT 1", nil); err != nil {
 		return nil
 	}
@@ -82,10 +80,4 @@ func (s *Store) checkPooler(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	return fmt.Errorf("%w: cache_statement (pgx's default) reuses named prepared statements across transactions, and this pooler passes them to whichever server connection it picks (PgBouncer before 1.21, or max_prepared_statements = 0); %s, or enable the pooler's prepared statement support",
 		ErrPoolerExecMode, use)
-}
-
-func randomName() string {
-	b := make([]byte, 8)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }

@@ -31,8 +31,8 @@ import (
 // checks each watched key itself (queries.waitCheckAll): at its lease's
 // expiry (a dead holder: a waiter then takes the key over), every
 // listenRecheck while the listener listens (a notification lost to a
-// reconnect, a key finished by a release of the previous version, which
-// does not notify), and on a polling schedule (pollFirst doubling to
+// reconnect, or missed by a finish at repeatable read whose snapshot
+// predates the mark), and on a polling schedule (pollFirst doubling to
 // pollMax) when there is no listener: Config.WaitPolling, a pooler in
 // transaction mode, a handle that is not a *pgxpool.Pool, or a LISTEN
 // connection that is down. While the listener is down (it failed to

@@ -69,6 +69,7 @@ func TestExploreEveryCrashPoint(t *testing.T) {
 		}
 	}
 	require.Zero(t, failed)
+	require.Positive(t, rep.RoundTrips, "the fault proxy saw the flow's round trips")
 	require.Len(t, rep.Scenarios, 3*5+2*rep.RoundTrips)
 	t.Logf("crash kit over %s: %d scenarios (%d at phase boundaries, %d wire over %d round trips), %d failed",
 		FlowName, len(rep.Scenarios), len(rep.Scenarios)-2*rep.RoundTrips, 2*rep.RoundTrips, rep.RoundTrips, failed)
