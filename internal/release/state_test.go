@@ -101,6 +101,7 @@ func TestReleaseZipsMatchGoSum(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pinned := 0
 	for _, r := range rs {
 		var hashes []string
 		for range 2 {
@@ -135,6 +136,12 @@ func TestReleaseZipsMatchGoSum(t *testing.T) {
 			if bytes.Contains(sum, []byte(prefix)) && !bytes.Contains(sum, []byte(line)) {
 				t.Errorf("%s/go.sum pins %s %s to another hash than the zip of commit %s (%s)", dir, rootPath, r.Version, r.Commit, hashes[0])
 			}
+			if bytes.Contains(sum, []byte(line)) {
+				pinned++
+			}
 		}
+	}
+	if pinned == 0 {
+		t.Errorf("no go.sum pins a release of %s: nothing was compared", rootPath)
 	}
 }
