@@ -49,6 +49,13 @@ type held struct {
 	// key (finishing, releasing, handing it to reconcile), so a refused beat
 	// is expected rather than a lost lock.
 	lettingGo atomic.Bool
+	// uncommitted: the key was acquired in its first phase's transaction
+	// (idemdriver.PhaseAcquirer), which has not committed: nobody else can
+	// see the key, so there is no lease to renew, and if the transaction
+	// does not commit, nothing is left to release. joined is that
+	// transaction until the first attempt takes it.
+	uncommitted atomic.Bool
+	joined      idemdriver.PhaseTx
 
 	// leaseMu guards renewedAt: when this worker last sent a statement that
 	// renewed its lease (the acquisition or a heartbeat; a phase commit
@@ -109,6 +116,7 @@ func (h *held) downstreamKey() string { return h.rec.DownstreamKey(h.flow.downst
 
 // committed updates the in-memory record to what a phase commit wrote.
 func (h *held) committed(cp *idemdriver.CommitParams) {
+	h.uncommitted.Store(false)
 	h.rec.RecoveryPoint, h.rec.Status, h.rec.ForeignMark = cp.RecoveryPoint, cp.Status, ""
 	if h.rec.Checkpoint == nil {
 		h.rec.Checkpoint = map[string]json.RawMessage{}

@@ -407,3 +407,28 @@ type KeyWatcher interface {
 	// stops waiting. Waiters of one key share what it costs the store.
 	WatchKey(ctx context.Context, ref LockRef) (woken <-chan struct{}, stop func())
 }
+
+// PhaseAcquirer is implemented by stores that can acquire a key inside the
+// transaction of its request's first phase, so that a new key, the phase's
+// writes and its recovery point commit once: one commit fewer per request,
+// and a crash before that commit leaves nothing behind (the retry starts
+// clean). The runner uses it for a flow whose first transaction makes no
+// not-idempotent foreign call (whose mark must be durable before the call)
+// and runs at read committed; see idem.FlowConfig.AcquireSeparately.
+//
+// While the key is uncommitted nobody else can see it: a concurrent
+// acquisition of the same key must not wait for the phase, and gets
+// ErrKeyBusy instead (a store takes a lock it tries without waiting).
+type PhaseAcquirer interface {
+	// AcquireInPhase acquires p's key like Store.Acquire, in a transaction
+	// begun with opts. When it creates the key it returns the transaction
+	// open, for the first phase to run in and commit with CommitPhase; in
+	// every other case (a replay, a key in progress, a takeover) it has
+	// ended the transaction (a takeover committed), returns a nil PhaseTx,
+	// and the result is Acquire's.
+	AcquireInPhase(ctx context.Context, p AcquireParams, opts PhaseOptions) (*AcquireResult, PhaseTx, error)
+
+	// AcquiresInPhase reports whether this store can (a distributed layout
+	// may not): the runner acquires separately when it cannot.
+	AcquiresInPhase() bool
+}

@@ -63,9 +63,11 @@ func ExploreContext[In any](ctx context.Context, cfg Config[In]) (*Report, error
 	}
 	x.userHook, x.base.Test = x.base.Test.Hook, idem.TestConfig{}
 	x.lease = x.base.WithDefaults().Lease
-	if _, err := idem.NewRunner(store, x.runnerConfig(nil, nil)); err != nil {
+	r, err := idem.NewRunner(store, x.runnerConfig(nil, nil))
+	if err != nil {
 		return nil, fmt.Errorf("%w: Runner: %w", ErrInvalidConfig, err)
 	}
+	x.acquiredWith = r.AcquisitionJoins(cfg.Flow)
 
 	rep := &Report{Flow: cfg.Flow.Name()}
 	defer func() { rep.Elapsed = time.Since(started) }()
@@ -123,6 +125,9 @@ type explorer[In any] struct {
 	// From the baseline: the phases it committed, in order, and its foreign
 	// calls by phase.
 	phases   []string
+	// acquiredWith: the phases a new key is acquired in the transaction of
+	// (idem.Runner.AcquisitionJoins).
+	acquiredWith []string
 	foreign  map[string]foreignCall
 	response *idem.Response
 

@@ -43,7 +43,7 @@ type queries struct {
 	waitMark, waitCheck               string
 	notifyWaiters, waitCheckAll       string
 
-	unlockKey, claimIdle, reap, reapAbandoned, unfinishedKeys, statementTimeout, clock string
+	unlockKey, claimIdle, reap, reapAbandoned, unfinishedKeys, statementTimeout, idleTimeout, clock string
 	backlog                                                                            string
 }
 
@@ -135,10 +135,12 @@ func newQueries(prefix string) *queries {
 	}
 
 	// acquire: one statement, one round trip, for a new key, a replay and an
-	// in-progress key alike. It calls idem_acquire_v9, a PL/pgSQL function
-	// (migrations/sql/0009_payload_fingerprint.up.sql: idem_acquire of
+	// in-progress key alike. It calls idem_acquire_v11, a PL/pgSQL function
+	// (migrations/sql/0011_acquire_in_phase.up.sql: idem_acquire of
 	// 0005_acquire_function.up.sql with the key's generation, from 0007, the
-	// lease's holder, from 0008, and the key's two fingerprints), which
+	// lease's holder, from 0008, the key's two fingerprints, from 0009, and
+	// the key's advisory lock taken without waiting before an insert, from
+	// 0011), which
 	//
 	//  - reads the key's progress row, and its lease row unless it is
 	//    finished (a finished key's lease row means nothing);
@@ -147,7 +149,11 @@ func newQueries(prefix string) *queries {
 	//  - otherwise, unless NoCreate, deletes the expired key (its lease row
 	//    goes with it, ON DELETE CASCADE) and inserts the key and its lease
 	//    row, locked, one generation on from the expired key it replaces
-	//    (0 for a key never seen). ON CONFLICT DO NOTHING turns a concurrent insert of the
+	//    (0 for a key never seen). First it takes the key's advisory lock
+	//    for its transaction without waiting, and raises lock_not_available
+	//    (55P03, keyBusy) when another transaction holds it: one creating the
+	//    key in its first phase (AcquireInPhase), whose uncommitted row ON
+	//    CONFLICT would wait for. ON CONFLICT DO NOTHING turns a concurrent insert of the
 	//    same key into "nothing inserted" instead of a unique violation that
 	//    would abort the caller; the function then reads the winner's key.
 	//
@@ -173,7 +179,7 @@ func newQueries(prefix string) *queries {
 	// Params travel as text (a Go string: []byte would be sent as bytea in
 	// the exec and simple_protocol modes): the function parses them only
 	// when it inserts.
-	q.acquire = `SELECT * FROM ` + prefix + `idem_acquire_v9($1::timestamptz, $2::text, $3::text, $4::text, $5::text, $6::text,
+	q.acquire = `SELECT * FROM ` + prefix + `idem_acquire_v11($1::timestamptz, $2::text, $3::text, $4::text, $5::text, $6::text,
     $7::bytea, $8::bytea, $9::text, $10::bigint, $11::boolean, $12::text, $13::text, $14::text, $15::int, $16::text)`
 
 	// takeOverLease is the part of takeOver and claimReconcile that takes
@@ -536,6 +542,11 @@ ORDER BY 1, 2, 3, 4`)
 	// statementTimeout bounds the statements after it in the same
 	// transaction (milliseconds, as text).
 	q.statementTimeout = `SELECT set_config('statement_timeout', $1, true)`
+	// idleTimeout ends the session, and with it the transaction, once the
+	// transaction has sat idle between statements for $1 milliseconds: the
+	// lease of a key acquired in its first phase's transaction
+	// (AcquireInPhase), which nobody else can see, let alone take over.
+	q.idleTimeout = `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`
 
 	q.clock = `SELECT coalesce($1::timestamptz, now()) AS t`
 
