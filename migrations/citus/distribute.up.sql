@@ -49,7 +49,9 @@ ALTER TABLE {{schema}}idem_leases ADD CONSTRAINT idem_leases_key_fkey
 -- found rows by id alone (the expired key's DELETE, the lease row's INSERT
 -- and SELECT), so that, distributed by its p_scope argument, it runs whole
 -- on the worker that holds the scope: one round trip from the application,
--- one from the coordinator to that worker.
+-- one from the coordinator to that worker. It keeps the migrator's
+-- search_path: on the worker it runs with Citus's own, where the tables
+-- named without a schema would not be found.
 -- idem:step
 CREATE OR REPLACE FUNCTION {{schema}}idem_acquire_v9(
     p_now timestamptz, p_scope text, p_key text, p_flow text, p_method text, p_path text,
@@ -66,6 +68,7 @@ RETURNS TABLE (
     holder_instance text, holder_host text, holder_pid int, holder_boot text,
     payload_fingerprint bytea)
 LANGUAGE plpgsql
+SET search_path FROM CURRENT
 AS $idem_acquire_v9$
 #variable_conflict error
 DECLARE
