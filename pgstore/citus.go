@@ -29,8 +29,10 @@ import (
 //
 //   - an UPDATE on a distributed table may not call a VOLATILE function
 //     (clock_timestamp()), nor a non-IMMUTABLE one inside CASE or COALESCE
-//     (coalesce($now, now())): the clock is computed in a CTE (clock) that
-//     the UPDATE joins, statement_timestamp() for clock_timestamp();
+//     (coalesce($now, now())), nor a STABLE one over a column (clock.t +
+//     interval, timestamptz arithmetic being STABLE): the clock, and what
+//     is computed from it, is computed in a CTE (clock) that the UPDATE
+//     joins, statement_timestamp() for clock_timestamp();
 //   - a lease row is joined with an explicit l.scope = $scope: a join to
 //     k.scope alone is not carried through the LATERAL subquery, and Citus
 //     would send the statement to every shard;
@@ -155,7 +157,8 @@ SELECT 1 / count(*)::int FROM guarded`)
 
 	q.finishPhase = render(`
 WITH clock AS (
-    SELECT coalesce($8::timestamptz, statement_timestamp()) AS t
+    SELECT t, t + $7::bigint * interval '1 microsecond' AS expires
+    FROM (SELECT coalesce($8::timestamptz, statement_timestamp()) AS t) now
 ), guarded AS (
 UPDATE {t} k
 SET status           = 'finished',
@@ -163,7 +166,7 @@ SET status           = 'finished',
     checkpoint       = CASE WHEN $3::jsonb = '{}' THEN k.checkpoint ELSE k.checkpoint || $3::jsonb END,
     last_run_at      = clock.t,
     finished_at      = clock.t,
-    expires_at       = clock.t + $7::bigint * interval '1 microsecond',
+    expires_at       = clock.expires,
     response_status  = $4,
     response_headers = $5::jsonb,
     response_body    = $6,

@@ -48,7 +48,7 @@ type queries struct {
 
 	// citus says the statements are Citus's (citus.go, useCitus), with the
 	// statements only Citus runs.
-	citus                                       bool
+	citus                                      bool
 	claimIdleOne, reapDelete, reapAbandonedOne string
 }
 
