@@ -234,3 +234,58 @@ func TestCitusDuplicateStorm(t *testing.T) {
 	require.Equal(t, 2, nodes, "the scopes' keys live on both workers")
 	t.Logf("%d scopes over %d workers, each sent twice at once: %d rides, %d charges", scopes, nodes, b.countRows(t, "rides"), b.provider.Charges())
 }
+
+// The maintenance work on Citus, where its claims cannot lock rows on
+// several shards at once: the completer finishes a request abandoned after
+// its charge with one charge; the reaper deletes expired keys (the
+// business rows, which carry no foreign key to idem_keys there, stay) and
+// ends an abandoned key; an operator lists, counts and unlocks keys.
+func TestCitusMaintenance(t *testing.T) {
+	t.Parallel()
+	b := setupCitus(t)
+	ctx := context.Background()
+	b.abandon(t, "k1")
+	require.Equal(t, 1, b.provider.Charges())
+
+	obs := newCountingObserver()
+	completer := b.runner(t, &idem.Config{Observer: obs})
+	b.clock.Advance(6 * time.Minute)
+	res, err := completer.Complete(ctx, &idem.CompleteConfig{IdleFor: 5 * time.Minute})
+	require.NoError(t, err)
+	require.Equal(t, &idem.CompleteResult{Claimed: 1, Completed: 1}, res)
+	require.Equal(t, idem.StatusFinished, b.key(t, "k1").Status)
+	require.Equal(t, 1, b.provider.Charges(), "exactly one charge")
+	out, err := b.runner(t, nil).Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeReplayed, out.Kind)
+
+	// A key abandoned before its charge, in another scope, and a stuck one
+	// an operator unlocks.
+	crashing := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookAfterCommit, "ride_created")}})
+	req := b.request("k2", rideInput{Origin: "SF", Amount: 20})
+	req.Scope = "user:2"
+	_, err = crashing.Execute(ctx, b.flow, req)
+	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	list, err := b.runner(t, nil).ListKeys(ctx, idem.KeyQuery{AllScopes: true, Limit: 10})
+	require.NoError(t, err)
+	require.Len(t, list.Keys, 2)
+	backlog, err := b.runner(t, nil).Backlog(ctx)
+	require.NoError(t, err)
+	require.NotNil(t, backlog)
+	unlocked, err := b.runner(t, nil).UnlockKey(ctx, "user:2", "k2", "operator")
+	require.NoError(t, err)
+	require.True(t, unlocked.Unlocked)
+
+	// Past the retention, the reaper deletes the finished key; past a day,
+	// it ends the abandoned one.
+	b.clock.Advance(25 * time.Hour)
+	daily := b.rideFlowConfig("rides.create", &idem.FlowConfig[rideInput]{AbandonAfter: 24 * time.Hour})
+	reaped, err := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{daily}}).Reap(ctx, nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, reaped.Deleted)
+	require.Equal(t, 1, reaped.Abandoned)
+	_, err = b.storeFor(t).GetKey(ctx, "user:1", "k1")
+	require.ErrorIs(t, err, idem.ErrNotFound)
+	require.Equal(t, 2, b.countRows(t, "rides"), "business rows outlive their keys")
+	t.Logf("completer: %+v; reaper: %+v", res, reaped)
+}
