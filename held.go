@@ -66,7 +66,7 @@ type held struct {
 }
 
 func (r *Runner) hold(flow AnyFlow, rec *KeyRecord, input any, tookOver bool, acquiredAt time.Time) *held {
-	return &held{runner: r, flow: flow, rec: rec, ref: idemdriver.LockRef{ID: rec.ID, Fence: rec.Fence}, input: input,
+	return &held{runner: r, flow: flow, rec: rec, ref: idemdriver.LockRef{ID: rec.ID, Fence: rec.Fence, Scope: rec.Scope}, input: input,
 		tookOver: tookOver, renewedAt: acquiredAt}
 }
 

@@ -439,7 +439,7 @@ func (r *Runner) waitAndExecute(ctx context.Context, flow AnyFlow, req Request, 
 			left = min(left, poll)
 			poll = min(poll*2, time.Second)
 		} else if watcher != nil {
-			woken, stop = watcher.WatchKey(waitCtx, idemdriver.LockRef{ID: out.Record.ID, Fence: out.Record.Fence})
+			woken, stop = watcher.WatchKey(waitCtx, idemdriver.LockRef{ID: out.Record.ID, Fence: out.Record.Fence, Scope: out.Record.Scope})
 		} else {
 			// No watcher: each waiter polls on its own.
 			left = min(left, poll)

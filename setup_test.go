@@ -39,6 +39,9 @@ type testBundle struct {
 	// hooks lets a test inject behaviour into the flow's phases by name;
 	// set it before running.
 	hooks map[string]func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) error
+	// scoped says rides and jobs carry the key's scope, the column they are
+	// distributed by on Citus (setupCitus), and every phase names it.
+	scoped bool
 }
 
 func setup(t *testing.T) *testBundle {
@@ -154,8 +157,11 @@ func (b *testBundle) rideFlowConfig(name string, config *idem.FlowConfig[rideInp
 					return idem.Result{}, err
 				}
 				var id int64
-				if err := tx.QueryRow(ctx, `INSERT INTO rides (key_id, origin) VALUES ($1, $2) RETURNING id`,
-					run.Key().ID, run.Input().Origin).Scan(&id); err != nil {
+				sql, args := `INSERT INTO rides (key_id, origin) VALUES ($1, $2) RETURNING id`, []any{run.Key().ID, run.Input().Origin}
+				if b.scoped {
+					sql, args = `INSERT INTO rides (key_id, origin, scope) VALUES ($1, $2, $3) RETURNING id`, append(args, run.Key().Scope)
+				}
+				if err := tx.QueryRow(ctx, sql, args...).Scan(&id); err != nil {
 					return idem.Result{}, err
 				}
 				return idem.Advance(), run.SetCheckpoint("ride_id", id)
@@ -183,7 +189,11 @@ func (b *testBundle) rideFlowConfig(name string, config *idem.FlowConfig[rideInp
 				if err != nil {
 					return idem.Result{}, err
 				}
-				if _, err := tx.Exec(ctx, `UPDATE rides SET charge_id = $1 WHERE id = $2`, chargeID, rideID); err != nil {
+				sql, args := `UPDATE rides SET charge_id = $1 WHERE id = $2`, []any{chargeID, rideID}
+				if b.scoped {
+					sql, args = `UPDATE rides SET charge_id = $1 WHERE id = $2 AND scope = $3`, append(args, run.Key().Scope)
+				}
+				if _, err := tx.Exec(ctx, sql, args...); err != nil {
 					return idem.Result{}, err
 				}
 				return idem.Advance(), run.SetCheckpoint("charge_id", chargeID)
@@ -203,7 +213,11 @@ func (b *testBundle) rideFlowConfig(name string, config *idem.FlowConfig[rideInp
 				if _, err := run.Checkpoint("charge_id", &chargeID); err != nil {
 					return idem.Result{}, err
 				}
-				if _, err := tx.Exec(ctx, `INSERT INTO jobs (ride_id, kind) VALUES ($1, 'receipt')`, rideID); err != nil {
+				sql, args := `INSERT INTO jobs (ride_id, kind) VALUES ($1, 'receipt')`, []any{rideID}
+				if b.scoped {
+					sql, args = `INSERT INTO jobs (ride_id, kind, scope) VALUES ($1, 'receipt', $2)`, append(args, run.Key().Scope)
+				}
+				if _, err := tx.Exec(ctx, sql, args...); err != nil {
 					return idem.Result{}, err
 				}
 				return idem.Respond(http.StatusCreated,

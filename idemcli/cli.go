@@ -178,6 +178,8 @@ type env struct {
 	schema  string
 	json    bool
 	verbose bool
+	// citus is migrate up's --citus: distribute idem's tables by scope.
+	citus bool
 
 	// cmd is the command being run.
 	cmd *command
@@ -348,7 +350,7 @@ func (e *env) migrator() (*migrations.Migrator, error) {
 	if e.pool != nil {
 		db = e.pool
 	}
-	m, err := migrations.New(db, &migrations.Config{Schema: e.schema})
+	m, err := migrations.New(db, &migrations.Config{Schema: e.schema, Citus: e.citus})
 	if err != nil {
 		return nil, &exitError{code: ExitUsage, err: fmt.Errorf("--schema: %w", err)}
 	}

@@ -42,10 +42,15 @@ var commands = []*command{
 		name: "migrate up", args: "[flags]", needsDB: true,
 		summary: "apply every pending migration",
 		help: "Applies the embedded migrations the database does not have yet, in one transaction, under an\n" +
-			"advisory lock (several processes migrating at once is safe). A no-op when up to date.",
-		examples: []string{"DATABASE_URL=postgres://app@db/app PROG migrate up", "PROG migrate up --schema idem"},
+			"advisory lock (several processes migrating at once is safe). A no-op when up to date.\n" +
+			"With --citus, on a Citus coordinator, it then distributes idem's tables by scope, in the same\n" +
+			"transaction (once; see docs/scaling.md, \"Citus\").",
+		examples: []string{"DATABASE_URL=postgres://app@db/app PROG migrate up", "PROG migrate up --schema idem",
+			"PROG migrate up --citus   # on a Citus coordinator"},
 		setup: func(fs *flag.FlagSet) runFunc {
+			citus := fs.Bool("citus", false, "distribute idem's tables by scope on a Citus coordinator (the citus extension must be installed)")
 			return func(ctx context.Context, e *env, _ []string) error {
+				e.citus = *citus
 				m, err := e.connectedMigrator(ctx)
 				if err != nil {
 					return err

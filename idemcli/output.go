@@ -40,10 +40,18 @@ func (e *env) printMigration(res *migrations.Result) error {
 		if applied == nil {
 			applied = []int{}
 		}
-		return e.printJSON(map[string]any{"from": res.From, "to": res.To, "applied": applied})
+		out := map[string]any{"from": res.From, "to": res.To, "applied": applied}
+		if res.Distributed {
+			out["distributed"] = true
+		}
+		return e.printJSON(out)
+	}
+	distributed := ""
+	if res.Distributed {
+		distributed = "; idem's tables are now distributed by scope (Citus)"
 	}
 	if len(res.Applied) == 0 {
-		_, err := fmt.Fprintf(e.out, "nothing to do: the schema is at version %d\n", res.To)
+		_, err := fmt.Fprintf(e.out, "nothing to do: the schema is at version %d%s\n", res.To, distributed)
 		return err
 	}
 	verbs := make([]string, len(res.Applied))
@@ -54,7 +62,7 @@ func (e *env) printMigration(res *migrations.Result) error {
 	if res.To < res.From {
 		what = "reverted"
 	}
-	_, err := fmt.Fprintf(e.out, "%s %s: the schema went from version %d to %d\n", what, strings.Join(verbs, ", "), res.From, res.To)
+	_, err := fmt.Fprintf(e.out, "%s %s: the schema went from version %d to %d%s\n", what, strings.Join(verbs, ", "), res.From, res.To, distributed)
 	return err
 }
 

@@ -121,10 +121,12 @@ type PhaseTx interface {
 }
 
 // LockRef identifies a held lock: the key row and the fence it was acquired
-// with.
+// with, and the key's scope, which a store whose keys are distributed by
+// scope (pgstore on Citus) needs to find the row on one node.
 type LockRef struct {
 	ID    int64
 	Fence int64
+	Scope string
 }
 
 // Acquisition says what [Store.Acquire] did.

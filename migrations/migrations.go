@@ -33,6 +33,12 @@ import (
 //go:embed sql/*.sql
 var files embed.FS
 
+// citusLayout is idem's Citus layout for the latest version (see
+// Config.Citus).
+//
+//go:embed citus/distribute.up.sql
+var citusLayout string
+
 // Direction says which way a migration runs.
 type Direction string
 
@@ -166,6 +172,19 @@ type Config struct {
 	// exist. Empty (the default) leaves table names unqualified, so they
 	// resolve through the connection's search_path.
 	Schema string
+
+	// Citus makes Up, on a Citus coordinator, distribute idem's tables by
+	// scope once every migration is applied, in the same transaction:
+	// idem_keys and idem_leases become distributed tables co-located by
+	// scope, the acquisition function a distributed function delegated by
+	// its scope argument, and migration 0010's notify triggers go (stores
+	// poll on Citus). A schema already distributed is left as it is. Down
+	// refuses (ErrRefused) on a distributed schema. The Citus extension must
+	// be installed in the database, and the schema created on the
+	// coordinator (Citus propagates it). See docs/scaling.md, "Citus".
+	// Default false: plain PostgreSQL, tables as the migrations create
+	// them.
+	Citus bool
 }
 
 // Migrator applies and reverts the embedded migrations in one schema.
@@ -173,6 +192,7 @@ type Migrator struct {
 	db     DB
 	schema string
 	prefix string // quoted schema and a dot, or empty
+	citus  bool
 }
 
 var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]{0,62}$`)
@@ -199,7 +219,7 @@ func New(db DB, cfg *Config) (*Migrator, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Migrator{db: db, schema: cfg.Schema, prefix: prefix}, nil
+	return &Migrator{db: db, schema: cfg.Schema, prefix: prefix, citus: cfg.Citus}, nil
 }
 
 func (m *Migrator) render(sql string) string {
@@ -254,6 +274,9 @@ type Result struct {
 	From, To int
 	// Applied lists the versions run, in the order they ran.
 	Applied []int
+	// Distributed says that this call distributed idem's tables by scope
+	// (Config.Citus).
+	Distributed bool
 }
 
 // Up applies every pending migration in one transaction. On a database
@@ -396,6 +419,17 @@ func (m *Migrator) migrateTx(ctx context.Context, tx pgx.Tx, target int, dir Dir
 		// Ahead, and this binary works on it: nothing to apply.
 		return &Result{From: from, To: from}, nil
 	}
+	// Whether the tables are distributed matters to a Citus Up and to a
+	// Down; a plain Up does not ask.
+	distributed := false
+	if m.citus || dir == DirectionDown {
+		if distributed, err = m.DistributedTx(ctx, tx); err != nil {
+			return nil, err
+		}
+	}
+	if distributed && dir == DirectionDown && target < from {
+		return nil, fmt.Errorf("%w: idem's tables are distributed by Citus (migrations.Config.Citus); the down migrations are written for plain PostgreSQL: undistribute them first (undistribute_table) or drop the schema", ErrRefused)
+	}
 	res := &Result{From: from, To: from}
 	for _, mig := range all {
 		if mig.Version <= from || mig.Version > target {
@@ -409,6 +443,12 @@ func (m *Migrator) migrateTx(ctx context.Context, tx pgx.Tx, target int, dir Dir
 		}
 		res.Applied = append(res.Applied, mig.Version)
 		res.To = mig.Version
+	}
+	if m.citus && dir == DirectionUp && !distributed {
+		if err := m.distribute(ctx, tx, res.To); err != nil {
+			return nil, err
+		}
+		res.Distributed = true
 	}
 	for i := len(all) - 1; i >= 0; i-- {
 		mig := all[i]
@@ -590,4 +630,70 @@ func (m *Migrator) Script(format Format, dir Direction, version int) (string, er
 		return "", fmt.Errorf("migrations: unknown format %q (sql, goose or tern)", format)
 	}
 	return b.String(), nil
+}
+
+// CitusLayoutVersion is the schema version idem's Citus layout
+// (Config.Citus) is written for: the layout is applied on a schema at this
+// version.
+const CitusLayoutVersion = 11
+
+// ErrNotCitus is returned by Up with Config.Citus on a database without the
+// citus extension.
+var ErrNotCitus = errors.New("migrations: the citus extension is not installed in this database")
+
+// Distributed reports whether idem's keys table is distributed by Citus
+// (the layout of Config.Citus was applied).
+func (m *Migrator) Distributed(ctx context.Context) (bool, error) {
+	tx, err := m.db.Begin(ctx)
+	if err != nil {
+		return false, fmt.Errorf("migrations: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	return m.DistributedTx(ctx, tx)
+}
+
+// DistributedTx is Distributed inside the caller's transaction.
+func (m *Migrator) DistributedTx(ctx context.Context, tx pgx.Tx) (bool, error) {
+	citus, err := hasCitus(ctx, tx)
+	if err != nil || !citus {
+		return false, err
+	}
+	var distributed bool
+	// pg_dist_partition is named only once the extension is known to be
+	// there: on plain PostgreSQL it does not exist.
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = to_regclass($1))`,
+		m.prefix+"idem_keys").Scan(&distributed); err != nil {
+		return false, fmt.Errorf("migrations: look at pg_dist_partition: %w", err)
+	}
+	return distributed, nil
+}
+
+// distribute applies the Citus layout to a schema at version.
+func (m *Migrator) distribute(ctx context.Context, tx pgx.Tx, version int) error {
+	citus, err := hasCitus(ctx, tx)
+	if err != nil {
+		return err
+	}
+	if !citus {
+		return fmt.Errorf("%w: install it (CREATE EXTENSION citus) on the coordinator and the workers, or migrate without Citus", ErrNotCitus)
+	}
+	if version != CitusLayoutVersion {
+		return fmt.Errorf("migrations: the Citus layout is written for schema version %d, and the schema is at %d", CitusLayoutVersion, version)
+	}
+	for _, step := range strings.Split(m.render(citusLayout), "\n-- idem:step\n") {
+		if _, err := tx.Exec(ctx, step); err != nil {
+			return fmt.Errorf("migrations: distribute idem's tables by scope (Citus): %w", err)
+		}
+	}
+	return nil
+}
+
+// hasCitus reports whether the citus extension is installed in the
+// database.
+func hasCitus(ctx context.Context, tx pgx.Tx) (bool, error) {
+	var citus bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`).Scan(&citus); err != nil {
+		return false, fmt.Errorf("migrations: look for the citus extension: %w", err)
+	}
+	return citus, nil
 }

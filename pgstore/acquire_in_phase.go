@@ -13,8 +13,10 @@ import (
 
 var _ idemdriver.PhaseAcquirer = (*Store)(nil)
 
-// AcquiresInPhase implements idemdriver.PhaseAcquirer.
-func (s *Store) AcquiresInPhase() bool { return true }
+// AcquiresInPhase implements idemdriver.PhaseAcquirer: not on Citus, where
+// the acquisition is a function Citus delegates to the scope's worker as a
+// statement of its own, outside a transaction block.
+func (s *Store) AcquiresInPhase() bool { return !s.q.citus }
 
 // AcquireInPhase implements idemdriver.PhaseAcquirer: BEGIN and the
 // acquisition (queries.acquire) travel in one pipeline, as BEGIN and a

@@ -112,6 +112,14 @@ type Config struct {
 	// it at Postgres directly to keep notifications rather than polling.
 	ListenConfig *pgx.ConnConfig
 
+	// Citus makes the store run its statements for idem's Citus layout
+	// (migrations.Config.Citus: idem_keys and idem_leases distributed by
+	// scope) without asking. By default New asks the database, and uses
+	// them when idem_keys is a Citus distributed table; set Citus when the
+	// database may not answer at start. On Citus, waits poll (see
+	// WaitPolling). Default false.
+	Citus bool
+
 	// Logger receives the store's own logs: a listener that cannot LISTEN
 	// (logged at warn, at most once a minute; waiting requests poll
 	// meanwhile). Default: slog.Default().
@@ -180,6 +188,9 @@ func New(db DB, config *Config) (*Store, error) {
 	}
 	st := &Store{db: db, control: config.ControlDB, q: newQueries(prefix), seal: seal, holder: newHolder(config.Instance)}
 	st.waits = newWaits(st, db, config)
+	if config.Citus {
+		st.useCitus()
+	}
 	if st.control == nil {
 		st.control = db
 		if pool, ok := db.(*pgxpool.Pool); ok {
@@ -244,11 +255,20 @@ func (s *Store) checkSchema(schema, prefix string) error {
 	if version < migrations.Latest() {
 		return fmt.Errorf("%w: the schema is at version %d and this code needs %d; run the migrations (`idem migrate up`)", ErrSchema, version, migrations.Latest())
 	}
-	if version > migrations.Latest() {
-		m, err := migrations.New(s.control, &migrations.Config{Schema: schema})
+	m, err := migrations.New(s.control, &migrations.Config{Schema: schema})
+	if err != nil {
+		return fmt.Errorf("pgstore: %w", err)
+	}
+	if !s.q.citus {
+		distributed, err := m.Distributed(ctx)
 		if err != nil {
-			return fmt.Errorf("pgstore: %w", err)
+			return fmt.Errorf("pgstore: find out whether idem_keys is distributed by Citus: %w", err)
 		}
+		if distributed {
+			s.useCitus()
+		}
+	}
+	if version > migrations.Latest() {
 		if _, err := m.Compatible(ctx); err != nil {
 			return fmt.Errorf("%w: %w", ErrSchema, err)
 		}
@@ -350,8 +370,8 @@ func (s *Store) takeOverIfAbandoned(ctx context.Context, p idemdriver.AcquirePar
 		(rec.Locked(res.DBNow) && !s.holder.resumes(rec)) {
 		return res, nil
 	}
-	taken, err := s.acquisition(ctx, s.db, s.q.takeOver, append([]any{
-		p.Now, rec.ID, p.Flow, rec.Fingerprint, p.Lease.Microseconds(), p.Method, p.Path}, s.holder.args()...)...)
+	taken, err := s.acquisition(ctx, s.db, s.q.takeOver, s.q.scoped(rec.Scope, append([]any{
+		p.Now, rec.ID, p.Flow, rec.Fingerprint, p.Lease.Microseconds(), p.Method, p.Path}, s.holder.args()...)...)...)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows), errors.Is(mapError(err), idemdriver.ErrSerialization):
 		// Another worker took it (or finished it) first; report the row as
@@ -393,7 +413,7 @@ func (s *Store) acquisition(ctx context.Context, db interface {
 func (s *Store) letGo(ctx context.Context, rec *idemdriver.KeyRecord, unlock string, why error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), beginTimeout)
 	defer cancel()
-	_, _ = s.control.Exec(ctx, unlock, rec.ID, rec.Fence, why.Error())
+	_, _ = s.control.Exec(ctx, unlock, s.q.scoped(rec.Scope, rec.ID, rec.Fence, why.Error())...)
 }
 
 // ClaimReconcile implements idemdriver.Store.
@@ -434,7 +454,7 @@ func (s *Store) beginPhase(ctx context.Context, opts idemdriver.PhaseOptions) (*
 // Heartbeat implements idemdriver.Store.
 func (s *Store) Heartbeat(ctx context.Context, ref idemdriver.LockRef, lease time.Duration, now *time.Time) (time.Time, error) {
 	var expires time.Time
-	err := s.control.QueryRow(ctx, s.q.heartbeat, ref.ID, ref.Fence, lease.Microseconds(), now).Scan(&expires)
+	err := s.control.QueryRow(ctx, s.q.heartbeat, s.q.scoped(ref.Scope, ref.ID, ref.Fence, lease.Microseconds(), now)...).Scan(&expires)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return time.Time{}, fmt.Errorf("%w: heartbeat found fence %d of key %d gone", idemdriver.ErrLockLost, ref.Fence, ref.ID)
 	}
@@ -446,22 +466,22 @@ func (s *Store) Heartbeat(ctx context.Context, ref idemdriver.LockRef, lease tim
 
 // Release implements idemdriver.Store.
 func (s *Store) Release(ctx context.Context, ref idemdriver.LockRef, lastError string) error {
-	return s.guarded(ctx, "release", ref, true, s.q.release, ref.ID, ref.Fence, lastError)
+	return s.guarded(ctx, "release", ref, true, s.q.release, s.q.scoped(ref.Scope, ref.ID, ref.Fence, lastError)...)
 }
 
 // MarkForeign implements idemdriver.Store.
 func (s *Store) MarkForeign(ctx context.Context, ref idemdriver.LockRef, phase string) error {
-	return s.guarded(ctx, "mark foreign call", ref, false, s.q.markForeign, ref.ID, ref.Fence, phase)
+	return s.guarded(ctx, "mark foreign call", ref, false, s.q.markForeign, s.q.scoped(ref.Scope, ref.ID, ref.Fence, phase)...)
 }
 
 // ClearForeignMark implements idemdriver.Store.
 func (s *Store) ClearForeignMark(ctx context.Context, ref idemdriver.LockRef) error {
-	return s.guarded(ctx, "clear foreign mark", ref, false, s.q.clearForeignMark, ref.ID, ref.Fence)
+	return s.guarded(ctx, "clear foreign mark", ref, false, s.q.clearForeignMark, s.q.scoped(ref.Scope, ref.ID, ref.Fence)...)
 }
 
 // SetNeedsReconcile implements idemdriver.Store.
 func (s *Store) SetNeedsReconcile(ctx context.Context, ref idemdriver.LockRef, reason string) error {
-	return s.guarded(ctx, "set needs_reconcile", ref, true, s.q.setNeedsReconcile, ref.ID, ref.Fence, reason)
+	return s.guarded(ctx, "set needs_reconcile", ref, true, s.q.setNeedsReconcile, s.q.scoped(ref.Scope, ref.ID, ref.Fence, reason)...)
 }
 
 // guardedAttempts bounds the tries of a guarded statement that meets a
@@ -631,6 +651,9 @@ func (s *Store) ClaimIdle(ctx context.Context, p idemdriver.ClaimIdleParams) ([]
 	case len(p.Flows) == 0:
 		return nil, nil
 	}
+	if s.q.citus {
+		return s.claimIdleCitus(ctx, p)
+	}
 	var recs []*idemdriver.KeyRecord
 	err := selectAll(ctx, s.db, &recs, s.q.claimIdle,
 		p.Now, string(p.Status), p.Flows, p.IdleFor.Microseconds(), p.MaxAttempts, p.Limit, s.holder.instance, s.holder.boot)
@@ -651,6 +674,9 @@ func (s *Store) Reap(ctx context.Context, p idemdriver.ReapParams) (int, error) 
 	if p.Limit <= 0 {
 		return 0, fmt.Errorf("%w: reap: Limit %d must be positive", idemdriver.ErrInvalidRequest, p.Limit)
 	}
+	if s.q.citus {
+		return s.reapCitus(ctx, p)
+	}
 	return s.deleteBatch(ctx, "reap", p.StatementTimeout, s.q.reap, p.Now, p.Limit)
 }
 
@@ -670,6 +696,9 @@ func (s *Store) ReapAbandoned(ctx context.Context, p idemdriver.ReapAbandonedPar
 	flows, ages := make([]string, 0, len(p.FlowAfter)), make([]int64, 0, len(p.FlowAfter))
 	for flow, age := range p.FlowAfter {
 		flows, ages = append(flows, flow), append(ages, micros(age))
+	}
+	if s.q.citus {
+		return s.reapAbandonedCitus(ctx, p, micros(p.After), flows, ages)
 	}
 	var res idemdriver.ReapAbandonedResult
 	err := s.inBatchTx(ctx, "reap abandoned keys", p.StatementTimeout, func(tx pgx.Tx) error {

@@ -461,7 +461,7 @@ func (t *phaseTx) CommitPhase(ctx context.Context, p idemdriver.CommitParams) er
 		_ = t.RollbackPhase(ctx)
 		return err
 	}
-	if sql == t.q.finishPhase && t.opts.IsoLevel != pgx.ReadCommitted && t.opts.IsoLevel != pgx.ReadUncommitted {
+	if sql == t.q.finishPhase && !t.q.citus && t.opts.IsoLevel != pgx.ReadCommitted && t.opts.IsoLevel != pgx.ReadUncommitted {
 		t.notifyAfter = p.Ref.ID
 	}
 	err = t.commitGuarded(ctx, sql, args...)

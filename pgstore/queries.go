@@ -45,6 +45,11 @@ type queries struct {
 
 	unlockKey, claimIdle, reap, reapAbandoned, unfinishedKeys, statementTimeout, idleTimeout, clock string
 	backlog                                                                            string
+
+	// citus says the statements are Citus's (citus.go, useCitus), with the
+	// statements only Citus runs.
+	citus                                      bool
+	claimIdleOne, reapDelete, reapAbandonedOne string
 }
 
 // recordColumns renders the columns of idemdriver.KeyRecord from a progress
@@ -594,10 +599,10 @@ func (q *queries) commitStatement(p idemdriver.CommitParams, bodyKeyID string) (
 		if err != nil {
 			return "", nil, fmt.Errorf("pgstore: encode response header: %w", err)
 		}
-		return q.finishPhase, []any{p.Ref.ID, p.Ref.Fence, json.RawMessage(patch), p.Response.Status, string(headerJSON), body, p.Retention.Microseconds(), p.Now, bodyKeyID,
-			cmp.Or(p.RecoveryPoint, idemdriver.RecoveryPointFinished), p.LastError}, nil
+		return q.finishPhase, q.scoped(p.Ref.Scope, p.Ref.ID, p.Ref.Fence, json.RawMessage(patch), p.Response.Status, string(headerJSON), body, p.Retention.Microseconds(), p.Now, bodyKeyID,
+			cmp.Or(p.RecoveryPoint, idemdriver.RecoveryPointFinished), p.LastError), nil
 	case p.Status == idemdriver.StatusRunning:
-		return q.advancePhase, []any{p.Ref.ID, p.Ref.Fence, p.RecoveryPoint, json.RawMessage(patch), p.Now}, nil
+		return q.advancePhase, q.scoped(p.Ref.Scope, p.Ref.ID, p.Ref.Fence, p.RecoveryPoint, json.RawMessage(patch), p.Now), nil
 	}
 	return "", nil, fmt.Errorf("pgstore: commit phase: status %q (with a response: %t) is neither an advance nor a finish", p.Status, p.Response != nil)
 }
@@ -648,6 +653,10 @@ func (q *queries) listKeys(p idemdriver.ListKeysParams) (string, []any, error) {
 		where = append(where, "true")
 	}
 	args = append(args, p.Limit)
+	join := leaseOf(q.leases)
+	if q.citus {
+		join = citusLeaseOf(q.leases, "k.scope")
+	}
 	sql := fmt.Sprintf(`
 WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
@@ -656,6 +665,6 @@ SELECT c.t AS db_now, %s
 FROM %s k CROSS JOIN clock c %s
 WHERE %s
 ORDER BY k.id DESC
-LIMIT $%d`, recordColumnsOf("k", "l", p.Reveal), q.table, leaseOf(q.leases), strings.Join(where, "\n  AND "), len(args))
+LIMIT $%d`, recordColumnsOf("k", "l", p.Reveal), q.table, join, strings.Join(where, "\n  AND "), len(args))
 	return sql, args, nil
 }

@@ -343,7 +343,17 @@ func (w *waits) check() {
 		}
 		w.mu.Unlock()
 		if len(ids) > 0 {
-			results, err := w.st.checkAllWaited(w.ctx, ids, fences)
+			var results map[int64]waitState
+			var err error
+			if w.st.q.citus {
+				refs := make([]idemdriver.LockRef, 0, len(due))
+				for _, wt := range due {
+					refs = append(refs, wt.ref)
+				}
+				results, err = w.st.checkAllWaitedCitus(w.ctx, refs)
+			} else {
+				results, err = w.st.checkAllWaited(w.ctx, ids, fences)
+			}
 			w.mu.Lock()
 			now = time.Now()
 			for id, wt := range due {
@@ -422,7 +432,7 @@ func (s *Store) checkWaited(ctx context.Context, ref idemdriver.LockRef) (over b
 	sctx, cancel := context.WithTimeout(ctx, beginTimeout)
 	defer cancel()
 	var secs float64
-	if err := s.db.QueryRow(sctx, s.q.waitCheck, ref.ID, ref.Fence).Scan(&over, &secs); err != nil {
+	if err := s.db.QueryRow(sctx, s.q.waitCheck, s.q.scoped(ref.Scope, ref.ID, ref.Fence)...).Scan(&over, &secs); err != nil {
 		return false, 0, err
 	}
 	return over, time.Duration(secs * float64(time.Second)), nil

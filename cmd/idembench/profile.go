@@ -203,7 +203,7 @@ func describeStatement(sql string) string {
 	case strings.HasPrefix(lower, "with guarded"):
 		return "guarded phase update"
 	case strings.HasPrefix(lower, "with clock") && strings.Contains(lower, "inserted as"),
-		strings.Contains(lower, "idem_acquire("), strings.Contains(lower, "idem_acquire_v7("), strings.Contains(lower, "idem_acquire_v8("), strings.Contains(lower, "idem_acquire_v9("):
+		strings.Contains(lower, "idem_acquire("), strings.Contains(lower, "idem_acquire_v7("), strings.Contains(lower, "idem_acquire_v8("), strings.Contains(lower, "idem_acquire_v9("), strings.Contains(lower, "idem_acquire_v11("):
 		return "acquisition"
 	case strings.HasPrefix(lower, "with clock") && strings.Contains(lower, "taken"):
 		return "take-over"

@@ -92,4 +92,39 @@
 // server's password (scram-sha-256) and a database alias per schema whose server connections
 // start with search_path set to it (PgBouncer passes no search_path from its clients). When
 // pgbouncer is not installed, the test is skipped with a loud note in the test output.
+//
+// # A Citus cluster
+//
+// [StartCitus] starts a coordinator and workers (two by default) from the local PostgreSQL
+// binaries, found as above, when the citus extension is installed into them: citus.so in the
+// server's library directory (what the pg_config beside the binaries says is its --pkglibdir,
+// else the bin directory's sibling lib). Each node is a throwaway cluster copied from the cached
+// template, with shared_preload_libraries=citus and synchronous_commit=on (a killed worker keeps
+// what it acknowledged); the nodes start in parallel, each gets CREATE EXTENSION citus, and the
+// coordinator registers itself (citus_set_coordinator_host) and the workers (citus_add_node). All
+// nodes share one password, which they read from a password file private to them to connect to
+// each other.
+//
+//	func TestMain(m *testing.M) { pgtest.Main(m) } // also stops the shared Citus cluster
+//
+//	func TestOnCitus(t *testing.T) {
+//		t.Parallel()
+//		schema := pgtest.NewCitusSchema(t) // a schema of its own on the test binary's cluster
+//		schema.Pool.Exec(ctx, "SELECT create_distributed_table('rides', 'scope')")
+//		...
+//	}
+//
+//	func TestWorkerCrash(t *testing.T) {
+//		cluster := pgtest.NewCitus(t, nil)  // a cluster of its own: it kills a node
+//		w := cluster.Workers()[0]
+//		w.Kill()                           // SIGKILL, no shutdown
+//		w.Restart(ctx)                     // same port, same data directory
+//	}
+//
+// [SharedCitus] is the test binary's cluster, started on first use and shared by the tests,
+// each in a schema of its own ([NewCitusSchema], in the coordinator's postgres database). A test
+// that needs a database of its own asks [Citus.CreateDatabase], which creates it on every node
+// with the extension in it and registers the nodes in it (Citus's metadata is per database). When
+// Citus is not installed, these tests are skipped with a loud note, in the test output and on
+// stderr: "NOTE: Citus not installed (no citus.so in <dir>): Citus tests NOT run".
 package pgtest

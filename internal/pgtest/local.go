@@ -81,8 +81,9 @@ type localCluster struct {
 	dataDir   string
 	socketDir string // private to the cluster's OS user; empty when its path would be too long
 	port      int
-	password  string   // of the postgres role, this cluster's own
+	password  string   // of the postgres role, this cluster's own unless set before fromTemplate
 	settings  []string // passed to postgres as -c name=value
+	extraEnv  []string // added to postgres's environment (a Citus node's PGPASSFILE)
 	copied    bool     // the data directory is a copy of the cached template
 
 	// Set while postgres runs.
@@ -216,12 +217,16 @@ func (c *localCluster) fromTemplate(ctx context.Context) error {
 	return nil
 }
 
-// setPassword gives the postgres role a new random password, in single-user mode, before the
-// server first listens: every connection needs a password (see ensureTemplate), and the template's
-// is known to nobody, so until this runs nobody can connect at all. The password goes to postgres on
-// its standard input, never on a command line, where any local user could read it.
+// setPassword gives the postgres role a new random password (or c.password, when the caller chose
+// one, as a Citus cluster does for all its nodes), in single-user mode, before the server first
+// listens: every connection needs a password (see ensureTemplate), and the template's is known to
+// nobody, so until this runs nobody can connect at all. The password goes to postgres on its
+// standard input, never on a command line, where any local user could read it.
 func (c *localCluster) setPassword(ctx context.Context) error {
-	password := randomHex(16)
+	password := c.password
+	if password == "" {
+		password = randomHex(16)
+	}
 	cmd := exec.CommandContext(ctx, filepath.Join(c.env.binDir, "postgres"), "--single",
 		"-D", c.dataDir, "-F", "-c", "password_encryption=scram-sha-256", "postgres")
 	cmd.Stdin = strings.NewReader("ALTER ROLE postgres PASSWORD " + quoteLiteral(password) + "\n")
@@ -291,6 +296,12 @@ func (c *localCluster) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	return c.runOn(ctx, port)
+}
+
+// runOn starts postgres on port, which a restarted server keeps, and waits until it accepts
+// connections.
+func (c *localCluster) runOn(ctx context.Context, port int) error {
 	c.port = port
 
 	logPath := filepath.Join(c.workDir, "server.log")
@@ -310,7 +321,7 @@ func (c *localCluster) run(ctx context.Context) error {
 	// Not pg_ctl: postgres must be our own child for the parent-death signal to reach it.
 	cmd := exec.Command(filepath.Join(c.env.binDir, "postgres"), args...)
 	cmd.Dir = c.workDir // postgres run as another user must be able to read its working directory
-	cmd.Env = childEnv()
+	cmd.Env = append(childEnv(), c.extraEnv...)
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
 	configureChild(cmd, c.env.account)

@@ -40,6 +40,9 @@ var shared struct {
 // external server is removed by a later run.
 func Main(m *testing.M) {
 	code := m.Run()
+	if err := stopSharedCitus(); err != nil {
+		fmt.Fprintf(os.Stderr, "pgtest: stopping the Citus cluster after the tests: %v\n", err)
+	}
 	if err := stopSharedBouncer(); err != nil {
 		fmt.Fprintf(os.Stderr, "pgtest: stopping pgbouncer after the tests: %v\n", err)
 	}
@@ -129,6 +132,11 @@ func OpenSchema(ctx context.Context) (schema *Schema, drop func() error, err err
 	if err != nil {
 		return nil, nil, err
 	}
+	return openSchemaIn(ctx, dbURL, admin)
+}
+
+// openSchemaIn makes a schema in the database dbURL points at, using admin, a pool to it.
+func openSchemaIn(ctx context.Context, dbURL string, admin *pgxpool.Pool) (schema *Schema, drop func() error, err error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 

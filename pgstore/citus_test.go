@@ -1,0 +1,184 @@
+package pgstore
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/internal/pgtest"
+	"github.com/go-idem/idem/migrations"
+)
+
+// citusStore is a store on a schema of the shared Citus cluster, migrated
+// with the Citus layout (skipped loudly without Citus).
+func citusStore(t *testing.T) (*Store, *pgtest.Schema) {
+	t.Helper()
+	schema := pgtest.NewCitusSchema(t)
+	m, err := migrations.New(schema.Pool, &migrations.Config{Schema: schema.Name, Citus: true})
+	require.NoError(t, err)
+	_, err = m.Up(context.Background())
+	require.NoError(t, err)
+	store, err := New(schema.Pool, &Config{Schema: schema.Name})
+	require.NoError(t, err)
+	t.Cleanup(store.Close)
+	require.True(t, store.Distributed())
+	require.True(t, store.Polling(), "on Citus, waits poll")
+	return store, schema
+}
+
+func citusAcquire(t *testing.T, store *Store, scope, key string, now time.Time) *idemdriver.AcquireResult {
+	t.Helper()
+	res, err := store.Acquire(context.Background(), idemdriver.AcquireParams{Scope: scope, Key: key, Flow: "f", Method: "POST", Path: "/x",
+		Fingerprint: make([]byte, 32), PayloadFingerprint: append([]byte{2}, make([]byte, 32)...), Params: []byte(`{}`),
+		Lease: 90 * time.Second, Now: &now})
+	require.NoError(t, err)
+	return res
+}
+
+// Every statement the store sends for one key is a single task on Citus:
+// EXPLAIN shows Citus's adaptive executor sending one task, to one worker.
+// The acquisition's delegation to the scope's worker shows as a single
+// task too. The three that insert the lease row from a CTE run as several
+// steps, each a single task.
+func TestCitusKeyStatementsAreSingleTasks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store, schema := citusStore(t)
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	rec := citusAcquire(t, store, "user:7", "k", now).Record
+	q := store.q
+	holder := store.holder.args()
+	statements := map[string][]any{
+		"acquire":           {nil, "user:7", "k", "f", "POST", "/x", make([]byte, 32), make([]byte, 33), "{}", int64(1), false, "", "", "", 0, ""},
+		"takeOver":          append(append([]any{nil, rec.ID, "f", rec.Fingerprint, int64(1), "POST", "/x"}, holder...), "user:7"),
+		"claimReconcile":    append([]any{nil, "user:7", "k", int64(1)}, holder...),
+		"advancePhase":      {rec.ID, rec.Fence, "p", `{}`, nil, "user:7"},
+		"finishPhase":       {rec.ID, rec.Fence, `{}`, 201, `{}`, []byte{}, int64(1), nil, "", "finished", "", "user:7"},
+		"heartbeat":         {rec.ID, rec.Fence, int64(1), nil, "user:7"},
+		"release":           {rec.ID, rec.Fence, "e", "user:7"},
+		"setNeedsReconcile": {rec.ID, rec.Fence, "e", "user:7"},
+		"markForeign":       {rec.ID, rec.Fence, "p", "user:7"},
+		"clearForeignMark":  {rec.ID, rec.Fence, "user:7"},
+		"getKey":            {"user:7", "k"},
+		"unlockKey":         {"user:7", "k", "why"},
+		"waitCheck":         {rec.ID, rec.Fence, "user:7"},
+		"claimIdleOne":      {"user:7", rec.ID, rec.Fence, now, now},
+		"reapAbandonedOne":  {"user:7", rec.ID, rec.Fence, now},
+	}
+	sql := map[string]string{
+		"acquire": q.acquire, "takeOver": q.takeOver, "claimReconcile": q.claimReconcile,
+		"advancePhase": q.advancePhase, "finishPhase": q.finishPhase, "heartbeat": q.heartbeat,
+		"release": q.release, "setNeedsReconcile": q.setNeedsReconcile, "markForeign": q.markForeign,
+		"clearForeignMark": q.clearForeignMark, "getKey": q.getKey, "unlockKey": q.unlockKey,
+		"waitCheck": q.waitCheck, "claimIdleOne": q.claimIdleOne, "reapAbandonedOne": q.reapAbandonedOne,
+	}
+	// The statements that move a fence and insert or upsert the lease row
+	// from a CTE (INSERT ... SELECT): Citus plans their CTEs as subplans,
+	// each a single task on the scope's worker, in one distributed
+	// transaction. They run for takeovers, reconcile claims and forced
+	// unlocks, never for a request that finds its key free or held.
+	multiStep := map[string]bool{"takeOver": true, "claimReconcile": true, "unlockKey": true}
+	for name, args := range statements {
+		rows, err := schema.Pool.Query(ctx, "EXPLAIN "+sql[name], args...)
+		require.NoError(t, err, name)
+		var plan []string
+		for rows.Next() {
+			var line string
+			require.NoError(t, rows.Scan(&line))
+			plan = append(plan, line)
+		}
+		require.NoError(t, rows.Err(), name)
+		text := strings.Join(plan, "\n")
+		steps := strings.Count(text, "Task Count:")
+		require.Equal(t, steps, strings.Count(text, "Task Count: 1\n"), "%s sends a step to more than one shard:\n%s", name, text)
+		if multiStep[name] {
+			require.Greater(t, steps, 0, name)
+			t.Logf("%s: %d steps, each a single task on the scope's worker", name, steps)
+			continue
+		}
+		require.Equal(t, 1, steps, "%s runs more than one distributed step (a subplan):\n%s", name, text)
+		t.Logf("%s: a single task", name)
+	}
+}
+
+// The completer's claim on Citus: two stores claiming the same idle keys at
+// once get disjoint sets whose union is every key; and the reaper's: two
+// reapers racing over the same expired keys delete each once.
+func TestCitusRacingClaimersAndReapersShareNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store, schema := citusStore(t)
+	other, err := New(schema.Pool, &Config{Schema: schema.Name})
+	require.NoError(t, err)
+	t.Cleanup(other.Close)
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	const keys = 40
+	for i := range keys {
+		rec := citusAcquire(t, store, fmt.Sprintf("user:%d", i), "k", now).Record
+		require.NoError(t, store.Release(ctx, idemdriver.LockRef{ID: rec.ID, Fence: rec.Fence, Scope: rec.Scope}, "gave up"))
+	}
+	later := now.Add(time.Hour)
+	claim := idemdriver.ClaimIdleParams{Status: idemdriver.StatusRunning, Flows: []string{"f"}, IdleFor: time.Minute, Limit: keys, Now: &later}
+	var wg sync.WaitGroup
+	claimed := make([][]*idemdriver.KeyRecord, 2)
+	for i, s := range []*Store{store, other} {
+		wg.Go(func() {
+			recs, err := s.ClaimIdle(ctx, claim)
+			if err != nil {
+				t.Errorf("claim: %v", err)
+			}
+			claimed[i] = recs
+		})
+	}
+	wg.Wait()
+	seen := map[int64]bool{}
+	for _, recs := range claimed {
+		for _, rec := range recs {
+			require.False(t, seen[rec.ID], "key %d claimed twice", rec.ID)
+			seen[rec.ID] = true
+		}
+	}
+	require.Len(t, seen, keys, "every idle key claimed once")
+	t.Logf("two claimers over %d idle keys: %d and %d claimed, none twice", keys, len(claimed[0]), len(claimed[1]))
+
+	// Finish every key, then let it expire; two reapers race.
+	for i := range keys {
+		rec := citusAcquire(t, store, fmt.Sprintf("user:%d", i), "k", later.Add(time.Hour)).Record
+		if rec.Status != idemdriver.StatusRunning {
+			continue
+		}
+		tx, err := store.BeginPhase(ctx, idemdriver.PhaseOptions{})
+		require.NoError(t, err)
+		require.NoError(t, tx.CommitPhase(ctx, idemdriver.CommitParams{Ref: idemdriver.LockRef{ID: rec.ID, Fence: rec.Fence, Scope: rec.Scope},
+			Status: idemdriver.StatusFinished, Response: &idemdriver.Response{Status: 201}, Retention: time.Minute, Now: &later}))
+	}
+	gone := later.Add(2 * time.Hour)
+	deleted := make([]int, 2)
+	for i, s := range []*Store{store, other} {
+		wg.Go(func() {
+			for {
+				n, err := s.Reap(ctx, idemdriver.ReapParams{Limit: 7, Now: &gone})
+				if err != nil {
+					t.Errorf("reap: %v", err)
+					return
+				}
+				if n == 0 {
+					return
+				}
+				deleted[i] += n
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, keys, deleted[0]+deleted[1], "each expired key deleted once")
+	var left int
+	require.NoError(t, schema.Pool.QueryRow(ctx, `SELECT count(*) FROM idem_keys`).Scan(&left))
+	require.Zero(t, left)
+	t.Logf("two reapers over %d expired keys: %d and %d deleted", keys, deleted[0], deleted[1])
+}
