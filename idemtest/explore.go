@@ -124,12 +124,12 @@ type explorer[In any] struct {
 
 	// From the baseline: the phases it committed, in order, and its foreign
 	// calls by phase.
-	phases   []string
+	phases []string
 	// acquiredWith: the phases a new key is acquired in the transaction of
 	// (idem.Runner.AcquisitionJoins).
 	acquiredWith []string
-	foreign  map[string]foreignCall
-	response *idem.Response
+	foreign      map[string]foreignCall
+	response     *idem.Response
 
 	// From the wire baseline: how many round trips the request made
 	// through the proxy, and how many it had made at each hook point.
