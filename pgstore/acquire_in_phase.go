@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 
 	"github.com/go-idem/idem/idemdriver"
 	"github.com/jackc/pgx/v5"
@@ -51,12 +50,8 @@ func (s *Store) AcquireInPhase(ctx context.Context, p idemdriver.AcquireParams, 
 		return nil, nil, err
 	}
 	res := &idemdriver.AcquireResult{Record: &idemdriver.KeyRecord{}}
-	br, err := t.beginWith(ctx, []*pgx.QueuedQuery{
-		{SQL: s.q.idleTimeout, Arguments: []any{strconv.FormatInt(max(p.Lease.Milliseconds(), 1), 10)}},
-		{SQL: s.q.acquire, Arguments: args}})
-	if err == nil {
-		_, err = br.Exec()
-	}
+	t.idleTimeout = p.Lease
+	br, err := t.beginWith(ctx, []*pgx.QueuedQuery{{SQL: s.q.acquire, Arguments: args}})
 	if err == nil {
 		err = br.QueryRow().Scan(append([]any{&res.Acquired, &res.DBNow}, recordDest(res.Record)...)...)
 		if cerr := br.Close(); err == nil {

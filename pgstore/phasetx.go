@@ -46,6 +46,10 @@ type phaseTx struct {
 	seal *sealer
 	// stmtTimeout bounds each of the phase's own statements (zero: none).
 	stmtTimeout time.Duration
+	// idleTimeout ends the transaction, by ending its session, once it has
+	// sat idle for that long (zero: never): the lease of a key acquired in
+	// it (AcquireInPhase).
+	idleTimeout time.Duration
 	tx          pgx.Tx // the real transaction once begun
 	// notifyAfter is the key whose waiters a finishing commit at
 	// repeatable read or serializable notifies once more after it commits
@@ -61,6 +65,10 @@ type phaseTx struct {
 }
 
 var _ idemdriver.PhaseTx = (*phaseTx)(nil)
+
+// millis is d as a setting's value in milliseconds, at least 1 (0 would
+// mean no timeout).
+func millis(d time.Duration) string { return strconv.FormatInt(max(d.Milliseconds(), 1), 10) }
 
 // beginTimeout bounds the BEGIN sent by the methods that take no context.
 const beginTimeout = 30 * time.Second
@@ -96,8 +104,14 @@ func (t *phaseTx) begin(ctx context.Context) error {
 func (t *phaseTx) beginWith(ctx context.Context, queued []*pgx.QueuedQuery) (pgx.BatchResults, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(t.opts)
-	if t.stmtTimeout > 0 {
-		b.Queue(t.q.statementTimeout, strconv.FormatInt(max(t.stmtTimeout.Milliseconds(), 1), 10))
+	settings := t.stmtTimeout > 0 || t.idleTimeout > 0
+	switch {
+	case t.stmtTimeout > 0 && t.idleTimeout > 0:
+		b.Queue(t.q.timeouts, millis(t.stmtTimeout), millis(t.idleTimeout))
+	case t.stmtTimeout > 0:
+		b.Queue(t.q.statementTimeout, millis(t.stmtTimeout))
+	case t.idleTimeout > 0:
+		b.Queue(t.q.idleTimeout, millis(t.idleTimeout))
 	}
 	b.QueuedQueries = append(b.QueuedQueries, queued...)
 	br := t.conn.SendBatch(ctx, b)
@@ -107,7 +121,7 @@ func (t *phaseTx) beginWith(ctx context.Context, queued []*pgx.QueuedQuery) (pgx
 		return nil, err
 	}
 	t.tx = br.(interface{ Tx() pgx.Tx }).Tx()
-	if t.stmtTimeout > 0 {
+	if settings {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
 			t.failed = err

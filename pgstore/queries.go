@@ -43,7 +43,7 @@ type queries struct {
 	waitMark, waitCheck               string
 	notifyWaiters, waitCheckAll       string
 
-	unlockKey, claimIdle, reap, reapAbandoned, unfinishedKeys, statementTimeout, idleTimeout, clock string
+	unlockKey, claimIdle, reap, reapAbandoned, unfinishedKeys, statementTimeout, idleTimeout, timeouts, clock string
 	backlog                                                                                         string
 
 	// citus says the statements are Citus's (citus.go, useCitus), with the
@@ -552,6 +552,9 @@ ORDER BY 1, 2, 3, 4`)
 	// lease of a key acquired in its first phase's transaction
 	// (AcquireInPhase), which nobody else can see, let alone take over.
 	q.idleTimeout = `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`
+	// timeouts is statementTimeout ($1) and idleTimeout ($2) in one
+	// statement.
+	q.timeouts = `SELECT set_config('statement_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $2, true)`
 
 	q.clock = `SELECT coalesce($1::timestamptz, now()) AS t`
 
