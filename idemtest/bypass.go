@@ -131,26 +131,21 @@ func (b *bypassWatch) note(ctx context.Context, where idem.HookWhere) {
 	default:
 		return
 	}
-	xid, err := nextXID(context.WithoutCancel(ctx), b.x.watchDB())
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if err != nil {
-		b.err = err
-		return
-	}
-	switch where {
-	case idem.HookPhaseStart:
-		if !b.started {
-			b.start, b.started = xid, true
+	b.mark(ctx, func(xid uint32) {
+		switch where {
+		case idem.HookPhaseStart:
+			if !b.started {
+				b.start, b.started = xid, true
+			}
+		case idem.HookBeforeForeign:
+			b.openCall, b.inCall = xid, true
+		case idem.HookAfterForeign:
+			if b.inCall {
+				b.foreign = append(b.foreign, [2]uint32{b.openCall, xid})
+				b.inCall = false
+			}
 		}
-	case idem.HookBeforeForeign:
-		b.openCall, b.inCall = xid, true
-	case idem.HookAfterForeign:
-		if b.inCall {
-			b.foreign = append(b.foreign, [2]uint32{b.openCall, xid})
-			b.inCall = false
-		}
-	}
+	})
 }
 
 // strike records the end mark as the fault strikes, on the worker's
@@ -159,6 +154,12 @@ func (b *bypassWatch) strike(ctx context.Context) {
 	if b == nil {
 		return
 	}
+	b.mark(ctx, func(xid uint32) { b.end, b.ended = xid, true })
+}
+
+// mark reads the next transaction id and hands it to set under b.mu, or
+// keeps the error for check.
+func (b *bypassWatch) mark(ctx context.Context, set func(xid uint32)) {
 	xid, err := nextXID(context.WithoutCancel(ctx), b.x.watchDB())
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -166,7 +167,7 @@ func (b *bypassWatch) strike(ctx context.Context) {
 		b.err = err
 		return
 	}
-	b.end, b.ended = xid, true
+	set(xid)
 }
 
 // check runs once the faulted phase's transaction has ended without
