@@ -209,7 +209,7 @@ func (x *explorer[In]) runBaseline(ctx context.Context) *Scenario {
 
 func (x *explorer[In]) runScenario(ctx context.Context, kind Kind, phase, foreign string) *Scenario {
 	sc := x.newScenario(string(kind)+"@"+phase, kind, phase, kind.describe(phase, foreign))
-	f := &fault{kind: kind, phase: phase, bypass: x.newBypassWatch(kind)}
+	f := &fault{kind: kind, phase: phase, bypass: x.newBypassWatch(kind, phase)}
 	var final *idem.Response
 	if kind == LeaseTakeover {
 		final = x.takeover(ctx, sc, f)

@@ -128,6 +128,7 @@ func (x *explorer[In]) stallCreating(ctx context.Context, sc *scenario, f *fault
 	f.park.resume()
 	r := <-first
 	*firstEnded = &r
+	f.bypass.check(ctx, sc, f.phase) // see bypass.go
 	if r.err == nil || r.out.Kind == idem.OutcomeExecuted {
 		sc.violate("the paused worker ended with %s, want an error: its transaction was ended, and nothing of it may commit", outcomeText(r.out, r.err))
 	}
