@@ -187,7 +187,7 @@ func describeTrip(sqls []string) string {
 
 // transactionSetting matches a set_config of a setting local to the
 // transaction (statement_timeout, idle_in_transaction_session_timeout).
-var transactionSetting = regexp.MustCompile(`(?is)^\s*SELECT\s+set_config\(\s*'[a-z_]+'\s*,\s*\$\d+\s*,\s*true\s*\)\s*$`)
+var transactionSetting = regexp.MustCompile(`(?is)^\s*SELECT\s+set_config\(\s*'[a-z_]+'\s*,\s*\$\d+\s*,\s*true\s*\)(\s*,\s*set_config\(\s*'[a-z_]+'\s*,\s*\$\d+\s*,\s*true\s*\))*\s*$`)
 
 func describeStatement(sql string) string {
 	switch sql {
