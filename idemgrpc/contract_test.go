@@ -610,7 +610,10 @@ func TestWrongResponseIsInternal(t *testing.T) {
 }
 
 // stallingStore is a store whose acquisitions wait until the gate opens:
-// the database is reachable but does not answer.
+// the database is reachable but does not answer. It stalls both shapes of
+// the acquisition's round trip: Acquire, and AcquireInPhase (BEGIN and the
+// acquisition in one pipeline), which the runner calls for a key that may
+// be new (pgstore is an idemdriver.PhaseAcquirer).
 type stallingStore struct {
 	*pgstore.Store
 	gate chan struct{}
@@ -619,6 +622,11 @@ type stallingStore struct {
 func (s *stallingStore) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemdriver.AcquireResult, error) {
 	<-s.gate
 	return s.Store.Acquire(ctx, p)
+}
+
+func (s *stallingStore) AcquireInPhase(ctx context.Context, p idemdriver.AcquireParams, opts idemdriver.PhaseOptions) (*idemdriver.AcquireResult, idemdriver.PhaseTx, error) {
+	<-s.gate
+	return s.Store.AcquireInPhase(ctx, p, opts)
 }
 
 // A store that stalls on a live connection never answers, and nothing in
