@@ -32,8 +32,14 @@ import (
 // commit run on the worker that holds the scope.
 func setupCitus(t *testing.T) *testBundle {
 	t.Helper()
+	return setupCitusOn(t, pgtest.NewCitusSchema(t))
+}
+
+// setupCitusOn is setupCitus in a schema the caller made on a Citus
+// cluster: one of the test's own, for a test that kills a node.
+func setupCitusOn(t *testing.T, schema *pgtest.Schema) *testBundle {
+	t.Helper()
 	ctx := context.Background()
-	schema := pgtest.NewCitusSchema(t)
 	m, err := migrations.New(schema.Pool, &migrations.Config{Schema: schema.Name, Citus: true})
 	require.NoError(t, err)
 	res, err := m.Up(ctx)

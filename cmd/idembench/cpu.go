@@ -90,25 +90,34 @@ func processCPU() time.Duration {
 
 // procCPU is the user and system time of process pid, from /proc.
 func procCPU(pid int) (time.Duration, error) {
+	return procTicks(pid, 2)
+}
+
+// procTicks sums n of the CPU time fields of /proc/<pid>/stat from utime on
+// (utime, stime, cutime, cstime: fields 14 to 17), as a duration.
+func procTicks(pid, n int) (time.Duration, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		return 0, err
 	}
 	// The command name (field 2) is in parentheses and may hold spaces;
-	// utime and stime are fields 14 and 15, the 12th and 13th after it.
+	// utime is field 14, the 12th after it.
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
 		return 0, fmt.Errorf("unexpected /proc/%d/stat", pid)
 	}
 	f := strings.Fields(s[i+1:])
-	if len(f) < 13 {
+	if len(f) < 11+n {
 		return 0, fmt.Errorf("unexpected /proc/%d/stat", pid)
 	}
-	utime, err1 := strconv.ParseInt(f[11], 10, 64)
-	stime, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("unexpected /proc/%d/stat", pid)
+	var ticks int64
+	for _, field := range f[11 : 11+n] {
+		t, err := strconv.ParseInt(field, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("unexpected /proc/%d/stat", pid)
+		}
+		ticks += t
 	}
-	return time.Duration(utime+stime) * time.Second / userHZ, nil
+	return time.Duration(ticks) * time.Second / userHZ, nil
 }

@@ -226,6 +226,13 @@ func TestQuickRun(t *testing.T) {
 		require.Equal(t, 1, strings.Count(report, "| "+name+" | "), "one target row %q", name)
 	}
 	require.Contains(t, report, "| single tx | new key | 3 | 3 | 7 | 2 |", "three round trips, two transactions")
+	require.Contains(t, report, "## 8. Citus: an indication on one box")
+	if strings.Contains(report, "NOTE: Citus not installed") {
+		t.Log("NOTE: Citus not installed: the Citus point NOT tested")
+	} else {
+		require.Contains(t, report, "| concurrency | plain req/s | Citus req/s | Citus / plain |")
+		require.Contains(t, report, "The run's keys on Citus, warm-up included: ")
+	}
 
 	written, err := os.ReadFile(filepath.Join(dir, "perf.md"))
 	require.NoError(t, err)
@@ -517,4 +524,12 @@ func TestDescribeTrip(t *testing.T) {
 	require.Equal(t, "guarded phase update", describeStatement("WITH guarded AS (UPDATE s.idem_keys SET status = 'running') SELECT 1"))
 	require.Equal(t, "SELECT pg_backend_pid()", describeStatement("SELECT pg_backend_pid()"))
 	require.Equal(t, "DELETE idem_keys", describeStatement("DELETE FROM s.idem_keys WHERE id = $1"))
+}
+
+// Without Citus the section says so, loudly, instead of a table.
+func TestCitusSectionWithoutCitus(t *testing.T) {
+	out := renderCitus(&citusReport{Note: "NOTE: Citus not installed (no citus.so in /x/lib): the Citus point NOT measured"}, 2)
+	require.Contains(t, out, "## 8. Citus: an indication on one box")
+	require.Contains(t, out, "**NOTE: Citus not installed (no citus.so in /x/lib): the Citus point NOT measured.**")
+	require.NotContains(t, out, "| concurrency |")
 }

@@ -19,7 +19,11 @@
 //     rising);
 //  7. where the time goes: server CPU (the backend's schedstat) and wall time
 //     per round trip of each path, and client CPU per request, one request
-//     at a time on one traced connection.
+//     at a time on one traced connection;
+//  8. Citus: the three-phase flow with keys spread over the workers of a
+//     Citus cluster the run starts (a coordinator and two workers on this
+//     machine) against the plain server, when Citus is installed: an
+//     indication on one box.
 //
 // It prints a markdown report with the targets met or missed, and writes a
 // PNG plot of throughput and latency against client concurrency.
@@ -86,7 +90,7 @@ type options struct {
 	ProfileWarmup int
 }
 
-var allSections = []string{"load", "roundtrips", "storm", "scale", "profile"}
+var allSections = []string{"load", "roundtrips", "storm", "scale", "profile", "citus"}
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("idembench", flag.ContinueOnError)
@@ -97,7 +101,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.Warmup, "warmup", 300*time.Millisecond, "unmeasured warm-up before each round of each point")
 	fs.IntVar(&o.Rounds, "rounds", 2, "rounds per point; workloads alternate order each round")
 	fs.StringVar(&conc, "concurrency", "1,4,16,64", "client concurrencies, comma-separated")
-	fs.StringVar(&sections, "sections", strings.Join(allSections, ","), "sections to run: load (overhead, replay, commit ceiling), roundtrips, storm, scale, profile (server and client CPU per round trip)")
+	fs.StringVar(&sections, "sections", strings.Join(allSections, ","), "sections to run: load (overhead, replay, commit ceiling), roundtrips, storm, scale, profile (server and client CPU per round trip), citus (the flow on a Citus cluster against the plain server, on this machine)")
 	fs.StringVar(&workloads, "workloads", strings.Join(allWorkloads, ","), "load workloads to run (for profiling one alone); the report and plot need them all")
 	fs.StringVar(&o.Plot, "plot", "docs/performance.png", "where to write the PNG plot (empty: none)")
 	fs.StringVar(&o.Out, "out", "", "also write the markdown report to this file")
@@ -232,6 +236,7 @@ type results struct {
 	Storm      *stormReport
 	Scale      *scaleReport
 	Profile    *profileReport
+	Citus      *citusReport
 }
 
 // loadPoint is the side-by-side measurement at one concurrency.
@@ -308,6 +313,12 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 		logf("idembench: profile: %d requests per path, one at a time on one traced connection", o.ProfileN)
 		if res.Profile, err = measureProfile(ctx, e, o.ProfileN, o.ProfileWarmup); err != nil {
 			return fmt.Errorf("profile: %w", err)
+		}
+	}
+	if o.Sections["citus"] {
+		logf("idembench: citus: the flow on a coordinator and two workers against the plain server")
+		if res.Citus, err = measureCitus(ctx, e, o, logf); err != nil {
+			return fmt.Errorf("citus: %w", err)
 		}
 	}
 	res.Took = time.Since(res.Started)

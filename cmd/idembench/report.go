@@ -124,7 +124,7 @@ func renderReport(res *results) string {
 			}
 		}
 		p("\n")
-		res = &results{Opts: o, RoundTrips: res.RoundTrips, Storm: res.Storm, Scale: res.Scale, Profile: res.Profile}
+		res = &results{Opts: o, RoundTrips: res.RoundTrips, Storm: res.Storm, Scale: res.Scale, Profile: res.Profile, Citus: res.Citus, Server: res.Server}
 		ref = nil
 	}
 
@@ -359,6 +359,9 @@ func renderReport(res *results) string {
 
 	if pr := res.Profile; pr != nil {
 		p("%s", renderProfile(pr))
+	}
+	if res.Citus != nil {
+		p("%s", renderCitus(res.Citus, res.Server.Cores))
 	}
 
 	if len(targets) > 0 {

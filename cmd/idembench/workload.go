@@ -82,15 +82,33 @@ const (
 )
 
 func newRidesFlow(j joins) *idem.Flow[rideInput] {
-	insertRide, chargeRide, insertJob := insertRideSQL("runner"), chargeRideSQL("runner"), insertJobSQL("runner")
 	name := map[joins]string{joinNone: flowName, joinReceipt: flowName + ".joined", joinAll: flowName + ".onetx"}[j]
+	return ridesFlow(name, j, rideStatements{insertRide: insertRideSQL("runner"), chargeRide: chargeRideSQL("runner"), insertJob: insertJobSQL("runner")})
+}
+
+// rideStatements are a rides flow's business statements. Scoped ones take
+// the key's scope as their first argument ($1), ahead of the others.
+type rideStatements struct {
+	insertRide, chargeRide, insertJob string
+	scoped                            bool
+}
+
+// args are a statement's arguments, the key's scope first when scoped.
+func (st rideStatements) args(run *idem.Attempt[rideInput], args ...any) []any {
+	if st.scoped {
+		return append([]any{run.Key().Scope}, args...)
+	}
+	return args
+}
+
+func ridesFlow(name string, j joins, st rideStatements) *idem.Flow[rideInput] {
 	return idem.MustNewFlow(name, []idem.Phase[rideInput]{
 		{
 			Name: "ride_created",
 			Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) (idem.Result, error) {
 				in := run.Input()
 				var rideID int64
-				if err := tx.QueryRow(ctx, insertRide, run.Key().ID, in.UserID, in.Origin, in.Amount).Scan(&rideID); err != nil {
+				if err := tx.QueryRow(ctx, st.insertRide, st.args(run, run.Key().ID, in.UserID, in.Origin, in.Amount)...).Scan(&rideID); err != nil {
 					return idem.Result{}, fmt.Errorf("insert ride: %w", err)
 				}
 				return idem.Advance(), run.SetCheckpoint("ride_id", rideID)
@@ -111,7 +129,7 @@ func newRidesFlow(j joins) *idem.Flow[rideInput] {
 				}); err != nil {
 					return idem.Result{}, err
 				}
-				if _, err := tx.Exec(ctx, chargeRide, chargeID, rideID); err != nil {
+				if _, err := tx.Exec(ctx, st.chargeRide, st.args(run, chargeID, rideID)...); err != nil {
 					return idem.Result{}, fmt.Errorf("record charge: %w", err)
 				}
 				return idem.Advance(), run.SetCheckpoint("charge_id", chargeID)
@@ -129,7 +147,7 @@ func newRidesFlow(j joins) *idem.Flow[rideInput] {
 				if _, err := run.Checkpoint("charge_id", &chargeID); err != nil {
 					return idem.Result{}, err
 				}
-				if _, err := tx.Exec(ctx, insertJob, rideID, jobArgs(rideID)); err != nil {
+				if _, err := tx.Exec(ctx, st.insertJob, st.args(run, rideID, jobArgs(rideID))...); err != nil {
 					return idem.Result{}, fmt.Errorf("enqueue receipt: %w", err)
 				}
 				return idem.RespondJSON(http.StatusCreated, rideResponse{RideID: rideID, ChargeID: chargeID, Amount: run.Input().Amount}), nil
