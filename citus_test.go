@@ -295,3 +295,32 @@ func TestCitusMaintenance(t *testing.T) {
 	require.Equal(t, 2, b.countRows(t, "rides"), "business rows outlive their keys")
 	t.Logf("completer: %+v; reaper: %+v", res, reaped)
 }
+
+// Reconcile runs on Citus (the reconcile claim's several single-task steps,
+// the per-key claims of idle needs_reconcile keys) resolve each key once.
+// The flow's messages table is a reference table, a copy on every node, so
+// each phase commits on every node with two-phase commit: the guard still
+// decides, on the key's worker.
+func TestCitusReconcileAllResolvesIdleKeys(t *testing.T) {
+	t.Parallel()
+	b := setupSMSOn(t, setupCitus(t))
+	ctx := context.Background()
+	_, err := b.pool.Exec(ctx, `SELECT create_reference_table('messages')`)
+	require.NoError(t, err)
+	r := b.runner(t, nil)
+	keys := []string{"k1", "k2", "k3"}
+	for _, key := range keys {
+		b.gateway.lose = true // the send fails before reaching the gateway
+		_, err := r.Execute(ctx, b.flow, b.req(key))
+		require.ErrorIs(t, err, idem.ErrNeedsReconcile)
+	}
+	b.clock.Advance(2 * time.Minute)
+	res, err := r.ReconcileAll(ctx, &idem.ReconcileConfig{IdleFor: time.Minute, BatchSize: 2})
+	require.NoError(t, err)
+	require.Equal(t, &idem.ReconcileResult{Claimed: 3, Resolved: 3}, res)
+	for _, key := range keys {
+		require.Equal(t, idem.StatusFinished, b.key(t, key).Status, key)
+		require.Equal(t, 1, b.gateway.times(b.ref(t, key)), key)
+	}
+	t.Logf("reconcile: %+v", res)
+}

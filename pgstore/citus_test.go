@@ -182,3 +182,41 @@ func TestCitusRacingClaimersAndReapersShareNothing(t *testing.T) {
 	require.Zero(t, left)
 	t.Logf("two reapers over %d expired keys: %d and %d deleted", keys, deleted[0], deleted[1])
 }
+
+// Two stores claim the same needs_reconcile key for a reconcile run at
+// once, eight times over: exactly one gets it each time, with a new fence.
+func TestCitusRacingReconcileClaimsOneWins(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store, schema := citusStore(t)
+	other, err := New(schema.Pool, &Config{Schema: schema.Name})
+	require.NoError(t, err)
+	t.Cleanup(other.Close)
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	for i := range 8 {
+		scope := fmt.Sprintf("user:%d", i)
+		rec := citusAcquire(t, store, scope, "k", now).Record
+		require.NoError(t, store.SetNeedsReconcile(ctx, idemdriver.LockRef{ID: rec.ID, Fence: rec.Fence, Scope: scope}, "in doubt"))
+		var wg sync.WaitGroup
+		results := make([]*idemdriver.AcquireResult, 2)
+		for j, s := range []*Store{store, other} {
+			wg.Go(func() {
+				res, err := s.ClaimReconcile(ctx, idemdriver.ClaimParams{Scope: scope, Key: "k", Lease: time.Minute, Now: &now})
+				if err != nil {
+					t.Errorf("claim: %v", err)
+					return
+				}
+				results[j] = res
+			})
+		}
+		wg.Wait()
+		won := 0
+		for _, res := range results {
+			if res != nil && res.Acquired == idemdriver.AcquiredTakenOver {
+				won++
+				require.Equal(t, rec.Fence+1, res.Record.Fence)
+			}
+		}
+		require.Equal(t, 1, won, "claims of %s: exactly one wins", scope)
+	}
+}

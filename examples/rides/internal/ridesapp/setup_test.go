@@ -55,6 +55,8 @@ type testBundle struct {
 	proxy *idemtest.FaultProxy
 
 	goodUserID, badUserID int64
+	// citus: the app runs on Citus (options.citus).
+	citus bool
 }
 
 type options struct {
@@ -66,6 +68,9 @@ type options struct {
 	// the database, and bounds the runner's statements by statementTimeout.
 	proxied          bool
 	statementTimeout time.Duration
+	// citus runs the app on the test binary's Citus cluster, its tables
+	// laid out by MigrateCitus (skipped loudly without Citus).
+	citus bool
 }
 
 func setup(t *testing.T, opts *options) *testBundle {
@@ -74,8 +79,14 @@ func setup(t *testing.T, opts *options) *testBundle {
 		opts = &options{}
 	}
 	ctx := context.Background()
-	schema := pgtest.NewSchema(t)
-	require.NoError(t, ridesapp.Migrate(ctx, schema.Pool, schema.Name, testLogger))
+	var schema *pgtest.Schema
+	if opts.citus {
+		schema = pgtest.NewCitusSchema(t)
+		require.NoError(t, ridesapp.MigrateCitus(ctx, schema.Pool, schema.Name, testLogger))
+	} else {
+		schema = pgtest.NewSchema(t)
+		require.NoError(t, ridesapp.Migrate(ctx, schema.Pool, schema.Name, testLogger))
+	}
 	require.NoError(t, ridesapp.Seed(ctx, schema.Pool, schema.Name))
 
 	fakepayConfig := fakepay.Config{}
@@ -94,6 +105,7 @@ func setup(t *testing.T, opts *options) *testBundle {
 		provider: provider,
 		ledger:   &fakepay.Client{BaseURL: providerServer.URL},
 		clock:    idemtest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)),
+		citus:    opts.citus,
 	}
 	b.payments = &payments{inner: b.ledger}
 	appPool := schema.Pool
