@@ -324,3 +324,25 @@ func TestCitusReconcileAllResolvesIdleKeys(t *testing.T) {
 	}
 	t.Logf("reconcile: %+v", res)
 }
+
+// A request that waits for its key in flight (Request.Wait) on Citus is
+// woken by the store's polling, the notify triggers being gone there, and
+// gets the stored response.
+func TestCitusWaitPolls(t *testing.T) {
+	t.Parallel()
+	b := setupWaitOn(t, setupCitus(t), nil)
+	first := b.execute("k-1", 0)
+	<-b.entered
+	waiter := b.execute("k-1", time.Minute)
+	<-b.inProgress
+	b.open()
+	one, two := <-first, <-waiter
+	require.NoError(t, one.err)
+	require.NoError(t, two.err)
+	require.Equal(t, idem.OutcomeReplayed, two.out.Kind)
+	require.Equal(t, one.out.Response.Body, two.out.Response.Body)
+	require.Positive(t, two.out.Waited)
+	require.True(t, b.store.Polling(), "on Citus the store polls")
+	require.Zero(t, b.store.Notifications())
+	require.Equal(t, 1, b.provider.Charges())
+}
