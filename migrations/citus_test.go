@@ -42,6 +42,15 @@ func TestCitusUpDistributesOnceAndDownRefuses(t *testing.T) {
 		WHERE logicalrelid IN ($1::regclass, $2::regclass)`, schema.Name+".idem_keys", schema.Name+".idem_leases").Scan(&colocated))
 	require.True(t, colocated, "idem_keys and idem_leases are co-located")
 
+	// Every shard of idem_keys keeps the table's fillfactor, which leaves
+	// room for the HOT updates of phase commits.
+	var shards, withFillfactor int
+	require.NoError(t, schema.Pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE result = '{fillfactor=80}')
+		FROM run_command_on_shards($1, $$SELECT reloptions FROM pg_class WHERE oid = '%s'::regclass$$)`,
+		schema.Name+".idem_keys").Scan(&shards, &withFillfactor))
+	require.Positive(t, shards)
+	require.Equal(t, shards, withFillfactor)
+
 	again, err := m.Up(ctx)
 	require.NoError(t, err)
 	require.False(t, again.Distributed, "distributed once")

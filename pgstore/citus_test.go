@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem/idemdriver"
@@ -219,4 +220,30 @@ func TestCitusRacingReconcileClaimsOneWins(t *testing.T) {
 		}
 		require.Equal(t, 1, won, "claims of %s: exactly one wins", scope)
 	}
+}
+
+// A batch's statement timeout (set_config('statement_timeout', ..., true)
+// in its transaction on the coordinator) also ends the batch's work on the
+// workers: a statement sleeping there is cancelled with it, not left to run.
+func TestCitusBatchStatementTimeoutReachesTheWorkers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store, schema := citusStore(t)
+	citusAcquire(t, store, "user:1", "k", time.Now())
+	err := store.inBatchTx(ctx, "sleep", 200*time.Millisecond, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `SELECT pg_sleep(600) FROM idem_keys`)
+		return err
+	})
+	require.Error(t, err)
+	require.True(t, statementTimedOut(err), "%v", err)
+	// Had the worker's part not been cancelled, it would sleep for ten
+	// minutes.
+	sleeping := func() bool {
+		var n int
+		require.NoError(t, schema.Pool.QueryRow(ctx, `SELECT coalesce(sum(result::int), 0) FROM run_command_on_workers(
+			format('SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND wait_event = %L AND query LIKE %L',
+			       'PgSleep', '%' || $1 || '.idem_keys%'))`, schema.Name).Scan(&n))
+		return n > 0
+	}
+	require.Eventually(t, func() bool { return !sleeping() }, time.Minute, 50*time.Millisecond, "a worker still runs the timed-out statement")
 }
