@@ -234,9 +234,22 @@ func TestCitusDuplicateStorm(t *testing.T) {
 	}
 	require.Equal(t, scopes+1, b.countRows(t, "rides"), "one ride per key")
 	require.Equal(t, scopes+1, b.provider.Charges(), "one charge per key: 0 double executions")
+	// The keys' scopes first, then, on the coordinator alone, the nodes of
+	// their shards: a statement joining idem_keys with Citus's catalog may
+	// run the lookup on a worker, which knows no search_path of the test's.
+	var scopeNames []string
+	rows, err := b.pool.Query(ctx, `SELECT DISTINCT scope FROM idem_keys`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var scope string
+		require.NoError(t, rows.Scan(&scope))
+		scopeNames = append(scopeNames, scope)
+	}
+	require.NoError(t, rows.Err())
 	var nodes int
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(DISTINCT s.nodeport) FROM idem_keys k
-		JOIN citus_shards s ON s.shardid = get_shard_id_for_distribution_column('idem_keys', k.scope)`).Scan(&nodes))
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(DISTINCT nodeport) FROM citus_shards
+		WHERE shardid IN (SELECT get_shard_id_for_distribution_column($1, s) FROM unnest($2::text[]) s)`,
+		b.schema.Name+".idem_keys", scopeNames).Scan(&nodes))
 	require.Equal(t, 2, nodes, "the scopes' keys live on both workers")
 	t.Logf("%d scopes over %d workers, each sent twice at once: %d rides, %d charges", scopes, nodes, b.countRows(t, "rides"), b.provider.Charges())
 }
@@ -294,4 +307,55 @@ func TestCitusMaintenance(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrNotFound)
 	require.Equal(t, 2, b.countRows(t, "rides"), "business rows outlive their keys")
 	t.Logf("completer: %+v; reaper: %+v", res, reaped)
+}
+
+// Reconcile runs on Citus (the reconcile claim's several single-task steps,
+// the per-key claims of idle needs_reconcile keys) resolve each key once.
+// The flow's messages table is a reference table, a copy on every node, so
+// each phase commits on every node with two-phase commit: the guard still
+// decides, on the key's worker.
+func TestCitusReconcileAllResolvesIdleKeys(t *testing.T) {
+	t.Parallel()
+	b := setupSMSOn(t, setupCitus(t))
+	ctx := context.Background()
+	_, err := b.pool.Exec(ctx, `SELECT create_reference_table('messages')`)
+	require.NoError(t, err)
+	r := b.runner(t, nil)
+	keys := []string{"k1", "k2", "k3"}
+	for _, key := range keys {
+		b.gateway.lose = true // the send fails before reaching the gateway
+		_, err := r.Execute(ctx, b.flow, b.req(key))
+		require.ErrorIs(t, err, idem.ErrNeedsReconcile)
+	}
+	b.clock.Advance(2 * time.Minute)
+	res, err := r.ReconcileAll(ctx, &idem.ReconcileConfig{IdleFor: time.Minute, BatchSize: 2})
+	require.NoError(t, err)
+	require.Equal(t, &idem.ReconcileResult{Claimed: 3, Resolved: 3}, res)
+	for _, key := range keys {
+		require.Equal(t, idem.StatusFinished, b.key(t, key).Status, key)
+		require.Equal(t, 1, b.gateway.times(b.ref(t, key)), key)
+	}
+	t.Logf("reconcile: %+v", res)
+}
+
+// A request that waits for its key in flight (Request.Wait) on Citus is
+// woken by the store's polling, the notify triggers being gone there, and
+// gets the stored response.
+func TestCitusWaitPolls(t *testing.T) {
+	t.Parallel()
+	b := setupWaitOn(t, setupCitus(t), nil)
+	first := b.execute("k-1", 0)
+	<-b.entered
+	waiter := b.execute("k-1", time.Minute)
+	<-b.inProgress
+	b.open()
+	one, two := <-first, <-waiter
+	require.NoError(t, one.err)
+	require.NoError(t, two.err)
+	require.Equal(t, idem.OutcomeReplayed, two.out.Kind)
+	require.Equal(t, one.out.Response.Body, two.out.Response.Body)
+	require.Positive(t, two.out.Waited)
+	require.True(t, b.store.Polling(), "on Citus the store polls")
+	require.Zero(t, b.store.Notifications())
+	require.Equal(t, 1, b.provider.Charges())
 }

@@ -42,3 +42,24 @@ func TestMigrateDownBelowVersionOneNeedsYes(t *testing.T) {
 	require.Equal(t, "reverted 0001: the schema went from version 1 to 0\n", stdout)
 	require.False(t, tableExists(t, schema))
 }
+
+// migrate up --citus distributes idem's tables on a Citus coordinator (the
+// schema through the URL's search_path), once; migrate down refuses there.
+func TestMigrateUpCitus(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.NewCitusSchema(t)
+	stdout, stderr, code := runDB(t, schema, nil, "migrate", "up", "--citus")
+	require.Equal(t, ExitOK, code, stderr)
+	require.Contains(t, stdout, "idem's tables are now distributed by scope (Citus)")
+	stdout, stderr, code = runDB(t, schema, nil, "migrate", "up", "--citus")
+	require.Equal(t, ExitOK, code, stderr)
+	require.NotContains(t, stdout, "distributed")
+
+	_, stderr, code = runDB(t, schema, nil, "migrate", "down")
+	require.NotEqual(t, ExitOK, code)
+	require.Contains(t, stderr, "distributed by Citus")
+	require.True(t, tableExists(t, schema))
+
+	_, stderr, code = runDB(t, schema, nil, "keys", "list", "--all-scopes")
+	require.Equal(t, ExitOK, code, stderr)
+}

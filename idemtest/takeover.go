@@ -136,13 +136,23 @@ func (x *explorer[In]) stallCreating(ctx context.Context, sc *scenario, f *fault
 }
 
 // blockedBy reports whether any backend waits for a lock that backend pid
-// holds.
+// holds. On Citus the locks of a transaction are taken on the workers,
+// which the coordinator's pg_locks does not show: there it asks
+// citus_lock_waits, which names backends by global pid (the coordinator's
+// node id and the pid).
 func (x *explorer[In]) blockedBy(ctx context.Context, pid uint32) (bool, error) {
 	if pid == 0 {
 		return false, nil
 	}
-	var blocked bool
-	err := x.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND $1::int = ANY (pg_blocking_pids(pid)))`, int64(pid)).Scan(&blocked)
+	var blocked, citus bool
+	err := x.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND $1::int = ANY (pg_blocking_pids(pid))),
+		EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`, int64(pid)).Scan(&blocked, &citus)
+	if err != nil || blocked || !citus {
+		return blocked, err
+	}
+	err = x.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM citus_lock_waits
+		WHERE blocking_gpid = citus_calculate_gpid((SELECT nodeid FROM pg_dist_node WHERE groupid = 0 LIMIT 1), $1::int))`,
+		int64(pid)).Scan(&blocked)
 	return blocked, err
 }
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem/idemdriver"
@@ -181,4 +182,68 @@ func TestCitusRacingClaimersAndReapersShareNothing(t *testing.T) {
 	require.NoError(t, schema.Pool.QueryRow(ctx, `SELECT count(*) FROM idem_keys`).Scan(&left))
 	require.Zero(t, left)
 	t.Logf("two reapers over %d expired keys: %d and %d deleted", keys, deleted[0], deleted[1])
+}
+
+// Two stores claim the same needs_reconcile key for a reconcile run at
+// once, eight times over: exactly one gets it each time, with a new fence.
+func TestCitusRacingReconcileClaimsOneWins(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store, schema := citusStore(t)
+	other, err := New(schema.Pool, &Config{Schema: schema.Name})
+	require.NoError(t, err)
+	t.Cleanup(other.Close)
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	for i := range 8 {
+		scope := fmt.Sprintf("user:%d", i)
+		rec := citusAcquire(t, store, scope, "k", now).Record
+		require.NoError(t, store.SetNeedsReconcile(ctx, idemdriver.LockRef{ID: rec.ID, Fence: rec.Fence, Scope: scope}, "in doubt"))
+		var wg sync.WaitGroup
+		results := make([]*idemdriver.AcquireResult, 2)
+		for j, s := range []*Store{store, other} {
+			wg.Go(func() {
+				res, err := s.ClaimReconcile(ctx, idemdriver.ClaimParams{Scope: scope, Key: "k", Lease: time.Minute, Now: &now})
+				if err != nil {
+					t.Errorf("claim: %v", err)
+					return
+				}
+				results[j] = res
+			})
+		}
+		wg.Wait()
+		won := 0
+		for _, res := range results {
+			if res != nil && res.Acquired == idemdriver.AcquiredTakenOver {
+				won++
+				require.Equal(t, rec.Fence+1, res.Record.Fence)
+			}
+		}
+		require.Equal(t, 1, won, "claims of %s: exactly one wins", scope)
+	}
+}
+
+// A batch's statement timeout (set_config('statement_timeout', ..., true)
+// in its transaction on the coordinator) also ends the batch's work on the
+// workers: a statement sleeping there is cancelled with it, not left to run.
+func TestCitusBatchStatementTimeoutReachesTheWorkers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store, schema := citusStore(t)
+	citusAcquire(t, store, "user:1", "k", time.Now())
+	err := store.inBatchTx(ctx, "sleep", 200*time.Millisecond, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `SELECT pg_sleep(600) FROM idem_keys`)
+		return err
+	})
+	require.Error(t, err)
+	require.True(t, statementTimedOut(err), "%v", err)
+	// Had the worker's part not been cancelled, it would sleep for ten
+	// minutes.
+	sleeping := func() bool {
+		var n int
+		require.NoError(t, schema.Pool.QueryRow(ctx, `SELECT coalesce(sum(result::int), 0) FROM run_command_on_workers(
+			format('SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND wait_event = %L AND query LIKE %L',
+			       'PgSleep', '%' || $1 || '.idem_keys%'))`, schema.Name).Scan(&n))
+		return n > 0
+	}
+	require.Eventually(t, func() bool { return !sleeping() }, time.Minute, 50*time.Millisecond, "a worker still runs the timed-out statement")
 }

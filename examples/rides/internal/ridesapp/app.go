@@ -90,6 +90,10 @@ type App struct {
 	minKeyLength    int
 	logger          *slog.Logger
 	work            bool
+	// citus says idem's tables are distributed by scope (MigrateCitus):
+	// the flow's statements then name the key's scope, rides' and
+	// audit_records' distribution column, so they run on the key's worker.
+	citus bool
 
 	store   *pgstore.Store
 	river   *river.Client[pgx.Tx]
@@ -137,6 +141,7 @@ func New(cfg *Config) (*App, error) {
 	if a.store, err = pgstore.New(cfg.Pool, &pgstore.Config{Schema: cfg.Schema}); err != nil {
 		return nil, fmt.Errorf("rides: %w", err)
 	}
+	a.citus = a.store.Distributed()
 
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &ReceiptWorker{pool: cfg.Pool, prefix: prefix, logger: a.logger})

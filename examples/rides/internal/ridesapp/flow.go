@@ -127,10 +127,10 @@ func (a *App) createRide(ctx context.Context, tx idem.Tx, run *idem.Attempt[Ride
 	// creates (see ChargeDescription).
 	var rideID int64
 	err := tx.QueryRow(ctx, `INSERT INTO `+a.prefix+`rides
-		(idempotency_key_id, user_id, origin_lat, origin_lon, target_lat, target_lon, charge_reference)
-		VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id`,
-		run.Key().ID, in.UserID, *in.OriginLat, *in.OriginLon, *in.TargetLat, *in.TargetLon,
-		run.Key().DownstreamKey(PhaseChargeCreated)).Scan(&rideID)
+		(idempotency_key_id, user_id, origin_lat, origin_lon, target_lat, target_lon, charge_reference`+a.scopeColumn()+`)
+		VALUES ($1, $2, $3, $4, $5, $6, $7`+a.scopeValue(8)+`) RETURNING id`,
+		a.scoped(run, run.Key().ID, in.UserID, *in.OriginLat, *in.OriginLon, *in.TargetLat, *in.TargetLon,
+			run.Key().DownstreamKey(PhaseChargeCreated))...).Scan(&rideID)
 	if err != nil {
 		return idem.Result{}, fmt.Errorf("rides: insert ride: %w", err)
 	}
@@ -147,9 +147,9 @@ func (a *App) createRide(ctx context.Context, tx idem.Tx, run *idem.Attempt[Ride
 		originIP = &ip
 	}
 	_, err = tx.Exec(ctx, `INSERT INTO `+a.prefix+`audit_records
-		(action, data, origin_ip, resource_id, resource_type, user_id)
-		VALUES ($1, $2::jsonb, $3::inet, $4, 'ride', $5)`,
-		AuditActionRideCreated, string(data), originIP, rideID, in.UserID)
+		(action, data, origin_ip, resource_id, resource_type, user_id`+a.scopeColumn()+`)
+		VALUES ($1, $2::jsonb, $3::inet, $4, 'ride', $5`+a.scopeValue(6)+`)`,
+		a.scoped(run, AuditActionRideCreated, string(data), originIP, rideID, in.UserID)...)
 	if err != nil {
 		return idem.Result{}, fmt.Errorf("rides: insert audit record: %w", err)
 	}
@@ -174,11 +174,12 @@ type rideOfKey struct {
 	ChargeReference *string
 }
 
-func (a *App) loadRide(ctx context.Context, tx idem.Tx, keyID int64, phase string) (*rideOfKey, error) {
+func (a *App) loadRide(ctx context.Context, tx idem.Tx, run *idem.Attempt[RideParams]) (*rideOfKey, error) {
+	keyID, phase := run.Key().ID, run.Phase()
 	var r rideOfKey
 	err := tx.QueryRow(ctx, `SELECT r.id, r.user_id, u.email, u.customer_id, r.charge_id, r.charge_reference
 		FROM `+a.prefix+`rides r JOIN `+a.prefix+`users u ON u.id = r.user_id
-		WHERE r.idempotency_key_id = $1`, keyID).Scan(&r.ID, &r.UserID, &r.Email, &r.CustomerID, &r.ChargeID, &r.ChargeReference)
+		WHERE r.idempotency_key_id = $1`+a.scopeCondition("r.", 2), a.scoped(run, keyID)...).Scan(&r.ID, &r.UserID, &r.Email, &r.CustomerID, &r.ChargeID, &r.ChargeReference)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// ride_created committed the ride with the recovery point, so this is
 		// a bug (or a hand-edited key), not a condition to retry.
@@ -208,7 +209,7 @@ func (a *App) loadRide(ctx context.Context, tx idem.Tx, keyID int64, phase strin
 // parameters sent under a key (Stripe does; so does fakepay) would refuse the
 // retry instead of returning the first charge.
 func (a *App) chargeRide(ctx context.Context, tx idem.Tx, run *idem.Attempt[RideParams]) (idem.Result, error) {
-	ride, err := a.loadRide(ctx, tx, run.Key().ID, run.Phase())
+	ride, err := a.loadRide(ctx, tx, run)
 	if err != nil {
 		return idem.Result{}, err
 	}
@@ -235,7 +236,7 @@ func (a *App) chargeRide(ctx context.Context, tx idem.Tx, run *idem.Attempt[Ride
 	case errors.As(err, &cardErr):
 		// A decline is an answer, not a failure: store it, so every retry
 		// gets the same 402 and nobody is charged.
-		if err := a.setPaymentStatus(ctx, tx, ride.ID, "declined"); err != nil {
+		if err := a.setPaymentStatus(ctx, tx, run, ride.ID, "declined"); err != nil {
 			return idem.Result{}, err
 		}
 		return respondProblem(http.StatusPaymentRequired, ProblemCardDeclined, "Card declined",
@@ -243,7 +244,7 @@ func (a *App) chargeRide(ctx context.Context, tx idem.Tx, run *idem.Attempt[Ride
 	case err != nil && fakepay.IsPermanent(err):
 		// The provider refused the request itself; retrying cannot help.
 		a.logger.ErrorContext(ctx, "rides: payment provider rejected the charge", "ride_id", ride.ID, "err", err)
-		if err := a.setPaymentStatus(ctx, tx, ride.ID, "failed"); err != nil {
+		if err := a.setPaymentStatus(ctx, tx, run, ride.ID, "failed"); err != nil {
 			return idem.Result{}, err
 		}
 		return respondProblem(http.StatusBadGateway, ProblemPaymentFailed, "Payment failed",
@@ -255,15 +256,17 @@ func (a *App) chargeRide(ctx context.Context, tx idem.Tx, run *idem.Attempt[Ride
 		return idem.Result{}, fmt.Errorf("%w: charge for ride %d: %w", ErrPaymentsUnavailable, ride.ID, err)
 	}
 
-	_, err = tx.Exec(ctx, `UPDATE `+a.prefix+`rides SET charge_id = $1, payment_status = 'charged' WHERE id = $2`, charge.ID, ride.ID)
+	_, err = tx.Exec(ctx, `UPDATE `+a.prefix+`rides SET charge_id = $1, payment_status = 'charged' WHERE id = $2`+a.scopeCondition("", 3),
+		a.scoped(run, charge.ID, ride.ID)...)
 	if err != nil {
 		return idem.Result{}, fmt.Errorf("rides: record charge %s on ride %d: %w", charge.ID, ride.ID, err)
 	}
 	return idem.Advance(), nil
 }
 
-func (a *App) setPaymentStatus(ctx context.Context, tx idem.Tx, rideID int64, status string) error {
-	if _, err := tx.Exec(ctx, `UPDATE `+a.prefix+`rides SET payment_status = $1 WHERE id = $2`, status, rideID); err != nil {
+func (a *App) setPaymentStatus(ctx context.Context, tx idem.Tx, run *idem.Attempt[RideParams], rideID int64, status string) error {
+	if _, err := tx.Exec(ctx, `UPDATE `+a.prefix+`rides SET payment_status = $1 WHERE id = $2`+a.scopeCondition("", 3),
+		a.scoped(run, status, rideID)...); err != nil {
 		return fmt.Errorf("rides: mark ride %d %s: %w", rideID, status, err)
 	}
 	return nil
@@ -293,7 +296,7 @@ func ParseChargeDescription(description string) (string, bool) {
 // a receipt is queued exactly once per ride and never for a ride whose
 // request did not finish.
 func (a *App) enqueueReceipt(ctx context.Context, tx idem.Tx, run *idem.Attempt[RideParams]) (idem.Result, error) {
-	ride, err := a.loadRide(ctx, tx, run.Key().ID, run.Phase())
+	ride, err := a.loadRide(ctx, tx, run)
 	if err != nil {
 		return idem.Result{}, err
 	}
@@ -320,4 +323,37 @@ func (a *App) enqueueReceipt(ctx context.Context, tx idem.Tx, run *idem.Attempt[
 		Amount:   RideAmount,
 		Currency: RideCurrency,
 	}), nil
+}
+
+// On Citus (App.citus) the flow's statements name the key's scope, the
+// distribution column of rides and audit_records; on plain PostgreSQL they
+// are as they always were. scopeColumn and scopeValue extend an INSERT's
+// column and value lists, scopeCondition a WHERE, with parameter $n, and
+// scoped appends the scope to the arguments.
+func (a *App) scopeColumn() string {
+	if a.citus {
+		return ", scope"
+	}
+	return ""
+}
+
+func (a *App) scopeValue(n int) string {
+	if a.citus {
+		return fmt.Sprintf(", $%d", n)
+	}
+	return ""
+}
+
+func (a *App) scopeCondition(alias string, n int) string {
+	if a.citus {
+		return fmt.Sprintf(" AND %sscope = $%d", alias, n)
+	}
+	return ""
+}
+
+func (a *App) scoped(run *idem.Attempt[RideParams], args ...any) []any {
+	if a.citus {
+		return append(args, run.Key().Scope)
+	}
+	return args
 }

@@ -19,6 +19,9 @@ import (
 //go:embed schema.sql
 var schemaSQL string
 
+//go:embed citus.sql
+var citusSQL string
+
 // migrationLockKey is the transaction advisory lock that serialises Migrate
 // across processes: the demo starts several serve processes at once, and
 // concurrent CREATE TABLE IF NOT EXISTS statements can still collide. It is
@@ -48,7 +51,19 @@ const (
 //
 // schema qualifies every table when set and must already exist; empty uses
 // the connection's search_path.
-func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, logger *slog.Logger) (err error) {
+func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, logger *slog.Logger) error {
+	return migrate(ctx, pool, schema, logger, false)
+}
+
+// MigrateCitus is Migrate on a Citus coordinator: idem's tables are
+// distributed by scope (migrations.Config.Citus), and the rides tables
+// laid out next to them (citus.sql) the first time. River's tables stay
+// tables of the coordinator.
+func MigrateCitus(ctx context.Context, pool *pgxpool.Pool, schema string, logger *slog.Logger) error {
+	return migrate(ctx, pool, schema, logger, true)
+}
+
+func migrate(ctx context.Context, pool *pgxpool.Pool, schema string, logger *slog.Logger, citus bool) (err error) {
 	if logger == nil {
 		logger = slog.Default()
 	}
@@ -72,7 +87,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, logger *slo
 		return fmt.Errorf("rides: migrate: take the migration lock: %w", err)
 	}
 
-	idemMigrator, err := migrations.New(pool, &migrations.Config{Schema: schema})
+	idemMigrator, err := migrations.New(pool, &migrations.Config{Schema: schema, Citus: citus})
 	if err != nil {
 		return fmt.Errorf("rides: migrate idem: %w", err)
 	}
@@ -80,8 +95,12 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, logger *slo
 		return fmt.Errorf("rides: migrate idem: %w", err)
 	}
 
-	if _, err := pool.Exec(ctx, strings.ReplaceAll(schemaSQL, "{{schema}}", prefix)); err != nil {
-		return fmt.Errorf("rides: migrate rides schema: %w", err)
+	if !citus {
+		if _, err := pool.Exec(ctx, strings.ReplaceAll(schemaSQL, "{{schema}}", prefix)); err != nil {
+			return fmt.Errorf("rides: migrate rides schema: %w", err)
+		}
+	} else if err := migrateCitus(ctx, pool, prefix); err != nil {
+		return err
 	}
 
 	riverMigrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: schema, Logger: logger})
@@ -108,4 +127,58 @@ func Seed(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 		return fmt.Errorf("rides: seed users: %w", err)
 	}
 	return nil
+}
+
+// migrateCitus applies schema.sql and, unless rides is distributed already,
+// citus.sql, one statement at a time: Citus sends some commands on a
+// distributed table to the workers with the whole string they came in, and
+// refuses a string of several there.
+func migrateCitus(ctx context.Context, pool *pgxpool.Pool, prefix string) error {
+	var distributed bool
+	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = to_regclass($1))`,
+		prefix+"rides").Scan(&distributed); err != nil {
+		return fmt.Errorf("rides: migrate rides schema: is rides distributed: %w", err)
+	}
+	// idem_keys's primary key is (scope, id) there, and Citus refuses the
+	// foreign key's ON DELETE SET NULL anyway: rides.idempotency_key_id
+	// references nothing (see citus.sql).
+	ridesSQL := strings.Replace(schemaSQL, idemKeysReference, "", 1)
+	if ridesSQL == schemaSQL {
+		return fmt.Errorf("rides: migrate rides schema for Citus: schema.sql no longer says %q", idemKeysReference)
+	}
+	steps := sqlStatements(ridesSQL)
+	if !distributed {
+		steps = append(steps, sqlStatements(citusSQL)...)
+	}
+	for _, stmt := range steps {
+		if _, err := pool.Exec(ctx, strings.ReplaceAll(stmt, "{{schema}}", prefix)); err != nil {
+			return fmt.Errorf("rides: migrate rides schema for Citus: %w", err)
+		}
+	}
+	return nil
+}
+
+// idemKeysReference is rides' foreign key to idem_keys in schema.sql.
+const idemKeysReference = " REFERENCES {{schema}}idem_keys (id) ON DELETE SET NULL"
+
+// sqlStatements splits the rides SQL files, which hold no semicolon but
+// the ones ending their statements, into statements.
+func sqlStatements(sql string) []string {
+	var out []string
+	for _, stmt := range strings.Split(sql, ";\n") {
+		if strings.TrimSpace(stripComments(stmt)) != "" {
+			out = append(out, stmt)
+		}
+	}
+	return out
+}
+
+func stripComments(sql string) string {
+	var b strings.Builder
+	for _, line := range strings.Split(sql, "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(line), "--") {
+			b.WriteString(line + "\n")
+		}
+	}
+	return b.String()
 }

@@ -55,6 +55,8 @@ type testBundle struct {
 	proxy *idemtest.FaultProxy
 
 	goodUserID, badUserID int64
+	// citus: the app runs on Citus (options.citus).
+	citus bool
 }
 
 type options struct {
@@ -69,6 +71,9 @@ type options struct {
 	// acquireSeparately: ridesapp.Config.AcquireSeparately, for the tests
 	// that need a process dying in ride_created to leave its key behind.
 	acquireSeparately bool
+	// citus runs the app on the test binary's Citus cluster, its tables
+	// laid out by MigrateCitus (skipped loudly without Citus).
+	citus bool
 }
 
 func setup(t *testing.T, opts *options) *testBundle {
@@ -77,8 +82,14 @@ func setup(t *testing.T, opts *options) *testBundle {
 		opts = &options{}
 	}
 	ctx := context.Background()
-	schema := pgtest.NewSchema(t)
-	require.NoError(t, ridesapp.Migrate(ctx, schema.Pool, schema.Name, testLogger))
+	var schema *pgtest.Schema
+	if opts.citus {
+		schema = pgtest.NewCitusSchema(t)
+		require.NoError(t, ridesapp.MigrateCitus(ctx, schema.Pool, schema.Name, testLogger))
+	} else {
+		schema = pgtest.NewSchema(t)
+		require.NoError(t, ridesapp.Migrate(ctx, schema.Pool, schema.Name, testLogger))
+	}
 	require.NoError(t, ridesapp.Seed(ctx, schema.Pool, schema.Name))
 
 	fakepayConfig := fakepay.Config{}
@@ -97,6 +108,7 @@ func setup(t *testing.T, opts *options) *testBundle {
 		provider: provider,
 		ledger:   &fakepay.Client{BaseURL: providerServer.URL},
 		clock:    idemtest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)),
+		citus:    opts.citus,
 	}
 	b.payments = &payments{inner: b.ledger}
 	appPool := schema.Pool
