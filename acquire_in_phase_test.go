@@ -241,3 +241,106 @@ func TestStalledFirstPhaseEndsWithItsKey(t *testing.T) {
 	require.Equal(t, 1, b.provider.Charges())
 	require.Equal(t, idem.StatusFinished, b.key(t, "k1").Status)
 }
+
+// A first phase that makes a foreign call cannot run in the transaction of
+// an uncommitted key: a crash after the call would leave its effect with no
+// key to finish it, or to bind the request to its payload. The call is
+// refused before it is made, the request starts over with its key
+// committed first, and the flow acquires separately from then on.
+func TestForeignCallInTheFirstPhaseCommitsTheKeyFirst(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	flow := idem.MustNewFlow("charge.first", []idem.Phase[rideInput]{{
+		Name: "charged",
+		Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) (idem.Result, error) {
+			b.counts.Add("charged")
+			var chargeID string
+			if err := run.Foreign(ctx, "charge", func(ctx context.Context, key string) (err error) {
+				chargeID, err = b.provider.Charge(key, run.Input().Amount)
+				return err
+			}); err != nil {
+				return idem.Result{}, err
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO rides (key_id, origin, charge_id) VALUES ($1, $2, $3)`, run.Key().ID, run.Input().Origin, chargeID); err != nil {
+				return idem.Result{}, err
+			}
+			return idem.RespondJSON(201, map[string]string{"charge": chargeID}), nil
+		},
+	}}, nil)
+	r := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{flow}})
+	require.Equal(t, []string{"charged"}, r.AcquisitionJoins(flow), "nothing says yet that the phase makes a foreign call")
+	out, err := r.Execute(ctx, flow, b.request("k1", rideInput{Origin: "SF", Amount: 5}))
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeExecuted, out.Kind)
+	require.Equal(t, 1, b.provider.Charges())
+	require.Equal(t, 1, b.countRows(t, "rides"))
+	require.Equal(t, map[string]int{"charged": 2}, b.counts.Get(), "the refused try, then the one with the key committed")
+	require.Nil(t, r.AcquisitionJoins(flow), "the flow acquires separately from now on")
+
+	// A crash right after the call now leaves the key, bound to its
+	// payload: another body is a mismatch, and the same one finishes with
+	// the same downstream key.
+	crash := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{flow}, Test: idem.TestConfig{Hook: crashAt(idem.HookAfterForeign, "charged")}})
+	_, err = crash.Execute(ctx, flow, b.request("k2", rideInput{Origin: "SF", Amount: 7}))
+	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	b.clock.Advance(2 * time.Hour)
+	_, err = r.Execute(ctx, flow, b.request("k2", rideInput{Origin: "LA", Amount: 9}))
+	require.ErrorIs(t, err, idem.ErrMismatch)
+	out, err = r.Execute(ctx, flow, b.request("k2", rideInput{Origin: "SF", Amount: 7}))
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeExecuted, out.Kind)
+	require.Equal(t, 2, b.provider.Charges(), "the provider saw k2's downstream key twice and charged once")
+}
+
+// A key that replaces an expired one is one generation on, and its
+// downstream keys derive from that generation: it is committed before the
+// first phase runs, so that a first phase that does not commit cannot bring
+// the expired key back (for the reaper to delete, and a retry to replace at
+// generation 0, with other downstream keys).
+func TestReplacingAnExpiredKeyCommitsItsGenerationFirst(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	req := b.request("k1", rideInput{Origin: "SF", Amount: 5})
+	_, err := b.runner(t, &idem.Config{Retention: time.Hour}).Execute(ctx, b.flow, req)
+	require.NoError(t, err)
+	b.clock.Advance(2 * time.Hour)
+
+	crash := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookBeforeCommit, "ride_created")}})
+	_, err = crash.Execute(ctx, b.flow, req)
+	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	rec := b.key(t, "k1")
+	require.Equal(t, 1, rec.Generation, "the replacement is committed")
+	require.Equal(t, idem.StatusRunning, rec.Status)
+	require.Equal(t, idem.RecoveryPointStarted, rec.RecoveryPoint)
+}
+
+// A first phase that runs for longer than the lease renews it with its
+// commit: a key acquired in the phase's transaction had no heartbeat, and
+// must not commit a lease that already ran out, for a duplicate to take the
+// live worker's key over.
+func TestLongFirstPhaseRenewsTheLeaseItCommits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.hooks["ride_created"] = func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
+		b.clock.Advance(2 * time.Minute) // longer than the 90 s lease
+		return nil
+	}
+	entered, release := pauseIn(t, b, "charge_created")
+	req := b.request("k1", rideInput{Origin: "SF", Amount: 5})
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.runner(t, nil).Execute(ctx, b.flow, req)
+		done <- err
+	}()
+	<-entered
+	rec := b.key(t, "k1")
+	require.True(t, rec.LeaseExpiresAt.After(b.clock.Now()), "lease %v, now %v", rec.LeaseExpiresAt, b.clock.Now())
+	out, err := b.runner(t, nil).Execute(ctx, b.flow, req)
+	require.ErrorIs(t, err, idem.ErrInProgress, "the live worker keeps its key")
+	require.Equal(t, idem.OutcomeInProgress, out.Kind)
+	release()
+	require.NoError(t, <-done)
+}

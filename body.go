@@ -91,6 +91,11 @@ func (r *Runner) attemptBody(ctx context.Context, h *held, b body, iso pgx.TxIso
 		return res, r.classify(ctx, h, tx, err)
 	}
 	res, cp, err := callBody(ctx, tx, b)
+	if err == nil && h.refused != nil {
+		// The phase went on after its foreign call was refused: never
+		// commit what it did without it.
+		err = h.refused
+	}
 	if err == nil {
 		err = r.hook(ctx, h, HookBeforeCommit)
 	}
@@ -101,8 +106,16 @@ func (r *Runner) attemptBody(ctx context.Context, h *held, b body, iso pgx.TxIso
 	if cp.Status == StatusFinished {
 		h.lettingGo.Store(true)
 	}
+	// A key acquired in this transaction had no heartbeat: a first phase
+	// that ran for longer than a beat renews the lease with its commit, so
+	// that it does not commit a lease that ran out.
+	renewing := h.uncommitted.Load() && r.localNow().Sub(h.renewedAtTime()) >= r.config.HeartbeatInterval
+	if renewing {
+		cp.RenewLease = r.config.Lease
+	}
 	// The commit does not depend on the caller staying: a phase whose body
 	// finished is committed (or refused by the fence), within the bound.
+	sent := r.localNow()
 	cctx, cancel := r.storeContext(context.WithoutCancel(ctx))
 	err = tx.CommitPhase(cctx, *cp)
 	cancel()
@@ -119,6 +132,9 @@ func (r *Runner) attemptBody(ctx context.Context, h *held, b body, iso pgx.TxIso
 			h.lettingGo.Store(false)
 			return res, err
 		}
+	}
+	if renewing {
+		h.renewed(sent)
 	}
 	h.committed(cp)
 	if cp.RecoveryPoint != h.phaseName() && cp.Status != StatusFinished {

@@ -44,6 +44,10 @@ type Flow[In any] struct {
 	// existingScoreMax, halfway and above when most of them did (see
 	// hopesNew).
 	existing atomic.Int32
+	// foreignFirst: a request of the flow made a foreign call in its first
+	// transaction, which a key acquired in it cannot allow (see
+	// makesForeignCallFirst).
+	foreignFirst atomic.Bool
 }
 
 // FlowConfig holds a flow's optional settings.
@@ -303,6 +307,9 @@ type AnyFlow interface {
 	// records what an acquisition found.
 	hopesNew() bool
 	acquired(created bool)
+	// makesForeignCallFirst records that the flow's first transaction
+	// makes a foreign call: its keys are acquired separately from then on.
+	makesForeignCallFirst()
 }
 
 // prepared is a request's input in the forms the runner needs.
@@ -393,8 +400,10 @@ func (f *Flow[In]) phaseMeta(i int) (string, ForeignKind, pgx.TxIsoLevel) {
 	return p.Name, p.Foreign, f.phases[joinHead(f.phases, i)].Isolation
 }
 
+func (f *Flow[In]) makesForeignCallFirst() { f.foreignFirst.Store(true) }
+
 func (f *Flow[In]) acquiresInPhase(iso pgx.TxIsoLevel) bool {
-	if f.acquireSeparately || cmp.Or(f.phases[0].Isolation, iso) != pgx.ReadCommitted {
+	if f.acquireSeparately || f.foreignFirst.Load() || cmp.Or(f.phases[0].Isolation, iso) != pgx.ReadCommitted {
 		return false
 	}
 	for i := 0; i == 0 || f.joinsPrevious(i); i++ {

@@ -336,13 +336,22 @@ func (r *Runner) executeAcquiring(ctx context.Context, flow AnyFlow, req Request
 		out, err := r.resume(ctx, h)
 		if h.joined != nil {
 			// Never reached the first phase: end its transaction.
-			_ = h.joined.RollbackPhase(context.WithoutCancel(ctx))
+			rctx, cancel := r.storeContext(context.WithoutCancel(ctx))
+			_ = h.joined.RollbackPhase(rctx)
+			cancel()
 		}
 		if !h.uncommitted.Load() || h.crashed || ctx.Err() != nil || errors.Is(err, ErrLockLost) {
 			// Committed; or a dead process, which records nothing; or a
 			// caller gone, whose retry starts clean; or a key the server
 			// ended (idle past the lease) and another request made anew.
 			return out, err
+		}
+		if h.refused != nil || errors.Is(err, errForeignBeforeKey) {
+			// The first transaction makes a foreign call: its key must be
+			// committed before it. Start over, acquiring separately, as
+			// the flow will from now on.
+			flow.makesForeignCallFirst()
+			return r.executeAcquiring(ctx, flow, req, stored, false)
 		}
 		if errors.Is(err, ErrSerialization) {
 			// The first phase's transaction failed to serialize and took
@@ -502,12 +511,15 @@ func (r *Runner) acquire(ctx context.Context, flow AnyFlow, req Request, p *prep
 func (r *Runner) recordFailedStart(ctx context.Context, flow AnyFlow, req Request, p *prepared, err error) {
 	ctx = context.WithoutCancel(ctx)
 	acq, aerr := r.acquire(ctx, flow, req, p, false)
-	if aerr != nil || acq.Acquired != idemdriver.AcquiredCreated {
+	if aerr != nil || acq.Acquired == idemdriver.AcquiredNone {
 		if aerr != nil && !errors.Is(aerr, idemdriver.ErrKeyBusy) {
 			r.log.WarnContext(ctx, "idem: could not record the failed first phase on its key; a retry starts clean", r.logAttrs(req.Scope, req.Key, 0, "flow", flow.Name(), "err", r.redact(aerr))...)
 		}
 		return
 	}
+	// Created, or taken over: a duplicate made the key meanwhile, and its
+	// attempt failed too, leaving it released. Either way this call holds
+	// it now, and lets it go with this attempt's error.
 	rctx, cancel := r.storeContext(ctx)
 	defer cancel()
 	if rerr := r.store.Release(rctx, idemdriver.LockRef{ID: acq.Record.ID, Fence: acq.Record.Fence}, r.errorText(err)); rerr != nil {

@@ -212,7 +212,12 @@ type CommitParams struct {
 	// finishes it (an operator's resolution says who and why); empty clears
 	// it, as every phase that responds does.
 	LastError string
-	Now       *time.Time
+	// RenewLease, when positive, renews the key's lease for that long from
+	// the commit, in the commit's transaction: a key acquired in its first
+	// phase's transaction (PhaseAcquirer) has had no heartbeat, and a long
+	// first phase must not commit a lease that already ran out.
+	RenewLease time.Duration
+	Now        *time.Time
 }
 
 // OperationsStore is the part of [Store] the operations services stand on:
@@ -420,7 +425,17 @@ type KeyWatcher interface {
 //
 // While the key is uncommitted nobody else can see it: a concurrent
 // acquisition of the same key must not wait for the phase, and gets
-// ErrKeyBusy instead (a store takes a lock it tries without waiting).
+// ErrKeyBusy instead (a store takes a lock it tries without waiting). A key
+// that replaces an expired one is committed before it is returned (with a
+// nil PhaseTx): its generation must survive the phase. The store must end a
+// transaction that sits idle for longer than the lease, and GetKey must not
+// find an uncommitted key.
+//
+// A store that wraps another and overrides Acquire (to count, trace or
+// inject faults) must override AcquireInPhase too, or AcquiresInPhase to
+// return false: a wrapper that embeds *pgstore.Store inherits them, and the
+// runner would acquire new keys through the embedded store, bypassing the
+// wrapper's Acquire.
 type PhaseAcquirer interface {
 	// AcquireInPhase acquires p's key like Store.Acquire, in a transaction
 	// begun with opts. When it creates the key it returns the transaction

@@ -61,12 +61,27 @@ func (s *Store) AcquireInPhase(ctx context.Context, p idemdriver.AcquireParams, 
 	if err == nil {
 		err = s.open(res.Record)
 	}
-	if err == nil && res.Acquired == idemdriver.AcquiredCreated {
+	if err == nil && res.Acquired == idemdriver.AcquiredCreated && res.Record.Generation == 0 {
 		return res, t, nil
+	}
+	if err == nil && res.Acquired == idemdriver.AcquiredCreated {
+		// The key replaced an expired one: its generation, from which its
+		// downstream keys derive, must be durable before any phase runs,
+		// or a rollback would bring the expired key back, for the reaper
+		// to delete and a retry to replace at generation 0, sending the
+		// provider other keys. Commit it now, as Acquire would.
+		if err := t.tx.Commit(ctx); err != nil {
+			t.release()
+			return nil, nil, mapError(fmt.Errorf("pgstore: acquire: %w", err))
+		}
+		t.release()
+		return res, nil, nil
 	}
 	if err != nil {
 		// The transaction failed, and holds nothing worth keeping.
-		_ = t.RollbackPhase(context.WithoutCancel(ctx))
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), beginTimeout)
+		_ = t.RollbackPhase(rctx)
+		cancel()
 		if keyBusy(err) {
 			return nil, nil, fmt.Errorf("%w: key %q: %w", idemdriver.ErrKeyBusy, p.Key, err)
 		}

@@ -50,6 +50,9 @@ type phaseTx struct {
 	// sat idle for that long (zero: never): the lease of a key acquired in
 	// it (AcquireInPhase).
 	idleTimeout time.Duration
+	// renew are the arguments of queries.renewLease, sent with the commit
+	// (CommitParams.RenewLease); nil: none.
+	renew []any
 	tx          pgx.Tx // the real transaction once begun
 	// notifyAfter is the key whose waiters a finishing commit at
 	// repeatable read or serializable notifies once more after it commits
@@ -323,10 +326,20 @@ func (t *phaseTx) commitGuarded(ctx context.Context, guard string, args ...any) 
 		return ErrPhaseEndedTx
 	}
 	b := &pgx.Batch{}
+	if t.renew != nil {
+		b.Queue(t.q.renewLease, t.renew...)
+	}
 	b.Queue(guard, args...)
 	b.Queue("commit")
 	br := t.tx.SendBatch(ctx, b)
+	var renewErr error
+	if t.renew != nil {
+		_, renewErr = br.Exec()
+	}
 	_, guardErr := br.Exec()
+	if renewErr != nil {
+		guardErr = renewErr
+	}
 	tag, commitErr := br.Exec()
 	closeErr := br.Close()
 	if guardErr != nil {
@@ -474,6 +487,9 @@ func (t *phaseTx) CommitPhase(ctx context.Context, p idemdriver.CommitParams) er
 	if err != nil {
 		_ = t.RollbackPhase(ctx)
 		return err
+	}
+	if p.RenewLease > 0 {
+		t.renew = []any{p.Ref.ID, p.Ref.Fence, p.Now, p.RenewLease.Microseconds()}
 	}
 	if sql == t.q.finishPhase && !t.q.citus && t.opts.IsoLevel != pgx.ReadCommitted && t.opts.IsoLevel != pgx.ReadUncommitted {
 		t.notifyAfter = p.Ref.ID

@@ -43,7 +43,7 @@ type queries struct {
 	waitMark, waitCheck               string
 	notifyWaiters, waitCheckAll       string
 
-	unlockKey, claimIdle, reap, reapAbandoned, unfinishedKeys, statementTimeout, idleTimeout, timeouts, clock string
+	unlockKey, claimIdle, reap, reapAbandoned, unfinishedKeys, statementTimeout, idleTimeout, timeouts, renewLease, clock string
 	backlog                                                                                                   string
 
 	// citus says the statements are Citus's (citus.go, useCitus), with the
@@ -323,6 +323,14 @@ RETURNING l.lease_expires_at`)
 	// release and setNeedsReconcile are guarded on the progress row, which
 	// they lock first, and unlock the lease row; they return how many keys
 	// the guard matched.
+	// renewLease renews, inside the transaction of a key's first phase,
+	// the lease of a key acquired in it (CommitParams.RenewLease), from the
+	// moment of the statement: the transaction's now() is the acquisition's.
+	q.renewLease = render(`
+UPDATE {l} l
+SET lease_expires_at = coalesce($3::timestamptz, clock_timestamp()) + $4::bigint * interval '1 microsecond'
+WHERE l.key_id = $1 AND l.fence = $2`)
+
 	q.release = render(`
 WITH released AS (
     UPDATE {t} SET last_error = left($3, 4000)

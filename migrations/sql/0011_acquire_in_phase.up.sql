@@ -12,8 +12,9 @@
 -- Binaries of version 10 and earlier call idem_acquire_v9, which takes no
 -- advisory lock: during a rolling deploy, an older binary's acquisition of a
 -- key a newer one is creating in its first phase waits for that phase to
--- commit (ON CONFLICT), then answers as before. Nothing is lost or run
--- twice; the duplicate only waits.
+-- commit (ON CONFLICT), then answers as before, or gives up at its
+-- statement timeout (a 503 its client retries). Nothing is lost or run
+-- twice.
 CREATE FUNCTION {{schema}}idem_acquire_v11(
     p_now timestamptz, p_scope text, p_key text, p_flow text, p_method text, p_path text,
     p_fingerprint bytea, p_payload_fingerprint bytea, p_params text, p_lease bigint, p_no_create boolean, p_params_key_id text,
