@@ -53,7 +53,7 @@ type phaseTx struct {
 	// renew are the arguments of queries.renewLease, sent with the commit
 	// (CommitParams.RenewLease); nil: none.
 	renew []any
-	tx          pgx.Tx // the real transaction once begun
+	tx    pgx.Tx // the real transaction once begun
 	// notifyAfter is the key whose waiters a finishing commit at
 	// repeatable read or serializable notifies once more after it commits
 	// (0: none): the trigger's call of idem_notify_waiters_v10 read the marks

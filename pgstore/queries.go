@@ -44,7 +44,7 @@ type queries struct {
 	notifyWaiters, waitCheckAll       string
 
 	unlockKey, claimIdle, reap, reapAbandoned, unfinishedKeys, statementTimeout, idleTimeout, timeouts, renewLease, clock string
-	backlog                                                                                                   string
+	backlog                                                                                                               string
 
 	// citus says the statements are Citus's (citus.go, useCitus), with the
 	// statements only Citus runs.
