@@ -337,18 +337,19 @@ func TestLoadTargets(t *testing.T) {
 		return &stats{Ops: ops, Elapsed: time.Second, WALPerOp: wal, ClientCPU: client, ServerCPU: server}
 	}
 	ref := &loadPoint{Concurrency: 16, Stats: map[string]*stats{
-		"runner":   mk(900, 1100, 300*time.Microsecond, 600*time.Microsecond),
-		"baseline": mk(1000, 1000, 200*time.Microsecond, 500*time.Microsecond),
-		"single":   mk(1000, 900, 100*time.Microsecond, 300*time.Microsecond),
-		"plain":    mk(800, 1000, 200*time.Microsecond, 500*time.Microsecond),
-		"replay":   mk(700, 0, 0, 0),
-		"select":   mk(1000, 0, 0, 0),
+		"runner":          mk(900, 1100, 300*time.Microsecond, 600*time.Microsecond),
+		"baseline":        mk(1000, 1000, 200*time.Microsecond, 500*time.Microsecond),
+		"single":          mk(1000, 900, 100*time.Microsecond, 300*time.Microsecond),
+		"plain":           mk(800, 1000, 200*time.Microsecond, 500*time.Microsecond),
+		"replay":          mk(700, 0, 0, 0),
+		"select":          mk(1000, 0, 0, 0),
+		"baseline-replay": mk(650, 0, 0, 0),
 	}}
 	got := map[string]target{}
 	for _, tg := range loadTargets(ref) {
 		got[tg.Name] = tg
 	}
-	require.Len(t, got, 5)
+	require.Len(t, got, 7)
 	check := func(name string, met bool, figure string) {
 		t.Helper()
 		tg, ok := got[name]
@@ -362,6 +363,8 @@ func TestLoadTargets(t *testing.T) {
 	check("replay / primary-key SELECT throughput >= 0.80 at concurrency 16", false, "0.70")
 	check("WAL bytes per request: runner / baseline <= 1.2 at concurrency 16", true, "1.10 (1100 vs 1000 B)")
 	check("server CPU per request: runner / baseline <= 1.2 at concurrency 16", true, "1.20 (600 vs 500 µs); for information, client 1.50 (300 vs 200 µs), client+server 1.29 (900 vs 700 µs)")
+	check("client CPU per request: runner / baseline <= 1.2 at concurrency 16", false, "1.50 (300 vs 200 µs)")
+	check("replay / baseline replay throughput >= 1.00 at concurrency 16", true, "1.08 (700 vs 650/s)")
 
 	ref.Stats["baseline"].ServerCPU = -1
 	for _, tg := range loadTargets(ref) {

@@ -20,6 +20,8 @@ const (
 	targetReplay   = 0.80 // runner replays / plain primary-key SELECTs
 	targetWAL      = 1.2  // runner/baseline WAL bytes per request, at most
 	targetCPU      = 1.2  // runner/baseline server CPU per request, at most
+	targetClient   = 1.2  // runner/baseline client CPU per request, at most
+	targetReplayB  = 1.0  // runner replays / the baseline's replays
 	targetScale    = 1.5  // acquisition p99 at the large table / at the small one
 	targetReaping  = 2.0  // acquisition p99 while reaping / without
 )
@@ -78,6 +80,20 @@ func loadTargets(ref *loadPoint) []target {
 			cpu.Met = sr <= targetCPU
 		}
 		costs = append(costs, cpu)
+		cr := ratio(us(r.ClientCPU), us(base.ClientCPU))
+		costs = append(costs, target{
+			Name:   fmt.Sprintf("client CPU per request: %s / baseline <= %.1f at concurrency %d", w.label, targetClient, ref.Concurrency),
+			Figure: fmt.Sprintf("%.2f (%.0f vs %.0f µs)", cr, us(r.ClientCPU), us(base.ClientCPU)),
+			Met:    cr <= targetClient,
+		})
+	}
+	if replay, br := ref.workload("replay"), ref.workload("baseline-replay"); replay != nil && br != nil {
+		r := ratio(replay.Throughput(), br.Throughput())
+		through = append(through, target{
+			Name:   fmt.Sprintf("replay / baseline replay throughput >= %.2f at concurrency %d", targetReplayB, ref.Concurrency),
+			Figure: fmt.Sprintf("%.2f (%s vs %s/s)", r, rate(replay), rate(br)),
+			Met:    r >= targetReplayB,
+		})
 	}
 	if replay, sel := ref.workload("replay"), ref.workload("select"); replay != nil && sel != nil {
 		r := ratio(replay.Throughput(), sel.Throughput())

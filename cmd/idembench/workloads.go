@@ -65,6 +65,7 @@ var workloads = []workload{
 	{name: "plain", label: "plain tx", commits: 4, color: colPlain,
 		op: func(d *loadDeps) op { return d.baselineOp("p", (&baseline{pool: d.pool}).run) }},
 	{name: "replay", label: "replay", kind: kindReplay, op: (*loadDeps).replayOp},
+	{name: "baseline-replay", label: "baseline replay", kind: kindReplay, op: (*loadDeps).baselineReplayOp},
 	{name: "select", label: "plain SELECT", kind: kindReplay, op: (*loadDeps).selectOp},
 	{name: "commit", label: "INSERT+commit", kind: kindCommit, op: (*loadDeps).commitOp},
 }
@@ -146,6 +147,20 @@ func (d *loadDeps) replayOp() op {
 		out, err := d.runner.Execute(ctx, flow, idem.Request{Scope: "user:replay", Key: replayKey(n), Path: "/rides", Params: d.replayInputs[n]})
 		if err == nil && (out.Kind != idem.OutcomeReplayed || out.Response.Status != 201) {
 			err = fmt.Errorf("outcome %s, want a replayed 201", out.Kind)
+		}
+		return err
+	}
+}
+
+// baselineReplayOp replays the baseline's finished keys: its claim finds
+// the key, and a second statement reads it.
+func (d *loadDeps) baselineReplayOp() op {
+	base := &baseline{pool: d.pool, pipelined: true}
+	return func(ctx context.Context, w, i int) error {
+		n := rand.IntN(len(d.replayInputs))
+		res, err := base.run(ctx, "user:replay", replayKey(n), d.replayInputs[n])
+		if err == nil && (!res.replayed || res.status != 201) {
+			err = fmt.Errorf("replayed %v, status %d: want a replayed 201", res.replayed, res.status)
 		}
 		return err
 	}
