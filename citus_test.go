@@ -74,6 +74,7 @@ func TestCitusNewKeyReplayMismatchInProgress(t *testing.T) {
 	b := setupCitus(t)
 	ctx := context.Background()
 	r := b.runner(t, nil)
+	require.Nil(t, r.AcquisitionJoins(b.flow), "on Citus a new key is acquired on its own, before its first phase")
 	first, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, first.Kind)

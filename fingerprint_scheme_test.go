@@ -51,7 +51,7 @@ func TestKeysFingerprintedBeforeThePayloadSchemeKeepMatching(t *testing.T) {
 			b := setup(t)
 			ctx := context.Background()
 			in := rideInput{Origin: "SF", Amount: 5}
-			crash := b.runner(t, &idem.Config{FingerprintKey: tt.key, Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "ride_created")}})
+			crash := b.runner(t, &idem.Config{FingerprintKey: tt.key, Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charge_created")}})
 			_, err := crash.Execute(ctx, b.flow, b.request("in-flight", in))
 			require.ErrorIs(t, err, idem.ErrSimulatedCrash)
 			r := b.runner(t, &idem.Config{FingerprintKey: tt.key})
@@ -171,7 +171,7 @@ func TestKeysWithThePayloadFingerprintInPlaceKeepMatching(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	in := rideInput{Origin: "SF", Amount: 5}
-	crash := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "ride_created")}})
+	crash := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charge_created")}})
 	_, err := crash.Execute(ctx, b.flow, b.request("in-flight", in))
 	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
 	r := b.runner(t, nil)

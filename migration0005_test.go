@@ -77,6 +77,10 @@ WHERE NOT (existing.status = 'finished' AND existing.expires_at <= clock.t)`
 // and takes none over, which is all this test asks of it.
 type version4Store struct{ *pgstore.Store }
 
+// AcquiresInPhase: version 4 acquires on its own (its Acquire), never with
+// the current store's statement.
+func (version4Store) AcquiresInPhase() bool { return false }
+
 func (s version4Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemdriver.AcquireResult, error) {
 	for i := range 4 {
 		var row struct {

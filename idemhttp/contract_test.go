@@ -389,7 +389,7 @@ var contractCases = []contractCase{
 		name: "same key while the first is running",
 		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
 			h := b.handler(t, nil)
-			entered, release := b.blockPhase("charge_created")
+			entered, release := b.blockPhase(t, "charge_created")
 			first := make(chan *httptest.ResponseRecorder, 1)
 			go func() { first <- post(h, "k-1", rideBody) }()
 			<-entered
@@ -400,7 +400,7 @@ var contractCases = []contractCase{
 			require.NotNil(t, row.LockedAt)
 			require.Zero(t, row.ResponseStatus, "nothing about the 409 is stored")
 
-			close(release)
+			release()
 			require.Equal(t, http.StatusCreated, (<-first).Code)
 			return second
 		},
@@ -418,8 +418,12 @@ var contractCases = []contractCase{
 	{
 		name: "lock lost to a takeover is answered as in progress",
 		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
+			// The stale worker holds the key, leased, in its first phase:
+			// a key that commits only with that phase has no lease to
+			// take over.
+			b.acquireSeparately(t)
 			h := b.handler(t, nil)
-			entered, release := b.blockPhase("ride_created")
+			entered, release := b.blockPhase(t, "ride_created")
 			stale := make(chan *httptest.ResponseRecorder, 1)
 			go func() { stale <- post(h, "k-1", rideBody) }()
 			<-entered
@@ -428,7 +432,7 @@ var contractCases = []contractCase{
 			b.clock.Advance(91 * time.Second)
 			retry := post(h, "k-1", rideBody)
 			require.Equal(t, http.StatusCreated, retry.Code, retry.Body.String())
-			close(release)
+			release()
 			return <-stale
 		},
 		status: http.StatusConflict, problem: idemhttp.ProblemInProgress,

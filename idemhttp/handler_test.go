@@ -99,7 +99,9 @@ func TestRetryAfterFollowsTheLease(t *testing.T) {
 	// its foreign call.
 	b.runner = b.newRunner(t, &idem.Config{MaxRetryAfter: 2 * time.Minute, LeaseMargin: time.Millisecond})
 	h := b.handler(t, nil)
-	entered, release := b.blockPhase("ride_created")
+	// Held in its second phase: a new key commits with its first one, and
+	// has no lease before that (TestRetryAfterWhileTheKeyIsBeingCreated).
+	entered, release := b.blockPhase(t, "charge_created")
 	first := make(chan *httptest.ResponseRecorder, 1)
 	go func() { first <- post(h, "k-1", rideBody) }()
 	<-entered
@@ -118,7 +120,7 @@ func TestRetryAfterFollowsTheLease(t *testing.T) {
 		require.Equal(t, http.StatusConflict, res.Code, res.Body.String())
 		require.Equal(t, step.want, res.Header().Get("Retry-After"))
 	}
-	close(release)
+	release()
 	require.Equal(t, http.StatusCreated, (<-first).Code)
 }
 
@@ -128,15 +130,39 @@ func TestRetryAfterIsCappedByDefault(t *testing.T) {
 	t.Parallel()
 	b := setup(t, idemhttp.ProfileIETF)
 	h := b.handler(t, nil)
-	entered, release := b.blockPhase("ride_created")
+	// Held in its second phase, with its lease (see
+	// TestRetryAfterFollowsTheLease).
+	entered, release := b.blockPhase(t, "charge_created")
 	first := make(chan *httptest.ResponseRecorder, 1)
 	go func() { first <- post(h, "k-1", rideBody) }()
 	<-entered
 	res := post(h, "k-1", rideBody)
 	require.Equal(t, http.StatusConflict, res.Code, res.Body.String())
 	require.Equal(t, "2", res.Header().Get("Retry-After"))
-	close(release)
+	release()
 	require.Equal(t, http.StatusCreated, (<-first).Code)
+}
+
+// A new key is created in its first phase's transaction and has no lease
+// until that commits: a duplicate meanwhile is told 409 with Retry-After: 1,
+// whatever the lease and MaxRetryAfter, and nothing about it is stored.
+func TestRetryAfterWhileTheKeyIsBeingCreated(t *testing.T) {
+	t.Parallel()
+	b := setup(t, idemhttp.ProfileIETF)
+	b.runner = b.newRunner(t, &idem.Config{MaxRetryAfter: 2 * time.Minute})
+	h := b.handler(t, nil)
+	entered, release := b.blockPhase(t, "ride_created")
+	first := make(chan *httptest.ResponseRecorder, 1)
+	go func() { first <- post(h, "k-1", rideBody) }()
+	<-entered
+	res := post(h, "k-1", rideBody)
+	require.Equal(t, http.StatusConflict, res.Code, res.Body.String())
+	require.Equal(t, idemhttp.ProblemTypeBaseDefault+idemhttp.ProblemInProgress, decodeProblem(t, res).Type)
+	require.Equal(t, "1", res.Header().Get("Retry-After"))
+	require.Nil(t, b.keyRow(t, "k-1"), "the key is not committed before its first phase")
+	release()
+	require.Equal(t, http.StatusCreated, (<-first).Code)
+	require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "responded": 1}, b.counts.Get())
 }
 
 // Only Content-Type and Config.ReplayHeaders reach the client, on the first
@@ -326,7 +352,7 @@ func TestFlowSurvivesClientDisconnect(t *testing.T) {
 	b := setup(t, idemhttp.ProfileIETF)
 	h := b.handler(t, nil)
 	type ctxKey struct{}
-	entered, release := b.blockPhase("charge_created")
+	entered, release := b.blockPhase(t, "charge_created")
 	var seen any
 	b.setHook("responded", func(ctx context.Context, _ idem.Tx, _ *idem.Attempt[rideInput]) error {
 		seen = ctx.Value(ctxKey{})
@@ -338,7 +364,7 @@ func TestFlowSurvivesClientDisconnect(t *testing.T) {
 	go func() { done <- serve(h, request("k-1", rideBody).WithContext(ctx)) }()
 	<-entered
 	cancel()
-	close(release)
+	release()
 	res := <-done
 	require.Equal(t, http.StatusCreated, res.Code, res.Body.String())
 	require.Equal(t, "trace-1", seen)
@@ -419,9 +445,9 @@ func TestWaitEndsWhenTheClientGoesAway(t *testing.T) {
 	b := setup(t, idemhttp.ProfileIETF)
 	b.runner = b.newRunner(t, &idem.Config{Test: idem.TestConfig{Now: time.Now}})
 	h := b.handler(t, func(c *idemhttp.Config[rideInput]) { c.MaxWait = time.Hour })
-	entered, release := b.blockPhase("ride_created")
-	open := sync.OnceFunc(func() { close(release) })
-	t.Cleanup(open)
+	// Held in its second phase: until its first phase commits, a new key
+	// has no lease row for the waiter to watch.
+	entered, release := b.blockPhase(t, "charge_created")
 	first := make(chan *httptest.ResponseRecorder, 1)
 	go func() { first <- post(h, "k-1", rideBody) }()
 	<-entered
@@ -442,6 +468,6 @@ func TestWaitEndsWhenTheClientGoesAway(t *testing.T) {
 	res := <-waiter
 	require.Equal(t, http.StatusConflict, res.Code, "no one reads it; the handler has returned")
 	require.Less(t, time.Since(began), 30*time.Second, "not the hour it asked for")
-	open()
+	release()
 	require.Equal(t, http.StatusCreated, (<-first).Code, "the request in flight goes on")
 }

@@ -69,7 +69,7 @@ func setup(t testing.TB, profile idemhttp.Profile) *bundle {
 		provider: &testfixture.Provider{},
 		hooks:    map[string]func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error{},
 	}
-	b.flow = b.rideFlow()
+	b.flow = b.rideFlow(nil)
 	b.quote = idem.MustNewFlow("rides.quote", []idem.Phase[rideInput]{{
 		Name: "quoted",
 		Do: func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.Result, error) {
@@ -194,7 +194,7 @@ func (b *bundle) hook(phase string) func(ctx context.Context, tx idem.Tx, run *i
 // rideFlow mirrors rocket-rides-atomic: create the ride, charge it through
 // an idempotent provider, respond 201 with headers of every kind, some of
 // which must never reach a client.
-func (b *bundle) rideFlow() *idem.Flow[rideInput] {
+func (b *bundle) rideFlow(config *idem.FlowConfig[rideInput]) *idem.Flow[rideInput] {
 	run := func(phase string, ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) error {
 		b.counts.Add(phase)
 		if h := b.hook(phase); h != nil {
@@ -259,7 +259,17 @@ func (b *bundle) rideFlow() *idem.Flow[rideInput] {
 				}, fmt.Appendf(nil, "{\"ride_id\": %d,  \"charge_id\": %q}\n", rideID, chargeID)), nil
 			},
 		},
-	}, nil)
+	}, config)
+}
+
+// acquireSeparately makes the bundle's rides flow acquire a new key on its
+// own (idem.FlowConfig.AcquireSeparately), with a runner of its own: for a
+// test about a key held, with a lease, in its first phase, which the
+// default shape commits only with that phase.
+func (b *bundle) acquireSeparately(t testing.TB) {
+	t.Helper()
+	b.flow = b.rideFlow(&idem.FlowConfig[rideInput]{AcquireSeparately: true})
+	b.runner = b.newRunner(t, nil)
 }
 
 // request builds a POST to /rides with the given Idempotency-Key ("" sends
@@ -357,8 +367,9 @@ func decodeProblem(t testing.TB, res *httptest.ResponseRecorder) *problemJSON {
 }
 
 // blockPhase makes the next run of phase wait, after signalling entered,
-// until release is closed. Later runs pass straight through.
-func (b *bundle) blockPhase(phase string) (entered <-chan struct{}, release chan<- struct{}) {
+// until release is called (at the latest when t ends). Later runs pass
+// straight through.
+func (b *bundle) blockPhase(t testing.TB, phase string) (entered <-chan struct{}, release func()) {
 	in, out := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	b.setHook(phase, func(ctx context.Context, _ idem.Tx, _ *idem.Attempt[rideInput]) error {
@@ -371,7 +382,11 @@ func (b *bundle) blockPhase(phase string) (entered <-chan struct{}, release chan
 		<-out
 		return nil
 	})
-	return in, out
+	release = sync.OnceFunc(func() { close(out) })
+	// A test that fails while the phase is blocked must not leave its
+	// worker blocked: the cleanup that closes the store would wait for it.
+	t.Cleanup(release)
+	return in, release
 }
 
 // exampleDatabaseURL gives an Example, which has no *testing.T, a fresh

@@ -26,7 +26,13 @@ import (
 // still visible in a watched table whose xmin (the id of the transaction
 // that wrote it) was handed out after the phase began, and not during its
 // foreign call, was written by another transaction while the phase ran: the
-// scenario fails, naming the table and the row count.
+// scenario fails, naming the table and the row count. At a phase a new key
+// is acquired with (idem.Runner.AcquisitionJoins), serialization_failure and
+// lease_takeover (a stall the server ends) roll the phase back too, and take
+// the key with it: the re-run makes the key anew, with another id, where a
+// Check counting rows by key id cannot see the survivor. The check runs
+// there as well, over the transaction ids handed out from the phase's start
+// to the fault.
 //
 // It sees inserts and updates, not deletes. Writes during the foreign call
 // are left out, because a fake provider may keep its state in the same
@@ -46,16 +52,22 @@ type BypassCheck struct {
 	Ignore []string
 }
 
-// bypassWatch is one crash_before_commit scenario's watch over its faulted
-// phase: the transaction-id marks taken while the phase ran.
+// bypassWatch is one scenario's watch over its faulted phase, whose
+// transaction never commits: the transaction-id marks taken while the phase
+// ran.
 type bypassWatch struct {
 	x interface {
 		watchDB() queryRower
 		bypassConfig() BypassCheck
 	}
+	kind    Kind
 	mu      sync.Mutex
 	start   uint32 // first xid handed out after the phase's transaction began
 	started bool
+	// end is the first xid not yet handed out when the fault struck: what
+	// runs after it (a re-run, a retry) is not the faulted phase's.
+	end   uint32
+	ended bool
 	// foreign are the [from, to) ranges of xids handed out during the
 	// phase's foreign calls.
 	foreign  [][2]uint32
@@ -72,13 +84,26 @@ type queryRower interface {
 func (x *explorer[In]) watchDB() queryRower       { return x.db }
 func (x *explorer[In]) bypassConfig() BypassCheck { return x.cfg.Bypass }
 
-// newBypassWatch returns the watch for a scenario of kind, or nil when the
-// check does not apply to it.
-func (x *explorer[In]) newBypassWatch(kind Kind) *bypassWatch {
-	if kind != CrashBeforeCommit || x.cfg.Bypass.Off {
+// newBypassWatch returns the watch for a scenario of kind at phase, or nil
+// when the check does not apply to it. It applies where the faulted phase's
+// transaction never commits: crash_before_commit; and, at a phase of the
+// transaction a new key is acquired in (idem.Runner.AcquisitionJoins),
+// serialization_failure and lease_takeover (a stall the server ends), where
+// the rollback takes the key with it. There the re-run writes under a key
+// made anew, with another id, so a Check that counts rows by key id cannot
+// see the row that outlived the rollback: this check is the kit's only eye
+// on it.
+func (x *explorer[In]) newBypassWatch(kind Kind, phase string) *bypassWatch {
+	if x.cfg.Bypass.Off {
 		return nil
 	}
-	return &bypassWatch{x: x}
+	switch {
+	case kind == CrashBeforeCommit:
+	case (kind == SerializationFailure || kind == LeaseTakeover) && slices.Contains(x.acquiredWith, phase):
+	default:
+		return nil
+	}
+	return &bypassWatch{x: x, kind: kind}
 }
 
 // nextXID is the first transaction id not yet handed out. Reading it
@@ -106,6 +131,35 @@ func (b *bypassWatch) note(ctx context.Context, where idem.HookWhere) {
 	default:
 		return
 	}
+	b.mark(ctx, func(xid uint32) {
+		switch where {
+		case idem.HookPhaseStart:
+			if !b.started {
+				b.start, b.started = xid, true
+			}
+		case idem.HookBeforeForeign:
+			b.openCall, b.inCall = xid, true
+		case idem.HookAfterForeign:
+			if b.inCall {
+				b.foreign = append(b.foreign, [2]uint32{b.openCall, xid})
+				b.inCall = false
+			}
+		}
+	})
+}
+
+// strike records the end mark as the fault strikes, on the worker's
+// goroutine, before the phase's transaction ends.
+func (b *bypassWatch) strike(ctx context.Context) {
+	if b == nil {
+		return
+	}
+	b.mark(ctx, func(xid uint32) { b.end, b.ended = xid, true })
+}
+
+// mark reads the next transaction id and hands it to set under b.mu, or
+// keeps the error for check.
+func (b *bypassWatch) mark(ctx context.Context, set func(xid uint32)) {
 	xid, err := nextXID(context.WithoutCancel(ctx), b.x.watchDB())
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -113,36 +167,25 @@ func (b *bypassWatch) note(ctx context.Context, where idem.HookWhere) {
 		b.err = err
 		return
 	}
-	switch where {
-	case idem.HookPhaseStart:
-		if !b.started {
-			b.start, b.started = xid, true
-		}
-	case idem.HookBeforeForeign:
-		b.openCall, b.inCall = xid, true
-	case idem.HookAfterForeign:
-		if b.inCall {
-			b.foreign = append(b.foreign, [2]uint32{b.openCall, xid})
-			b.inCall = false
-		}
-	}
+	set(xid)
 }
 
-// check runs after the faulted worker died: it reports rows in the watched
-// tables that transactions other than the phase's wrote while it ran.
+// check runs once the faulted phase's transaction has ended without
+// committing: it reports rows in the watched tables that transactions other
+// than the phase's wrote while it ran.
 func (b *bypassWatch) check(ctx context.Context, sc *scenario, phase string) {
 	if b == nil {
 		return
 	}
 	b.mu.Lock()
 	started, start, foreign, inCall, openCall, err := b.started, b.start, slices.Clone(b.foreign), b.inCall, b.openCall, b.err
+	end, ended := b.end, b.ended
 	b.mu.Unlock()
 	if err == nil && !started {
 		return // the fault never came to this phase; reported elsewhere
 	}
 	db := b.x.watchDB()
-	var end uint32
-	if err == nil {
+	if err == nil && !ended {
 		end, err = nextXID(ctx, db)
 	}
 	if inCall { // the call never returned: its range runs to the end
@@ -163,11 +206,22 @@ func (b *bypassWatch) check(ctx context.Context, sc *scenario, phase string) {
 			continue
 		}
 		if n > 0 {
-			sc.violate("phase %q wrote %d row(s) to %s through a connection other than its transaction: the worker died before the commit, the phase's transaction rolled back, and these rows stayed, so the re-run writes them again. "+
+			sc.violate("phase %q wrote %d row(s) to %s through a connection other than its transaction: %s, and these rows stayed, so the re-run writes them again. "+
 				"Send every statement through the phase's tx (with sqlc, db.New(tx)), never the pool; if something else writes to %s while flows run, list it in Config.Bypass.Ignore",
-				phase, n, table, table)
+				phase, n, table, b.rolledBack(), table)
 		}
 	}
+}
+
+// rolledBack says how the faulted phase's transaction ended.
+func (b *bypassWatch) rolledBack() string {
+	switch b.kind {
+	case SerializationFailure:
+		return "the phase's transaction failed to serialize and rolled back, with the key it created (the re-run makes the key anew, with another id)"
+	case LeaseTakeover:
+		return "the server ended the stalled phase's transaction, and the key it created with it (the retry makes the key anew, with another id)"
+	}
+	return "the worker died before the commit, the phase's transaction rolled back"
 }
 
 // watchedTables resolves the check's tables to quoted, schema-qualified

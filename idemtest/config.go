@@ -79,8 +79,9 @@ type Config[In any] struct {
 	Providers []FakeProvider
 
 	// Bypass configures the check for writes that bypass the phase's
-	// transaction, made in every crash_before_commit scenario (see
-	// BypassCheck). The zero value watches every table on Pool's
+	// transaction, made in every crash_before_commit scenario, and in
+	// serialization_failure and lease_takeover at a phase a new key is
+	// acquired with (see BypassCheck). The zero value watches every table on Pool's
 	// search_path but idem's own.
 	Bypass BypassCheck
 

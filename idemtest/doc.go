@@ -55,9 +55,11 @@
 //     unless a reconcile hook said it had not happened;
 //   - the registered Providers received only downstream keys the runner
 //     handed out in the scenario, and all of them;
-//   - in crash_before_commit, no row that another transaction wrote while
-//     the phase ran outlived the phase's rollback: a write through the pool
-//     instead of the phase's tx (see [BypassCheck]);
+//   - in crash_before_commit (and in serialization_failure and
+//     lease_takeover at a phase a new key is acquired with), no row that
+//     another transaction wrote while the phase ran outlived the phase's
+//     rollback: a write through the pool instead of the phase's tx (see
+//     [BypassCheck]);
 //   - Config.Check holds.
 //
 // # Wire scenarios

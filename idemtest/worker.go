@@ -54,6 +54,7 @@ func (w *worker) hook(ctx context.Context, at idem.HookPoint) error {
 		return nil
 	}
 	f.fired = true
+	f.bypass.strike(ctx) // see bypass.go
 	return f.inject(ctx, w)
 }
 

@@ -23,7 +23,7 @@ import (
 // whole to the one worker holding the scope (a router query): the guarded
 // phase commit, the heartbeat, the release, the marks, the re-read of a key,
 // the reconcile claim, the takeover. The acquisition is the function
-// idem_acquire_v9 distributed by its scope argument, which Citus delegates
+// idem_acquire_v11 distributed by its scope argument, which Citus delegates
 // to that worker: still one statement from the application. What Citus
 // refuses, and what these statements do instead:
 //

@@ -114,7 +114,7 @@ func TestLeasesOfThePreviousVersionNameNoHolder(t *testing.T) {
 	require.Equal(t, idemdriver.AcquiredNone, res.Acquired, "a lease the previous version took is waited for")
 	// Even if the check before the statement were skipped, the statement
 	// itself refuses.
-	_, err = store.acquisition(ctx, store.q.takeOver, append([]any{nil, rec.ID, "f", []byte{1}, time.Hour.Microseconds(), "POST", "/"},
+	_, err = store.acquisition(ctx, store.db, store.q.takeOver, append([]any{nil, rec.ID, "f", []byte{1}, time.Hour.Microseconds(), "POST", "/"},
 		store.holder.args()...)...)
 	require.ErrorIs(t, err, pgx.ErrNoRows)
 }

@@ -306,15 +306,13 @@ const maxAcquireStatements = 4
 
 // Acquire implements idemdriver.Store.
 func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemdriver.AcquireResult, error) {
-	params, paramsKeyID, err := s.sealParams(p.Scope, p.Key, p.Params)
+	args, err := s.acquireArgs(p)
 	if err != nil {
 		return nil, err
 	}
 	replanned := false
 	for i := 0; i < maxAcquireStatements; i++ {
-		res, err := s.acquisition(ctx, s.q.acquire, append([]any{
-			p.Now, p.Scope, p.Key, p.Flow, p.Method, p.Path, p.Fingerprint, p.PayloadFingerprint, string(params), p.Lease.Microseconds(), p.NoCreate, paramsKeyID},
-			s.holder.args()...)...)
+		res, err := s.acquisition(ctx, s.db, s.q.acquire, args...)
 		if !replanned && planChanged(err) {
 			// A migration changed what the statement returns since this
 			// connection prepared it; pgx has forgotten the statement, and
@@ -332,6 +330,9 @@ func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemd
 			continue
 		}
 		if err != nil {
+			if keyBusy(err) {
+				return nil, fmt.Errorf("%w: key %q: %w", idemdriver.ErrKeyBusy, p.Key, err)
+			}
 			err = mapError(fmt.Errorf("pgstore: acquire: %w", err))
 			if errors.Is(err, idemdriver.ErrSerialization) {
 				// Under a server default of repeatable read or serializable,
@@ -343,42 +344,61 @@ func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemd
 			return nil, err
 		}
 		res.Retried = i
-		if rec := res.Record; res.Acquired == idemdriver.AcquiredNone && rec.Status == idemdriver.StatusRunning &&
-			rec.Flow == p.Flow && rec.SameRequest(p.Fingerprint, p.PayloadFingerprint) && rec.Method == p.Method && rec.Path == p.Path &&
-			(!rec.Locked(res.DBNow) || s.holder.resumes(rec)) {
-			// Nobody holds this unfinished key, or an earlier process of
-			// this instance, now dead, does: take it over.
-			taken, err := s.acquisition(ctx, s.q.takeOver, s.q.scoped(rec.Scope, append([]any{
-				p.Now, rec.ID, p.Flow, rec.Fingerprint, p.Lease.Microseconds(), p.Method, p.Path}, s.holder.args()...)...)...)
-			switch {
-			case errors.Is(err, pgx.ErrNoRows), errors.Is(mapError(err), idemdriver.ErrSerialization):
-				// Another worker took it (or finished it) first; report
-				// the row as it was, which reads as in progress.
-			case errors.Is(err, ErrCannotOpen):
-				// The row was opened a statement ago; still, never hold a
-				// key the runner is told nothing about.
-				s.letGo(ctx, taken.Record, s.q.release, err)
-				return nil, err
-			case err != nil:
-				return nil, mapError(fmt.Errorf("pgstore: take over: %w", err))
-			default:
-				taken.Retried = i
-				return taken, nil
-			}
-		}
-		return res, nil
+		return s.takeOverIfAbandoned(ctx, p, res)
 	}
 	return nil, fmt.Errorf("pgstore: acquire: key %q kept appearing and disappearing under concurrent writers", p.Key)
+}
+
+// acquireArgs are the arguments of the acquire statement for p.
+func (s *Store) acquireArgs(p idemdriver.AcquireParams) ([]any, error) {
+	params, paramsKeyID, err := s.sealParams(p.Scope, p.Key, p.Params)
+	if err != nil {
+		return nil, err
+	}
+	return append([]any{
+		p.Now, p.Scope, p.Key, p.Flow, p.Method, p.Path, p.Fingerprint, p.PayloadFingerprint, string(params), p.Lease.Microseconds(), p.NoCreate, paramsKeyID},
+		s.holder.args()...), nil
+}
+
+// takeOverIfAbandoned takes over the unfinished key the acquisition res
+// found, when nobody holds it (or an earlier process of this instance, now
+// dead, does) and it is this request; otherwise it returns res.
+func (s *Store) takeOverIfAbandoned(ctx context.Context, p idemdriver.AcquireParams, res *idemdriver.AcquireResult) (*idemdriver.AcquireResult, error) {
+	rec := res.Record
+	if res.Acquired != idemdriver.AcquiredNone || rec.Status != idemdriver.StatusRunning ||
+		rec.Flow != p.Flow || !rec.SameRequest(p.Fingerprint, p.PayloadFingerprint) || rec.Method != p.Method || rec.Path != p.Path ||
+		(rec.Locked(res.DBNow) && !s.holder.resumes(rec)) {
+		return res, nil
+	}
+	taken, err := s.acquisition(ctx, s.db, s.q.takeOver, s.q.scoped(rec.Scope, append([]any{
+		p.Now, rec.ID, p.Flow, rec.Fingerprint, p.Lease.Microseconds(), p.Method, p.Path}, s.holder.args()...)...)...)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows), errors.Is(mapError(err), idemdriver.ErrSerialization):
+		// Another worker took it (or finished it) first; report the row as
+		// it was, which reads as in progress.
+		return res, nil
+	case errors.Is(err, ErrCannotOpen):
+		// The row was opened a statement ago; still, never hold a key the
+		// runner is told nothing about.
+		s.letGo(ctx, taken.Record, s.q.release, err)
+		return nil, err
+	case err != nil:
+		return nil, mapError(fmt.Errorf("pgstore: take over: %w", err))
+	}
+	taken.Retried = res.Retried
+	return taken, nil
 }
 
 // acquisition runs a statement that returns (acquired, db_now, key
 // columns) and scans its one row; pgx.ErrNoRows when there is none. When the
 // row's sealed values cannot be opened it returns the row as scanned with
 // the ErrCannotOpen error, so that a caller that locked it can let it go.
-func (s *Store) acquisition(ctx context.Context, sql string, args ...any) (*idemdriver.AcquireResult, error) {
+func (s *Store) acquisition(ctx context.Context, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, sql string, args ...any) (*idemdriver.AcquireResult, error) {
 	res := &idemdriver.AcquireResult{Record: &idemdriver.KeyRecord{}}
 	dest := append([]any{&res.Acquired, &res.DBNow}, recordDest(res.Record)...)
-	if err := s.db.QueryRow(ctx, sql, args...).Scan(dest...); err != nil {
+	if err := db.QueryRow(ctx, sql, args...).Scan(dest...); err != nil {
 		return nil, err
 	}
 	if err := s.open(res.Record); err != nil {
@@ -398,7 +418,7 @@ func (s *Store) letGo(ctx context.Context, rec *idemdriver.KeyRecord, unlock str
 
 // ClaimReconcile implements idemdriver.Store.
 func (s *Store) ClaimReconcile(ctx context.Context, p idemdriver.ClaimParams) (*idemdriver.AcquireResult, error) {
-	res, err := s.acquisition(ctx, s.q.claimReconcile, append([]any{p.Now, p.Scope, p.Key, p.Lease.Microseconds()}, s.holder.args()...)...)
+	res, err := s.acquisition(ctx, s.db, s.q.claimReconcile, append([]any{p.Now, p.Scope, p.Key, p.Lease.Microseconds()}, s.holder.args()...)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return &idemdriver.AcquireResult{Acquired: idemdriver.AcquiredNone}, nil
 	}

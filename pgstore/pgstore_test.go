@@ -62,7 +62,7 @@ func TestQueriesAreFullyRendered(t *testing.T) {
 			}
 			switch sql {
 			case q.acquire:
-				require.Contains(t, sql, prefix+"idem_acquire_v9(")
+				require.Contains(t, sql, prefix+"idem_acquire_v11(")
 			case q.clearForeignMark:
 			default:
 				require.Contains(t, sql, prefix+"idem_keys")

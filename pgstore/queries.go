@@ -43,8 +43,8 @@ type queries struct {
 	waitMark, waitCheck               string
 	notifyWaiters, waitCheckAll       string
 
-	unlockKey, claimIdle, reap, reapAbandoned, unfinishedKeys, statementTimeout, clock string
-	backlog                                                                            string
+	unlockKey, claimIdle, reap, reapAbandoned, unfinishedKeys, statementTimeout, idleTimeout, timeouts, renewLease, clock string
+	backlog                                                                                                               string
 
 	// citus says the statements are Citus's (citus.go, useCitus), with the
 	// statements only Citus runs.
@@ -140,10 +140,12 @@ func newQueries(prefix string) *queries {
 	}
 
 	// acquire: one statement, one round trip, for a new key, a replay and an
-	// in-progress key alike. It calls idem_acquire_v9, a PL/pgSQL function
-	// (migrations/sql/0009_payload_fingerprint.up.sql: idem_acquire of
+	// in-progress key alike. It calls idem_acquire_v11, a PL/pgSQL function
+	// (migrations/sql/0011_acquire_in_phase.up.sql: idem_acquire of
 	// 0005_acquire_function.up.sql with the key's generation, from 0007, the
-	// lease's holder, from 0008, and the key's two fingerprints), which
+	// lease's holder, from 0008, the key's two fingerprints, from 0009, and
+	// the key's advisory lock taken without waiting before an insert, from
+	// 0011), which
 	//
 	//  - reads the key's progress row, and its lease row unless it is
 	//    finished (a finished key's lease row means nothing);
@@ -152,7 +154,11 @@ func newQueries(prefix string) *queries {
 	//  - otherwise, unless NoCreate, deletes the expired key (its lease row
 	//    goes with it, ON DELETE CASCADE) and inserts the key and its lease
 	//    row, locked, one generation on from the expired key it replaces
-	//    (0 for a key never seen). ON CONFLICT DO NOTHING turns a concurrent insert of the
+	//    (0 for a key never seen). First it takes the key's advisory lock
+	//    for its transaction without waiting, and raises lock_not_available
+	//    (55P03, keyBusy) when another transaction holds it: one creating the
+	//    key in its first phase (AcquireInPhase), whose uncommitted row ON
+	//    CONFLICT would wait for. ON CONFLICT DO NOTHING turns a concurrent insert of the
 	//    same key into "nothing inserted" instead of a unique violation that
 	//    would abort the caller; the function then reads the winner's key.
 	//
@@ -178,7 +184,7 @@ func newQueries(prefix string) *queries {
 	// Params travel as text (a Go string: []byte would be sent as bytea in
 	// the exec and simple_protocol modes): the function parses them only
 	// when it inserts.
-	q.acquire = `SELECT * FROM ` + prefix + `idem_acquire_v9($1::timestamptz, $2::text, $3::text, $4::text, $5::text, $6::text,
+	q.acquire = `SELECT * FROM ` + prefix + `idem_acquire_v11($1::timestamptz, $2::text, $3::text, $4::text, $5::text, $6::text,
     $7::bytea, $8::bytea, $9::text, $10::bigint, $11::boolean, $12::text, $13::text, $14::text, $15::int, $16::text)`
 
 	// takeOverLease is the part of takeOver and claimReconcile that takes
@@ -317,6 +323,14 @@ RETURNING l.lease_expires_at`)
 	// release and setNeedsReconcile are guarded on the progress row, which
 	// they lock first, and unlock the lease row; they return how many keys
 	// the guard matched.
+	// renewLease renews, inside the transaction of a key's first phase,
+	// the lease of a key acquired in it (CommitParams.RenewLease), from the
+	// moment of the statement: the transaction's now() is the acquisition's.
+	q.renewLease = render(`
+UPDATE {l} l
+SET lease_expires_at = coalesce($3::timestamptz, clock_timestamp()) + $4::bigint * interval '1 microsecond'
+WHERE l.key_id = $1 AND l.fence = $2`)
+
 	q.release = render(`
 WITH released AS (
     UPDATE {t} SET last_error = left($3, 4000)
@@ -541,6 +555,14 @@ ORDER BY 1, 2, 3, 4`)
 	// statementTimeout bounds the statements after it in the same
 	// transaction (milliseconds, as text).
 	q.statementTimeout = `SELECT set_config('statement_timeout', $1, true)`
+	// idleTimeout ends the session, and with it the transaction, once the
+	// transaction has sat idle between statements for $1 milliseconds: the
+	// lease of a key acquired in its first phase's transaction
+	// (AcquireInPhase), which nobody else can see, let alone take over.
+	q.idleTimeout = `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`
+	// timeouts is statementTimeout ($1) and idleTimeout ($2) in one
+	// statement.
+	q.timeouts = `SELECT set_config('statement_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $2, true)`
 
 	q.clock = `SELECT coalesce($1::timestamptz, now()) AS t`
 

@@ -38,7 +38,7 @@ func TestTakeOverNeedsTheSameMethodAndPath(t *testing.T) {
 		require.Equal(t, int64(1), res.Record.Fence)
 
 		// The statement itself refuses, should the check before it be skipped.
-		_, err := store.acquisition(ctx, store.q.takeOver, append([]any{nil, res.Record.ID, "f", []byte{1}, time.Minute.Microseconds(), other[0], other[1]},
+		_, err := store.acquisition(ctx, store.db, store.q.takeOver, append([]any{nil, res.Record.ID, "f", []byte{1}, time.Minute.Microseconds(), other[0], other[1]},
 			store.holder.args()...)...)
 		require.ErrorIs(t, err, pgx.ErrNoRows)
 	}

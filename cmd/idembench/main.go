@@ -383,6 +383,14 @@ func measureLoad(ctx context.Context, e *env, o *options, logf func(string, ...a
 	if len(deps.replayIDs) != o.ReplayKeys {
 		return nil, fmt.Errorf("prepared %d finished keys, want %d", len(deps.replayIDs), o.ReplayKeys)
 	}
+	// The baseline's replays, of the same requests through its own table.
+	base := &baseline{pool: e.pool, pipelined: true}
+	if err := forEach(ctx, 16, o.ReplayKeys, func(ctx context.Context, i int) error {
+		_, err := base.run(ctx, "user:replay", replayKey(i), deps.replayInputs[i])
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("prepare the baseline's replay keys: %w", err)
+	}
 
 	cpu, err := newCPUMeter(ctx, e.pool)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -166,13 +167,27 @@ var (
 func describeTrip(sqls []string) string {
 	var parts []string
 	for _, sql := range sqls {
+		if transactionSetting.MatchString(sql) {
+			// The store's per-transaction timeouts, sent with BEGIN: part of
+			// beginning, not work of their own.
+			continue
+		}
 		parts = append(parts, describeStatement(sql))
 	}
 	if len(parts) == 0 {
 		return "empty batch"
 	}
+	if i := slices.Index(parts, "acquisition"); i > 0 && parts[0] == "BEGIN" {
+		// A new key acquired in its first phase's transaction: the trip is
+		// the acquisition, which happens to open that transaction.
+		parts = append([]string{"acquisition"}, slices.Delete(parts, i, i+1)...)
+	}
 	return strings.Join(parts, " + ")
 }
+
+// transactionSetting matches a set_config of a setting local to the
+// transaction (statement_timeout, idle_in_transaction_session_timeout).
+var transactionSetting = regexp.MustCompile(`(?is)^\s*SELECT\s+set_config\(\s*'[a-z_]+'\s*,\s*\$\d+\s*,\s*true\s*\)(\s*,\s*set_config\(\s*'[a-z_]+'\s*,\s*\$\d+\s*,\s*true\s*\))*\s*$`)
 
 func describeStatement(sql string) string {
 	switch sql {
@@ -203,7 +218,7 @@ func describeStatement(sql string) string {
 	case strings.HasPrefix(lower, "with guarded"):
 		return "guarded phase update"
 	case strings.HasPrefix(lower, "with clock") && strings.Contains(lower, "inserted as"),
-		strings.Contains(lower, "idem_acquire("), strings.Contains(lower, "idem_acquire_v7("), strings.Contains(lower, "idem_acquire_v8("), strings.Contains(lower, "idem_acquire_v9("):
+		strings.Contains(lower, "idem_acquire("), strings.Contains(lower, "idem_acquire_v7("), strings.Contains(lower, "idem_acquire_v8("), strings.Contains(lower, "idem_acquire_v9("), strings.Contains(lower, "idem_acquire_v11("):
 		return "acquisition"
 	case strings.HasPrefix(lower, "with clock") && strings.Contains(lower, "taken"):
 		return "take-over"

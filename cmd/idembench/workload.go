@@ -69,20 +69,24 @@ func newRunnerFlow() *idem.Flow[rideInput] { return newRidesFlow(joinNone) }
 type joins int
 
 const (
-	// joinNone: three phases, three transactions (four commits with the
-	// acquisition), as the baseline.
+	// joinNone: three phases, three transactions, three commits: the key
+	// is acquired in the first phase's transaction, and commits with it.
 	joinNone joins = iota
+	// separately: joinNone with the key acquired, and committed, on its own
+	// before the first phase (FlowConfig.AcquireSeparately): four commits,
+	// as the baseline. The shape of every flow before version 11.
+	separately
 	// joinReceipt: the receipt, which makes no foreign call, joins the
-	// charge's transaction: three commits.
+	// charge's transaction: two commits.
 	joinReceipt
 	// joinAll: the charge joins the ride and the receipt joins both: one
-	// transaction after the acquisition, two commits, the single-transaction
-	// contender's shape.
+	// transaction with the acquisition, one commit (the single-transaction
+	// contender commits its claim, then its transaction).
 	joinAll
 )
 
 func newRidesFlow(j joins) *idem.Flow[rideInput] {
-	name := map[joins]string{joinNone: flowName, joinReceipt: flowName + ".joined", joinAll: flowName + ".onetx"}[j]
+	name := map[joins]string{joinNone: flowName, separately: flowName + ".separate", joinReceipt: flowName + ".joined", joinAll: flowName + ".onetx"}[j]
 	return ridesFlow(name, j, rideStatements{insertRide: insertRideSQL("runner"), chargeRide: chargeRideSQL("runner"), insertJob: insertJobSQL("runner")})
 }
 
@@ -137,7 +141,7 @@ func ridesFlow(name string, j joins, st rideStatements) *idem.Flow[rideInput] {
 		},
 		{
 			Name:         "receipt_enqueued",
-			JoinPrevious: j != joinNone,
+			JoinPrevious: j == joinReceipt || j == joinAll,
 			Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) (idem.Result, error) {
 				var rideID int64
 				var chargeID string
@@ -153,7 +157,7 @@ func ridesFlow(name string, j joins, st rideStatements) *idem.Flow[rideInput] {
 				return idem.RespondJSON(http.StatusCreated, rideResponse{RideID: rideID, ChargeID: chargeID, Amount: run.Input().Amount}), nil
 			},
 		},
-	}, nil)
+	}, &idem.FlowConfig[rideInput]{AcquireSeparately: j == separately})
 }
 
 // baseline is the hand-rolled implementation the runner is measured

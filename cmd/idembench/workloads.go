@@ -50,11 +50,13 @@ type workload struct {
 
 // workloads are the load section's workloads, in the report's order.
 var workloads = []workload{
-	{name: "runner", label: "runner", runner: true, commits: 4, color: colRunner,
+	{name: "runner", label: "runner", runner: true, commits: 3, color: colRunner,
 		op: func(d *loadDeps) op { return d.runnerOp("r", newRunnerFlow()) }},
-	{name: "runner-joined", label: "runner, receipt joined", runner: true, commits: 3,
+	{name: "runner-separate", label: "runner, acquired separately", runner: true, commits: 4,
+		op: func(d *loadDeps) op { return d.runnerOp("rs", newRidesFlow(separately)) }},
+	{name: "runner-joined", label: "runner, receipt joined", runner: true, commits: 2,
 		op: func(d *loadDeps) op { return d.runnerOp("rj", newRidesFlow(joinReceipt)) }},
-	{name: "runner-onetx", label: "runner, all joined", runner: true, commits: 2,
+	{name: "runner-onetx", label: "runner, all joined", runner: true, commits: 1,
 		op: func(d *loadDeps) op { return d.runnerOp("r1", newRidesFlow(joinAll)) }},
 	{name: "baseline", label: "baseline", commits: 4, color: colBaseline,
 		op: func(d *loadDeps) op { return d.baselineOp("b", (&baseline{pool: d.pool, pipelined: true}).run) }},
@@ -63,6 +65,7 @@ var workloads = []workload{
 	{name: "plain", label: "plain tx", commits: 4, color: colPlain,
 		op: func(d *loadDeps) op { return d.baselineOp("p", (&baseline{pool: d.pool}).run) }},
 	{name: "replay", label: "replay", kind: kindReplay, op: (*loadDeps).replayOp},
+	{name: "baseline-replay", label: "baseline replay", kind: kindReplay, op: (*loadDeps).baselineReplayOp},
 	{name: "select", label: "plain SELECT", kind: kindReplay, op: (*loadDeps).selectOp},
 	{name: "commit", label: "INSERT+commit", kind: kindCommit, op: (*loadDeps).commitOp},
 }
@@ -144,6 +147,20 @@ func (d *loadDeps) replayOp() op {
 		out, err := d.runner.Execute(ctx, flow, idem.Request{Scope: "user:replay", Key: replayKey(n), Path: "/rides", Params: d.replayInputs[n]})
 		if err == nil && (out.Kind != idem.OutcomeReplayed || out.Response.Status != 201) {
 			err = fmt.Errorf("outcome %s, want a replayed 201", out.Kind)
+		}
+		return err
+	}
+}
+
+// baselineReplayOp replays the baseline's finished keys: its claim finds
+// the key, and a second statement reads it.
+func (d *loadDeps) baselineReplayOp() op {
+	base := &baseline{pool: d.pool, pipelined: true}
+	return func(ctx context.Context, w, i int) error {
+		n := rand.IntN(len(d.replayInputs))
+		res, err := base.run(ctx, "user:replay", replayKey(n), d.replayInputs[n])
+		if err == nil && (!res.replayed || res.status != 201) {
+			err = fmt.Errorf("replayed %v, status %d: want a replayed 201", res.replayed, res.status)
 		}
 		return err
 	}

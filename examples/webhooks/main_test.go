@@ -300,7 +300,7 @@ func TestTwoProcesses(t *testing.T) {
 				require.NotEmpty(t, got.a.retryAfter)
 				busy++
 			default:
-				t.Fatalf("%s: unexpected answer %d: %s", got.id, got.a.status, got.a.body)
+				t.Fatalf("%s: unexpected answer %d: %s\nserve A:\n%s\nserve B:\n%s", got.id, got.a.status, got.a.body, a.output.String(), b.output.String())
 			}
 		}
 		// Those answered 503 are redelivered, as the provider would.

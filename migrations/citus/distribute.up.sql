@@ -1,4 +1,4 @@
--- idem's Citus layout, for schema version 10: what `migrations.Config{Citus:
+-- idem's Citus layout, for schema version 11: what `migrations.Config{Citus:
 -- true}` (`idem migrate up --citus`) applies on a Citus coordinator, in the
 -- same transaction, after the numbered migrations. See docs/scaling.md,
 -- "Citus".
@@ -45,7 +45,7 @@ SELECT create_distributed_table('{{schema}}idem_leases', 'scope', colocate_with 
 ALTER TABLE {{schema}}idem_leases ADD CONSTRAINT idem_leases_key_fkey
     FOREIGN KEY (scope, key_id) REFERENCES {{schema}}idem_keys (scope, id) ON DELETE CASCADE;
 
--- idem_acquire_v9 of 0009 with the scope in the three statements that
+-- idem_acquire_v11 of 0011 with the scope in the three statements that
 -- found rows by id alone (the expired key's DELETE, the lease row's INSERT
 -- and SELECT), so that, distributed by its p_scope argument, it runs whole
 -- on the worker that holds the scope: one round trip from the application,
@@ -53,7 +53,7 @@ ALTER TABLE {{schema}}idem_leases ADD CONSTRAINT idem_leases_key_fkey
 -- search_path: on the worker it runs with Citus's own, where the tables
 -- named without a schema would not be found.
 -- idem:step
-CREATE OR REPLACE FUNCTION {{schema}}idem_acquire_v9(
+CREATE OR REPLACE FUNCTION {{schema}}idem_acquire_v11(
     p_now timestamptz, p_scope text, p_key text, p_flow text, p_method text, p_path text,
     p_fingerprint bytea, p_payload_fingerprint bytea, p_params text, p_lease bigint, p_no_create boolean, p_params_key_id text,
     p_holder_instance text, p_holder_host text, p_holder_pid int, p_holder_boot text)
@@ -69,7 +69,7 @@ RETURNS TABLE (
     payload_fingerprint bytea)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
-AS $idem_acquire_v9$
+AS $idem_acquire_v11$
 #variable_conflict error
 DECLARE
     v_now      timestamptz := coalesce(p_now, now());
@@ -85,6 +85,15 @@ BEGIN
         EXIT WHEN v_found AND NOT (k.status = 'finished' AND k.expires_at <= v_now);
         IF p_no_create OR attempt = 2 THEN
             RETURN;
+        END IF;
+
+        -- As in 0011: a key another transaction is inserting is busy, not
+        -- waited for. On a worker: every acquisition of the scope runs there.
+        IF NOT pg_try_advisory_xact_lock(hashtextextended(
+                length(p_scope)::text || ':' || p_scope || p_key,
+                '{{schema}}idem_keys'::regclass::oid::bigint)) THEN
+            RAISE EXCEPTION 'idem: key is being created by another transaction'
+                USING ERRCODE = 'lock_not_available';
         END IF;
 
         IF v_found THEN
@@ -140,9 +149,9 @@ BEGIN
         CASE WHEN k.status <> 'finished' AND l.holder_fence = l.fence THEN coalesce(l.holder_boot, '') ELSE '' END,
         k.payload_fingerprint;
 END
-$idem_acquire_v9$;
+$idem_acquire_v11$;
 
 -- idem:step
 SELECT create_distributed_function(
-    '{{schema}}idem_acquire_v9(timestamptz, text, text, text, text, text, bytea, bytea, text, bigint, boolean, text, text, text, int, text)',
+    '{{schema}}idem_acquire_v11(timestamptz, text, text, text, text, text, bytea, bytea, text, bigint, boolean, text, text, text, int, text)',
     'p_scope', colocate_with := '{{schema}}idem_keys');

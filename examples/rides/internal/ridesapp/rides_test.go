@@ -119,10 +119,12 @@ func TestPassesForKeysThatAreUnlocked(t *testing.T) {
 
 // "passes for keys with a stale locked_at": the first attempt's process
 // died holding the key. Until its lease runs out the key is in progress;
-// after, the next attempt takes it over.
+// after, the next attempt takes it over. The key is acquired separately:
+// acquired with ride_created, as by default, the dead process's key went
+// with its transaction, and there would be no stale lock to pass.
 func TestPassesForKeysWithAStaleLock(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil)
+	b := setup(t, &options{acquireSeparately: true})
 	key := newKey()
 	b.crashAt(ridesapp.PhaseRideCreated, idem.HookBeforeCommit)
 	_, err := b.post(t, "Bearer "+ridesapp.GoodUserEmail, key, validBody)
@@ -171,7 +173,9 @@ func TestStoresResultsForAPermanentFailure(t *testing.T) {
 // "continues from started", "continues from ride_created", "continues from
 // charge_created": the first attempt died at the start of the phase after
 // the recovery point (nothing of that phase committed); once its lease ran
-// out, the retry resumes there and runs no committed phase again.
+// out, the retry resumes there and runs no committed phase again. The key
+// is acquired separately: acquired with ride_created, as by default, a
+// death in ride_created leaves no key at started to continue from.
 func TestContinuesFromRecoveryPoint(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -184,7 +188,7 @@ func TestContinuesFromRecoveryPoint(t *testing.T) {
 	} {
 		t.Run(tc.recoveryPoint, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, nil)
+			b := setup(t, &options{acquireSeparately: true})
 			key := newKey()
 			b.crashAt(tc.crashIn, idem.HookPhaseStart)
 			_, err := b.post(t, "Bearer "+ridesapp.GoodUserEmail, key, validBody)
