@@ -709,6 +709,11 @@ func (r *Runner) fail(ctx context.Context, h *held, err error) (*Outcome, error)
 		// A dead process releases nothing: leave the key for the lease to
 		// expire, exactly as a real crash would.
 		return h.outcome(nil), err
+	case h.uncommitted.Load() && h.refused != nil:
+		// A foreign call refused before the key was committed: not a
+		// failure; execute starts the request over, acquiring separately.
+		r.log.DebugContext(ctx, "idem: a foreign call in the first phase; starting over with the key committed first", h.logAttrs("flow", h.flow.Name(), "phase", h.phaseName())...)
+		return &Outcome{}, err
 	case h.uncommitted.Load():
 		// The key was acquired in the first phase's transaction, which did
 		// not commit: the key went with it. Nothing is left to release, and
