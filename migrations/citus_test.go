@@ -86,3 +86,36 @@ func TestCitusUpWithoutTheExtensionFails(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, distributed)
 }
+
+// A plain schema with keys in it, distributed afterwards: the keys are in
+// the shards, and the coordinator keeps no local copy of them (which Citus
+// leaves on disk unless told otherwise). Its layout version is the latest
+// migration's: a new migration needs its Citus counterpart.
+func TestCitusUpDistributesExistingKeysAndDropsTheLocalCopy(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	require.Equal(t, migrations.Latest(), migrations.CitusLayoutVersion, "a migration after the Citus layout's version needs the layout brought up to it")
+	schema := pgtest.NewCitusSchema(t)
+	plain, err := migrations.New(schema.Pool, &migrations.Config{Schema: schema.Name})
+	require.NoError(t, err)
+	_, err = plain.Up(ctx)
+	require.NoError(t, err)
+	for i := range 20 {
+		_, err := schema.Pool.Exec(ctx, `SELECT * FROM `+schema.Name+`.idem_acquire_v11(NULL, $1, $2, 'f', 'POST', '/', '\x01', '\x02', '{}', 60000000, false, '', '', '', 0, '')`,
+			"user:"+string(rune('a'+i)), "k")
+		require.NoError(t, err)
+	}
+	m, err := migrations.New(schema.Pool, &migrations.Config{Schema: schema.Name, Citus: true})
+	require.NoError(t, err)
+	res, err := m.Up(ctx)
+	require.NoError(t, err)
+	require.True(t, res.Distributed)
+	var keys, leases int
+	require.NoError(t, schema.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+schema.Name+`.idem_keys), (SELECT count(*) FROM `+schema.Name+`.idem_leases)`).Scan(&keys, &leases))
+	require.Equal(t, 20, keys)
+	require.Equal(t, 20, leases)
+	var local int64
+	require.NoError(t, schema.Pool.QueryRow(ctx, `SELECT pg_relation_size($1::regclass) + pg_relation_size($2::regclass)`,
+		schema.Name+".idem_keys", schema.Name+".idem_leases").Scan(&local))
+	require.Zero(t, local, "the coordinator's local copy of the distributed tables")
+}

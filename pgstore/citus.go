@@ -1,6 +1,7 @@
 package pgstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -465,9 +466,13 @@ func (s *Store) reapAbandonedCitus(ctx context.Context, p idemdriver.ReapAbandon
 }
 
 // checkAllWaitedCitus is checkAllWaited on Citus: one router statement per
-// key.
+// key. A key whose check fails (its worker is down, say) is left out of the
+// results, to be checked again later, and does not keep the others, whose
+// workers answer, from being woken; the error is returned only when no key
+// could be checked.
 func (s *Store) checkAllWaitedCitus(ctx context.Context, refs []idemdriver.LockRef) (map[int64]waitState, error) {
 	out := make(map[int64]waitState, len(refs))
+	var first error
 	for _, ref := range refs {
 		over, left, err := s.checkWaited(ctx, ref)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -475,9 +480,16 @@ func (s *Store) checkAllWaitedCitus(ctx context.Context, refs []idemdriver.LockR
 			continue
 		}
 		if err != nil {
-			return out, err
+			if ctx.Err() != nil {
+				return out, err
+			}
+			first = cmp.Or(first, err)
+			continue
 		}
 		out[ref.ID] = waitState{over: over, left: left}
+	}
+	if len(out) == 0 && first != nil {
+		return out, first
 	}
 	return out, nil
 }

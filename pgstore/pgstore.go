@@ -116,7 +116,9 @@ type Config struct {
 	// (migrations.Config.Citus: idem_keys and idem_leases distributed by
 	// scope) without asking. By default New asks the database, and uses
 	// them when idem_keys is a Citus distributed table; set Citus when the
-	// database may not answer at start. On Citus, waits poll (see
+	// database may not answer at start (a store that could not ask runs
+	// the plain statements until it is made again). New refuses Citus when
+	// it can ask and idem_keys is not distributed. On Citus, waits poll (see
 	// WaitPolling). Default false.
 	Citus bool
 
@@ -259,14 +261,18 @@ func (s *Store) checkSchema(schema, prefix string) error {
 	if err != nil {
 		return fmt.Errorf("pgstore: %w", err)
 	}
-	if !s.q.citus {
-		distributed, err := m.Distributed(ctx)
-		if err != nil {
-			return fmt.Errorf("pgstore: find out whether idem_keys is distributed by Citus: %w", err)
-		}
-		if distributed {
-			s.useCitus()
-		}
+	distributed, err := m.Distributed(ctx)
+	if err != nil {
+		return fmt.Errorf("pgstore: find out whether idem_keys is distributed by Citus: %w", err)
+	}
+	switch {
+	case distributed && !s.q.citus:
+		s.useCitus()
+	case !distributed && s.q.citus:
+		// Config.Citus on tables Citus does not distribute: every statement
+		// about a key would name a column (idem_leases.scope) that the plain
+		// layout does not have.
+		return fmt.Errorf("%w: pgstore.Config.Citus is set, but %sidem_keys is not distributed by Citus; apply the layout (`idem migrate up --citus`) or unset it", ErrSchema, prefix)
 	}
 	if version > migrations.Latest() {
 		if _, err := m.Compatible(ctx); err != nil {

@@ -64,3 +64,17 @@ func TestNewOnASchemaAhead(t *testing.T) {
 	require.ErrorIs(t, err, migrations.ErrUnknownVersion)
 	require.ErrorContains(t, err, fmt.Sprintf("needs a binary that knows version %d or later", latest+1))
 }
+
+// Config.Citus on tables Citus does not distribute is refused at New:
+// every statement about a key would name idem_leases.scope, which the plain
+// layout does not have.
+func TestNewRefusesCitusOnAPlainSchema(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.NewMigratedSchema(t)
+	_, err := pgstore.New(schema.Pool, &pgstore.Config{Schema: schema.Name, Citus: true})
+	require.ErrorIs(t, err, pgstore.ErrSchema)
+	require.ErrorContains(t, err, "not distributed by Citus")
+	store, err := pgstore.New(schema.Pool, &pgstore.Config{Schema: schema.Name})
+	require.NoError(t, err)
+	store.Close()
+}

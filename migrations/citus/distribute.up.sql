@@ -41,6 +41,11 @@ DROP TRIGGER idem_keys_ended_v10 ON {{schema}}idem_keys;
 
 SELECT create_distributed_table('{{schema}}idem_keys', 'scope');
 SELECT create_distributed_table('{{schema}}idem_leases', 'scope', colocate_with => '{{schema}}idem_keys');
+-- Distributing copies a table's rows into its shards and leaves the local
+-- copy on the coordinator's disk, invisible and never reaped (stored
+-- params and responses among them): drop it.
+SELECT truncate_local_data_after_distributing_table('{{schema}}idem_leases');
+SELECT truncate_local_data_after_distributing_table('{{schema}}idem_keys');
 -- idem:step
 ALTER TABLE {{schema}}idem_leases ADD CONSTRAINT idem_leases_key_fkey
     FOREIGN KEY (scope, key_id) REFERENCES {{schema}}idem_keys (scope, id) ON DELETE CASCADE;
