@@ -522,7 +522,7 @@ func (r *Runner) recordFailedStart(ctx context.Context, flow AnyFlow, req Reques
 	// it now, and lets it go with this attempt's error.
 	rctx, cancel := r.storeContext(ctx)
 	defer cancel()
-	if rerr := r.store.Release(rctx, idemdriver.LockRef{ID: acq.Record.ID, Fence: acq.Record.Fence}, r.errorText(err)); rerr != nil {
+	if rerr := r.store.Release(rctx, idemdriver.LockRef{ID: acq.Record.ID, Fence: acq.Record.Fence, Scope: acq.Record.Scope}, r.errorText(err)); rerr != nil {
 		r.log.ErrorContext(ctx, "idem: could not release key; it unlocks when its lease expires", r.logAttrs(req.Scope, req.Key, acq.Record.ID, "err", r.redact(rerr))...)
 	}
 }
