@@ -247,3 +247,30 @@ func TestCitusBatchStatementTimeoutReachesTheWorkers(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return !sleeping() }, time.Minute, 50*time.Millisecond, "a worker still runs the timed-out statement")
 }
+
+// On Citus the waited keys are checked one by one: a key whose check fails
+// (here a scope the server refuses, standing in for a key on a dead worker)
+// is left to be checked again, and the others are still answered, so their
+// waiters are woken.
+func TestCitusOneFailingWaitCheckDoesNotHoldUpTheOthers(t *testing.T) {
+	t.Parallel()
+	store, _ := citusStore(t)
+	ctx := context.Background()
+	res, err := store.Acquire(ctx, idemdriver.AcquireParams{Scope: "user:1", Key: "k1", Flow: "f", Method: "POST", Path: "/",
+		Fingerprint: []byte{1}, PayloadFingerprint: []byte{2}, Params: []byte(`{}`), Lease: time.Minute})
+	require.NoError(t, err)
+	rec := res.Record
+	require.NoError(t, store.Release(ctx, idemdriver.LockRef{ID: rec.ID, Fence: rec.Fence, Scope: rec.Scope}, ""))
+
+	good := idemdriver.LockRef{ID: rec.ID, Fence: rec.Fence, Scope: rec.Scope}
+	bad := idemdriver.LockRef{ID: rec.ID + 1, Fence: 1, Scope: "user:\xff"} // not UTF-8: the statement fails
+	_, _, badErr := store.checkWaited(ctx, bad)
+	require.Error(t, badErr, "the stand-in for a failing check must fail")
+
+	got, err := store.checkAllWaitedCitus(ctx, []idemdriver.LockRef{bad, good})
+	require.NoError(t, err)
+	require.Equal(t, map[int64]waitState{good.ID: {over: true}}, got, "the released key's attempt is over; the failing one is left out")
+
+	_, err = store.checkAllWaitedCitus(ctx, []idemdriver.LockRef{bad})
+	require.Error(t, err, "with no key answered, the error")
+}
