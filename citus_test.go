@@ -360,3 +360,69 @@ func TestCitusWaitPolls(t *testing.T) {
 	require.Zero(t, b.store.Notifications())
 	require.Equal(t, 1, b.provider.Charges())
 }
+
+// A stale worker whose phase writes on another worker (a business row of
+// another scope) and in a reference table (a copy on every node): the
+// guard's failure at commit rolls all of it back, on every node, once the
+// key was taken over.
+func TestCitusFenceRollsBackAMultiNodePhase(t *testing.T) {
+	t.Parallel()
+	b := setupCitus(t)
+	ctx := context.Background()
+	_, err := b.pool.Exec(ctx, `CREATE TABLE notes (id bigserial PRIMARY KEY, what text)`)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `SELECT create_reference_table('notes')`)
+	require.NoError(t, err)
+	shardPort := func(scope string) int {
+		var port int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT nodeport FROM citus_shards
+			WHERE shardid = get_shard_id_for_distribution_column('idem_keys', $1::text)`, scope).Scan(&port))
+		return port
+	}
+	other := ""
+	for i := 0; i < 200 && other == ""; i++ {
+		if s := fmt.Sprint("user:other-", i); shardPort(s) != shardPort("user:1") {
+			other = s
+		}
+	}
+	require.NotEmpty(t, other, "a scope on the other worker")
+
+	paused, resume := make(chan struct{}), make(chan struct{})
+	letGo := sync.OnceFunc(func() { close(resume) })
+	t.Cleanup(letGo)
+	var first atomic.Bool
+	first.Store(true)
+	b.hooks["ride_created"] = func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) error {
+		if !first.CompareAndSwap(true, false) {
+			return nil
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO jobs (scope, ride_id, kind) VALUES ($1, 0, 'stale-other-worker')`, other); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO notes (what) VALUES ('stale-reference')`); err != nil {
+			return err
+		}
+		close(paused)
+		<-resume
+		return nil
+	}
+	req := b.request("k1", rideInput{Origin: "SF", Amount: 20})
+	staleDone := make(chan error, 1)
+	go func() {
+		_, err := b.runner(t, nil).Execute(ctx, b.flow, req)
+		staleDone <- err
+	}()
+	select {
+	case <-paused:
+	case err := <-staleDone:
+		t.Fatalf("the stale worker ended before pausing: %v", err)
+	}
+	b.clock.Advance(91 * time.Second)
+	out, err := b.runner(t, nil).Execute(ctx, b.flow, req)
+	require.NoError(t, err)
+	require.True(t, out.TookOver)
+	letGo()
+	require.ErrorIs(t, <-staleDone, idem.ErrLockLost)
+	require.Zero(t, b.countRows(t, "jobs WHERE kind = 'stale-other-worker'"), "the write on the other worker")
+	require.Zero(t, b.countRows(t, "notes"), "the write in the reference table")
+}
