@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -136,42 +135,11 @@ func TestCitusHeartbeatKeepsASlowPhaseLease(t *testing.T) {
 func TestCitusFencingStopsATakenOverWorker(t *testing.T) {
 	t.Parallel()
 	b := setupCitus(t)
-	ctx := context.Background()
-	paused, resume := make(chan struct{}), make(chan struct{})
-	letGo := sync.OnceFunc(func() { close(resume) })
-	t.Cleanup(letGo)
-	var first atomic.Bool
-	first.Store(true)
-	b.hooks["ride_created"] = func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) error {
-		if !first.CompareAndSwap(true, false) {
-			return nil
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO jobs (scope, ride_id, kind) VALUES ($1, 0, 'stale-worker-write')`, run.Key().Scope); err != nil {
-			return err
-		}
-		close(paused)
-		<-resume
-		return nil
-	}
-	stale := b.runner(t, nil)
-	staleDone := make(chan error, 1)
-	go func() {
-		_, err := stale.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
-		staleDone <- err
-	}()
-	select {
-	case <-paused:
-	case err := <-staleDone:
-		t.Fatalf("the first worker ended before pausing in its phase: %v", err)
-	}
-	b.clock.Advance(91 * time.Second)
-	out, err := b.runner(t, nil).Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
-	require.NoError(t, err)
-	require.Equal(t, idem.OutcomeExecuted, out.Kind)
-	require.True(t, out.TookOver)
-
-	letGo()
-	require.ErrorIs(t, <-staleDone, idem.ErrLockLost)
+	_, err := takeOverAPausedWorker(t, b, func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) error {
+		_, err := tx.Exec(ctx, `INSERT INTO jobs (scope, ride_id, kind) VALUES ($1, 0, 'stale-worker-write')`, run.Key().Scope)
+		return err
+	})
+	require.ErrorIs(t, err, idem.ErrLockLost)
 	require.Equal(t, 0, b.countRows(t, "jobs WHERE kind = 'stale-worker-write'"), "the stale worker's write rolled back on its worker")
 	require.Equal(t, 1, b.countRows(t, "rides"))
 	require.Equal(t, int64(2), b.key(t, "k1").Fence)
@@ -387,42 +355,14 @@ func TestCitusFenceRollsBackAMultiNodePhase(t *testing.T) {
 	}
 	require.NotEmpty(t, other, "a scope on the other worker")
 
-	paused, resume := make(chan struct{}), make(chan struct{})
-	letGo := sync.OnceFunc(func() { close(resume) })
-	t.Cleanup(letGo)
-	var first atomic.Bool
-	first.Store(true)
-	b.hooks["ride_created"] = func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) error {
-		if !first.CompareAndSwap(true, false) {
-			return nil
-		}
+	_, err = takeOverAPausedWorker(t, b, func(ctx context.Context, tx idem.Tx, _ *idem.Attempt[rideInput]) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO jobs (scope, ride_id, kind) VALUES ($1, 0, 'stale-other-worker')`, other); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO notes (what) VALUES ('stale-reference')`); err != nil {
-			return err
-		}
-		close(paused)
-		<-resume
-		return nil
-	}
-	req := b.request("k1", rideInput{Origin: "SF", Amount: 20})
-	staleDone := make(chan error, 1)
-	go func() {
-		_, err := b.runner(t, nil).Execute(ctx, b.flow, req)
-		staleDone <- err
-	}()
-	select {
-	case <-paused:
-	case err := <-staleDone:
-		t.Fatalf("the stale worker ended before pausing: %v", err)
-	}
-	b.clock.Advance(91 * time.Second)
-	out, err := b.runner(t, nil).Execute(ctx, b.flow, req)
-	require.NoError(t, err)
-	require.True(t, out.TookOver)
-	letGo()
-	require.ErrorIs(t, <-staleDone, idem.ErrLockLost)
+		_, err := tx.Exec(ctx, `INSERT INTO notes (what) VALUES ('stale-reference')`)
+		return err
+	})
+	require.ErrorIs(t, err, idem.ErrLockLost)
 	require.Zero(t, b.countRows(t, "jobs WHERE kind = 'stale-other-worker'"), "the write on the other worker")
 	require.Zero(t, b.countRows(t, "notes"), "the write in the reference table")
 }

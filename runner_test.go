@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -296,48 +297,43 @@ func crashLeavesKeyLockedUntilLeaseExpires(t *testing.T, b *testBundle) {
 	require.Equal(t, int64(2), b.key(t, "k1").Fence)
 }
 
-// Semantics 7: fencing. A worker whose lease was taken over cannot commit
-// its phase; its local writes roll back.
-func TestFencingStopsATakenOverWorker(t *testing.T) {
-	t.Parallel()
-	fencingStopsATakenOverWorker(t, setup(t))
-}
-
-func fencingStopsATakenOverWorker(t *testing.T, b *testBundle) {
+// takeOverAPausedWorker runs key k1 on a worker that makes write in its
+// first phase ride_created and pauses there, before committing; lets its
+// lease run out while another worker takes the key over and finishes it
+// (executed, a takeover); then resumes it, and returns how it ended.
+func takeOverAPausedWorker(t *testing.T, b *testBundle, write func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error) (*idem.Outcome, error) {
+	t.Helper()
 	ctx := context.Background()
-	// The worker pauses in the first phase: its key must be committed, and
-	// leased, before that phase for another worker to take it over. (A key
-	// acquired in its first phase's transaction is another story:
-	// TestStalledFirstPhaseEndsWithItsKey.)
-	b.flow = b.rideFlowConfig("rides.create", &idem.FlowConfig[rideInput]{AcquireSeparately: true})
 	paused, resume := make(chan struct{}), make(chan struct{})
 	letGo := sync.OnceFunc(func() { close(resume) })
 	t.Cleanup(letGo)
-	first := true
+	var first atomic.Bool
+	first.Store(true)
 	b.hooks["ride_created"] = func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) error {
-		if !first {
+		if !first.CompareAndSwap(true, false) {
 			return nil
 		}
-		first = false
-		if _, err := tx.Exec(ctx, `INSERT INTO jobs (ride_id, kind) VALUES (0, 'stale-worker-write')`); err != nil {
+		if err := write(ctx, tx, run); err != nil {
 			return err
 		}
 		close(paused)
 		<-resume
 		return nil
 	}
+	type result struct {
+		out *idem.Outcome
+		err error
+	}
 	stale := b.runner(t, nil)
-	staleDone := make(chan error, 1)
-	var staleOut *idem.Outcome
+	staleDone := make(chan result, 1)
 	go func() {
-		var err error
-		staleOut, err = stale.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
-		staleDone <- err
+		out, err := stale.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
+		staleDone <- result{out, err}
 	}()
 	select {
 	case <-paused:
-	case err := <-staleDone:
-		t.Fatalf("the first worker ended before pausing in its phase: %v", err)
+	case r := <-staleDone:
+		t.Fatalf("the first worker ended before pausing in its phase: %v", r.err)
 	}
 
 	// The stale worker's lease runs out; another takes over and finishes.
@@ -348,7 +344,27 @@ func fencingStopsATakenOverWorker(t *testing.T, b *testBundle) {
 	require.True(t, out.TookOver)
 
 	letGo()
-	err = <-staleDone
+	r := <-staleDone
+	return r.out, r.err
+}
+
+// Semantics 7: fencing. A worker whose lease was taken over cannot commit
+// its phase; its local writes roll back.
+func TestFencingStopsATakenOverWorker(t *testing.T) {
+	t.Parallel()
+	fencingStopsATakenOverWorker(t, setup(t))
+}
+
+func fencingStopsATakenOverWorker(t *testing.T, b *testBundle) {
+	// The worker pauses in the first phase: its key must be committed, and
+	// leased, before that phase for another worker to take it over. (A key
+	// acquired in its first phase's transaction is another story:
+	// TestStalledFirstPhaseEndsWithItsKey.)
+	b.flow = b.rideFlowConfig("rides.create", &idem.FlowConfig[rideInput]{AcquireSeparately: true})
+	staleOut, err := takeOverAPausedWorker(t, b, func(ctx context.Context, tx idem.Tx, _ *idem.Attempt[rideInput]) error {
+		_, err := tx.Exec(ctx, `INSERT INTO jobs (ride_id, kind) VALUES (0, 'stale-worker-write')`)
+		return err
+	})
 	require.ErrorIs(t, err, idem.ErrLockLost)
 	require.Equal(t, idem.OutcomeLockLost, staleOut.Kind)
 	require.Equal(t, 0, b.countRows(t, "jobs WHERE kind = 'stale-worker-write'"), "the stale worker's writes rolled back")
