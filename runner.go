@@ -264,7 +264,7 @@ func (r *Runner) executeAcquiring(ctx context.Context, flow AnyFlow, req Request
 	// of the flow's recent requests found theirs (retries, replays): a new
 	// key is then acquired in its first phase's transaction, while an
 	// existing one pays a COMMIT more than a separate acquisition.
-	mayJoin := stored == nil && !p.fromKey && r.acquiresInPhase(flow)
+	mayJoin := !p.fromKey && r.acquiresInPhase(flow) // stored input is fromKey
 	if inPhase && mayJoin && flow.hopesNew() {
 		acq, joined, err = r.acquireInPhase(ctx, flow, req, p)
 	} else {
@@ -331,40 +331,7 @@ func (r *Runner) executeAcquiring(ctx context.Context, flow AnyFlow, req Request
 		if joined == nil {
 			return r.resume(ctx, h)
 		}
-		h.joined = joined
-		h.uncommitted.Store(true)
-		out, err := r.resume(ctx, h)
-		if h.joined != nil {
-			// Never reached the first phase: end its transaction.
-			rctx, cancel := r.storeContext(context.WithoutCancel(ctx))
-			_ = h.joined.RollbackPhase(rctx)
-			cancel()
-		}
-		if !h.uncommitted.Load() || h.crashed || ctx.Err() != nil || errors.Is(err, ErrLockLost) {
-			// Committed; or a dead process, which records nothing; or a
-			// caller gone, whose retry starts clean; or a key the server
-			// ended (idle past the lease) and another request made anew.
-			return out, err
-		}
-		if h.refused != nil || errors.Is(err, errForeignBeforeKey) {
-			// The first transaction makes a foreign call: its key must be
-			// committed before it. Start over, acquiring separately, as
-			// the flow will from now on.
-			flow.makesForeignCallFirst()
-			return r.executeAcquiring(ctx, flow, req, stored, false)
-		}
-		if errors.Is(err, ErrSerialization) {
-			// The first phase's transaction failed to serialize and took
-			// the key with it: acquire it on its own, as a retry would,
-			// and run the phase in a transaction of its own.
-			return r.executeAcquiring(ctx, flow, req, stored, false)
-		}
-		// The first phase failed and its key went with its transaction.
-		// Record the failure on a key of its own, as a separate
-		// acquisition would have: released, with the error, for the
-		// client's retry, the completer and `idem keys list`.
-		r.recordFailedStart(ctx, flow, req, p, err)
-		return out, err
+		return r.resumeUncommitted(ctx, flow, req, p, h, joined)
 	case idemdriver.AcquiredTakenOver:
 		ev.Kind = EventTakeover
 		r.emit(ctx, ev)
@@ -503,6 +470,49 @@ func (r *Runner) acquire(ctx context.Context, flow AnyFlow, req Request, p *prep
 		Scope: req.Scope, Key: req.Key, Flow: flow.Name(), Method: req.Method, Path: req.Path,
 		Fingerprint: p.fingerprint, PayloadFingerprint: p.payloadFingerprint, Params: p.params, Lease: r.config.Lease, NoCreate: noCreate, Now: r.now(),
 	})
+}
+
+// resumeUncommitted drives a key created in the transaction joined, its
+// first phase's (idemdriver.PhaseAcquirer), and settles what a first phase
+// that did not commit leaves: nothing for a dead process, a caller gone or
+// a key another request made anew; a start over, acquiring separately,
+// after a refused foreign call or a serialization failure; the failure
+// recorded on a key of its own otherwise.
+func (r *Runner) resumeUncommitted(ctx context.Context, flow AnyFlow, req Request, p *prepared, h *held, joined idemdriver.PhaseTx) (*Outcome, error) {
+	h.joined = joined
+	h.uncommitted.Store(true)
+	out, err := r.resume(ctx, h)
+	if h.joined != nil {
+		// Never reached the first phase: end its transaction.
+		rctx, cancel := r.storeContext(context.WithoutCancel(ctx))
+		_ = h.joined.RollbackPhase(rctx)
+		cancel()
+	}
+	if !h.uncommitted.Load() || h.crashed || ctx.Err() != nil || errors.Is(err, ErrLockLost) {
+		// Committed; or a dead process, which records nothing; or a
+		// caller gone, whose retry starts clean; or a key the server
+		// ended (idle past the lease) and another request made anew.
+		return out, err
+	}
+	if h.refused != nil {
+		// The first transaction makes a foreign call: its key must be
+		// committed before it. Start over, acquiring separately, as
+		// the flow will from now on.
+		flow.makesForeignCallFirst()
+		return r.executeAcquiring(ctx, flow, req, nil, false)
+	}
+	if errors.Is(err, ErrSerialization) {
+		// The first phase's transaction failed to serialize and took
+		// the key with it: acquire it on its own, as a retry would,
+		// and run the phase in a transaction of its own.
+		return r.executeAcquiring(ctx, flow, req, nil, false)
+	}
+	// The first phase failed and its key went with its transaction.
+	// Record the failure on a key of its own, as a separate
+	// acquisition would have: released, with the error, for the
+	// client's retry, the completer and `idem keys list`.
+	r.recordFailedStart(ctx, flow, req, p, err)
+	return out, err
 }
 
 // recordFailedStart creates req's key, released, with err as its last
