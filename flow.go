@@ -103,15 +103,20 @@ type FlowConfig[In any] struct {
 	// request, and a first phase that does not commit leaves nothing behind,
 	// so its client's retry starts clean. A duplicate is still answered
 	// "in progress" at once. The flow allows it when its first transaction
-	// (the first phase and the phases joined to it) makes no
-	// not-idempotent foreign call, whose mark must be durable before the
-	// call, and runs at read committed.
+	// (the first phase and the phases joined to it) runs at read committed
+	// and makes no foreign call: a crash after a call made before the key
+	// commits would leave the call's effect with no key to finish it. A
+	// flow that declares a not-idempotent call there acquires separately
+	// from the start; one whose first transaction turns out to make a call
+	// has that call refused before it is made, the request started over,
+	// and acquires separately from then on.
 	//
-	// Set it when a failed first phase should leave a key behind with its
-	// last error (for `idem keys list` and the completer) rather than
-	// nothing, or when the first phase is long: until it commits, the key
-	// is invisible to operators and its duplicates poll rather than wait to
-	// be woken (Request.Wait).
+	// Set it when the first phase is long or may sit idle: until it
+	// commits, the key is invisible to operators (`idem keys list`, the
+	// completer), a request with other params with the key is answered
+	// "in progress" rather than "mismatch", its duplicates poll rather than
+	// wait to be woken (Request.Wait), and the server ends the transaction
+	// once it has sat idle for the lease.
 	AcquireSeparately bool
 }
 

@@ -420,8 +420,8 @@ type KeyWatcher interface {
 // writes and its recovery point commit once: one commit fewer per request,
 // and a crash before that commit leaves nothing behind (the retry starts
 // clean). The runner uses it for a flow whose first transaction makes no
-// not-idempotent foreign call (whose mark must be durable before the call)
-// and runs at read committed; see idem.FlowConfig.AcquireSeparately.
+// foreign call and runs at read committed; see
+// idem.FlowConfig.AcquireSeparately.
 //
 // While the key is uncommitted nobody else can see it: a concurrent
 // acquisition of the same key must not wait for the phase, and gets
