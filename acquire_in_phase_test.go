@@ -14,22 +14,40 @@ import (
 	"github.com/go-idem/idem/idemdriver"
 )
 
-// pauseIn makes the bundle's phase pause on its first run until the
-// returned release is called; entered is closed once it paused.
-func pauseIn(t *testing.T, b *testBundle, phase string) (entered <-chan struct{}, release func()) {
+// executed is how an Execute ended.
+type executed struct {
+	out *idem.Outcome
+	err error
+}
+
+// startPausedIn executes req on a runner made with cfg, its phase pausing
+// on its first run until release is called, and returns once it paused;
+// done gets how the request ended.
+func startPausedIn(t *testing.T, b *testBundle, phase string, cfg *idem.Config, req idem.Request) (done <-chan executed, release func()) {
 	t.Helper()
-	in, out := make(chan struct{}), make(chan struct{})
+	entered, out := make(chan struct{}), make(chan struct{})
 	release = sync.OnceFunc(func() { close(out) })
 	t.Cleanup(release) // a failing test must not leave the worker holding a connection
 	var first atomic.Bool
 	b.hooks[phase] = func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
 		if first.CompareAndSwap(false, true) {
-			close(in)
+			close(entered)
 			<-out
 		}
 		return nil
 	}
-	return in, release
+	ended := make(chan executed, 1)
+	r := b.runner(t, cfg)
+	go func() {
+		o, err := r.Execute(context.Background(), b.flow, req)
+		ended <- executed{o, err}
+	}()
+	select {
+	case <-entered:
+	case e := <-ended:
+		t.Fatalf("the first request ended before pausing in %s: %v", phase, e.err)
+	}
+	return ended, release
 }
 
 // A new key commits with its first phase: a worker that dies before that
@@ -74,18 +92,8 @@ func TestDuplicateOfAKeyBeingCreatedIsAnsweredAtOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	entered, release := pauseIn(t, b, "ride_created")
 	req := b.request("k1", rideInput{Origin: "SF", Amount: 20})
-	done := make(chan error, 1)
-	go func() {
-		_, err := b.runner(t, nil).Execute(ctx, b.flow, req)
-		done <- err
-	}()
-	select {
-	case <-entered:
-	case err := <-done:
-		t.Fatalf("the first request ended before pausing: %v", err)
-	}
+	done, release := startPausedIn(t, b, "ride_created", nil, req)
 
 	// A duplicate that waited for the phase would wait for release, which
 	// only comes after these: the deadline turns such a wait into a failure.
@@ -109,7 +117,7 @@ func TestDuplicateOfAKeyBeingCreatedIsAnsweredAtOnce(t *testing.T) {
 	}
 
 	release()
-	require.NoError(t, <-done)
+	require.NoError(t, (<-done).err)
 	out, err := b.runner(t, nil).Execute(ctx, b.flow, req)
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeReplayed, out.Kind)
@@ -125,14 +133,8 @@ func TestWaitingDuplicateOfAKeyBeingCreated(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	entered, release := pauseIn(t, b, "ride_created")
 	req := b.request("k1", rideInput{Origin: "SF", Amount: 20})
-	done := make(chan error, 1)
-	go func() {
-		_, err := b.runner(t, nil).Execute(ctx, b.flow, req)
-		done <- err
-	}()
-	<-entered
+	done, release := startPausedIn(t, b, "ride_created", nil, req)
 
 	busy := make(chan struct{}, 64)
 	waiter := b.runner(t, &idem.Config{Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) {
@@ -155,7 +157,7 @@ func TestWaitingDuplicateOfAKeyBeingCreated(t *testing.T) {
 	}()
 	<-busy // the waiter was answered in progress at least once
 	release()
-	require.NoError(t, <-done)
+	require.NoError(t, (<-done).err)
 	out := <-waited
 	require.Equal(t, idem.OutcomeReplayed, out.Kind)
 	require.Positive(t, out.Waited)
@@ -203,19 +205,9 @@ func TestStalledFirstPhaseEndsWithItsKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	entered, release := pauseIn(t, b, "ride_created")
 	cfg := &idem.Config{Lease: time.Second, HeartbeatInterval: 300 * time.Millisecond, Test: idem.TestConfig{Now: time.Now}}
 	req := b.request("k1", rideInput{Origin: "SF", Amount: 20})
-	type result struct {
-		out *idem.Outcome
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		out, err := b.runner(t, cfg).Execute(ctx, b.flow, req)
-		done <- result{out, err}
-	}()
-	<-entered
+	done, release := startPausedIn(t, b, "ride_created", cfg, req)
 
 	// Retry, as a client would, until the server has ended the idle
 	// transaction: until then the key is busy, and never there.
@@ -328,19 +320,13 @@ func TestLongFirstPhaseRenewsTheLeaseItCommits(t *testing.T) {
 		b.clock.Advance(2 * time.Minute) // longer than the 90 s lease
 		return nil
 	}
-	entered, release := pauseIn(t, b, "charge_created")
 	req := b.request("k1", rideInput{Origin: "SF", Amount: 5})
-	done := make(chan error, 1)
-	go func() {
-		_, err := b.runner(t, nil).Execute(ctx, b.flow, req)
-		done <- err
-	}()
-	<-entered
+	done, release := startPausedIn(t, b, "charge_created", nil, req)
 	rec := b.key(t, "k1")
 	require.True(t, rec.LeaseExpiresAt.After(b.clock.Now()), "lease %v, now %v", rec.LeaseExpiresAt, b.clock.Now())
 	out, err := b.runner(t, nil).Execute(ctx, b.flow, req)
 	require.ErrorIs(t, err, idem.ErrInProgress, "the live worker keeps its key")
 	require.Equal(t, idem.OutcomeInProgress, out.Kind)
 	release()
-	require.NoError(t, <-done)
+	require.NoError(t, (<-done).err)
 }
