@@ -33,9 +33,7 @@ func (r *Runner) runBody(ctx context.Context, h *held, b body) (Result, error) {
 	for {
 		h.beginAttempt()
 		res, err := r.attemptBody(ctx, h, b, iso)
-		if err == nil || h.crashed || !errors.Is(err, ErrSerialization) || h.uncommitted.Load() {
-			// An uncommitted key went with its transaction: execute acquires
-			// it anew rather than retry a body whose key is gone.
+		if err == nil || h.crashed || !errors.Is(err, ErrSerialization) {
 			return res, err
 		}
 		if h.foreignMarked {
@@ -64,15 +62,11 @@ func (r *Runner) attemptBody(ctx context.Context, h *held, b body, iso pgx.TxIso
 	defer func() { end(err) }()
 	started := time.Now()
 
-	tx := h.joined
-	h.joined = nil
-	if tx == nil {
-		bctx, cancel := r.storeContext(ctx)
-		tx, err = r.store.BeginPhase(bctx, r.phaseOptions(iso))
-		cancel()
-		if err != nil {
-			return res, r.classify(ctx, h, nil, r.storeError(ctx, err))
-		}
+	bctx, cancel := r.storeContext(ctx)
+	tx, err := r.store.BeginPhase(bctx, r.phaseOptions(iso))
+	cancel()
+	if err != nil {
+		return res, r.classify(ctx, h, nil, r.storeError(ctx, err))
 	}
 	over := false
 	defer func() {
@@ -91,11 +85,6 @@ func (r *Runner) attemptBody(ctx context.Context, h *held, b body, iso pgx.TxIso
 		return res, r.classify(ctx, h, tx, err)
 	}
 	res, cp, err := callBody(ctx, tx, b)
-	if err == nil && h.refused != nil {
-		// The phase went on after its foreign call was refused: never
-		// commit what it did without it.
-		err = h.refused
-	}
 	if err == nil {
 		err = r.hook(ctx, h, HookBeforeCommit)
 	}
@@ -106,16 +95,8 @@ func (r *Runner) attemptBody(ctx context.Context, h *held, b body, iso pgx.TxIso
 	if cp.Status == StatusFinished {
 		h.lettingGo.Store(true)
 	}
-	// A key acquired in this transaction had no heartbeat: a first phase
-	// that ran for longer than a beat renews the lease with its commit, so
-	// that it does not commit a lease that ran out.
-	renewing := h.uncommitted.Load() && r.localNow().Sub(h.renewedAtTime()) >= r.config.HeartbeatInterval
-	if renewing {
-		cp.RenewLease = r.config.Lease
-	}
 	// The commit does not depend on the caller staying: a phase whose body
 	// finished is committed (or refused by the fence), within the bound.
-	sent := r.localNow()
 	cctx, cancel := r.storeContext(context.WithoutCancel(ctx))
 	err = tx.CommitPhase(cctx, *cp)
 	cancel()
@@ -132,9 +113,6 @@ func (r *Runner) attemptBody(ctx context.Context, h *held, b body, iso pgx.TxIso
 			h.lettingGo.Store(false)
 			return res, err
 		}
-	}
-	if renewing {
-		h.renewed(sent)
 	}
 	h.committed(cp)
 	if cp.RecoveryPoint != h.phaseName() && cp.Status != StatusFinished {
@@ -185,17 +163,13 @@ func (r *Runner) commitLanded(ctx context.Context, h *held, cp *idemdriver.Commi
 	rctx, cancel := r.storeContext(context.WithoutCancel(ctx))
 	defer cancel()
 	rec, err := r.store.GetKey(rctx, h.rec.Scope, h.rec.Key)
-	if err != nil && h.uncommitted.Load() && errors.Is(err, ErrNotFound) {
-		// The key was to commit with this phase: it did not.
-		return false, r.storeError(ctx, commitErr)
-	}
 	if err != nil {
 		return false, fmt.Errorf("%w: the commit of phase %q may or may not have landed (%w), and the key could not be read: %w",
 			ErrStoreUnavailable, h.phaseName(), commitErr, r.storeError(ctx, err))
 	}
 	switch {
 	case rec.ID != h.ref.ID:
-		// The key this worker held never committed or was reaped; another
+		// The key this worker held was reaped or abandoned; another
 		// request made the one there now.
 		return false, fmt.Errorf("%w: the key was made anew (id %d, not %d) while the commit of phase %q was in doubt", ErrLockLost, rec.ID, h.ref.ID, h.phaseName())
 	case rec.Fence != h.ref.Fence:

@@ -73,7 +73,6 @@ func TestCitusNewKeyReplayMismatchInProgress(t *testing.T) {
 	b := setupCitus(t)
 	ctx := context.Background()
 	r := b.runner(t, nil)
-	require.Nil(t, r.AcquisitionJoins(b.flow), "on Citus a new key is acquired on its own, before its first phase")
 	first, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, first.Kind)
@@ -94,25 +93,12 @@ func TestCitusNewKeyReplayMismatchInProgress(t *testing.T) {
 	require.Equal(t, idem.OutcomeMismatch, mismatch.Kind)
 
 	// Hold k2 inside its first phase: a second request is in progress.
-	entered, proceed := make(chan struct{}), make(chan struct{})
-	letGo := sync.OnceFunc(func() { close(proceed) })
-	t.Cleanup(letGo)
-	b.hooks["ride_created"] = func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
-		close(entered)
-		<-proceed
-		return nil
-	}
-	done := make(chan error, 1)
-	go func() {
-		_, err := r.Execute(ctx, b.flow, b.request("k2", rideInput{Origin: "SF", Amount: 5}))
-		done <- err
-	}()
-	<-entered
+	done, letGo := startPausedIn(t, b, "ride_created", nil, b.request("k2", rideInput{Origin: "SF", Amount: 5}))
 	busy, err := b.runner(t, nil).Execute(ctx, b.flow, b.request("k2", rideInput{Origin: "SF", Amount: 5}))
 	require.ErrorIs(t, err, idem.ErrInProgress)
 	require.Equal(t, idem.OutcomeInProgress, busy.Kind)
 	letGo()
-	require.NoError(t, <-done)
+	require.NoError(t, (<-done).err)
 }
 
 // A crash leaves the key locked until its lease expires; then a retry takes

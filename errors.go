@@ -213,9 +213,3 @@ func (e *PanicError) Error() string { return fmt.Sprintf("idem: phase panicked: 
 
 // Unwrap makes errors.Is(err, ErrPhaseFailed) true.
 func (e *PanicError) Unwrap() error { return ErrPhaseFailed }
-
-// errForeignBeforeKey refuses a foreign call in the first transaction of a
-// key acquired in it, before the key is committed (see
-// FlowConfig.AcquireSeparately); the runner starts the request over with
-// the key acquired separately.
-var errForeignBeforeKey = errors.New("idem: a foreign call before the key is committed")

@@ -173,10 +173,7 @@ func TestRetriedFinalPhaseKeepsItsHeartbeat(t *testing.T) {
 			}
 			return idem.RespondJSON(http.StatusCreated, map[string]any{"ok": true}), nil
 		},
-		// The key must be committed and leased before its one phase for a
-		// heartbeat to renew it: a key acquired in the phase's transaction
-		// has no lease to renew until the phase commits.
-	}}, &idem.FlowConfig[rideInput]{AcquireSeparately: true})
+	}}, nil)
 	r := b.runner(t, &idem.Config{
 		Flows: []idem.AnyFlow{flow}, Lease: 3 * time.Second, HeartbeatInterval: 50 * time.Millisecond,
 		Test: idem.TestConfig{Now: time.Now},

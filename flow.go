@@ -2,14 +2,12 @@ package idem
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
 	"regexp"
 	"slices"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -37,17 +35,6 @@ type Flow[In any] struct {
 	abandon   time.Duration
 	store     func(In) In
 	noRedrive bool
-	// acquireSeparately: FlowConfig.AcquireSeparately.
-	acquireSeparately bool
-	// existing scores how often the flow's recent acquisitions found their
-	// key already there (a replay, a key in progress): 0 to
-	// existingScoreMax, halfway and above when most of them did (see
-	// hopesNew).
-	existing atomic.Int32
-	// foreignFirst: a request of the flow made a foreign call in its first
-	// transaction, which a key acquired in it cannot allow (see
-	// makesForeignCallFirst).
-	foreignFirst atomic.Bool
 }
 
 // FlowConfig holds a flow's optional settings.
@@ -94,30 +81,6 @@ type FlowConfig[In any] struct {
 	// A retired name cannot settle a call in doubt: a not-idempotent phase is
 	// removed only once no key is marked at it (Runner.CheckResumable).
 	RetiredPhases map[string]string
-
-	// AcquireSeparately makes a new key's acquisition commit on its own,
-	// before the first phase begins. By default, when the store can
-	// (idemdriver.PhaseAcquirer) and the flow allows it, a new key is
-	// acquired inside the first phase's transaction: the key, the phase's
-	// writes and its recovery point commit once, one commit fewer per
-	// request, and a first phase that does not commit leaves nothing behind,
-	// so its client's retry starts clean. A duplicate is still answered
-	// "in progress" at once. The flow allows it when its first transaction
-	// (the first phase and the phases joined to it) runs at read committed
-	// and makes no foreign call: a crash after a call made before the key
-	// commits would leave the call's effect with no key to finish it. A
-	// flow that declares a not-idempotent call there acquires separately
-	// from the start; one whose first transaction turns out to make a call
-	// has that call refused before it is made, the request started over,
-	// and acquires separately from then on.
-	//
-	// Set it when the first phase is long or may sit idle: until it
-	// commits, the key is invisible to operators (`idem keys list`, the
-	// completer), a request with other params with the key is answered
-	// "in progress" rather than "mismatch", its duplicates poll rather than
-	// wait to be woken (Request.Wait), and the server ends the transaction
-	// once it has sat idle for the lease.
-	AcquireSeparately bool
 }
 
 var (
@@ -144,8 +107,7 @@ func NewFlow[In any](name string, phases []Phase[In], config *FlowConfig[In]) (*
 		return nil, fmt.Errorf("idem: flow %q: negative retention", name)
 	}
 	f := &Flow[In]{name: name, phases: append([]Phase[In](nil), phases...), index: map[string]int{}, retired: map[string]int{},
-		retention: config.Retention, abandon: config.AbandonAfter, store: config.Store, noRedrive: config.NoRedrive,
-		acquireSeparately: config.AcquireSeparately}
+		retention: config.Retention, abandon: config.AbandonAfter, store: config.Store, noRedrive: config.NoRedrive}
 	for i, p := range f.phases {
 		switch {
 		case !phaseNamePattern.MatchString(p.Name):
@@ -302,19 +264,6 @@ type AnyFlow interface {
 	callReconcile(ctx context.Context, tx Tx, h *held) (Reconciliation, error)
 	// reconcilable reports whether phase i has a Reconcile hook.
 	reconcilable(i int) bool
-	// acquiresInPhase reports whether a new key may be acquired in the
-	// first phase's transaction, run at iso (see
-	// FlowConfig.AcquireSeparately).
-	acquiresInPhase(iso pgx.TxIsoLevel) bool
-	// hopesNew reports whether the flow's next acquisition should hope for
-	// a new key (acquire in the first phase's transaction, which a replay
-	// then pays a COMMIT for) rather than an existing one; acquired
-	// records what an acquisition found.
-	hopesNew() bool
-	acquired(created bool)
-	// makesForeignCallFirst records that the flow's first transaction
-	// makes a foreign call: its keys are acquired separately from then on.
-	makesForeignCallFirst()
 }
 
 // prepared is a request's input in the forms the runner needs.
@@ -403,39 +352,6 @@ func (f *Flow[In]) phaseMeta(i int) (string, ForeignKind, pgx.TxIsoLevel) {
 	// runs at its first phase's, also when a key resumes in the middle of it
 	// (the flow gained a JoinPrevious while the key was in flight).
 	return p.Name, p.Foreign, f.phases[joinHead(f.phases, i)].Isolation
-}
-
-func (f *Flow[In]) makesForeignCallFirst() { f.foreignFirst.Store(true) }
-
-func (f *Flow[In]) acquiresInPhase(iso pgx.TxIsoLevel) bool {
-	if f.acquireSeparately || f.foreignFirst.Load() || cmp.Or(f.phases[0].Isolation, iso) != pgx.ReadCommitted {
-		return false
-	}
-	for i := 0; i == 0 || f.joinsPrevious(i); i++ {
-		if f.phases[i].Foreign == ForeignNotIdempotent {
-			return false
-		}
-	}
-	return true
-}
-
-// existingScoreMax bounds Flow.existing. Each acquisition moves the score
-// an eighth of the way to its bound (created: 0, found: existingScoreMax),
-// so a few answers in a row turn the runner's hope around, and a lone replay
-// among new keys does not.
-const existingScoreMax = 1 << 10
-
-func (f *Flow[In]) hopesNew() bool { return f.existing.Load() < existingScoreMax/2 }
-
-func (f *Flow[In]) acquired(created bool) {
-	// Lost updates between concurrent requests only blur the average.
-	s := f.existing.Load()
-	if created {
-		s -= s / 8
-	} else {
-		s += (existingScoreMax - s + 7) / 8
-	}
-	f.existing.Store(s)
 }
 
 func (f *Flow[In]) joinsPrevious(i int) bool {

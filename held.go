@@ -49,17 +49,6 @@ type held struct {
 	// key (finishing, releasing, handing it to reconcile), so a refused beat
 	// is expected rather than a lost lock.
 	lettingGo atomic.Bool
-	// uncommitted: the key was acquired in its first phase's transaction
-	// (idemdriver.PhaseAcquirer), which has not committed: nobody else can
-	// see the key, so there is no lease to renew, and if the transaction
-	// does not commit, nothing is left to release. joined is that
-	// transaction until the first attempt takes it.
-	uncommitted atomic.Bool
-	joined      idemdriver.PhaseTx
-	// refused is the refusal of a foreign call in an uncommitted key's
-	// first transaction (errForeignBeforeKey): the transaction must not
-	// commit, whatever the phase did with the error.
-	refused error
 
 	// leaseMu guards renewedAt: when this worker last sent a statement that
 	// renewed its lease (the acquisition or a heartbeat; a phase commit
@@ -120,7 +109,6 @@ func (h *held) downstreamKey() string { return h.rec.DownstreamKey(h.flow.downst
 
 // committed updates the in-memory record to what a phase commit wrote.
 func (h *held) committed(cp *idemdriver.CommitParams) {
-	h.uncommitted.Store(false)
 	h.rec.RecoveryPoint, h.rec.Status, h.rec.ForeignMark = cp.RecoveryPoint, cp.Status, ""
 	if h.rec.Checkpoint == nil {
 		h.rec.Checkpoint = map[string]json.RawMessage{}
@@ -136,13 +124,6 @@ func (h *held) committed(cp *idemdriver.CommitParams) {
 }
 
 // renewed records that a statement sent at sent renewed the lease.
-// renewedAtTime is when the lease was last renewed (see renewedAt).
-func (h *held) renewedAtTime() time.Time {
-	h.leaseMu.Lock()
-	defer h.leaseMu.Unlock()
-	return h.renewedAt
-}
-
 func (h *held) renewed(sent time.Time) {
 	h.leaseMu.Lock()
 	defer h.leaseMu.Unlock()
@@ -186,15 +167,6 @@ func (h *held) foreign(ctx context.Context, name string, call func(ctx context.C
 	case h.foreignBy != "":
 		return fmt.Errorf("%w: phase %q joins the transaction of phase %q, which already made its foreign call; %q was not made",
 			ErrSecondForeignCall, h.phaseName(), h.foreignBy, name)
-	}
-	if h.uncommitted.Load() {
-		// The key is not committed yet: a foreign call made now, followed
-		// by a crash, would leave its effect with no key to finish or bind
-		// the request to. Not made; the request starts over with its key
-		// committed first (execute), and the flow acquires separately from
-		// now on.
-		h.refused = fmt.Errorf("%w: phase %q", errForeignBeforeKey, h.phaseName())
-		return h.refused
 	}
 	h.foreignBy = h.phaseName()
 	_, kind, _ := h.flow.phaseMeta(h.phase)

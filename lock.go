@@ -64,7 +64,7 @@ func (r *Runner) holdLease(ctx context.Context, h *held) (context.Context, func(
 			if bctxBase.Err() != nil {
 				return
 			}
-			if h.lettingGo.Load() || h.uncommitted.Load() {
+			if h.lettingGo.Load() {
 				continue
 			}
 			bctx, bcancel := r.storeContext(bctxBase)

@@ -136,7 +136,4 @@ type Outcome struct {
 	Waited time.Duration
 
 	replayed bool
-	// busy: another transaction is creating the key in its first phase
-	// (idemdriver.ErrKeyBusy); there is no record to report yet.
-	busy bool
 }

@@ -29,9 +29,6 @@ type Runner struct {
 	config *Config
 	flows  map[string]AnyFlow
 	log    *slog.Logger
-	// inPhase is the store when it acquires new keys in their first phase's
-	// transaction (idemdriver.PhaseAcquirer), nil otherwise.
-	inPhase idemdriver.PhaseAcquirer
 }
 
 // NewRunner returns a runner on store. A nil config means all defaults.
@@ -47,34 +44,7 @@ func NewRunner(store idemdriver.Store, config *Config) (*Runner, error) {
 	for _, f := range cfg.Flows {
 		r.flows[f.Name()] = f
 	}
-	if pa, ok := store.(idemdriver.PhaseAcquirer); ok && pa.AcquiresInPhase() {
-		r.inPhase = pa
-	}
 	return r, nil
-}
-
-// AcquisitionJoins returns the phases a new key of flow is acquired with:
-// the first phase and the phases joined to it (Phase.JoinPrevious), whose
-// transaction the key commits in (see FlowConfig.AcquireSeparately). It
-// returns nil when the key is acquired, and committed, on its own: the
-// store cannot (idemdriver.PhaseAcquirer), the flow does not allow it, or
-// Config.Admit must see the key absent first.
-func (r *Runner) AcquisitionJoins(flow AnyFlow) []string {
-	if !r.acquiresInPhase(flow) {
-		return nil
-	}
-	names := flow.PhaseNames()
-	n := 1
-	for n < len(names) && flow.joinsPrevious(n) {
-		n++
-	}
-	return names[:n]
-}
-
-// acquiresInPhase reports whether a new key of flow is acquired in its first
-// phase's transaction.
-func (r *Runner) acquiresInPhase(flow AnyFlow) bool {
-	return r.inPhase != nil && r.config.Admit == nil && flow.acquiresInPhase(r.config.Isolation)
 }
 
 // Config returns the runner's configuration with defaults applied. Treat it
@@ -222,7 +192,7 @@ func (r *Runner) executeWith(ctx context.Context, flow AnyFlow, req Request, sto
 	started := time.Now()
 	ctx, end := r.startRequest(ctx, flow.Name(), req.Scope)
 	out, err := r.execute(ctx, flow, req, stored)
-	if req.Wait > 0 && errors.Is(err, ErrInProgress) && (out.Record != nil || out.busy) {
+	if req.Wait > 0 && errors.Is(err, ErrInProgress) && out.Record != nil {
 		out, err = r.waitAndExecute(ctx, flow, req, stored, out, err, started)
 	}
 	err = callerGone(ctx, err)
@@ -234,13 +204,11 @@ func (r *Runner) executeWith(ctx context.Context, flow AnyFlow, req Request, sto
 	return out, err
 }
 
+// execute acquires req's key, decides, and drives a key it holds. A new key
+// commits on its own before its first phase runs: from then on it is there
+// for a duplicate (in progress), another body (mismatch), operators and the
+// completer, whatever the phase does.
 func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request, stored *prepared) (*Outcome, error) {
-	return r.executeAcquiring(ctx, flow, req, stored, true)
-}
-
-// executeAcquiring is execute; inPhase lets a new key be acquired in its
-// first phase's transaction when the store and the flow allow it.
-func (r *Runner) executeAcquiring(ctx context.Context, flow AnyFlow, req Request, stored *prepared, inPhase bool) (*Outcome, error) {
 	if err := req.normalise(); err != nil {
 		return &Outcome{}, err
 	}
@@ -257,22 +225,7 @@ func (r *Runner) executeAcquiring(ctx context.Context, flow AnyFlow, req Request
 		}
 	}
 	sent := r.localNow()
-	var acq *idemdriver.AcquireResult
-	var joined idemdriver.PhaseTx
-	var err error
-	// A request that may create its key hopes for a new one, unless most
-	// of the flow's recent requests found theirs (retries, replays): a new
-	// key is then acquired in its first phase's transaction, while an
-	// existing one pays a COMMIT more than a separate acquisition.
-	mayJoin := !p.fromKey && r.acquiresInPhase(flow) // stored input is fromKey
-	if inPhase && mayJoin && flow.hopesNew() {
-		acq, joined, err = r.acquireInPhase(ctx, flow, req, p)
-	} else {
-		acq, err = r.acquire(ctx, flow, req, p, r.config.Admit != nil || p.fromKey)
-	}
-	if mayJoin && (err == nil || errors.Is(err, idemdriver.ErrKeyBusy)) {
-		flow.acquired(err == nil && acq.Acquired == idemdriver.AcquiredCreated)
-	}
+	acq, err := r.acquire(ctx, flow, req, p, r.config.Admit != nil || p.fromKey)
 	if err == nil && acq.Record == nil && stored != nil {
 		return &Outcome{}, fmt.Errorf("%w: key %q is gone (reaped or abandoned); the completer does not create keys", ErrNotFound, req.Key)
 	}
@@ -303,13 +256,6 @@ func (r *Runner) executeAcquiring(ctx context.Context, flow AnyFlow, req Request
 		}
 	}
 	ev := Event{Flow: flow.Name(), Scope: req.Scope, Key: req.Key}
-	if errors.Is(err, idemdriver.ErrKeyBusy) {
-		// A duplicate is creating the key in its first phase: in progress,
-		// with nothing to show yet.
-		ev.Kind = EventInProgress
-		r.emit(ctx, ev)
-		return &Outcome{busy: true, RetryAfter: time.Second}, fmt.Errorf("%w: key %q: %w", ErrInProgress, req.Key, err)
-	}
 	if err != nil {
 		err = r.storeError(ctx, err)
 		if ctx.Err() != nil {
@@ -327,11 +273,7 @@ func (r *Runner) executeAcquiring(ctx context.Context, flow AnyFlow, req Request
 	case idemdriver.AcquiredCreated:
 		ev.Kind = EventCreated
 		r.emit(ctx, ev)
-		h := r.hold(flow, rec, p.input, false, sent)
-		if joined == nil {
-			return r.resume(ctx, h)
-		}
-		return r.resumeUncommitted(ctx, flow, req, p, h, joined)
+		return r.resume(ctx, r.hold(flow, rec, p.input, false, sent))
 	case idemdriver.AcquiredTakenOver:
 		ev.Kind = EventTakeover
 		r.emit(ctx, ev)
@@ -400,18 +342,17 @@ func (r *Runner) waitAndExecute(ctx context.Context, flow AnyFlow, req Request, 
 	poll := 50 * time.Millisecond
 	var waited time.Duration
 	again := false
-	for errors.Is(err, ErrInProgress) && (out.Record != nil || out.busy) {
+	for errors.Is(err, ErrInProgress) && out.Record != nil {
 		left := time.Until(until)
 		if left <= 0 || waitCtx.Err() != nil {
 			break
 		}
 		var woken <-chan struct{}
 		stop := func() {}
-		if watcher != nil && (again || out.Record == nil) {
+		if watcher != nil && again {
 			// Woken, but the same attempt still holds the key (its
 			// lease looked over by the database's clock and not by the
-			// runner's: a test clock), or the key is still being created
-			// in its first phase, with no record to watch: poll.
+			// runner's: a test clock): do not spin on it.
 			left = min(left, poll)
 			poll = min(poll*2, time.Second)
 		} else if watcher != nil {
@@ -441,7 +382,7 @@ func (r *Runner) waitAndExecute(ctx context.Context, flow AnyFlow, req Request, 
 		}
 		before := out.Record
 		out, err = r.execute(ctx, flow, req, stored)
-		again = out.Record != nil && before != nil && out.Record.ID == before.ID && out.Record.Fence == before.Fence &&
+		again = out.Record != nil && out.Record.ID == before.ID && out.Record.Fence == before.Fence &&
 			out.Record.LeaseExpiresAt != nil && before.LeaseExpiresAt != nil && out.Record.LeaseExpiresAt.Equal(*before.LeaseExpiresAt)
 	}
 	out.Waited = waited
@@ -470,84 +411,6 @@ func (r *Runner) acquire(ctx context.Context, flow AnyFlow, req Request, p *prep
 		Scope: req.Scope, Key: req.Key, Flow: flow.Name(), Method: req.Method, Path: req.Path,
 		Fingerprint: p.fingerprint, PayloadFingerprint: p.payloadFingerprint, Params: p.params, Lease: r.config.Lease, NoCreate: noCreate, Now: r.now(),
 	})
-}
-
-// resumeUncommitted drives a key created in the transaction joined, its
-// first phase's (idemdriver.PhaseAcquirer), and settles what a first phase
-// that did not commit leaves: nothing for a dead process, a caller gone or
-// a key another request made anew; a start over, acquiring separately,
-// after a refused foreign call or a serialization failure; the failure
-// recorded on a key of its own otherwise.
-func (r *Runner) resumeUncommitted(ctx context.Context, flow AnyFlow, req Request, p *prepared, h *held, joined idemdriver.PhaseTx) (*Outcome, error) {
-	h.joined = joined
-	h.uncommitted.Store(true)
-	out, err := r.resume(ctx, h)
-	if h.joined != nil {
-		// Never reached the first phase: end its transaction.
-		rctx, cancel := r.storeContext(context.WithoutCancel(ctx))
-		_ = h.joined.RollbackPhase(rctx)
-		cancel()
-	}
-	if !h.uncommitted.Load() || h.crashed || ctx.Err() != nil || errors.Is(err, ErrLockLost) {
-		// Committed; or a dead process, which records nothing; or a
-		// caller gone, whose retry starts clean; or a key the server
-		// ended (idle past the lease) and another request made anew.
-		return out, err
-	}
-	if h.refused != nil {
-		// The first transaction makes a foreign call: its key must be
-		// committed before it. Start over, acquiring separately, as
-		// the flow will from now on.
-		flow.makesForeignCallFirst()
-		return r.executeAcquiring(ctx, flow, req, nil, false)
-	}
-	if errors.Is(err, ErrSerialization) {
-		// The first phase's transaction failed to serialize and took
-		// the key with it: acquire it on its own, as a retry would,
-		// and run the phase in a transaction of its own.
-		return r.executeAcquiring(ctx, flow, req, nil, false)
-	}
-	// The first phase failed and its key went with its transaction.
-	// Record the failure on a key of its own, as a separate
-	// acquisition would have: released, with the error, for the
-	// client's retry, the completer and `idem keys list`.
-	r.recordFailedStart(ctx, flow, req, p, err)
-	return out, err
-}
-
-// recordFailedStart creates req's key, released, with err as its last
-// error: what a first phase that failed leaves when its key is acquired on
-// its own. If the key exists by now (a duplicate made it), it is left alone.
-func (r *Runner) recordFailedStart(ctx context.Context, flow AnyFlow, req Request, p *prepared, err error) {
-	ctx = context.WithoutCancel(ctx)
-	acq, aerr := r.acquire(ctx, flow, req, p, false)
-	if aerr != nil || acq.Acquired == idemdriver.AcquiredNone {
-		if aerr != nil && !errors.Is(aerr, idemdriver.ErrKeyBusy) {
-			r.log.WarnContext(ctx, "idem: could not record the failed first phase on its key; a retry starts clean", r.logAttrs(req.Scope, req.Key, 0, "flow", flow.Name(), "err", r.redact(aerr))...)
-		}
-		return
-	}
-	// Created, or taken over: a duplicate made the key meanwhile, and its
-	// attempt failed too, leaving it released. Either way this call holds
-	// it now, and lets it go with this attempt's error.
-	rctx, cancel := r.storeContext(ctx)
-	defer cancel()
-	if rerr := r.store.Release(rctx, idemdriver.LockRef{ID: acq.Record.ID, Fence: acq.Record.Fence, Scope: acq.Record.Scope}, r.errorText(err)); rerr != nil {
-		r.log.ErrorContext(ctx, "idem: could not release key; it unlocks when its lease expires", r.logAttrs(req.Scope, req.Key, acq.Record.ID, "err", r.redact(rerr))...)
-	}
-}
-
-// acquireInPhase is acquire for a key that may be new, in a transaction of
-// the flow's first phase that the store returns open when it created the
-// key (idemdriver.PhaseAcquirer).
-func (r *Runner) acquireInPhase(ctx context.Context, flow AnyFlow, req Request, p *prepared) (*idemdriver.AcquireResult, idemdriver.PhaseTx, error) {
-	actx, cancel := r.storeContext(ctx)
-	defer cancel()
-	_, _, iso := flow.phaseMeta(0)
-	return r.inPhase.AcquireInPhase(actx, idemdriver.AcquireParams{
-		Scope: req.Scope, Key: req.Key, Flow: flow.Name(), Method: req.Method, Path: req.Path,
-		Fingerprint: p.fingerprint, PayloadFingerprint: p.payloadFingerprint, Params: p.params, Lease: r.config.Lease, Now: r.now(),
-	}, r.phaseOptions(iso))
 }
 
 // phaseOptions are the options of a phase transaction at iso (empty: the
@@ -719,22 +582,6 @@ func (r *Runner) fail(ctx context.Context, h *held, err error) (*Outcome, error)
 		// A dead process releases nothing: leave the key for the lease to
 		// expire, exactly as a real crash would.
 		return h.outcome(nil), err
-	case h.uncommitted.Load() && h.refused != nil:
-		// A foreign call refused before the key was committed: not a
-		// failure; execute starts the request over, acquiring separately.
-		r.log.DebugContext(ctx, "idem: a foreign call in the first phase; starting over with the key committed first", h.logAttrs("flow", h.flow.Name(), "phase", h.phaseName())...)
-		return &Outcome{}, err
-	case h.uncommitted.Load():
-		// The key was acquired in the first phase's transaction, which did
-		// not commit: the key went with it. Nothing is left to release, and
-		// the client's retry starts clean.
-		if ctx.Err() == nil {
-			ev.Kind = EventPhaseFailed
-			r.emit(ctx, ev)
-		}
-		r.log.WarnContext(ctx, "idem: first phase failed; its key was never committed and a retry starts clean",
-			h.logAttrs("flow", h.flow.Name(), "phase", h.phaseName(), "err", r.redact(err))...)
-		return &Outcome{}, err
 	case errors.Is(err, ErrLockLost):
 		ev.Kind = EventLockLost
 		r.emit(ctx, ev)

@@ -132,33 +132,11 @@ func TestMismatchIsCheckedBeforeTheLock(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	// The key must be committed for its fingerprint to be read: a key
-	// acquired in its first phase's transaction is answered "in progress"
-	// to any request until that phase commits
-	// (TestDuplicateOfAKeyBeingCreatedIsAnsweredAtOnce).
-	b.flow = b.rideFlowConfig("rides.create", &idem.FlowConfig[rideInput]{AcquireSeparately: true})
 	r := b.runner(t, nil)
 	other := b.rideFlow("rides.other")
 
 	// Hold the key: the first request pauses inside its first phase.
-	entered, proceed := make(chan struct{}), make(chan struct{})
-	letGo := sync.OnceFunc(func() { close(proceed) })
-	t.Cleanup(letGo) // a failing test must not leave the worker holding a connection
-	b.hooks["ride_created"] = func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
-		close(entered)
-		<-proceed
-		return nil
-	}
-	done := make(chan error, 1)
-	go func() {
-		_, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
-		done <- err
-	}()
-	select {
-	case <-entered:
-	case err := <-done:
-		t.Fatalf("the first request ended before pausing: %v", err)
-	}
+	done, letGo := startPausedIn(t, b, "ride_created", nil, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 
 	for name, tc := range map[string]struct {
 		flow idem.AnyFlow
@@ -177,7 +155,7 @@ func TestMismatchIsCheckedBeforeTheLock(t *testing.T) {
 	require.Equal(t, idem.OutcomeInProgress, out.Kind)
 
 	letGo()
-	require.NoError(t, <-done)
+	require.NoError(t, (<-done).err)
 	// And after it finished, the mismatch still wins over the replay.
 	_, err = r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "LA", Amount: 20}))
 	require.ErrorIs(t, err, idem.ErrMismatch)
@@ -356,11 +334,8 @@ func TestFencingStopsATakenOverWorker(t *testing.T) {
 }
 
 func fencingStopsATakenOverWorker(t *testing.T, b *testBundle) {
-	// The worker pauses in the first phase: its key must be committed, and
-	// leased, before that phase for another worker to take it over. (A key
-	// acquired in its first phase's transaction is another story:
-	// TestStalledFirstPhaseEndsWithItsKey.)
-	b.flow = b.rideFlowConfig("rides.create", &idem.FlowConfig[rideInput]{AcquireSeparately: true})
+	// The worker pauses in the first phase: its key committed, and leased,
+	// before that phase, for another worker to take it over.
 	staleOut, err := takeOverAPausedWorker(t, b, func(ctx context.Context, tx idem.Tx, _ *idem.Attempt[rideInput]) error {
 		_, err := tx.Exec(ctx, `INSERT INTO jobs (ride_id, kind) VALUES (0, 'stale-worker-write')`)
 		return err

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -248,4 +250,41 @@ func decodeBody(t *testing.T, body []byte) map[string]any {
 	var m map[string]any
 	require.NoError(t, json.Unmarshal(body, &m))
 	return m
+}
+
+// executed is how an Execute ended.
+type executed struct {
+	out *idem.Outcome
+	err error
+}
+
+// startPausedIn executes req on a runner made with cfg, its phase pausing
+// on its first run until release is called, and returns once it paused;
+// done gets how the request ended. It is the one way a test holds a key
+// in a phase.
+func startPausedIn(t *testing.T, b *testBundle, phase string, cfg *idem.Config, req idem.Request) (done <-chan executed, release func()) {
+	t.Helper()
+	entered, out := make(chan struct{}), make(chan struct{})
+	release = sync.OnceFunc(func() { close(out) })
+	t.Cleanup(release) // a failing test must not leave the worker holding a connection
+	var first atomic.Bool
+	b.hooks[phase] = func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
+		if first.CompareAndSwap(false, true) {
+			close(entered)
+			<-out
+		}
+		return nil
+	}
+	ended := make(chan executed, 1)
+	r := b.runner(t, cfg)
+	go func() {
+		o, err := r.Execute(context.Background(), b.flow, req)
+		ended <- executed{o, err}
+	}()
+	select {
+	case <-entered:
+	case e := <-ended:
+		t.Fatalf("the first request ended before pausing in %s: %v", phase, e.err)
+	}
+	return ended, release
 }

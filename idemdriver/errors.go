@@ -31,10 +31,4 @@ var (
 
 	// ErrNotFound: no key with that scope and key exists.
 	ErrNotFound = errors.New("idem: key not found")
-
-	// ErrKeyBusy is returned by an acquisition that found another
-	// transaction creating the same key and not yet committed (see
-	// PhaseAcquirer): the request is in progress, but no record of it can
-	// be read yet.
-	ErrKeyBusy = errors.New("idem: key being created by another transaction")
 )

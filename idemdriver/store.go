@@ -212,12 +212,7 @@ type CommitParams struct {
 	// finishes it (an operator's resolution says who and why); empty clears
 	// it, as every phase that responds does.
 	LastError string
-	// RenewLease, when positive, renews the key's lease for that long from
-	// the commit, in the commit's transaction: a key acquired in its first
-	// phase's transaction (PhaseAcquirer) has had no heartbeat, and a long
-	// first phase must not commit a lease that already ran out.
-	RenewLease time.Duration
-	Now        *time.Time
+	Now       *time.Time
 }
 
 // OperationsStore is the part of [Store] the operations services stand on:
@@ -413,39 +408,4 @@ type KeyWatcher interface {
 	// taken over, or its lease ran out. stop must be called when the caller
 	// stops waiting. Waiters of one key share what it costs the store.
 	WatchKey(ctx context.Context, ref LockRef) (woken <-chan struct{}, stop func())
-}
-
-// PhaseAcquirer is implemented by stores that can acquire a key inside the
-// transaction of its request's first phase, so that a new key, the phase's
-// writes and its recovery point commit once: one commit fewer per request,
-// and a crash before that commit leaves nothing behind (the retry starts
-// clean). The runner uses it for a flow whose first transaction makes no
-// foreign call and runs at read committed; see
-// idem.FlowConfig.AcquireSeparately.
-//
-// While the key is uncommitted nobody else can see it: a concurrent
-// acquisition of the same key must not wait for the phase, and gets
-// ErrKeyBusy instead (a store takes a lock it tries without waiting). A key
-// that replaces an expired one is committed before it is returned (with a
-// nil PhaseTx): its generation must survive the phase. The store must end a
-// transaction that sits idle for longer than the lease, and GetKey must not
-// find an uncommitted key.
-//
-// A store that wraps another and overrides Acquire (to count, trace or
-// inject faults) must override AcquireInPhase too, or AcquiresInPhase to
-// return false: a wrapper that embeds *pgstore.Store inherits them, and the
-// runner would acquire new keys through the embedded store, bypassing the
-// wrapper's Acquire.
-type PhaseAcquirer interface {
-	// AcquireInPhase acquires p's key like Store.Acquire, in a transaction
-	// begun with opts. When it creates the key it returns the transaction
-	// open, for the first phase to run in and commit with CommitPhase; in
-	// every other case (a replay, a key in progress, a takeover) it has
-	// ended the transaction (a takeover committed), returns a nil PhaseTx,
-	// and the result is Acquire's.
-	AcquireInPhase(ctx context.Context, p AcquireParams, opts PhaseOptions) (*AcquireResult, PhaseTx, error)
-
-	// AcquiresInPhase reports whether this store can (a distributed layout
-	// may not): the runner acquires separately when it cannot.
-	AcquiresInPhase() bool
 }

@@ -429,10 +429,11 @@ func TestInProgress(t *testing.T) {
 	require.Equal(t, 1, b.counts.get()["charged"])
 }
 
-// A new key is created in its first phase's transaction and has no lease
-// until that commits: a duplicate meanwhile is ABORTED with RetryInfo 1 s,
-// whatever the runner's MaxRetryAfter.
-func TestInProgressWhileTheKeyIsBeingCreated(t *testing.T) {
+// A new key commits, leased, before its first phase runs: a duplicate
+// during that phase is ABORTED at once, with RetryInfo from the lease
+// (capped by the runner's MaxRetryAfter, 2 s), and another request under
+// the key is refused as reused then as at every moment.
+func TestInProgressDuringTheFirstPhase(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	client := serveOrders(t, b.handler(t, b.runner, nil), nil)
@@ -451,7 +452,11 @@ func TestInProgressWhileTheKeyIsBeingCreated(t *testing.T) {
 	require.False(t, replayed(header))
 	delay, ok := retryDelay(st)
 	require.True(t, ok, "ABORTED carries RetryInfo")
-	require.Equal(t, time.Second, delay)
+	require.Equal(t, 2*time.Second, delay)
+	other := orderRequest()
+	other.Quantity = 3
+	_, err, _ = call(t, client, "k-1", other)
+	requireStatus(t, err, codes.FailedPrecondition, idemgrpc.ReasonKeyReused)
 	open()
 	require.NoError(t, <-done)
 	require.Equal(t, map[string]int{"order_created": 1, "charged": 1, "responded": 1}, b.counts.get())
@@ -638,10 +643,7 @@ func TestWrongResponseIsInternal(t *testing.T) {
 }
 
 // stallingStore is a store whose acquisitions wait until the gate opens:
-// the database is reachable but does not answer. It stalls both shapes of
-// the acquisition's round trip: Acquire, and AcquireInPhase (BEGIN and the
-// acquisition in one pipeline), which the runner calls for a key that may
-// be new (pgstore is an idemdriver.PhaseAcquirer).
+// the database is reachable but does not answer.
 type stallingStore struct {
 	*pgstore.Store
 	gate chan struct{}
@@ -650,11 +652,6 @@ type stallingStore struct {
 func (s *stallingStore) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemdriver.AcquireResult, error) {
 	<-s.gate
 	return s.Store.Acquire(ctx, p)
-}
-
-func (s *stallingStore) AcquireInPhase(ctx context.Context, p idemdriver.AcquireParams, opts idemdriver.PhaseOptions) (*idemdriver.AcquireResult, idemdriver.PhaseTx, error) {
-	<-s.gate
-	return s.Store.AcquireInPhase(ctx, p, opts)
 }
 
 // A store that stalls on a live connection never answers, and nothing in

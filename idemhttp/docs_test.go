@@ -272,11 +272,10 @@ func TestDocsRetryAfterTable(t *testing.T) {
 	t.Parallel()
 	rows := firstTable(t, section(t, readDocs(t), "### Retry-After"))
 	want := map[string]string{
-		"409 in progress":                      fmt.Sprintf("`Config.MaxRetryAfter` (default %d)", (&idem.Config{}).WithDefaults().MaxRetryAfter/time.Second),
-		"503 needs reconcile":                  fmt.Sprintf("`Config.ReconcileRetryAfter`, default %d", ReconcileRetryAfterDefault/time.Second),
-		"503 store unavailable":                fmt.Sprintf("`Config.UnavailableRetryAfter`, default %d", UnavailableRetryAfterDefault/time.Second),
-		"409 after a takeover":                 "1:",
-		"409 while a new key is being created": "1:",
+		"409 in progress":       fmt.Sprintf("`Config.MaxRetryAfter` (default %d)", (&idem.Config{}).WithDefaults().MaxRetryAfter/time.Second),
+		"503 needs reconcile":   fmt.Sprintf("`Config.ReconcileRetryAfter`, default %d", ReconcileRetryAfterDefault/time.Second),
+		"503 store unavailable": fmt.Sprintf("`Config.UnavailableRetryAfter`, default %d", UnavailableRetryAfterDefault/time.Second),
+		"409 after a takeover":  "1:",
 	}
 	for _, row := range rows {
 		if w, ok := want[row[0]]; ok {

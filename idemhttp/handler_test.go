@@ -99,8 +99,7 @@ func TestRetryAfterFollowsTheLease(t *testing.T) {
 	// its foreign call.
 	b.runner = b.newRunner(t, &idem.Config{MaxRetryAfter: 2 * time.Minute, LeaseMargin: time.Millisecond})
 	h := b.handler(t, nil)
-	// Held in its second phase: a new key commits with its first one, and
-	// has no lease before that (TestRetryAfterWhileTheKeyIsBeingCreated).
+	// Held in its second phase, with its lease.
 	entered, release := b.blockPhase(t, "charge_created")
 	first := make(chan *httptest.ResponseRecorder, 1)
 	go func() { first <- post(h, "k-1", rideBody) }()
@@ -143,10 +142,10 @@ func TestRetryAfterIsCappedByDefault(t *testing.T) {
 	require.Equal(t, http.StatusCreated, (<-first).Code)
 }
 
-// A new key is created in its first phase's transaction and has no lease
-// until that commits: a duplicate meanwhile is told 409 with Retry-After: 1,
-// whatever the lease and MaxRetryAfter, and nothing about it is stored.
-func TestRetryAfterWhileTheKeyIsBeingCreated(t *testing.T) {
+// A new key commits, leased, before its first phase runs: a duplicate
+// during that phase is told 409 at once, with Retry-After from the lease,
+// and another body under the key is 422 then as at every moment.
+func TestDuplicateDuringTheFirstPhase(t *testing.T) {
 	t.Parallel()
 	b := setup(t, idemhttp.ProfileIETF)
 	b.runner = b.newRunner(t, &idem.Config{MaxRetryAfter: 2 * time.Minute})
@@ -158,8 +157,11 @@ func TestRetryAfterWhileTheKeyIsBeingCreated(t *testing.T) {
 	res := post(h, "k-1", rideBody)
 	require.Equal(t, http.StatusConflict, res.Code, res.Body.String())
 	require.Equal(t, idemhttp.ProblemTypeBaseDefault+idemhttp.ProblemInProgress, decodeProblem(t, res).Type)
-	require.Equal(t, "1", res.Header().Get("Retry-After"))
-	require.Nil(t, b.keyRow(t, "k-1"), "the key is not committed before its first phase")
+	require.Equal(t, "90", res.Header().Get("Retry-After"), "the lease's time left")
+	require.NotNil(t, b.keyRow(t, "k-1"), "the key committed before its first phase")
+	res = post(h, "k-1", `{"origin": "LAX", "amount": 20}`)
+	require.Equal(t, http.StatusUnprocessableEntity, res.Code, res.Body.String())
+	require.Equal(t, idemhttp.ProblemTypeBaseDefault+idemhttp.ProblemKeyReused, decodeProblem(t, res).Type)
 	release()
 	require.Equal(t, http.StatusCreated, (<-first).Code)
 	require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "responded": 1}, b.counts.Get())

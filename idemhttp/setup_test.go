@@ -262,16 +262,6 @@ func (b *bundle) rideFlow(config *idem.FlowConfig[rideInput]) *idem.Flow[rideInp
 	}, config)
 }
 
-// acquireSeparately makes the bundle's rides flow acquire a new key on its
-// own (idem.FlowConfig.AcquireSeparately), with a runner of its own: for a
-// test about a key held, with a lease, in its first phase, which the
-// default shape commits only with that phase.
-func (b *bundle) acquireSeparately(t testing.TB) {
-	t.Helper()
-	b.flow = b.rideFlow(&idem.FlowConfig[rideInput]{AcquireSeparately: true})
-	b.runner = b.newRunner(t, nil)
-}
-
 // request builds a POST to /rides with the given Idempotency-Key ("" sends
 // none) and body, as alice.
 func request(key, body string) *http.Request {

@@ -26,13 +26,7 @@ import (
 // still visible in a watched table whose xmin (the id of the transaction
 // that wrote it) was handed out after the phase began, and not during its
 // foreign call, was written by another transaction while the phase ran: the
-// scenario fails, naming the table and the row count. At a phase a new key
-// is acquired with (idem.Runner.AcquisitionJoins), serialization_failure and
-// lease_takeover (a stall the server ends) roll the phase back too, and take
-// the key with it: the re-run makes the key anew, with another id, where a
-// Check counting rows by key id cannot see the survivor. The check runs
-// there as well, over the transaction ids handed out from the phase's start
-// to the fault.
+// scenario fails, naming the table and the row count.
 //
 // It sees inserts and updates, not deletes. Writes during the foreign call
 // are left out, because a fake provider may keep its state in the same
@@ -60,7 +54,6 @@ type bypassWatch struct {
 		watchDB() queryRower
 		bypassConfig() BypassCheck
 	}
-	kind    Kind
 	mu      sync.Mutex
 	start   uint32 // first xid handed out after the phase's transaction began
 	started bool
@@ -84,26 +77,17 @@ type queryRower interface {
 func (x *explorer[In]) watchDB() queryRower       { return x.db }
 func (x *explorer[In]) bypassConfig() BypassCheck { return x.cfg.Bypass }
 
-// newBypassWatch returns the watch for a scenario of kind at phase, or nil
+// newBypassWatch returns the watch for a scenario of kind, or nil
 // when the check does not apply to it. It applies where the faulted phase's
-// transaction never commits: crash_before_commit; and, at a phase of the
-// transaction a new key is acquired in (idem.Runner.AcquisitionJoins),
-// serialization_failure and lease_takeover (a stall the server ends), where
-// the rollback takes the key with it. There the re-run writes under a key
-// made anew, with another id, so a Check that counts rows by key id cannot
-// see the row that outlived the rollback: this check is the kit's only eye
-// on it.
-func (x *explorer[In]) newBypassWatch(kind Kind, phase string) *bypassWatch {
+// transaction never commits: crash_before_commit.
+func (x *explorer[In]) newBypassWatch(kind Kind) *bypassWatch {
 	if x.cfg.Bypass.Off {
 		return nil
 	}
-	switch {
-	case kind == CrashBeforeCommit:
-	case (kind == SerializationFailure || kind == LeaseTakeover) && slices.Contains(x.acquiredWith, phase):
-	default:
+	if kind != CrashBeforeCommit {
 		return nil
 	}
-	return &bypassWatch{x: x, kind: kind}
+	return &bypassWatch{x: x}
 }
 
 // nextXID is the first transaction id not yet handed out. Reading it
@@ -206,22 +190,11 @@ func (b *bypassWatch) check(ctx context.Context, sc *scenario, phase string) {
 			continue
 		}
 		if n > 0 {
-			sc.violate("phase %q wrote %d row(s) to %s through a connection other than its transaction: %s, and these rows stayed, so the re-run writes them again. "+
+			sc.violate("phase %q wrote %d row(s) to %s through a connection other than its transaction: the worker died before the commit, the phase's transaction rolled back, and these rows stayed, so the re-run writes them again. "+
 				"Send every statement through the phase's tx (with sqlc, db.New(tx)), never the pool; if something else writes to %s while flows run, list it in Config.Bypass.Ignore",
-				phase, n, table, b.rolledBack(), table)
+				phase, n, table, table)
 		}
 	}
-}
-
-// rolledBack says how the faulted phase's transaction ended.
-func (b *bypassWatch) rolledBack() string {
-	switch b.kind {
-	case SerializationFailure:
-		return "the phase's transaction failed to serialize and rolled back, with the key it created (the re-run makes the key anew, with another id)"
-	case LeaseTakeover:
-		return "the server ended the stalled phase's transaction, and the key it created with it (the retry makes the key anew, with another id)"
-	}
-	return "the worker died before the commit, the phase's transaction rolled back"
 }
 
 // watchedTables resolves the check's tables to quoted, schema-qualified

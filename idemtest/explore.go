@@ -63,11 +63,9 @@ func ExploreContext[In any](ctx context.Context, cfg Config[In]) (*Report, error
 	}
 	x.userHook, x.base.Test = x.base.Test.Hook, idem.TestConfig{}
 	x.lease = x.base.WithDefaults().Lease
-	r, err := idem.NewRunner(store, x.runnerConfig(nil, nil))
-	if err != nil {
+	if _, err := idem.NewRunner(store, x.runnerConfig(nil, nil)); err != nil {
 		return nil, fmt.Errorf("%w: Runner: %w", ErrInvalidConfig, err)
 	}
-	x.acquiredWith = r.AcquisitionJoins(cfg.Flow)
 
 	rep := &Report{Flow: cfg.Flow.Name()}
 	defer func() { rep.Elapsed = time.Since(started) }()
@@ -124,12 +122,9 @@ type explorer[In any] struct {
 
 	// From the baseline: the phases it committed, in order, and its foreign
 	// calls by phase.
-	phases []string
-	// acquiredWith: the phases a new key is acquired in the transaction of
-	// (idem.Runner.AcquisitionJoins).
-	acquiredWith []string
-	foreign      map[string]foreignCall
-	response     *idem.Response
+	phases   []string
+	foreign  map[string]foreignCall
+	response *idem.Response
 
 	// From the wire baseline: how many round trips the request made
 	// through the proxy, and how many it had made at each hook point.
@@ -209,7 +204,7 @@ func (x *explorer[In]) runBaseline(ctx context.Context) *Scenario {
 
 func (x *explorer[In]) runScenario(ctx context.Context, kind Kind, phase, foreign string) *Scenario {
 	sc := x.newScenario(string(kind)+"@"+phase, kind, phase, kind.describe(phase, foreign))
-	f := &fault{kind: kind, phase: phase, bypass: x.newBypassWatch(kind, phase)}
+	f := &fault{kind: kind, phase: phase, bypass: x.newBypassWatch(kind)}
 	var final *idem.Response
 	if kind == LeaseTakeover {
 		final = x.takeover(ctx, sc, f)

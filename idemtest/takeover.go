@@ -3,7 +3,6 @@ package idemtest
 import (
 	"context"
 	"errors"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,9 +53,6 @@ func (x *explorer[In]) takeover(ctx context.Context, sc *scenario, f *fault) *id
 		sc.violate("the fault point was never reached: the first run went another way than the baseline (%s); is the flow deterministic for one input?", outcomeText(r.out, r.err))
 		return x.settle(ctx, sc, r.out, r.err)
 	}
-	if slices.Contains(x.acquiredWith, f.phase) {
-		return x.stallCreating(ctx, sc, f, first, &firstEnded)
-	}
 	sc.step("worker 1 pauses just before phase %q commits, its transaction open", f.phase)
 	sc.advance(x.lease+time.Second, "worker 1's lease runs out while it is paused")
 
@@ -102,37 +98,6 @@ wait:
 type runResult struct {
 	out *idem.Outcome
 	err error
-}
-
-// stallCreating is the LeaseTakeover scenario at a phase of the transaction
-// a new key is acquired in (idem.Runner.AcquisitionJoins), which worker 1
-// holds open, paused: the key is uncommitted, so there is no lease to take
-// over. A duplicate must hear "in progress" at once; then the server ends
-// worker 1's transaction as it does one idle for longer than the lease
-// (idle_in_transaction_session_timeout, which the store sets), and the key
-// goes with it; a retry makes the key anew and finishes; worker 1, resumed,
-// must not commit.
-func (x *explorer[In]) stallCreating(ctx context.Context, sc *scenario, f *fault, first <-chan runResult, firstEnded **runResult) *idem.Response {
-	sc.step("worker 1 pauses just before phase %q commits, its transaction open, with the key it created in it", f.phase)
-	if out, err := x.call(ctx, sc, nil, opRun, x.store); out.Kind != idem.OutcomeInProgress {
-		sc.violate("a duplicate of a key being created was answered %s, want in_progress at once", outcomeText(out, err))
-	}
-	sc.advance(x.lease+time.Second, "worker 1 sits idle in its transaction for longer than its lease")
-	var ended bool
-	if err := x.db.QueryRow(ctx, `SELECT pg_terminate_backend($1::int, 60000)`, int64(f.park.conns.pid.Load())).Scan(&ended); err != nil || !ended {
-		sc.violate("idemtest could not end worker 1's session (ended %v): %v", ended, err)
-	}
-	sc.step("the server ends worker 1's transaction, idle for longer than the lease, and the uncommitted key with it")
-	final := x.settle(ctx, sc, nil, nil)
-	sc.step("worker 1 resumes")
-	f.park.resume()
-	r := <-first
-	*firstEnded = &r
-	f.bypass.check(ctx, sc, f.phase) // see bypass.go
-	if r.err == nil || r.out.Kind == idem.OutcomeExecuted {
-		sc.violate("the paused worker ended with %s, want an error: its transaction was ended, and nothing of it may commit", outcomeText(r.out, r.err))
-	}
-	return final
 }
 
 // blockedBy reports whether any backend waits for a lock that backend pid

@@ -317,8 +317,20 @@ func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemd
 		return nil, err
 	}
 	replanned := false
+	busy := time.Millisecond
 	for i := 0; i < maxAcquireStatements; i++ {
 		res, err := s.acquisition(ctx, s.db, s.q.acquire, args...)
+		if keyBusy(err) {
+			// Another acquisition of the same new key holds its advisory
+			// lock, for its own statement only: its key is committed in a
+			// moment, and the next call reads it.
+			if werr := pause(ctx, busy); werr != nil {
+				return nil, mapError(fmt.Errorf("pgstore: acquire: %w (after: %w)", werr, err))
+			}
+			busy = min(2*busy, 50*time.Millisecond)
+			i--
+			continue
+		}
 		if !replanned && planChanged(err) {
 			// A migration changed what the statement returns since this
 			// connection prepared it; pgx has forgotten the statement, and
@@ -336,9 +348,6 @@ func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemd
 			continue
 		}
 		if err != nil {
-			if keyBusy(err) {
-				return nil, fmt.Errorf("%w: key %q: %w", idemdriver.ErrKeyBusy, p.Key, err)
-			}
 			err = mapError(fmt.Errorf("pgstore: acquire: %w", err))
 			if errors.Is(err, idemdriver.ErrSerialization) {
 				// Under a server default of repeatable read or serializable,
@@ -353,6 +362,26 @@ func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemd
 		return s.takeOverIfAbandoned(ctx, p, res)
 	}
 	return nil, fmt.Errorf("pgstore: acquire: key %q kept appearing and disappearing under concurrent writers", p.Key)
+}
+
+// keyBusy reports whether err is the acquisition function's refusal to
+// wait for another transaction that is creating the same key (the advisory
+// lock idem_acquire_v11 tries without waiting).
+func keyBusy(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03" && pgErr.Message == "idem: key is being created by another transaction"
+}
+
+// pause waits d, or returns ctx's error when it ends first.
+func pause(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
 }
 
 // acquireArgs are the arguments of the acquire statement for p.

@@ -46,14 +46,7 @@ type phaseTx struct {
 	seal *sealer
 	// stmtTimeout bounds each of the phase's own statements (zero: none).
 	stmtTimeout time.Duration
-	// idleTimeout ends the transaction, by ending its session, once it has
-	// sat idle for that long (zero: never): the lease of a key acquired in
-	// it (AcquireInPhase).
-	idleTimeout time.Duration
-	// renew are the arguments of queries.renewLease, sent with the commit
-	// (CommitParams.RenewLease); nil: none.
-	renew []any
-	tx    pgx.Tx // the real transaction once begun
+	tx          pgx.Tx // the real transaction once begun
 	// notifyAfter is the key whose waiters a finishing commit at
 	// repeatable read or serializable notifies once more after it commits
 	// (0: none): the trigger's call of idem_notify_waiters_v10 read the marks
@@ -107,14 +100,9 @@ func (t *phaseTx) begin(ctx context.Context) error {
 func (t *phaseTx) beginWith(ctx context.Context, queued []*pgx.QueuedQuery) (pgx.BatchResults, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(t.opts)
-	settings := t.stmtTimeout > 0 || t.idleTimeout > 0
-	switch {
-	case t.stmtTimeout > 0 && t.idleTimeout > 0:
-		b.Queue(t.q.timeouts, millis(t.stmtTimeout), millis(t.idleTimeout))
-	case t.stmtTimeout > 0:
+	settings := t.stmtTimeout > 0
+	if settings {
 		b.Queue(t.q.statementTimeout, millis(t.stmtTimeout))
-	case t.idleTimeout > 0:
-		b.Queue(t.q.idleTimeout, millis(t.idleTimeout))
 	}
 	b.QueuedQueries = append(b.QueuedQueries, queued...)
 	br := t.conn.SendBatch(ctx, b)
@@ -326,20 +314,10 @@ func (t *phaseTx) commitGuarded(ctx context.Context, guard string, args ...any) 
 		return ErrPhaseEndedTx
 	}
 	b := &pgx.Batch{}
-	if t.renew != nil {
-		b.Queue(t.q.renewLease, t.renew...)
-	}
 	b.Queue(guard, args...)
 	b.Queue("commit")
 	br := t.tx.SendBatch(ctx, b)
-	var renewErr error
-	if t.renew != nil {
-		_, renewErr = br.Exec()
-	}
 	_, guardErr := br.Exec()
-	if renewErr != nil {
-		guardErr = renewErr
-	}
 	tag, commitErr := br.Exec()
 	closeErr := br.Close()
 	if guardErr != nil {
@@ -487,9 +465,6 @@ func (t *phaseTx) CommitPhase(ctx context.Context, p idemdriver.CommitParams) er
 	if err != nil {
 		_ = t.RollbackPhase(ctx)
 		return err
-	}
-	if p.RenewLease > 0 {
-		t.renew = []any{p.Ref.ID, p.Ref.Fence, p.Now, p.RenewLease.Microseconds()}
 	}
 	if sql == t.q.finishPhase && !t.q.citus && t.opts.IsoLevel != pgx.ReadCommitted && t.opts.IsoLevel != pgx.ReadUncommitted {
 		t.notifyAfter = p.Ref.ID

@@ -43,8 +43,8 @@ type queries struct {
 	waitMark, waitCheck               string
 	notifyWaiters, waitCheckAll       string
 
-	unlockKey, claimIdle, reap, reapAbandoned, unfinishedKeys, statementTimeout, idleTimeout, timeouts, renewLease, clock string
-	backlog                                                                                                               string
+	unlockKey, claimIdle, reap, reapAbandoned, unfinishedKeys, statementTimeout, clock string
+	backlog                                                                            string
 
 	// citus says the statements are Citus's (citus.go, useCitus), with the
 	// statements only Citus runs.
@@ -156,9 +156,8 @@ func newQueries(prefix string) *queries {
 	//    row, locked, one generation on from the expired key it replaces
 	//    (0 for a key never seen). First it takes the key's advisory lock
 	//    for its transaction without waiting, and raises lock_not_available
-	//    (55P03, keyBusy) when another transaction holds it: one creating the
-	//    key in its first phase (AcquireInPhase), whose uncommitted row ON
-	//    CONFLICT would wait for. ON CONFLICT DO NOTHING turns a concurrent insert of the
+	//    (55P03, keyBusy) when another acquisition holds it, which Acquire
+	//    tries again shortly. ON CONFLICT DO NOTHING turns a concurrent insert of the
 	//    same key into "nothing inserted" instead of a unique violation that
 	//    would abort the caller; the function then reads the winner's key.
 	//
@@ -323,14 +322,6 @@ RETURNING l.lease_expires_at`)
 	// release and setNeedsReconcile are guarded on the progress row, which
 	// they lock first, and unlock the lease row; they return how many keys
 	// the guard matched.
-	// renewLease renews, inside the transaction of a key's first phase,
-	// the lease of a key acquired in it (CommitParams.RenewLease), from the
-	// moment of the statement: the transaction's now() is the acquisition's.
-	q.renewLease = render(`
-UPDATE {l} l
-SET lease_expires_at = coalesce($3::timestamptz, clock_timestamp()) + $4::bigint * interval '1 microsecond'
-WHERE l.key_id = $1 AND l.fence = $2`)
-
 	q.release = render(`
 WITH released AS (
     UPDATE {t} SET last_error = left($3, 4000)
@@ -555,14 +546,6 @@ ORDER BY 1, 2, 3, 4`)
 	// statementTimeout bounds the statements after it in the same
 	// transaction (milliseconds, as text).
 	q.statementTimeout = `SELECT set_config('statement_timeout', $1, true)`
-	// idleTimeout ends the session, and with it the transaction, once the
-	// transaction has sat idle between statements for $1 milliseconds: the
-	// lease of a key acquired in its first phase's transaction
-	// (AcquireInPhase), which nobody else can see, let alone take over.
-	q.idleTimeout = `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`
-	// timeouts is statementTimeout ($1) and idleTimeout ($2) in one
-	// statement.
-	q.timeouts = `SELECT set_config('statement_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $2, true)`
 
 	q.clock = `SELECT coalesce($1::timestamptz, now()) AS t`
 

@@ -118,7 +118,7 @@ func TestWritePlotWritesALabelledPNG(t *testing.T) {
 			return &stats{Ops: ops * (i + 1), Elapsed: time.Second, P50: f * time.Millisecond, P99: 3 * f * time.Millisecond}
 		}
 		points = append(points, &loadPoint{Concurrency: c, Stats: map[string]*stats{
-			"runner": mk(500), "runner-separate": mk(450), "runner-joined": mk(550), "runner-onetx": mk(580), "baseline": mk(600), "single": mk(700), "plain": mk(400), "commit": mk(3000)}})
+			"runner": mk(500), "runner-joined": mk(550), "runner-onetx": mk(580), "baseline": mk(600), "single": mk(700), "plain": mk(400), "commit": mk(3000)}})
 	}
 	path := filepath.Join(t.TempDir(), "docs", "performance.png")
 	require.NoError(t, writePlot(path, points))
@@ -502,9 +502,8 @@ func TestProfileSection(t *testing.T) {
 	}
 	runner, ok := paths["runner, new key"]
 	require.True(t, ok, "%v", rep.Paths)
-	// A new key is acquired in the first phase's transaction, which the
-	// acquisition's round trip begins.
-	require.Equal(t, "acquisition + BEGIN", runner.Rows[0].Label)
+	// A new key is acquired, and committed, on its own.
+	require.Equal(t, "acquisition", runner.Rows[0].Label)
 	require.Equal(t, 1.0, runner.Rows[0].PerRequest)
 	require.Len(t, runner.Rows, 7, "the acquisition and two round trips per phase: %+v", runner.Rows)
 	require.Equal(t, "phase receipt_enqueued: guarded finish + COMMIT", runner.Rows[6].Label)
@@ -519,25 +518,19 @@ func TestProfileSection(t *testing.T) {
 	require.Positive(t, runner.Server)
 	out := renderProfile(rep)
 	require.Contains(t, out, "## 7. Where the time goes")
-	require.Contains(t, out, "| runner, new key | acquisition + BEGIN | 1 |")
+	require.Contains(t, out, "| runner, new key | acquisition | 1 |")
 }
 
 func TestDescribeTrip(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, "claim (INSERT ON CONFLICT)", describeTrip([]string{baseAcquireSQL}))
-	require.Equal(t, "acquisition + BEGIN", describeTrip([]string{"begin isolation level read committed",
-		"SELECT set_config('statement_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $2, true)",
-		"SELECT * FROM s.idem_acquire_v11($1, $2)"}))
+	require.Equal(t, "acquisition", describeTrip([]string{"SELECT * FROM s.idem_acquire_v11($1, $2)"}))
 	require.Equal(t, "BEGIN + INSERT base_rides", describeTrip([]string{"begin", baseInsertRideSQL}))
 	require.Equal(t, "INSERT single_jobs + finish key (UPDATE) + COMMIT", describeTrip([]string{insertJobSQL("single"), singleFinishSQL, "commit"}))
 	require.Equal(t, "guarded finish", describeStatement("WITH guarded AS (\nUPDATE s.idem_keys\nSET status           = 'finished' WHERE id = $1) SELECT 1"))
 	require.Equal(t, "guarded phase update", describeStatement("WITH guarded AS (UPDATE s.idem_keys SET status = 'running') SELECT 1"))
 	require.Equal(t, "SELECT pg_backend_pid()", describeStatement("SELECT pg_backend_pid()"))
-	// A new key acquired in its first phase's transaction: the store's
-	// transaction settings are part of BEGIN, not spelled out.
-	require.Equal(t, "acquisition + BEGIN", describeTrip([]string{"begin isolation level read committed",
-		"SELECT set_config('idle_in_transaction_session_timeout', $1, true)", "SELECT set_config('statement_timeout', $1, true)",
-		"SELECT * FROM s.idem_acquire_v11($1, $2)"}))
+	// The store's transaction settings are part of BEGIN, not spelled out.
 	require.Equal(t, "BEGIN + INSERT base_rides", describeTrip([]string{"begin", "SELECT set_config('statement_timeout', $1, true)", baseInsertRideSQL}))
 	require.Equal(t, "DELETE idem_keys", describeStatement("DELETE FROM s.idem_keys WHERE id = $1"))
 }

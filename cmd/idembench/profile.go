@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -176,11 +175,6 @@ func describeTrip(sqls []string) string {
 	}
 	if len(parts) == 0 {
 		return "empty batch"
-	}
-	if i := slices.Index(parts, "acquisition"); i > 0 && parts[0] == "BEGIN" {
-		// A new key acquired in its first phase's transaction: the trip is
-		// the acquisition, which happens to open that transaction.
-		parts = append([]string{"acquisition"}, slices.Delete(parts, i, i+1)...)
 	}
 	return strings.Join(parts, " + ")
 }

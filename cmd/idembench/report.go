@@ -148,7 +148,7 @@ func renderReport(res *results) string {
 		flows := workloadsOf(kindFlow)
 		p("## 1. Framework overhead\n\n")
 		p("A new key per request through three steps (insert a ride; a foreign call with no latency, then record the charge; enqueue a job and respond 201). ")
-		p("*runner* acquires the key in the first step's transaction, which commits it (three commits); *runner, acquired separately* commits the key on its own first (four, the shape before schema version 11); *receipt joined* and *all joined* join steps (`Phase.JoinPrevious`: two commits, one). ")
+		p("*runner* commits the key on its own, then each step (four commits); *receipt joined* and *all joined* join steps (`Phase.JoinPrevious`: three commits, two). ")
 		p("*baseline* is the hand-rolled implementation with the runner's round trips and transactions (BEGIN rides with the first statement, COMMIT with the recovery-point update); ")
 		p("*single tx* is the shape of a single-phase idempotency library: the key claimed in one transaction, then all three statements, the stored response and the key's finish in a second one (pipelined alike: three round trips, two commits); ")
 		p("*plain tx* is the baseline's code with pgx's ordinary BEGIN / statement / update / COMMIT.\n\n")
@@ -296,7 +296,7 @@ func renderReport(res *results) string {
 		for _, w := range flows {
 			per = append(per, fmt.Sprintf("%s %d", w.label, w.commits))
 		}
-		p("The database's own rate of `INSERT INTO commit_probe ... VALUES ($1, $2)` in autocommit, one round trip and one commit each, at the same concurrency, against each flow's commits per second. Commits per request: %s (the runner's three phases, the first with the key's insert; acquired separately, that insert commits on its own).\n\n", strings.Join(per, ", "))
+		p("The database's own rate of `INSERT INTO commit_probe ... VALUES ($1, $2)` in autocommit, one round trip and one commit each, at the same concurrency, against each flow's commits per second. Commits per request: %s (the key's insert, then the runner's transactions).\n\n", strings.Join(per, ", "))
 		head, align := "| concurrency | INSERT+commit/s | p50 | p99 |", "|---:|---:|---:|---:|"
 		for _, w := range flows {
 			head += " " + w.label + " commits/s | share |"

@@ -182,26 +182,6 @@ func measureRoundTrips(ctx context.Context, e *env) (*roundTripReport, error) {
 		}
 		return err
 	}
-	// Right after new keys the flow hopes for another (see
-	// idem.FlowConfig.AcquireSeparately): a replay then finds its key in
-	// the transaction it opened for the first phase, and commits it. Once
-	// most of the flow's requests find their key, a replay acquires on its
-	// own, which is the path the target holds to one round trip.
-	if _, err := measure("runner, hoping for a new key", "replay", replay); err != nil {
-		return nil, err
-	}
-	for i := 0; ; i++ {
-		from := counter.Position()
-		if err := replay(); err != nil {
-			return nil, fmt.Errorf("replays to turn the flow's hope: %w", err)
-		}
-		if counter.Between(from, counter.Position()).Writes == 1 {
-			break
-		}
-		if i == 32 {
-			return nil, errors.New("replays to turn the flow's hope: a replay still costs more than one round trip after 32")
-		}
-	}
 	if _, err := measure("runner", "replay", replay); err != nil {
 		return nil, err
 	}

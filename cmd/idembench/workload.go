@@ -69,24 +69,21 @@ func newRunnerFlow() *idem.Flow[rideInput] { return newRidesFlow(joinNone) }
 type joins int
 
 const (
-	// joinNone: three phases, three transactions, three commits: the key
-	// is acquired in the first phase's transaction, and commits with it.
+	// joinNone: the key's acquisition commits on its own, then three
+	// phases, three transactions: four commits, as the baseline.
 	joinNone joins = iota
-	// separately: joinNone with the key acquired, and committed, on its own
-	// before the first phase (FlowConfig.AcquireSeparately): four commits,
-	// as the baseline. The shape of every flow before version 11.
-	separately
 	// joinReceipt: the receipt, which makes no foreign call, joins the
-	// charge's transaction: two commits.
+	// charge's transaction: three commits.
 	joinReceipt
-	// joinAll: the charge joins the ride and the receipt joins both: one
-	// transaction with the acquisition, one commit (the single-transaction
-	// contender commits its claim, then its transaction).
+	// joinAll: the charge joins the ride and the receipt joins both: the
+	// acquisition and one transaction, two commits (as the
+	// single-transaction contender, which commits its claim, then its
+	// transaction).
 	joinAll
 )
 
 func newRidesFlow(j joins) *idem.Flow[rideInput] {
-	name := map[joins]string{joinNone: flowName, separately: flowName + ".separate", joinReceipt: flowName + ".joined", joinAll: flowName + ".onetx"}[j]
+	name := map[joins]string{joinNone: flowName, joinReceipt: flowName + ".joined", joinAll: flowName + ".onetx"}[j]
 	return ridesFlow(name, j, rideStatements{insertRide: insertRideSQL("runner"), chargeRide: chargeRideSQL("runner"), insertJob: insertJobSQL("runner")})
 }
 
@@ -157,7 +154,7 @@ func ridesFlow(name string, j joins, st rideStatements) *idem.Flow[rideInput] {
 				return idem.RespondJSON(http.StatusCreated, rideResponse{RideID: rideID, ChargeID: chargeID, Amount: run.Input().Amount}), nil
 			},
 		},
-	}, &idem.FlowConfig[rideInput]{AcquireSeparately: j == separately})
+	}, nil)
 }
 
 // baseline is the hand-rolled implementation the runner is measured

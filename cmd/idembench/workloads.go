@@ -50,13 +50,11 @@ type workload struct {
 
 // workloads are the load section's workloads, in the report's order.
 var workloads = []workload{
-	{name: "runner", label: "runner", runner: true, commits: 3, color: colRunner,
+	{name: "runner", label: "runner", runner: true, commits: 4, color: colRunner,
 		op: func(d *loadDeps) op { return d.runnerOp("r", newRunnerFlow()) }},
-	{name: "runner-separate", label: "runner, acquired separately", runner: true, commits: 4,
-		op: func(d *loadDeps) op { return d.runnerOp("rs", newRidesFlow(separately)) }},
-	{name: "runner-joined", label: "runner, receipt joined", runner: true, commits: 2,
+	{name: "runner-joined", label: "runner, receipt joined", runner: true, commits: 3,
 		op: func(d *loadDeps) op { return d.runnerOp("rj", newRidesFlow(joinReceipt)) }},
-	{name: "runner-onetx", label: "runner, all joined", runner: true, commits: 1,
+	{name: "runner-onetx", label: "runner, all joined", runner: true, commits: 2,
 		op: func(d *loadDeps) op { return d.runnerOp("r1", newRidesFlow(joinAll)) }},
 	{name: "baseline", label: "baseline", commits: 4, color: colBaseline,
 		op: func(d *loadDeps) op { return d.baselineOp("b", (&baseline{pool: d.pool, pipelined: true}).run) }},

@@ -51,13 +51,6 @@ type Config struct {
 	// DefaultMinKeyLength; negative means no minimum beyond one character.
 	MinKeyLength int
 
-	// AcquireSeparately commits a new key on its own before the first
-	// phase runs (idem.FlowConfig.AcquireSeparately), instead of with
-	// ride_created: a process that dies in ride_created then leaves the key
-	// locked at started, for its lease to run out and the completer to
-	// finish, rather than nothing. The tests that need such a key set it.
-	AcquireSeparately bool
-
 	// Logger receives the app's logs. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -163,7 +156,7 @@ func New(cfg *Config) (*App, error) {
 		return nil, fmt.Errorf("rides: river client: %w", err)
 	}
 
-	if a.flow, err = a.newFlow(cfg.AcquireSeparately); err != nil {
+	if a.flow, err = a.newFlow(); err != nil {
 		return nil, err
 	}
 	runnerConfig := &idem.Config{}

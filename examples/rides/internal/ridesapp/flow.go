@@ -103,14 +103,13 @@ type Payments interface {
 
 var _ Payments = (*fakepay.Client)(nil)
 
-// newFlow declares the rides flow on a's database, provider and queue;
-// separately: Config.AcquireSeparately.
-func (a *App) newFlow(separately bool) (*idem.Flow[RideParams], error) {
+// newFlow declares the rides flow on a's database, provider and queue.
+func (a *App) newFlow() (*idem.Flow[RideParams], error) {
 	return idem.NewFlow(FlowName, []idem.Phase[RideParams]{
 		{Name: PhaseRideCreated, Do: a.createRide},
 		{Name: PhaseChargeCreated, Do: a.chargeRide},
 		{Name: PhaseReceiptEnqueued, Do: a.enqueueReceipt},
-	}, &idem.FlowConfig[RideParams]{AcquireSeparately: separately})
+	}, nil)
 }
 
 // createRide inserts the ride and its audit record. Both commit with the

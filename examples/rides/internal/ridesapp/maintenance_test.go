@@ -33,12 +33,9 @@ func abandon(t *testing.T, b *testBundle, phase string) string {
 // "pushes through an existing idempotency key": a request whose client
 // gave up is finished server-side, and the client's late retry gets the
 // replay.
-//
-// The key is acquired separately: acquired with ride_created, as by
-// default, a process that dies in it leaves no key for the completer.
 func TestCompleterPushesThroughAnAbandonedKey(t *testing.T) {
 	t.Parallel()
-	b := setup(t, &options{acquireSeparately: true})
+	b := setup(t, nil)
 	ctx := context.Background()
 	key := abandon(t, b, ridesapp.PhaseRideCreated)
 	b.clock.Advance(b.app.Runner().Config().Lease + completeConfig.IdleFor)
@@ -62,10 +59,9 @@ func TestCompleterPushesThroughAnAbandonedKey(t *testing.T) {
 // "doesn't crash even on internal API exception": the pass counts the
 // failure and goes on; the key passed one more phase and waits for the
 // next pass.
-// Acquired separately, as above.
 func TestCompleterDoesNotCrashOnAnInternalError(t *testing.T) {
 	t.Parallel()
-	b := setup(t, &options{acquireSeparately: true})
+	b := setup(t, nil)
 	ctx := context.Background()
 	key := abandon(t, b, ridesapp.PhaseRideCreated)
 	b.clock.Advance(b.app.Runner().Config().Lease + completeConfig.IdleFor)

@@ -119,12 +119,10 @@ func TestPassesForKeysThatAreUnlocked(t *testing.T) {
 
 // "passes for keys with a stale locked_at": the first attempt's process
 // died holding the key. Until its lease runs out the key is in progress;
-// after, the next attempt takes it over. The key is acquired separately:
-// acquired with ride_created, as by default, the dead process's key went
-// with its transaction, and there would be no stale lock to pass.
+// after, the next attempt takes it over.
 func TestPassesForKeysWithAStaleLock(t *testing.T) {
 	t.Parallel()
-	b := setup(t, &options{acquireSeparately: true})
+	b := setup(t, nil)
 	key := newKey()
 	b.crashAt(ridesapp.PhaseRideCreated, idem.HookBeforeCommit)
 	_, err := b.post(t, "Bearer "+ridesapp.GoodUserEmail, key, validBody)
@@ -188,7 +186,7 @@ func TestContinuesFromRecoveryPoint(t *testing.T) {
 	} {
 		t.Run(tc.recoveryPoint, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, &options{acquireSeparately: true})
+			b := setup(t, nil)
 			key := newKey()
 			b.crashAt(tc.crashIn, idem.HookPhaseStart)
 			_, err := b.post(t, "Bearer "+ridesapp.GoodUserEmail, key, validBody)

@@ -68,9 +68,6 @@ type options struct {
 	// the database, and bounds the runner's statements by statementTimeout.
 	proxied          bool
 	statementTimeout time.Duration
-	// acquireSeparately: ridesapp.Config.AcquireSeparately, for the tests
-	// that need a process dying in ride_created to leave its key behind.
-	acquireSeparately bool
 	// citus runs the app on the test binary's Citus cluster, its tables
 	// laid out by MigrateCitus (skipped loudly without Citus).
 	citus bool
@@ -139,9 +136,8 @@ func setup(t *testing.T, opts *options) *testBundle {
 				},
 			},
 		},
-		Queue:             ridesapp.QueueConfig{Work: opts.work},
-		Logger:            testLogger,
-		AcquireSeparately: opts.acquireSeparately,
+		Queue:  ridesapp.QueueConfig{Work: opts.work},
+		Logger: testLogger,
 	})
 	require.NoError(t, err)
 	if opts.work {
