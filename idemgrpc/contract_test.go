@@ -652,11 +652,6 @@ func (s *stallingStore) Acquire(ctx context.Context, p idemdriver.AcquireParams)
 	return s.Store.Acquire(ctx, p)
 }
 
-func (s *stallingStore) AcquireInPhase(ctx context.Context, p idemdriver.AcquireParams, opts idemdriver.PhaseOptions) (*idemdriver.AcquireResult, idemdriver.PhaseTx, error) {
-	<-s.gate
-	return s.Store.AcquireInPhase(ctx, p, opts)
-}
-
 // A store that stalls on a live connection never answers, and nothing in
 // the database times out: the call answers UNAVAILABLE with RetryInfo before
 // its deadline, the request goes on when the store does, and the retry gets
@@ -745,7 +740,7 @@ func TestRetryAcrossDeployThatChangesTheInput(t *testing.T) {
 	wire, err := proto.MarshalOptions{Deterministic: true}.Marshal(orderRequest())
 	require.NoError(t, err)
 	sum := sha256.Sum256(append([]byte("orders.create\x00"+testpb.Orders_CreateOrder_FullMethodName+"\x00b"), wire...))
-	require.Equal(t, append([]byte{2}, sum[:]...), b.keyRow(t, "k-1").PayloadFingerprint, "scheme 2 over the wire bytes")
+	require.Equal(t, append([]byte{2}, sum[:]...), b.keyRow(t, "k-1").Fingerprint, "scheme 2 over the wire bytes")
 
 	after := serveOrders(t, b.handler(t, b.runner, func(c *orderConfig) {
 		c.Input = func(_ context.Context, req *testpb.CreateOrderRequest) (orderInput, error) {

@@ -527,7 +527,7 @@ func TestDescribeTrip(t *testing.T) {
 	require.Equal(t, "claim (INSERT ON CONFLICT)", describeTrip([]string{baseAcquireSQL}))
 	require.Equal(t, "acquisition + BEGIN", describeTrip([]string{"begin isolation level read committed",
 		"SELECT set_config('statement_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $2, true)",
-		"SELECT * FROM s.idem_acquire_v11($1, $2)"}))
+		"SELECT * FROM s.idem_acquire($1, $2)"}))
 	require.Equal(t, "BEGIN + INSERT base_rides", describeTrip([]string{"begin", baseInsertRideSQL}))
 	require.Equal(t, "INSERT single_jobs + finish key (UPDATE) + COMMIT", describeTrip([]string{insertJobSQL("single"), singleFinishSQL, "commit"}))
 	require.Equal(t, "guarded finish", describeStatement("WITH guarded AS (\nUPDATE s.idem_keys\nSET status           = 'finished' WHERE id = $1) SELECT 1"))
@@ -537,7 +537,7 @@ func TestDescribeTrip(t *testing.T) {
 	// transaction settings are part of BEGIN, not spelled out.
 	require.Equal(t, "acquisition + BEGIN", describeTrip([]string{"begin isolation level read committed",
 		"SELECT set_config('idle_in_transaction_session_timeout', $1, true)", "SELECT set_config('statement_timeout', $1, true)",
-		"SELECT * FROM s.idem_acquire_v11($1, $2)"}))
+		"SELECT * FROM s.idem_acquire($1, $2)"}))
 	require.Equal(t, "BEGIN + INSERT base_rides", describeTrip([]string{"begin", "SELECT set_config('statement_timeout', $1, true)", baseInsertRideSQL}))
 	require.Equal(t, "DELETE idem_keys", describeStatement("DELETE FROM s.idem_keys WHERE id = $1"))
 }
