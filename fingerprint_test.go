@@ -1,102 +1,116 @@
 package idem_test
 
 import (
-	"crypto/sha256"
+	"context"
+	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
-	"github.com/go-idem/idem/internal/testfixture"
 )
 
-func TestFingerprint(t *testing.T) {
+// Fingerprints are over what the caller passed: JSON params are
+// fingerprinted as sent (canonicalised), so a Go caller that passes the
+// bytes it received gets the HTTP adapter's guarantee across a deploy that
+// changes the input type; Request.Payload overrides; Request.Target is
+// bound to the key.
+func TestGoAPIFingerprintsWhatTheCallerPassed(t *testing.T) {
 	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	r := b.runner(t, nil)
+	type rideV2 struct {
+		Origin string `json:"origin"`
+		Amount int    `json:"amount"`
+		Note   string `json:"note"`
+	}
+	v2 := idem.MustNewFlow("rides.create", []idem.Phase[rideV2]{{Name: "ride_created",
+		Do: func(context.Context, idem.Tx, *idem.Attempt[rideV2]) (idem.Result, error) {
+			return idem.RespondJSON(201, "v2"), nil
+		}}}, nil)
+	r2 := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{v2}})
+	body := json.RawMessage(`{"origin":"SF","amount":5}`)
 
-	t.Run("Layout", func(t *testing.T) {
-		t.Parallel()
+	_, err := r.Execute(ctx, b.flow, idem.Request{Scope: "u", Key: "raw", Params: body})
+	require.NoError(t, err)
+	out, err := r2.Execute(ctx, v2, idem.Request{Scope: "u", Key: "raw", Params: []byte(`{"amount":5, "origin":"S\u0046"}`)})
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeReplayed, out.Kind, "same JSON, after the input type gained a field")
 
-		// The stored fingerprints depend on this exact layout; changing it
-		// makes every key in flight a mismatch.
-		got, err := idem.Fingerprint("rides", []byte(` {"b": 2, "a": 1.0} `))
-		require.NoError(t, err)
-		want := sha256.Sum256([]byte("rides\x00{\"a\":1,\"b\":2}"))
-		require.Equal(t, want[:], got)
-		require.Len(t, got, sha256.Size)
-	})
+	// A struct is fingerprinted as its JSON: that of the new type differs.
+	_, err = b.flow.Execute(ctx, r, idem.Request{Scope: "u", Key: "struct"}, rideInput{Origin: "SF", Amount: 5})
+	require.NoError(t, err)
+	_, err = v2.Execute(ctx, r2, idem.Request{Scope: "u", Key: "struct"}, rideV2{Origin: "SF", Amount: 5})
+	require.ErrorIs(t, err, idem.ErrMismatch)
+	// ... unless the caller passes what it received as Payload.
+	_, err = b.flow.Execute(ctx, r, idem.Request{Scope: "u", Key: "payload", Payload: body}, rideInput{Origin: "SF", Amount: 5})
+	require.NoError(t, err)
+	out, err = v2.Execute(ctx, r2, idem.Request{Scope: "u", Key: "payload", Payload: body}, rideV2{Origin: "SF", Amount: 5, Note: "server"})
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeReplayed, out.Kind)
+	_, err = v2.Execute(ctx, r2, idem.Request{Scope: "u", Key: "payload", Payload: []byte(`{"origin":"LA","amount":5}`)}, rideV2{Origin: "SF", Amount: 5})
+	require.ErrorIs(t, err, idem.ErrMismatch, "another payload")
 
-	t.Run("SameValueSameFingerprint", func(t *testing.T) {
-		t.Parallel()
+	// The target is bound to the key.
+	_, err = r.Execute(ctx, b.flow, idem.Request{Scope: "u", Key: "target", Target: "/rides?x=1", Params: body})
+	require.NoError(t, err)
+	_, err = r.Execute(ctx, b.flow, idem.Request{Scope: "u", Key: "target", Target: "/rides?x=2", Params: body})
+	require.ErrorIs(t, err, idem.ErrMismatch)
+	_, err = r.Execute(ctx, b.flow, idem.Request{Scope: "u", Key: "t2", Target: "a\x00b", Params: body})
+	require.ErrorIs(t, err, idem.ErrInvalidRequest)
 
-		a, err := idem.Fingerprint("rides", []byte(`{"origin_lat":37.7749,"origin_lon":-122.4194}`))
-		require.NoError(t, err)
-		b, err := idem.Fingerprint("rides", []byte("{\n  \"origin_lon\": -122.41940,\n  \"origin_lat\": 3.77749e1\n}"))
-		require.NoError(t, err)
-		require.Equal(t, a, b)
-	})
-
-	t.Run("DifferentValueOrFlow", func(t *testing.T) {
-		t.Parallel()
-
-		base, err := idem.Fingerprint("rides", []byte(`{"amount":12345678901234567890}`))
-		require.NoError(t, err)
-
-		for _, tt := range []struct {
-			flow   string
-			params string
-		}{
-			{"rides", `{"amount":12345678901234567000}`}, // equal as doubles, not as money
-			{"rides", `{"amount":"12345678901234567890"}`},
-			{"rides", `{"Amount":12345678901234567890}`},
-			{"rides", `[{"amount":12345678901234567890}]`},
-			{"rides2", `{"amount":12345678901234567890}`},
-			{"", `{"amount":12345678901234567890}`},
-		} {
-			got, err := idem.Fingerprint(tt.flow, []byte(tt.params))
-			require.NoError(t, err)
-			require.NotEqual(t, base, got, "%s %s", tt.flow, tt.params)
-		}
-	})
-
-	t.Run("SeparatorKeepsFlowAndParamsApart", func(t *testing.T) {
-		t.Parallel()
-
-		// Without the separator, flow "a1" with params 2 and flow "a" with
-		// params 12 would hash the same bytes.
-		a, err := idem.Fingerprint("a1", []byte(`2`))
-		require.NoError(t, err)
-		b, err := idem.Fingerprint("a", []byte(`12`))
-		require.NoError(t, err)
-		require.NotEqual(t, a, b)
-	})
-
-	t.Run("ResultIsNotShared", func(t *testing.T) {
-		t.Parallel()
-
-		a, err := idem.Fingerprint("rides", []byte(`1`))
-		require.NoError(t, err)
-		aCopy := append([]byte(nil), a...)
-		_, err = idem.Fingerprint("rides", []byte(`2`))
-		require.NoError(t, err)
-		require.Equal(t, aCopy, a)
-	})
-
-	t.Run("InvalidParams", func(t *testing.T) {
-		t.Parallel()
-
-		got, err := idem.Fingerprint("rides", []byte(`{"a":1,"a":2}`))
-		require.ErrorIs(t, err, idem.ErrInvalidParams)
-		require.ErrorContains(t, err, "duplicate member name")
-		require.Nil(t, got)
-
-		_, err = idem.Fingerprint("rides", nil)
-		require.ErrorIs(t, err, idem.ErrInvalidParams)
-	})
+	// Binary payloads are compared as bytes.
+	_, err = r.Execute(ctx, b.flow, idem.Request{Scope: "u", Key: "bin", Payload: []byte{1, 2}, PayloadBinary: true, Params: body})
+	require.NoError(t, err)
+	out, err = r.Execute(ctx, b.flow, idem.Request{Scope: "u", Key: "bin", Payload: []byte{1, 2}, PayloadBinary: true, Params: body})
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeReplayed, out.Kind)
+	_, err = r.Execute(ctx, b.flow, idem.Request{Scope: "u", Key: "bin", Payload: []byte{1, 3}, PayloadBinary: true, Params: body})
+	require.ErrorIs(t, err, idem.ErrMismatch)
 }
 
-func BenchmarkFingerprint(b *testing.B) {
-	testfixture.BenchmarkParams(b, func(params []byte) error {
-		_, err := idem.Fingerprint("rides", params)
-		return err
-	})
+// Request.RetryOnly continues a key made from the same payload and never
+// creates one: a key in flight resumes from the input stored with it, a
+// finished key replays, and no key or another payload's key is refused.
+func TestRetryOnlyContinuesTheKeyOfItsPayload(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	body := []byte(`{"origin":"SF","amount":20}`)
+	crash := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charge_created")}})
+	_, err := crash.Execute(ctx, b.flow, idem.Request{Scope: "user:1", Key: "k1", Params: body})
+	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	b.clock.Advance(time.Hour)
+	var amounts []float64
+	b.hooks["charge_created"] = func(_ context.Context, _ idem.Tx, run *idem.Attempt[rideInput]) error {
+		amounts = append(amounts, run.Input().Amount)
+		return nil
+	}
+	r := b.runner(t, nil)
+	retry := idem.Request{Scope: "user:1", Key: "k1", Payload: []byte(`{"amount": 20, "origin": "SF"}`), RetryOnly: true}
+	out, err := r.Execute(ctx, b.flow, retry)
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeExecuted, out.Kind)
+	require.True(t, out.TookOver)
+	require.Equal(t, []float64{20}, amounts, "the phases see the stored input")
+	out, err = r.Execute(ctx, b.flow, retry)
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeReplayed, out.Kind)
+
+	other := retry
+	other.Payload = []byte(`{"origin":"LA","amount":20}`)
+	_, err = r.Execute(ctx, b.flow, other)
+	require.ErrorIs(t, err, idem.ErrMismatch)
+	other.Key = "k2"
+	_, err = r.Execute(ctx, b.flow, other)
+	require.ErrorIs(t, err, idem.ErrNotFound)
+	require.Equal(t, 1, b.countRows(t, "rides"))
+	var keys int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM idem_keys`).Scan(&keys))
+	require.Equal(t, 1, keys, "a retry-only request creates no key")
+	other.Payload = nil
+	_, err = r.Execute(ctx, b.flow, other)
+	require.ErrorIs(t, err, idem.ErrInvalidRequest)
 }

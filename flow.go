@@ -255,7 +255,7 @@ type AnyFlow interface {
 	// joinsPrevious reports whether phase i runs in the transaction of
 	// phase i-1 (Phase.JoinPrevious).
 	joinsPrevious(i int) bool
-	prepare(req *Request, fingerprintKey []byte) (*prepared, error)
+	prepare(req *Request, keys [][]byte) (*prepared, error)
 	// decodeStored decodes a key's stored params into today's input type,
 	// tolerantly; an error wraps ErrUndecodableParams.
 	decodeStored(stored []byte) (any, error)
@@ -270,20 +270,11 @@ type AnyFlow interface {
 type prepared struct {
 	input  any
 	params []byte // JSON, stored with the key: what FlowConfig.Store keeps
-	// fingerprint is the input scheme's (fingerprintSchemeInput), which
-	// earlier releases compare and a new key's downstream keys derive from;
-	// payloadFingerprint the payload scheme's, which this one compares (see
-	// idemdriver.KeyRecord.SameRequest). A retry-only request has only the
-	// second.
-	fingerprint, payloadFingerprint []byte
-	// whole is the whole input as JSON, and payload, binary and target
-	// what the payload fingerprint was taken over, for fingerprints made
-	// with earlier keys (Config.PreviousFingerprintKeys); nil for an input
-	// read back from its key.
-	whole   []byte
-	payload []byte
-	binary  bool
-	target  string
+	// fingerprints are the request's fingerprint under the current
+	// fingerprint key, then under the earlier ones
+	// (idemdriver.AcquireParams.Fingerprints); an input read back from its
+	// key has the key's own.
+	fingerprints [][]byte
 	// fromKey: the input is the key's stored params (storedInput), not yet
 	// decoded; input is nil.
 	fromKey bool
@@ -294,7 +285,7 @@ type prepared struct {
 // once the key is held (execute), so that params that no longer decode are
 // recorded on the key rather than skipped on every pass.
 func storedInput(rec *KeyRecord) *prepared {
-	return &prepared{params: rec.Params, fingerprint: rec.Fingerprint, payloadFingerprint: rec.PayloadFingerprint, fromKey: true}
+	return &prepared{params: rec.Params, fingerprints: [][]byte{rec.Fingerprint}, fromKey: true}
 }
 
 func (f *Flow[In]) retentionOr(d time.Duration) time.Duration {
@@ -360,13 +351,11 @@ func (f *Flow[In]) joinsPrevious(i int) bool {
 
 // prepare accepts the input (req.Params) as In, *In, or JSON
 // (json.RawMessage or []byte), and returns it decoded, fingerprinted, and as
-// JSON to store (what FlowConfig.Store keeps of it). The fingerprint that
-// decides is the payload scheme's (payloadFingerprint) over what the caller
-// sent: req.Payload, else the JSON that req.Params is, else the JSON
-// encoding of the input. The input scheme's, over the JSON encoding of the
-// input, goes with it for earlier releases. Both are keyed with
-// fingerprintKey when it is set.
-func (f *Flow[In]) prepare(req *Request, fingerprintKey []byte) (*prepared, error) {
+// JSON to store (what FlowConfig.Store keeps of it). The fingerprint is
+// taken over what the caller sent: req.Payload, else the JSON that
+// req.Params is, else the JSON encoding of the input; under each of keys
+// (see Config.fingerprintKeys).
+func (f *Flow[In]) prepare(req *Request, keys [][]byte) (*prepared, error) {
 	var in In
 	payload := req.Payload
 	switch p := req.Params.(type) {
@@ -411,20 +400,11 @@ func (f *Flow[In]) prepare(req *Request, fingerprintKey []byte) (*prepared, erro
 		payload = js
 	}
 	binary := req.PayloadBinary && req.Payload != nil
-	pfp, err := payloadFingerprint(fingerprintKey, f.name, req.Target, payload, binary) // an error wraps ErrInvalidParams
+	fps, err := fingerprints(keys, f.name, req.Target, payload, binary) // an error wraps ErrInvalidParams
 	if err != nil {
 		return nil, err
 	}
-	// The input scheme's canonical form is stricter than the payload
-	// scheme's (duplicate member names, nesting depth): an input it refuses
-	// (inside a json.RawMessage or an any field) has no fingerprint for
-	// earlier releases, which refused it anyway, and the key stores its
-	// payload fingerprint in its place.
-	fp, err := fingerprintWith(fingerprintKey, f.name, js)
-	if err != nil {
-		fp = nil
-	}
-	p := &prepared{input: in, params: js, fingerprint: fp, payloadFingerprint: pfp, whole: js, payload: payload, binary: binary, target: req.Target}
+	p := &prepared{input: in, params: js, fingerprints: fps}
 	if f.store != nil {
 		if p.params, err = encodeJSON(f.store(in)); err != nil {
 			return nil, fmt.Errorf("%w: encode what FlowConfig.Store keeps: %w", ErrInvalidParams, err)

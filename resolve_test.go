@@ -276,7 +276,7 @@ func TestResolveIsFencedAgainstAConcurrentClaim(t *testing.T) {
 
 	tx, err := store.BeginPhase(ctx, idemdriver.PhaseOptions{})
 	require.NoError(t, err)
-	err = tx.CommitPhase(ctx, idemdriver.CommitParams{Ref: idemdriver.LockRef{ID: held.Record.ID, Fence: held.Record.Fence},
+	err = tx.CommitPhase(ctx, idemdriver.CommitParams{Ref: idemdriver.LockRef{ID: held.Record.ID, Fence: held.Record.Fence, Scope: held.Record.Scope},
 		RecoveryPoint: "sms_sent", Status: idem.StatusRunning})
 	require.ErrorIs(t, err, idem.ErrLockLost, "the old holder is fenced off")
 	require.Equal(t, "message_saved", b.key(t, "k1").RecoveryPoint)

@@ -72,9 +72,9 @@ func TestAcquisitionIsOneRoundTrip(t *testing.T) {
 		require.NoError(t, err)
 		sqls, prepares, writes := snapshot()
 		require.Zero(t, prepares)
+		require.Contains(t, sqls[0], "idem_acquire(", "the first statement is the acquisition")
 		// The key commits on its own (the acquisition's statement, in
 		// autocommit), then three commits for the three phases.
-		require.Contains(t, sqls[0], "idem_acquire_v11(", "the first statement is the acquisition")
 		require.Equal(t, 3, count(sqls, "commit"), "commits: %q", sqls)
 
 		require.Equal(t, mark{idem.HookPhaseStart, "ride_created", 1}, marks[0], "acquisition: one round trip, and no BEGIN of its own before the phase")

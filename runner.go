@@ -220,7 +220,7 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request, stored 
 		}
 	} else if p == nil {
 		var err error
-		if p, err = flow.prepare(&req, r.config.FingerprintKey); err != nil {
+		if p, err = flow.prepare(&req, r.config.fingerprintKeys()); err != nil {
 			return &Outcome{}, err
 		}
 	}
@@ -240,20 +240,6 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request, stored 
 		}
 		sent = r.localNow()
 		acq, err = r.acquire(ctx, flow, req, p, false)
-	}
-	if err == nil && acq.Acquired == idemdriver.AcquiredNone {
-		if q := r.earlierFingerprint(flow, p, acq.Record); q != nil {
-			// The key was fingerprinted before the current
-			// Config.FingerprintKey, for this very input: it is this
-			// request, and keeps the fingerprints it has.
-			at := r.localNow()
-			again, aerr := r.acquire(ctx, flow, req, q, true)
-			if aerr != nil || again.Record != nil {
-				acq, err, p, sent = again, aerr, q, at
-			}
-			// Otherwise the key vanished (reaped) in between: the first
-			// answer stands, and the retry that follows creates it anew.
-		}
 	}
 	ev := Event{Flow: flow.Name(), Scope: req.Scope, Key: req.Key}
 	if err != nil {
@@ -299,7 +285,7 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request, stored 
 
 	// Nothing was locked: report what is there. The mismatch check comes
 	// first, so a different request learns nothing about this key's state.
-	if rec.Flow != flow.Name() || rec.Method != req.Method || rec.Path != req.Path || !rec.SameRequest(p.fingerprint, p.payloadFingerprint) {
+	if rec.Flow != flow.Name() || rec.Method != req.Method || rec.Path != req.Path || (!rec.SameRequest(p.fingerprints) && !rec.FromV01()) {
 		ev.Kind = EventMismatch
 		r.emit(ctx, ev)
 		return &Outcome{}, fmt.Errorf("%w: key %q was first used by flow %q at %s %s, with its own params", ErrMismatch, req.Key, rec.Flow, rec.Method, rec.Path)
@@ -395,11 +381,11 @@ func (r *Runner) retryInput(flow AnyFlow, req *Request) (*prepared, error) {
 	if req.Payload == nil {
 		return nil, fmt.Errorf("%w: a retry-only request needs its Payload", ErrInvalidRequest)
 	}
-	fp, err := payloadFingerprint(r.config.FingerprintKey, flow.Name(), req.Target, req.Payload, req.PayloadBinary)
+	fps, err := fingerprints(r.config.fingerprintKeys(), flow.Name(), req.Target, req.Payload, req.PayloadBinary)
 	if err != nil {
 		return nil, err
 	}
-	return &prepared{payloadFingerprint: fp, fromKey: true, payload: req.Payload, binary: req.PayloadBinary, target: req.Target}, nil
+	return &prepared{fingerprints: fps, fromKey: true}, nil
 }
 
 // acquire is the acquisition of req's key, bounded by StatementTimeout.
@@ -409,7 +395,7 @@ func (r *Runner) acquire(ctx context.Context, flow AnyFlow, req Request, p *prep
 	defer cancel()
 	return r.store.Acquire(actx, idemdriver.AcquireParams{
 		Scope: req.Scope, Key: req.Key, Flow: flow.Name(), Method: req.Method, Path: req.Path,
-		Fingerprint: p.fingerprint, PayloadFingerprint: p.payloadFingerprint, Params: p.params, Lease: r.config.Lease, NoCreate: noCreate, Now: r.now(),
+		Fingerprints: p.fingerprints, Params: p.params, Lease: r.config.Lease, NoCreate: noCreate, Now: r.now(),
 	})
 }
 
@@ -417,38 +403,6 @@ func (r *Runner) acquire(ctx context.Context, flow AnyFlow, req Request, p *prep
 // runner's default).
 func (r *Runner) phaseOptions(iso pgx.TxIsoLevel) idemdriver.PhaseOptions {
 	return idemdriver.PhaseOptions{Isolation: cmp.Or(iso, r.config.Isolation), StatementTimeout: r.config.PhaseStatementTimeout}
-}
-
-// earlierFingerprint returns p with the fingerprints that make it rec's
-// request when they were made with a fingerprint key used before the
-// current one (PreviousFingerprintKeys, AcceptUnkeyedFingerprints), and nil
-// when p is rec's request as it is, or is not in any of them.
-func (r *Runner) earlierFingerprint(flow AnyFlow, p *prepared, rec *KeyRecord) *prepared {
-	if rec == nil || rec.Flow != flow.Name() || rec.SameRequest(p.fingerprint, p.payloadFingerprint) {
-		return nil
-	}
-	keys := r.config.PreviousFingerprintKeys
-	if r.config.AcceptUnkeyedFingerprints && len(r.config.FingerprintKey) > 0 {
-		keys = append(append([][]byte(nil), keys...), nil)
-	}
-	for _, key := range keys {
-		q := *p
-		var err error
-		if p.payload != nil {
-			if q.payloadFingerprint, err = payloadFingerprint(key, flow.Name(), p.target, p.payload, p.binary); err != nil {
-				continue
-			}
-		}
-		if p.whole != nil {
-			if q.fingerprint, err = fingerprintWith(key, flow.Name(), p.whole); err != nil {
-				continue
-			}
-		}
-		if rec.SameRequest(q.fingerprint, q.payloadFingerprint) {
-			return &q
-		}
-	}
-	return nil
 }
 
 // admit asks Config.Admit whether req may create a new key. Nothing has been

@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -288,4 +289,53 @@ func TestWaitContextEndsTheWait(t *testing.T) {
 	one := <-first
 	require.NoError(t, one.err)
 	require.Equal(t, idem.OutcomeExecuted, one.out.Kind)
+}
+
+// idem_notify_waiters notifies the schema's channel with the key's id
+// only for a key a waiter marked, and only when the transaction commits.
+func TestNotifyWaitersOnlyForMarkedKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	r := b.runner(t, nil)
+	for _, key := range []string{"k-1", "k-2"} {
+		_, err := r.Execute(ctx, b.flow, b.request(key, rideInput{Origin: "here", Amount: 1}))
+		require.NoError(t, err)
+	}
+	listener, err := b.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer listener.Release()
+	_, err = listener.Exec(ctx, `LISTEN "idem_finished:`+b.schema.Name+`"`)
+	require.NoError(t, err)
+	var id1, id2 int64
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT (SELECT id FROM idem_keys WHERE key = 'k-1'), (SELECT id FROM idem_keys WHERE key = 'k-2')`).Scan(&id1, &id2))
+	_, err = b.pool.Exec(ctx, `UPDATE idem_leases SET waited_at = now() WHERE scope = $1 AND key_id = $2`, "user:1", id2)
+	require.NoError(t, err)
+
+	notify := func(id int64, commit bool) bool {
+		tx, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		var sent bool
+		require.NoError(t, tx.QueryRow(ctx, `SELECT idem_notify_waiters($1, $2)`, "user:1", id).Scan(&sent))
+		if commit {
+			require.NoError(t, tx.Commit(ctx))
+		} else {
+			require.NoError(t, tx.Rollback(ctx))
+		}
+		return sent
+	}
+	require.False(t, notify(id1, true), "nobody waits for k-1")
+	require.True(t, notify(id2, false), "rolled back: sent nothing")
+	require.True(t, notify(id2, true))
+	n, err := listener.Conn().WaitForNotification(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "idem_finished:"+b.schema.Name, n.Channel)
+	require.Equal(t, fmt.Sprint(id2), n.Payload, "the key's id, not the key")
+	// Nothing else came: a round trip receives what is pending, and a
+	// wait that may not block finds nothing.
+	require.NoError(t, listener.Ping(ctx))
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = listener.Conn().WaitForNotification(done)
+	require.ErrorIs(t, err, context.Canceled)
 }

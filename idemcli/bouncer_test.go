@@ -36,9 +36,9 @@ func TestCLIThroughPgBouncer(t *testing.T) {
 WITH k AS (
     INSERT INTO idem_keys (scope, key, flow, method, path, fingerprint, params)
     VALUES ('s', 'k1', 'payments.create', 'POST', '/', '\x00', '{}')
-    RETURNING id, fence
+    RETURNING scope, id, fence
 )
-INSERT INTO idem_leases (key_id, fence) SELECT id, fence FROM k`)
+INSERT INTO idem_leases (scope, key_id, fence) SELECT scope, id, fence FROM k`)
 	require.NoError(t, err)
 	for round := range 3 {
 		run("migrate", "up")

@@ -117,11 +117,11 @@ var commands = []*command{
 				if err != nil {
 					return err
 				}
-				v, err := m.Compatible(ctx)
-				if err != nil && !errors.Is(err, migrations.ErrUnknownVersion) {
+				v, err := m.Version(ctx)
+				if err != nil {
 					return err
 				}
-				return e.printMigrationStatus(v, err)
+				return e.printMigrationStatus(v)
 			}
 		},
 	},

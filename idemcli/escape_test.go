@@ -33,10 +33,10 @@ VALUES ($1::text, $1::text || '-1', $1::text, 'POST', '/x' || $1::text, '\x00', 
 WITH k AS (
     INSERT INTO idem_keys (scope, key, flow, method, path, fingerprint, params, status, recovery_point, last_error)
     VALUES ($1::text, $1::text || '-2', $1::text, 'POST', '/x', '\x00', '{}', 'needs_reconcile', $1::text, $1::text)
-    RETURNING id, fence, recovery_point
+    RETURNING scope, id, fence, recovery_point
 )
-INSERT INTO idem_leases (key_id, fence, foreign_mark, foreign_mark_after)
-SELECT id, fence, $1::text, recovery_point FROM k`, hostile)
+INSERT INTO idem_leases (scope, key_id, fence, foreign_mark, foreign_mark_after)
+SELECT scope, id, fence, $1::text, recovery_point FROM k`, hostile)
 	require.NoError(t, err)
 }
 

@@ -74,7 +74,7 @@ func TestKeysShowNamesTheLeaseHolder(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(store.Close)
 	res, err := store.Acquire(ctx, idemdriver.AcquireParams{Scope: "tenant:1", Key: "held", Flow: "f", Method: "POST", Path: "/",
-		Fingerprint: []byte{1}, Params: []byte("{}"), Lease: time.Hour})
+		Fingerprints: [][]byte{[]byte{1}}, Params: []byte("{}"), Lease: time.Hour})
 	require.NoError(t, err)
 	rec := res.Record
 

@@ -66,9 +66,8 @@ func (e *env) printMigration(res *migrations.Result) error {
 	return err
 }
 
-// printMigrationStatus prints the schema's state; ahead is nil, or what
-// migrations.Migrator.Compatible says of a schema ahead of this binary.
-func (e *env) printMigrationStatus(current int, ahead error) error {
+// printMigrationStatus prints the schema's state.
+func (e *env) printMigrationStatus(current int) error {
 	type row struct {
 		Version int    `json:"version"`
 		Name    string `json:"name"`
@@ -98,11 +97,8 @@ func (e *env) printMigrationStatus(current int, ahead error) error {
 		return err
 	}
 	switch {
-	case current > migrations.Latest() && ahead != nil:
-		_, err := fmt.Fprintf(e.out, "\nthe schema is at version %d, ahead of this binary (latest %d), which cannot work on it: upgrade the binary\n(%v)\n", current, migrations.Latest(), ahead)
-		return err
 	case current > migrations.Latest():
-		_, err := fmt.Fprintf(e.out, "\nthe schema is at version %d, ahead of this binary (latest %d); the floors of the versions past %d allow this binary to work on it\n", current, migrations.Latest(), migrations.Latest())
+		_, err := fmt.Fprintf(e.out, "\nthe schema is at version %d, ahead of this binary (latest %d): migrate it with a binary that knows its versions\n", current, migrations.Latest())
 		return err
 	case pending > 0:
 		_, err := fmt.Fprintf(e.out, "\nversion %d of %d: %d pending; run `%s migrate up`\n", current, migrations.Latest(), pending, e.cfg.Name)

@@ -21,9 +21,9 @@ func TestReapAbandonsWithTheFlowsItKnows(t *testing.T) {
 WITH k AS (
     INSERT INTO idem_keys (scope, key, flow, method, path, fingerprint, params, created_at, last_run_at)
     VALUES ('s', $1, 'payments.create', 'POST', '/', '\x00', '{}', now() - $2::interval, now() - $2::interval)
-    RETURNING id, fence
+    RETURNING scope, id, fence
 )
-INSERT INTO idem_leases (key_id, fence) SELECT id, fence FROM k`, key, age)
+INSERT INTO idem_leases (scope, key_id, fence) SELECT scope, id, fence FROM k`, key, age)
 		require.NoError(t, err)
 	}
 	insert("old-1", "8 days")

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -26,27 +27,6 @@ const (
 	// happened. The key never re-executes by itself; a reconcile run asks the
 	// flow's reconcile hook what the provider did.
 	StatusNeedsReconcile Status = "needs_reconcile"
-)
-
-// DownstreamScheme is how a key's downstream idempotency keys are derived.
-type DownstreamScheme int16
-
-const (
-	// DownstreamByRequestID: "idem-<request id>-<phase>", the scheme of keys
-	// created before downstream keys were derived from the request.
-	DownstreamByRequestID DownstreamScheme = 1
-	// DownstreamByRequest: a hash of scope, key, flow, fingerprint and
-	// phase, which survives the loss of the key row, and of the generation
-	// when it is not 0 (keys that replaced an expired one before migration
-	// 0009).
-	DownstreamByRequest DownstreamScheme = 2
-	// DownstreamByGeneration: the same hash without a generation field,
-	// for keys that replaced an expired one from migration 0009 on: their
-	// Fingerprint binds the generation (the byte 3, then SHA-256 of the
-	// payload fingerprint and the generation), so a release that knows no
-	// generation, and hashes every scheme but 1 this way, derives the same
-	// keys, and no request sends the keys of the expired one it replaced.
-	DownstreamByGeneration DownstreamScheme = 3
 )
 
 // The two recovery points every flow has. Between them, a key's recovery point
@@ -70,31 +50,17 @@ type KeyRecord struct {
 	ID int64 `db:"id" json:"id"`
 	// RequestID is a random UUID, unique per key row.
 	RequestID string `db:"request_id" json:"request_id"`
-	// DownstreamScheme says how the downstream idempotency keys of this
-	// key's foreign calls are made: DownstreamByRequest for keys created by
-	// this version on, DownstreamByRequestID for keys that were in flight
-	// when it was deployed, which keep the keys their first attempt used.
-	DownstreamScheme DownstreamScheme `db:"downstream_scheme" json:"downstream_scheme"`
-	Scope            string           `db:"scope" json:"scope"`
-	Key              string           `db:"key" json:"key"`
-	Flow             string           `db:"flow" json:"flow"`
-	Method           string           `db:"method" json:"method"`
-	Path             string           `db:"path" json:"path"`
-	// Fingerprint is SHA-256 over the flow name and the canonical JSON of the
-	// decoded input (see idem.Fingerprint; HMAC-SHA-256 with a fingerprint
-	// key), what releases before the payload fingerprint compare. Downstream
-	// keys derive from it, so that a key resumed by either release sends the
-	// same ones. A key that replaced an expired one holds instead the byte 3
-	// and SHA-256 of its PayloadFingerprint and generation
-	// (DownstreamByGeneration), which earlier releases cannot compare; an
-	// input the input scheme cannot fingerprint (JSON that only the payload
-	// scheme's tolerant canonical form accepts) holds its PayloadFingerprint.
+	Scope     string `db:"scope" json:"scope"`
+	Key       string `db:"key" json:"key"`
+	Flow      string `db:"flow" json:"flow"`
+	Method    string `db:"method" json:"method"`
+	Path      string `db:"path" json:"path"`
+	// Fingerprint identifies the request the key was created for: 33
+	// bytes, the scheme byte 2 and SHA-256 (HMAC-SHA-256 with a fingerprint
+	// key) over the flow, the request target and what the client sent
+	// (idem's fingerprint.go). Downstream keys derive from it. A key that
+	// v0.1.0 finished holds v0.1.0's fingerprint instead (see FromV01).
 	Fingerprint []byte `db:"fingerprint" json:"fingerprint"`
-	// PayloadFingerprint is the fingerprint of what the client sent (33
-	// bytes: the scheme byte 2, then the hash), which a deploy that changes
-	// the flow's input type does not change; nil for keys created before it
-	// was stored, which compare by Fingerprint. See SameRequest.
-	PayloadFingerprint []byte `db:"payload_fingerprint" json:"payload_fingerprint,omitempty"`
 	// Params is the input as JSON (or what the flow's FlowConfig.Store
 	// keeps of it), kept so the request can be re-driven server-side
 	// without the client. It is always the plain JSON once read, however it
@@ -156,30 +122,22 @@ type KeyRecord struct {
 // DownstreamKey is the idempotency key the foreign call of the given phase
 // sends to its provider (idem.Attempt.IdempotencyKey). It is derived from the
 // request itself: "idem-" and 32 hex digits of SHA-256 over the scope, key,
-// flow, fingerprint and phase, each length-prefixed so no two requests collide
-// by shifting bytes between fields, and the key's Generation when it is not 0
-// (DownstreamByRequest; under DownstreamByGeneration the fingerprint binds it).
-// So it is stable across retries, crashes and takeovers, distinct per phase,
-// and the same after the key row is lost and re-created (a failover to a
-// standby that had not received it comes back with the same generation): the
-// provider recognises the retry. A request that reuses the key after it
-// expired is a new request, one generation on, and sends new keys, so a
-// provider that still remembers the old ones does not answer it with the old
-// request's result. (A key reused after the reaper deleted its expired row
-// starts at generation 0 again: keep Retention at least as long as your
-// providers remember their idempotency keys, or have clients never reuse
-// one.) Hashing keeps tenant data from providers.
-//
-// Keys created before this derivation (DownstreamByRequestID) keep the keys
-// their first attempt sent, "idem-<request id>-<phase>", so a call already
-// made for a key in flight is still recognised.
+// flow, fingerprint and phase, and the key's Generation when it is not 0,
+// each length-prefixed so no two requests collide by shifting bytes between
+// fields. So it is stable across retries, crashes and takeovers, distinct
+// per phase, and the same after the key row is lost and re-created (a
+// failover to a standby that had not received it comes back with the same
+// generation): the provider recognises the retry. A request that reuses the
+// key after it expired is a new request, one generation on, and sends new
+// keys, so a provider that still remembers the old ones does not answer it
+// with the old request's result. (A key reused after the reaper deleted its
+// expired row starts at generation 0 again: keep Retention at least as long
+// as your providers remember their idempotency keys, or have clients never
+// reuse one.) Hashing keeps tenant data from providers.
 func (k *KeyRecord) DownstreamKey(phase string) string {
-	if k.DownstreamScheme == DownstreamByRequestID {
-		return "idem-" + k.RequestID + "-" + phase
-	}
 	sum := sha256.New()
 	fields := [][]byte{[]byte(k.Scope), []byte(k.Key), []byte(k.Flow), k.Fingerprint, []byte(phase)}
-	if k.Generation != 0 && k.DownstreamScheme == DownstreamByRequest {
+	if k.Generation != 0 {
 		fields = append(fields, []byte(strconv.Itoa(k.Generation)))
 	}
 	for _, field := range fields {
@@ -190,16 +148,20 @@ func (k *KeyRecord) DownstreamKey(phase string) string {
 }
 
 // SameRequest reports whether a request with these fingerprints (see
-// AcquireParams) is the one the key was created for, flow, method and path
-// aside: by the payload fingerprint when the key has one, else by the stored
-// fingerprint, which, in keys made before the payload fingerprint had its
-// own column, may itself be one (scheme 2).
-func (k *KeyRecord) SameRequest(fingerprint, payloadFingerprint []byte) bool {
-	if k.PayloadFingerprint != nil {
-		return payloadFingerprint != nil && bytes.Equal(k.PayloadFingerprint, payloadFingerprint)
-	}
-	return (fingerprint != nil && bytes.Equal(k.Fingerprint, fingerprint)) ||
-		(payloadFingerprint != nil && bytes.Equal(k.Fingerprint, payloadFingerprint))
+// AcquireParams.Fingerprints) is the one the key was created for, flow,
+// method and path aside.
+func (k *KeyRecord) SameRequest(fingerprints [][]byte) bool {
+	return slices.ContainsFunc(fingerprints, func(fp []byte) bool { return bytes.Equal(k.Fingerprint, fp) })
+}
+
+// FromV01 reports whether v0.1.0 finished the key: its fingerprint is
+// v0.1.0's (32 bytes, over the decoded input), which this release does not
+// compute. Migration 0007 takes only finished keys from v0.1.0, and the
+// runner replays such a key to a retry with the same flow, method and path
+// without comparing fingerprints, for as long as it is retained. Delete in
+// v0.3.
+func (k *KeyRecord) FromV01() bool {
+	return k.Status == StatusFinished && len(k.Fingerprint) == sha256.Size
 }
 
 // Locked reports whether a live lease holds the key at time now.

@@ -145,20 +145,15 @@ const (
 // AcquireParams are the inputs of [Store.Acquire].
 type AcquireParams struct {
 	Scope, Key, Flow, Method, Path string
-	// Fingerprint is the input scheme's fingerprint, which earlier releases
-	// compare and a new key of generation 0 stores as KeyRecord.Fingerprint
-	// (downstream keys derive from it); PayloadFingerprint the payload
-	// scheme's, which a new key stores as KeyRecord.PayloadFingerprint and
-	// which decides. A key that replaces an expired one stores a
-	// generation-bound Fingerprint instead (see DownstreamByGeneration), and
-	// one without an input-scheme fingerprint its PayloadFingerprint. An
-	// existing key is this request when KeyRecord.SameRequest says so; a
-	// store takes it over by the Fingerprint it has. A request that cannot
-	// make the input scheme's (a retry-only request, always NoCreate; an
-	// input the input scheme refuses) leaves Fingerprint nil.
-	Fingerprint, PayloadFingerprint []byte
-	Params                          []byte
-	Lease                           time.Duration
+	// Fingerprints are the request's fingerprint under the current
+	// fingerprint key, which a new key stores as KeyRecord.Fingerprint,
+	// then under the keys used before it (idem.Config's
+	// PreviousFingerprintKeys): an existing key is this request when its
+	// fingerprint is any of them (KeyRecord.SameRequest), and a store takes
+	// it over by the fingerprint it has. One acquisition serves a rotation.
+	Fingerprints [][]byte
+	Params       []byte
+	Lease        time.Duration
 	// NoCreate reports or takes over an existing key as usual, but inserts
 	// nothing when there is none (or only an expired one, which is then
 	// left as it is): Acquired is AcquiredNone and Record nil.

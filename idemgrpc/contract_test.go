@@ -742,7 +742,7 @@ func TestRetryAcrossDeployThatChangesTheInput(t *testing.T) {
 	wire, err := proto.MarshalOptions{Deterministic: true}.Marshal(orderRequest())
 	require.NoError(t, err)
 	sum := sha256.Sum256(append([]byte("orders.create\x00"+testpb.Orders_CreateOrder_FullMethodName+"\x00b"), wire...))
-	require.Equal(t, append([]byte{2}, sum[:]...), b.keyRow(t, "k-1").PayloadFingerprint, "scheme 2 over the wire bytes")
+	require.Equal(t, append([]byte{2}, sum[:]...), b.keyRow(t, "k-1").Fingerprint, "scheme 2 over the wire bytes")
 
 	after := serveOrders(t, b.handler(t, b.runner, func(c *orderConfig) {
 		c.Input = func(_ context.Context, req *testpb.CreateOrderRequest) (orderInput, error) {

@@ -8,18 +8,18 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemgrpc"
 	"github.com/go-idem/idem/idemgrpc/internal/testpb"
+	"github.com/go-idem/idem/internal/canonical"
 )
 
-// fingerprint is the input scheme's fingerprint (idem.Fingerprint) of an
-// input of the orders flow: its JSON is canonical in the message's value.
+// fingerprint is the canonical JSON of an input of the orders flow: it is
+// the same for inputs of the same value.
 func fingerprint(t *testing.T, in orderInput) []byte {
 	t.Helper()
 	js, err := json.Marshal(in)
 	require.NoError(t, err)
-	fp, err := idem.Fingerprint("orders.create", js)
+	fp, err := canonical.JSON(js)
 	require.NoError(t, err)
 	return fp
 }

@@ -56,38 +56,29 @@ type Migration struct {
 	Name    string
 	Up      string
 	Down    string
-	// Floor is the oldest schema version a binary must know to keep
-	// working on a database with this version applied: a binary that knows
-	// version Floor (or later) works on it, one that knows less does not.
-	// A migration that only adds (a column with a default, a new function
-	// beside the old one) has the previous version as its floor; one that
-	// drops or changes what earlier binaries use has its own. The up file
-	// declares it on its first line ("-- idem:floor N"), and [Migrator]
-	// records it in idem_migrations with the version, so that a binary
-	// older than the migration can read it (see [Migrator.Compatible]).
-	Floor int
-	// FloorDeclared says whether the up file declares Floor; without a
-	// declaration Floor is the migration's own version.
-	FloorDeclared bool
 }
 
 // ErrUnknownVersion is returned when a version is asked for that no embedded
-// migration has, including a database that is ahead of this binary beyond
-// what it can work on (see [Migrator.Compatible]), or a Down on a database
-// ahead of this binary.
+// migration has, including an Up or a Down on a database ahead of this
+// binary.
 var ErrUnknownVersion = errors.New("migrations: unknown version")
 
-// ErrRefused is returned by Down (and DownTx) when a migration's down
-// refuses to run in the state the database is in: reverting it would change
-// what a key in flight sends a provider (a different downstream
-// idempotency key, a second charge) or make stored values unreadable. The
-// error says what to do first; nothing was reverted. The down SQL raises
-// SQLSTATE IDEM1 for it, whichever tool runs the SQL.
-var ErrRefused = errors.New("migrations: the down migration refused to run")
+// ErrRefused is returned by Up and Down (and UpTx, DownTx) when a migration
+// refuses to run in the state the database is in: applying or reverting it
+// would change what a key in flight sends a provider (a different
+// downstream idempotency key, a second charge) or make stored values
+// unreadable. The error says what to do first; nothing was changed. The SQL
+// raises SQLSTATE IDEM1 for it, whichever tool runs it.
+var ErrRefused = errors.New("migrations: the migration refused to run")
 
-// RefusedCode is the SQLSTATE a down migration raises to refuse
-// (ErrRefused).
+// RefusedCode is the SQLSTATE a migration raises to refuse (ErrRefused).
 const RefusedCode = "IDEM1"
+
+// ErrUnreleasedSchema is returned by Up, Version and pgstore.New for a
+// database that an unreleased development build of idem migrated (main's
+// schema versions 7 to 11, between v0.1.0 and v0.2.0), whose version
+// numbers this release uses for another schema. The error says what to do.
+var ErrUnreleasedSchema = errors.New("migrations: the schema was migrated by an unreleased development build of idem")
 
 // ErrInvalidSchema is returned by [New] for a schema name that is not a plain
 // identifier.
@@ -104,10 +95,6 @@ func All() []Migration {
 func Latest() int { return all[len(all)-1].Version }
 
 var fileName = regexp.MustCompile(`^(\d{4})_([a-z0-9_]+)\.(up|down)\.sql$`)
-
-// floorLine is the declaration of a migration's floor, the first line of its
-// up file.
-var floorLine = regexp.MustCompile(`\A-- idem:floor (\d+)\b`)
 
 func mustLoad() []Migration {
 	entries, err := fs.ReadDir(files, "sql")
@@ -132,14 +119,6 @@ func mustLoad() []Migration {
 		}
 		if m[3] == "up" {
 			mig.Up = string(body)
-			mig.Floor = v
-			if f := floorLine.FindStringSubmatch(mig.Up); f != nil {
-				mig.Floor, _ = strconv.Atoi(f[1])
-				mig.FloorDeclared = true
-			}
-			if mig.Floor < 1 || mig.Floor > v {
-				panic(fmt.Sprintf("migrations: version %d declares floor %d, which is not between 1 and itself", v, mig.Floor))
-			}
 		} else {
 			mig.Down = string(body)
 		}
@@ -177,8 +156,8 @@ type Config struct {
 	// scope once every migration is applied, in the same transaction:
 	// idem_keys and idem_leases become distributed tables co-located by
 	// scope, the acquisition function a distributed function delegated by
-	// its scope argument, and migration 0010's notify triggers go (stores
-	// poll on Citus). A schema already distributed is left as it is. Down
+	// its scope argument, and the notify triggers go (stores poll on
+	// Citus). A schema already distributed is left as it is. Down
 	// refuses (ErrRefused) on a distributed schema. The Citus extension must
 	// be installed in the database, and the schema created on the
 	// coordinator (Citus propagates it). See docs/scaling.md, "Citus".
@@ -226,46 +205,14 @@ func (m *Migrator) render(sql string) string {
 	return strings.ReplaceAll(sql, "{{schema}}", m.prefix)
 }
 
-// bookkeepingSQL creates idem_migrations, or adds its floor column to one
-// that an earlier binary created. floor is each version's [Migration.Floor],
-// NULL for the rows earlier binaries wrote (versions that any binary reading
-// floors knows anyway).
+// bookkeepingSQL creates idem_migrations. (Development builds between
+// v0.1.0 and v0.2.0 added a floor column to it; it is left as it is.)
 func (m *Migrator) bookkeepingSQL() string {
-	return m.createBookkeepingSQL() + "\n" + m.addFloorSQL() + ";"
-}
-
-func (m *Migrator) addFloorSQL() string {
-	return m.render(`ALTER TABLE {{schema}}idem_migrations ADD COLUMN IF NOT EXISTS floor int`)
-}
-
-func (m *Migrator) createBookkeepingSQL() string {
 	return m.render(`CREATE TABLE IF NOT EXISTS {{schema}}idem_migrations (
     version    int         PRIMARY KEY,
     name       text        NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now(),
-    floor      int
+    applied_at timestamptz NOT NULL DEFAULT now()
 );`)
-}
-
-// ensureBookkeeping is bookkeepingSQL without the ALTER TABLE's exclusive
-// lock on idem_migrations when the column is there already, as it is after
-// the first run: starting processes that read the version are not held up.
-func (m *Migrator) ensureBookkeeping(ctx context.Context, tx pgx.Tx) error {
-	if _, err := tx.Exec(ctx, m.createBookkeepingSQL()); err != nil {
-		return fmt.Errorf("migrations: create idem_migrations: %w", err)
-	}
-	var has bool
-	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
-WHERE attrelid = to_regclass($1) AND attname = 'floor' AND NOT attisdropped)`, m.prefix+"idem_migrations").Scan(&has); err != nil {
-		return fmt.Errorf("migrations: look at idem_migrations: %w", err)
-	}
-	if has {
-		return nil
-	}
-	if _, err := tx.Exec(ctx, m.addFloorSQL()); err != nil {
-		return fmt.Errorf("migrations: add idem_migrations.floor: %w", err)
-	}
-	return nil
 }
 
 // Result reports what Up or Down did.
@@ -279,14 +226,10 @@ type Result struct {
 	Distributed bool
 }
 
-// Up applies every pending migration in one transaction. On a database
-// ahead of this binary it applies nothing and succeeds when this binary can
-// work on that schema (every version past [Latest] has a floor this binary
-// knows; Result.From and To are then the database's version, above Latest),
-// and otherwise returns an error wrapping [ErrUnknownVersion] that names the
-// version and the release needed. So a release that migrates on start also
-// starts on a database one release ahead, when the migrations of that
-// release allow it: a rollback of the binary needs no migrate down first.
+// Up applies every pending migration in one transaction. A database ahead
+// of this binary is an error wrapping [ErrUnknownVersion]; one that an
+// unreleased development build migrated, one wrapping [ErrUnreleasedSchema];
+// a migration that refuses (keys in flight), one wrapping [ErrRefused].
 func (m *Migrator) Up(ctx context.Context) (*Result, error) {
 	return m.inTx(ctx, func(tx pgx.Tx) (*Result, error) { return m.UpTx(ctx, tx) })
 }
@@ -335,50 +278,26 @@ func (m *Migrator) VersionTx(ctx context.Context, tx pgx.Tx) (int, error) {
 	if err := tx.QueryRow(ctx, m.render(`SELECT coalesce(max(version), 0) FROM {{schema}}idem_migrations`)).Scan(&v); err != nil {
 		return 0, fmt.Errorf("migrations: read version: %w", err)
 	}
-	return v, nil
-}
-
-// Compatible reports the schema's version and whether this binary can work
-// on it: a version up to [Latest] (older ones need Up first), or one ahead
-// of this binary whose versions past Latest all have a floor (see
-// [Migration.Floor]) of Latest or less, as idem_migrations records them. A
-// database ahead beyond that is an error wrapping [ErrUnknownVersion] that
-// names the first version this binary cannot work on and the version a
-// binary must know for it.
-func (m *Migrator) Compatible(ctx context.Context) (int, error) {
-	tx, err := m.db.Begin(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("migrations: begin: %w", err)
+	if v <= unreleasedAfter {
+		return v, nil
 	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	return m.CompatibleTx(ctx, tx)
-}
-
-// CompatibleTx is Compatible inside the caller's transaction.
-func (m *Migrator) CompatibleTx(ctx context.Context, tx pgx.Tx) (int, error) {
-	v, err := m.VersionTx(ctx, tx)
-	if err != nil || v <= Latest() {
-		return v, err
+	// Versions past v0.1.0's: this release's, or an unreleased build's of
+	// the same numbers, told apart by the name of version 7.
+	var name string
+	if err := tx.QueryRow(ctx, m.render(`SELECT name FROM {{schema}}idem_migrations WHERE version = $1`), unreleasedAfter+1).Scan(&name); err != nil {
+		return 0, fmt.Errorf("migrations: read version %d: %w", unreleasedAfter+1, err)
 	}
-	// The floor column is read through to_jsonb so that a table without it
-	// (versions past Latest applied without their floor) reads as NULL,
-	// which counts as the version itself: not workable.
-	var (
-		version, floor int
-		name           string
-	)
-	err = tx.QueryRow(ctx, m.render(`SELECT version, name, coalesce((to_jsonb(m)->>'floor')::int, version)
-FROM {{schema}}idem_migrations m WHERE version > $1
-ORDER BY 3 DESC, version LIMIT 1`), Latest()).Scan(&version, &name, &floor)
-	if err != nil {
-		return 0, fmt.Errorf("migrations: read the floors: %w", err)
-	}
-	if floor > Latest() {
-		return v, fmt.Errorf("%w: the database is at version %d, and version %04d_%s needs a binary that knows version %d or later; this binary knows up to %d: deploy a release that knows version %d (or revert the schema to %d with the release that applied it)",
-			ErrUnknownVersion, v, version, name, floor, Latest(), floor, Latest())
+	if name != all[unreleasedAfter].Name {
+		return v, fmt.Errorf("%w: it is at version %d (version %d is %q; this release's is %q). v0.2 migrates from v0.1.0 (version %d) only: with the build that migrated it, drain its keys and run `idem migrate down --to %d`, or drop idem's tables if no key must be kept; then run `idem migrate up`",
+			ErrUnreleasedSchema, v, unreleasedAfter+1, name, all[unreleasedAfter].Name, unreleasedAfter, unreleasedAfter)
 	}
 	return v, nil
 }
+
+// unreleasedAfter is v0.1.0's schema version: development builds of main
+// numbered their unreleased migrations from the next one (see
+// ErrUnreleasedSchema).
+const unreleasedAfter = 6
 
 func (m *Migrator) inTx(ctx context.Context, fn func(pgx.Tx) (*Result, error)) (*Result, error) {
 	tx, err := m.db.Begin(ctx)
@@ -404,20 +323,16 @@ func (m *Migrator) migrateTx(ctx context.Context, tx pgx.Tx, target int, dir Dir
 		m.schema); err != nil {
 		return nil, fmt.Errorf("migrations: advisory lock: %w", err)
 	}
-	if err := m.ensureBookkeeping(ctx, tx); err != nil {
-		return nil, err
+	if _, err := tx.Exec(ctx, m.bookkeepingSQL()); err != nil {
+		return nil, fmt.Errorf("migrations: create idem_migrations: %w", err)
 	}
-	from, err := m.CompatibleTx(ctx, tx)
+	from, err := m.VersionTx(ctx, tx)
 	if err != nil {
 		return nil, err
 	}
 	if from > Latest() {
-		if dir == DirectionDown {
-			return nil, fmt.Errorf("%w: the database is at version %d, this binary knows up to %d: revert the versions past %d with a binary that knows them",
-				ErrUnknownVersion, from, Latest(), Latest())
-		}
-		// Ahead, and this binary works on it: nothing to apply.
-		return &Result{From: from, To: from}, nil
+		return nil, fmt.Errorf("%w: the database is at version %d, this binary knows up to %d: migrate it with a binary that knows its versions",
+			ErrUnknownVersion, from, Latest())
 	}
 	// Whether the tables are distributed matters to a Citus Up and to a
 	// Down; a plain Up does not ask.
@@ -436,9 +351,12 @@ func (m *Migrator) migrateTx(ctx context.Context, tx pgx.Tx, target int, dir Dir
 			continue
 		}
 		if _, err := tx.Exec(ctx, m.render(mig.Up)); err != nil {
+			if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == RefusedCode {
+				return nil, fmt.Errorf("%w: %04d_%s: %s", ErrRefused, mig.Version, mig.Name, pgErr.Message)
+			}
 			return nil, fmt.Errorf("migrations: apply %04d_%s: %w", mig.Version, mig.Name, err)
 		}
-		if _, err := tx.Exec(ctx, m.render(`INSERT INTO {{schema}}idem_migrations (version, name, floor) VALUES ($1, $2, $3)`), mig.Version, mig.Name, mig.Floor); err != nil {
+		if _, err := tx.Exec(ctx, m.render(`INSERT INTO {{schema}}idem_migrations (version, name) VALUES ($1, $2)`), mig.Version, mig.Name); err != nil {
 			return nil, fmt.Errorf("migrations: record %04d: %w", mig.Version, err)
 		}
 		res.Applied = append(res.Applied, mig.Version)
@@ -590,7 +508,7 @@ func (m *Migrator) Script(format Format, dir Direction, version int) (string, er
 	}
 	up := func(mig Migration) string {
 		return fmt.Sprintf("%s\n\n%s\n%s\n", m.bookkeepingSQL(), strings.TrimSpace(m.render(mig.Up)),
-			m.render(fmt.Sprintf("INSERT INTO {{schema}}idem_migrations (version, name, floor) VALUES (%d, '%s', %d) ON CONFLICT (version) DO NOTHING;", mig.Version, mig.Name, mig.Floor)))
+			m.render(fmt.Sprintf("INSERT INTO {{schema}}idem_migrations (version, name) VALUES (%d, '%s') ON CONFLICT (version) DO NOTHING;", mig.Version, mig.Name)))
 	}
 	down := func(mig Migration) string {
 		bookkeeping := fmt.Sprintf("DELETE FROM {{schema}}idem_migrations WHERE version = %d;", mig.Version)
@@ -632,11 +550,6 @@ func (m *Migrator) Script(format Format, dir Direction, version int) (string, er
 	return b.String(), nil
 }
 
-// CitusLayoutVersion is the schema version idem's Citus layout
-// (Config.Citus) is written for: the layout is applied on a schema at this
-// version.
-const CitusLayoutVersion = 11
-
 // ErrNotCitus is returned by Up with Config.Citus on a database without the
 // citus extension.
 var ErrNotCitus = errors.New("migrations: the citus extension is not installed in this database")
@@ -677,10 +590,15 @@ func (m *Migrator) distribute(ctx context.Context, tx pgx.Tx, version int) error
 	if !citus {
 		return fmt.Errorf("%w: install it (CREATE EXTENSION citus) on the coordinator and the workers, or migrate without Citus", ErrNotCitus)
 	}
-	if version != CitusLayoutVersion {
-		return fmt.Errorf("migrations: the Citus layout is written for schema version %d, and the schema is at %d", CitusLayoutVersion, version)
+	if version != Latest() {
+		return fmt.Errorf("migrations: the Citus layout is written for schema version %d, and the schema is at %d", Latest(), version)
 	}
-	for _, step := range strings.Split(m.render(citusLayout), "\n-- idem:step\n") {
+	var searchPath string
+	if err := tx.QueryRow(ctx, `SELECT current_setting('search_path')`).Scan(&searchPath); err != nil {
+		return fmt.Errorf("migrations: read search_path: %w", err)
+	}
+	layout := strings.ReplaceAll(m.render(citusLayout), "{{search_path}}", searchPath)
+	for _, step := range strings.Split(layout, "\n-- idem:step\n") {
 		if _, err := tx.Exec(ctx, step); err != nil {
 			return fmt.Errorf("migrations: distribute idem's tables by scope (Citus): %w", err)
 		}

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -281,68 +282,12 @@ func TestEachDownRestoresThePreviousVersion(t *testing.T) {
 	}
 }
 
-// A down that would change what a key in flight sends a provider refuses
-// with ErrRefused while such a key exists, reverts nothing, and runs once
-// the key has finished: 0007's for a key with a generation, 0002's for a key
-// with request-derived downstream keys.
-func TestDownRefusesWhileKeysInFlightDependOnIt(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	ctx := context.Background()
-	_, err := b.migrator.Up(ctx)
-	require.NoError(t, err)
-	keys := b.schema.Name + ".idem_keys"
-	_, err = b.schema.Pool.Exec(ctx, `INSERT INTO `+keys+` (scope, key, flow, method, path, fingerprint, params, generation)
-		VALUES ('s', 'k', 'f', 'POST', '/', '\x01', '{}', 1)`)
-	require.NoError(t, err)
-	for _, target := range []int{6, 1} {
-		_, err = b.migrator.Down(ctx, target)
-		require.ErrorIs(t, err, migrations.ErrRefused, "down to %d", target)
-		require.ErrorContains(t, err, "0007_key_generation")
-		v, err := b.migrator.Version(ctx)
-		require.NoError(t, err)
-		require.Equal(t, migrations.Latest(), v, "nothing was reverted")
-	}
-	_, err = b.schema.Pool.Exec(ctx, `UPDATE `+keys+` SET generation = 0`)
-	require.NoError(t, err)
-	_, err = b.migrator.Down(ctx, 1)
-	require.ErrorIs(t, err, migrations.ErrRefused)
-	require.ErrorContains(t, err, "0002_downstream_scheme")
-
-	_, err = b.schema.Pool.Exec(ctx, `UPDATE `+keys+` SET status = 'finished', recovery_point = 'finished',
-		response_status = 201, finished_at = now(), expires_at = now()`)
-	require.NoError(t, err)
-	res, err := b.migrator.Down(ctx, 1)
-	require.NoError(t, err, "finished keys send nothing more")
-	require.Equal(t, 1, res.To)
-}
-
-// Every migration declares its compatibility floor on the first line of its
-// up file, and the floor is recorded with the version.
-func TestEveryMigrationDeclaresItsFloor(t *testing.T) {
-	t.Parallel()
-	for _, mig := range migrations.All() {
-		require.True(t, mig.FloorDeclared, "%04d_%s.up.sql must start with \"-- idem:floor N\" (see Migration.Floor)", mig.Version, mig.Name)
-		require.LessOrEqual(t, mig.Floor, mig.Version)
-	}
-	require.Equal(t, 6, migrations.All()[6].Floor, "0007 only adds: a binary that knows 6 works on it")
-
-	b := setup(t)
-	ctx := context.Background()
-	_, err := b.migrator.Up(ctx)
-	require.NoError(t, err)
-	var floor int
-	require.NoError(t, b.schema.Pool.QueryRow(ctx, `SELECT floor FROM `+b.schema.Name+`.idem_migrations WHERE version = 7`).Scan(&floor))
-	require.Equal(t, 6, floor)
-	script, err := b.migrator.Script(migrations.FormatSQL, migrations.DirectionUp, 7)
-	require.NoError(t, err)
-	require.Contains(t, script, "ADD COLUMN IF NOT EXISTS floor int")
-	require.Contains(t, script, "(version, name, floor) VALUES (7, 'key_generation', 6)")
-}
-
-// A database that a binary without floors (v0.1.0) migrated has no floor
-// column: Up adds it and records the floors of what it applies.
-func TestUpAddsTheFloorColumnToAnOlderBookkeepingTable(t *testing.T) {
+// A key in flight cannot cross 0007 in either direction: its fingerprint
+// and downstream keys change. Up from v0.1.0's version 6 and Down from 7
+// refuse with ErrRefused (SQLSTATE IDEM1) and a message that names the
+// procedure while a key is unfinished, change nothing, and run once it has
+// finished.
+func TestVersion7RefusesWhileKeysAreInFlight(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
@@ -350,22 +295,91 @@ func TestUpAddsTheFloorColumnToAnOlderBookkeepingTable(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.migrator.Down(ctx, 6)
 	require.NoError(t, err)
-	_, err = b.schema.Pool.Exec(ctx, `ALTER TABLE `+b.schema.Name+`.idem_migrations DROP COLUMN floor`)
+	keys := b.schema.Name + ".idem_keys"
+	// A key v0.1.0 left running, through its own acquisition function.
+	_, err = b.schema.Pool.Exec(ctx, `SELECT * FROM `+b.schema.Name+`.idem_acquire(NULL, 's', 'k', 'f', 'POST', '/', '\x01', '{}', 60000000, false, '')`)
 	require.NoError(t, err)
-	res, err := b.migrator.Up(ctx)
+
+	_, err = b.migrator.Up(ctx)
+	require.ErrorIs(t, err, migrations.ErrRefused)
+	require.ErrorContains(t, err, "0007_v02_format: idem: 1 keys are unfinished")
+	require.ErrorContains(t, err, "Upgrading to v0.2")
+	t.Logf("refused: %v", err)
+	v, err := b.migrator.Version(ctx)
 	require.NoError(t, err)
-	require.Equal(t, 7, res.Applied[0])
-	require.Equal(t, migrations.Latest(), res.Applied[len(res.Applied)-1])
-	var floor int
-	require.NoError(t, b.schema.Pool.QueryRow(ctx, `SELECT floor FROM `+b.schema.Name+`.idem_migrations WHERE version = 7`).Scan(&floor))
-	require.Equal(t, 6, floor)
+	require.Equal(t, 6, v, "nothing was applied")
+
+	finish := `UPDATE ` + keys + ` SET status = 'finished', recovery_point = 'finished', response_status = 201, finished_at = now(), expires_at = now() + interval '1 hour'`
+	_, err = b.schema.Pool.Exec(ctx, finish)
+	require.NoError(t, err)
+	_, err = b.migrator.Up(ctx)
+	require.NoError(t, err, "finished keys cross")
+
+	_, err = b.schema.Pool.Exec(ctx, `SELECT * FROM `+b.schema.Name+`.idem_acquire(NULL, 's', 'k2', 'f', 'POST', '/', '\x01', '{}', 60000000, false, '', '', '', 0, '')`)
+	require.NoError(t, err)
+	_, err = b.migrator.Down(ctx, 6)
+	require.ErrorIs(t, err, migrations.ErrRefused)
+	require.ErrorContains(t, err, "0007_v02_format")
+	_, err = b.schema.Pool.Exec(ctx, finish)
+	require.NoError(t, err)
+	res, err := b.migrator.Down(ctx, 6)
+	require.NoError(t, err)
+	require.Equal(t, 6, res.To)
 }
 
-// A database ahead of this binary: Up (a release that migrates on start)
-// and Compatible accept it when every version past Latest has a floor this
-// binary knows, and refuse it, naming the version and the release needed,
-// when one does not; Down refuses either way. The versions ahead are rows
-// a newer binary would have written.
+// After 0007, v0.1.0's call of idem_acquire fails with SQLSTATE 57P03,
+// which v0.1.0 reports as the store unavailable (503): a v0.1.0 process
+// left running acquires nothing.
+func TestVersion7RefusesVersion6Acquisitions(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	_, err := b.migrator.Up(ctx)
+	require.NoError(t, err)
+	_, err = b.schema.Pool.Exec(ctx, `SELECT * FROM `+b.schema.Name+`.idem_acquire($1::timestamptz, $2::text, $3::text, $4::text, $5::text, $6::text,
+    $7::bytea, $8::text, $9::bigint, $10::boolean, $11::text)`, nil, "s", "k", "f", "POST", "/", []byte{1}, "{}", int64(60000000), false, "")
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "57P03", pgErr.Code)
+	require.Contains(t, pgErr.Message, "deploy v0.2")
+}
+
+// A database that a development build of main migrated past v0.1.0 (its
+// unreleased versions 7 to 11 used the numbers this release uses) is
+// refused with a message that says what to do: by Version and Up, told by
+// the name of its version 7, and by 0007 itself, told by its columns, when
+// a tool applies the SQL.
+func TestUnreleasedSchemaIsRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	b := setup(t)
+	_, err := b.migrator.Up(ctx)
+	require.NoError(t, err)
+	_, err = b.migrator.Down(ctx, 6)
+	require.NoError(t, err)
+	_, err = b.schema.Pool.Exec(ctx, `INSERT INTO `+b.schema.Name+`.idem_migrations (version, name) VALUES (7, 'key_generation'), (8, 'lease_holder')`)
+	require.NoError(t, err)
+	_, err = b.migrator.Version(ctx)
+	require.ErrorIs(t, err, migrations.ErrUnreleasedSchema)
+	_, err = b.migrator.Up(ctx)
+	require.ErrorIs(t, err, migrations.ErrUnreleasedSchema)
+	require.ErrorContains(t, err, "idem migrate down --to 6")
+	t.Logf("refused: %v", err)
+
+	c := setup(t)
+	_, err = c.migrator.Up(ctx)
+	require.NoError(t, err)
+	_, err = c.migrator.Down(ctx, 6)
+	require.NoError(t, err)
+	_, err = c.schema.Pool.Exec(ctx, `ALTER TABLE `+c.schema.Name+`.idem_keys ADD COLUMN generation int NOT NULL DEFAULT 0`)
+	require.NoError(t, err)
+	_, err = c.migrator.Up(ctx)
+	require.ErrorIs(t, err, migrations.ErrRefused)
+	require.ErrorContains(t, err, "unreleased development build")
+}
+
+// A database ahead of this binary is refused by Up and Down.
 func TestDatabaseAheadOfTheBinary(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -373,37 +387,10 @@ func TestDatabaseAheadOfTheBinary(t *testing.T) {
 	_, err := b.migrator.Up(ctx)
 	require.NoError(t, err)
 	latest := migrations.Latest()
-	record := func(version, floor int) {
-		_, err := b.schema.Pool.Exec(ctx, `INSERT INTO `+b.schema.Name+`.idem_migrations (version, name, floor) VALUES ($1, $2, $3)`,
-			version, fmt.Sprintf("future_%d", version), floor)
-		require.NoError(t, err)
-	}
-
-	record(latest+1, latest) // expand only: this binary keeps working
-	v, err := b.migrator.Compatible(ctx)
+	_, err = b.schema.Pool.Exec(ctx, `INSERT INTO `+b.schema.Name+`.idem_migrations (version, name) VALUES ($1, 'future')`, latest+1)
 	require.NoError(t, err)
-	require.Equal(t, latest+1, v)
-	res, err := b.migrator.Up(ctx)
-	require.NoError(t, err, "a release that migrates on start starts on a database one release ahead")
-	require.Equal(t, &migrations.Result{From: latest + 1, To: latest + 1}, res)
+	_, err = b.migrator.Up(ctx)
+	require.ErrorIs(t, err, migrations.ErrUnknownVersion)
 	_, err = b.migrator.Down(ctx, latest)
-	require.ErrorIs(t, err, migrations.ErrUnknownVersion)
-	require.ErrorContains(t, err, "revert the versions past")
-
-	record(latest+2, latest+1) // contracts what this binary uses
-	_, err = b.migrator.Compatible(ctx)
-	require.ErrorIs(t, err, migrations.ErrUnknownVersion)
-	_, err = b.migrator.Up(ctx)
-	require.ErrorIs(t, err, migrations.ErrUnknownVersion)
-	require.ErrorContains(t, err, fmt.Sprintf("version %04d_future_%d needs a binary that knows version %d or later; this binary knows up to %d",
-		latest+2, latest+2, latest+1, latest))
-	t.Logf("refused: %v", err)
-
-	// A version ahead recorded without a floor (NULL) counts as its own.
-	_, err = b.schema.Pool.Exec(ctx, `DELETE FROM `+b.schema.Name+`.idem_migrations WHERE version = $1`, latest+2)
-	require.NoError(t, err)
-	_, err = b.schema.Pool.Exec(ctx, `UPDATE `+b.schema.Name+`.idem_migrations SET floor = NULL WHERE version = $1`, latest+1)
-	require.NoError(t, err)
-	_, err = b.migrator.Up(ctx)
 	require.ErrorIs(t, err, migrations.ErrUnknownVersion)
 }

@@ -71,10 +71,10 @@ func TestAcquisitionReadsKeysAsGetKeyDoes(t *testing.T) {
 			-- finished, its lease row left as the holder left it
 			('s', 'finished', 'f', 'POST', '/', '\x01', '{"b": 2}', 'finished', 'finished', '{"c": 4}',
 				1, 201, '{"Content-Type": ["application/json"]}', '\x7b7d', 1, NULL, now(), now() + interval '1 day')
-			RETURNING id, key, fence
+			RETURNING scope, id, key, fence
 		)
-		INSERT INTO idem_leases (key_id, fence, locked_at, lease_expires_at, foreign_mark, foreign_mark_after)
-		SELECT id, fence,
+		INSERT INTO idem_leases (scope, key_id, fence, locked_at, lease_expires_at, foreign_mark, foreign_mark_after)
+		SELECT scope, id, fence,
 			CASE WHEN key <> 'released' THEN now() - interval '1 minute' END,
 			CASE WHEN key <> 'released' THEN now() + interval '1 minute' END,
 			CASE WHEN key <> 'released' THEN 'call' END,
@@ -95,7 +95,7 @@ func TestAcquisitionReadsKeysAsGetKeyDoes(t *testing.T) {
 			// Another fingerprint: the acquisition reports the key and takes
 			// nothing over.
 			res, err := store.Acquire(ctx, idemdriver.AcquireParams{Scope: "s", Key: key, Flow: "f", Method: "POST", Path: "/",
-				Fingerprint: []byte{9}, Params: []byte(`{}`), Lease: time.Minute, NoCreate: noCreate})
+				Fingerprints: [][]byte{[]byte{9}}, Params: []byte(`{}`), Lease: time.Minute, NoCreate: noCreate})
 			require.NoError(t, err, key)
 			require.Equal(t, idemdriver.AcquiredNone, res.Acquired, key)
 			require.Equal(t, want, res.Record, key)
@@ -111,7 +111,7 @@ func TestAcquisitionReadsKeysAsGetKeyDoes(t *testing.T) {
 
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	res, err := store.Acquire(ctx, idemdriver.AcquireParams{Scope: "s", Key: "new", Flow: "f", Method: "POST", Path: "/",
-		Fingerprint: []byte{9}, Params: []byte(`{"n": 1}`), Lease: time.Minute, Now: &t0})
+		Fingerprints: [][]byte{[]byte{9}}, Params: []byte(`{"n": 1}`), Lease: time.Minute, Now: &t0})
 	require.NoError(t, err)
 	require.Equal(t, idemdriver.AcquiredCreated, res.Acquired)
 	require.Equal(t, t0, res.DBNow.UTC())
@@ -141,7 +141,7 @@ func TestReplayDoesNotOpenTheParams(t *testing.T) {
 	require.NoError(t, err)
 
 	res, err := store.Acquire(ctx, idemdriver.AcquireParams{Scope: "s", Key: "k", Flow: "f", Method: "POST", Path: "/",
-		Fingerprint: []byte{1}, Params: []byte(`{}`), Lease: time.Minute})
+		Fingerprints: [][]byte{[]byte{1}}, Params: []byte(`{}`), Lease: time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, idemdriver.AcquiredNone, res.Acquired)
 	require.Equal(t, "done", string(res.Record.Response().Body))
@@ -177,13 +177,13 @@ func TestAcquireMeetsAConcurrentInsert(t *testing.T) {
 			require.NoError(t, other.QueryRow(ctx, `
 				WITH k AS (
 					INSERT INTO idem_keys (scope, key, flow, method, path, fingerprint, params)
-					VALUES ('s', 'k', 'f', 'POST', '/', '\x01', '{}') RETURNING id, fence
+					VALUES ('s', 'k', 'f', 'POST', '/', '\x01', '{}') RETURNING scope, id, fence
 				)
-				INSERT INTO idem_leases (key_id, fence, locked_at, lease_expires_at)
-				SELECT id, fence, now(), now() + interval '1 hour' FROM k RETURNING key_id`).Scan(&otherID))
+				INSERT INTO idem_leases (scope, key_id, fence, locked_at, lease_expires_at)
+				SELECT scope, id, fence, now(), now() + interval '1 hour' FROM k RETURNING key_id`).Scan(&otherID))
 
 			done := acquireBlocked(t, schema, store, pid, idemdriver.AcquireParams{Scope: "s", Key: "k", Flow: "f", Method: "POST", Path: "/",
-				Fingerprint: []byte{1}, Params: []byte(`{}`), Lease: time.Minute}, "the insert waits for the other transaction")
+				Fingerprints: [][]byte{[]byte{1}}, Params: []byte(`{}`), Lease: time.Minute}, "the insert waits for the other transaction")
 			require.NoError(t, other.Commit(ctx))
 
 			res := <-done
@@ -218,7 +218,7 @@ func TestNoCreateLeavesAnExpiredKey(t *testing.T) {
 			status, recovery_point, response_status, finished_at, expires_at)
 		VALUES ('s', 'expired', 'f', 'POST', '/', '\x01', '{}', 'finished', 'finished', 201, now() - interval '2 days', now() - interval '1 day')
 		RETURNING id`).Scan(&expiredID))
-	p := idemdriver.AcquireParams{Scope: "s", Flow: "f", Method: "POST", Path: "/", Fingerprint: []byte{1}, Params: []byte(`{}`), Lease: time.Minute}
+	p := idemdriver.AcquireParams{Scope: "s", Flow: "f", Method: "POST", Path: "/", Fingerprints: [][]byte{[]byte{1}}, Params: []byte(`{}`), Lease: time.Minute}
 
 	for _, key := range []string{"absent", "expired"} {
 		p.Key, p.NoCreate = key, true

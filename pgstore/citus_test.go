@@ -36,7 +36,7 @@ func citusStore(t *testing.T) (*Store, *pgtest.Schema) {
 func citusAcquire(t *testing.T, store *Store, scope, key string, now time.Time) *idemdriver.AcquireResult {
 	t.Helper()
 	res, err := store.Acquire(context.Background(), idemdriver.AcquireParams{Scope: scope, Key: key, Flow: "f", Method: "POST", Path: "/x",
-		Fingerprint: make([]byte, 32), PayloadFingerprint: append([]byte{2}, make([]byte, 32)...), Params: []byte(`{}`),
+		Fingerprints: [][]byte{append([]byte{2}, make([]byte, 32)...)}, Params: []byte(`{}`),
 		Lease: 90 * time.Second, Now: &now})
 	require.NoError(t, err)
 	return res
@@ -56,7 +56,7 @@ func TestCitusKeyStatementsAreSingleTasks(t *testing.T) {
 	q := store.q
 	holder := store.holder.args()
 	statements := map[string][]any{
-		"acquire":           {nil, "user:7", "k", "f", "POST", "/x", make([]byte, 32), make([]byte, 33), "{}", int64(1), false, "", "", "", 0, ""},
+		"acquire":           {nil, "user:7", "k", "f", "POST", "/x", make([]byte, 33), "{}", int64(1), false, "", "", "", 0, ""},
 		"takeOver":          append(append([]any{nil, rec.ID, "f", rec.Fingerprint, int64(1), "POST", "/x"}, holder...), "user:7"),
 		"claimReconcile":    append([]any{nil, "user:7", "k", int64(1)}, holder...),
 		"advancePhase":      {rec.ID, rec.Fence, "p", `{}`, nil, "user:7"},
@@ -257,7 +257,7 @@ func TestCitusOneFailingWaitCheckDoesNotHoldUpTheOthers(t *testing.T) {
 	store, _ := citusStore(t)
 	ctx := context.Background()
 	res, err := store.Acquire(ctx, idemdriver.AcquireParams{Scope: "user:1", Key: "k1", Flow: "f", Method: "POST", Path: "/",
-		Fingerprint: []byte{1}, PayloadFingerprint: []byte{2}, Params: []byte(`{}`), Lease: time.Minute})
+		Fingerprints: [][]byte{[]byte{1}}, Params: []byte(`{}`), Lease: time.Minute})
 	require.NoError(t, err)
 	rec := res.Record
 	require.NoError(t, store.Release(ctx, idemdriver.LockRef{ID: rec.ID, Fence: rec.Fence, Scope: rec.Scope}, ""))

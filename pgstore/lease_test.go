@@ -33,7 +33,7 @@ func TestTakeoverWaitsForTheLeaseRowInFlight(t *testing.T) {
 			store, pid := storeOnOneConnection(t, schema, nil)
 
 			t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-			p := idemdriver.AcquireParams{Scope: "s", Key: "k", Flow: "f", Method: "POST", Path: "/", Fingerprint: []byte{1},
+			p := idemdriver.AcquireParams{Scope: "s", Key: "k", Flow: "f", Method: "POST", Path: "/", Fingerprints: [][]byte{[]byte{1}},
 				Params: []byte(`{}`), Lease: 90 * time.Second, Now: &t0}
 			acq, err := store.Acquire(ctx, p)
 			require.NoError(t, err)
@@ -77,14 +77,14 @@ func TestFenceMovesOnBothRows(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(store.Close)
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	p := idemdriver.AcquireParams{Scope: "s", Key: "k", Flow: "f", Method: "POST", Path: "/", Fingerprint: []byte{1},
+	p := idemdriver.AcquireParams{Scope: "s", Key: "k", Flow: "f", Method: "POST", Path: "/", Fingerprints: [][]byte{[]byte{1}},
 		Params: []byte(`{}`), Lease: 90 * time.Second, Now: &t0}
 	acq, err := store.Acquire(ctx, p)
 	require.NoError(t, err)
-	ref := idemdriver.LockRef{ID: acq.Record.ID, Fence: 1}
+	ref := idemdriver.LockRef{ID: acq.Record.ID, Fence: 1, Scope: "s"}
 	fences := func() (key, lease int64) {
 		require.NoError(t, schema.Pool.QueryRow(ctx,
-			`SELECT k.fence, l.fence FROM idem_keys k JOIN idem_leases l ON l.key_id = k.id WHERE k.id = $1`, ref.ID).Scan(&key, &lease))
+			`SELECT k.fence, l.fence FROM idem_keys k JOIN idem_leases l ON l.scope = k.scope AND l.key_id = k.id WHERE k.id = $1`, ref.ID).Scan(&key, &lease))
 		return key, lease
 	}
 
@@ -143,9 +143,9 @@ func TestReplayDoesNotReadTheLeaseRow(t *testing.T) {
 			INSERT INTO idem_keys (scope, key, flow, method, path, fingerprint, params, status, recovery_point, response_status, expires_at)
 			VALUES ('s', 'finished', 'f', 'POST', '/', '\x01', '{}', 'finished', 'finished', 201, now() + interval '1 day'),
 			       ('s', 'running', 'f', 'POST', '/', '\x01', '{}', 'running', 'started', NULL, NULL)
-			RETURNING id, fence
+			RETURNING scope, id, fence
 		)
-		INSERT INTO idem_leases (key_id, fence, locked_at, lease_expires_at) SELECT id, fence, now(), now() + interval '1 minute' FROM k`)
+		INSERT INTO idem_leases (scope, key_id, fence, locked_at, lease_expires_at) SELECT scope, id, fence, now(), now() + interval '1 minute' FROM k`)
 	require.NoError(t, err)
 	leaseScans := func(key string) (acquired idemdriver.Acquisition, scans int64) {
 		tx, err := schema.Pool.Begin(ctx)
@@ -155,7 +155,7 @@ func TestReplayDoesNotReadTheLeaseRow(t *testing.T) {
 		var before, after int64
 		require.NoError(t, tx.QueryRow(ctx, counters).Scan(&before))
 		require.NoError(t, tx.QueryRow(ctx, `SELECT acquired FROM (`+store.q.acquire+`) a`,
-			append([]any{nil, "s", key, "f", "POST", "/", []byte{1}, []byte(nil), "{}", int64(90e6), false, ""}, store.holder.args()...)...).Scan(&acquired))
+			append([]any{nil, "s", key, "f", "POST", "/", []byte{1}, "{}", int64(90e6), false, ""}, store.holder.args()...)...).Scan(&acquired))
 		require.NoError(t, tx.QueryRow(ctx, counters).Scan(&after))
 		return acquired, after - before
 	}

@@ -112,16 +112,6 @@ type Config struct {
 	// it at Postgres directly to keep notifications rather than polling.
 	ListenConfig *pgx.ConnConfig
 
-	// Citus makes the store run its statements for idem's Citus layout
-	// (migrations.Config.Citus: idem_keys and idem_leases distributed by
-	// scope) without asking. By default New asks the database, and uses
-	// them when idem_keys is a Citus distributed table; set Citus when the
-	// database may not answer at start (a store that could not ask runs
-	// the plain statements until it is made again). New refuses Citus when
-	// it can ask and idem_keys is not distributed. On Citus, waits poll (see
-	// WaitPolling). Default false.
-	Citus bool
-
 	// Logger receives the store's own logs: a listener that cannot LISTEN
 	// (logged at warn, at most once a minute; waiting requests poll
 	// meanwhile). Default: slog.Default().
@@ -165,11 +155,13 @@ var _ idemdriver.Store = (*Store)(nil)
 //
 // New checks the schema, within 5 seconds: it returns an error wrapping
 // ErrSchema when the migrations were not applied there, the schema is
-// older than this code needs, or it is ahead of this code beyond what the
-// newer migrations' compatibility floors allow (see migrations.Migration's
-// Floor; a schema one release ahead whose migrations only added is
-// accepted), so a deploy that forgot them fails at start rather than on
-// its first request. When the database does not answer
+// older than this code needs, or an unreleased development build migrated
+// it (migrations.ErrUnreleasedSchema), so a deploy that forgot them fails
+// at start rather than on its first request. A schema ahead of this code is
+// accepted: from v0.2.0 on, schema changes are expand/contract, and a
+// release runs on the schema of the next one until that one contracts. New
+// also finds out whether idem's tables are distributed by Citus
+// (Distributed). When the database does not answer
 // (it is down, or unreachable from here), the check is skipped and New
 // succeeds: the runner then reports the store unavailable per request
 // until it is back, and the schema is not checked again.
@@ -190,9 +182,6 @@ func New(db DB, config *Config) (*Store, error) {
 	}
 	st := &Store{db: db, control: config.ControlDB, q: newQueries(prefix), seal: seal, holder: newHolder(config.Instance)}
 	st.waits = newWaits(st, db, config)
-	if config.Citus {
-		st.useCitus()
-	}
 	if st.control == nil {
 		st.control = db
 		if pool, ok := db.(*pgxpool.Pool); ok {
@@ -226,18 +215,18 @@ func New(db DB, config *Config) (*Store, error) {
 }
 
 // ErrSchema is wrapped by the error New returns for a schema the migrations
-// were not applied to, one older than this code, or one ahead of it that it
-// cannot work on.
+// were not applied to, one older than this code, or one an unreleased
+// development build migrated.
 var ErrSchema = errors.New("pgstore: the idem schema is missing or out of date")
 
 // schemaCheckTimeout bounds New's look at the schema.
 const schemaCheckTimeout = 5 * time.Second
 
-// checkSchema fails a store whose tables are missing, older than this code or
-// ahead of it beyond the floors of the versions it does not know, at
-// construction rather than on the first request. A database that
-// does not answer is not checked: the runner reports it unavailable, per
-// request, until it is back.
+// checkSchema fails a store whose tables are missing, older than this code
+// or an unreleased build's, at construction rather than on the first
+// request, and finds out whether they are distributed by Citus. A database
+// that does not answer is not checked: the runner reports it unavailable,
+// per request, until it is back.
 func (s *Store) checkSchema(schema, prefix string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), schemaCheckTimeout)
 	defer cancel()
@@ -250,34 +239,26 @@ func (s *Store) checkSchema(schema, prefix string) error {
 	if !found {
 		return fmt.Errorf("%w: %sidem_migrations does not exist; apply the migrations first (migrations.Up, or `idem migrate up`)", ErrSchema, prefix)
 	}
-	var version int
-	if err := s.control.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+prefix+`idem_migrations`).Scan(&version); err != nil {
+	m, err := migrations.New(s.control, &migrations.Config{Schema: schema})
+	if err != nil {
+		return fmt.Errorf("pgstore: %w", err)
+	}
+	version, err := m.Version(ctx)
+	if errors.Is(err, migrations.ErrUnreleasedSchema) {
+		return fmt.Errorf("%w: %w", ErrSchema, err)
+	}
+	if err != nil {
 		return fmt.Errorf("pgstore: read the schema version: %w", err)
 	}
 	if version < migrations.Latest() {
 		return fmt.Errorf("%w: the schema is at version %d and this code needs %d; run the migrations (`idem migrate up`)", ErrSchema, version, migrations.Latest())
 	}
-	m, err := migrations.New(s.control, &migrations.Config{Schema: schema})
-	if err != nil {
-		return fmt.Errorf("pgstore: %w", err)
-	}
 	distributed, err := m.Distributed(ctx)
 	if err != nil {
 		return fmt.Errorf("pgstore: find out whether idem_keys is distributed by Citus: %w", err)
 	}
-	switch {
-	case distributed && !s.q.citus:
+	if distributed {
 		s.useCitus()
-	case !distributed && s.q.citus:
-		// Config.Citus on tables Citus does not distribute: every statement
-		// about a key would name a column (idem_leases.scope) that the plain
-		// layout does not have.
-		return fmt.Errorf("%w: pgstore.Config.Citus is set, but %sidem_keys is not distributed by Citus; apply the layout (`idem migrate up --citus`) or unset it", ErrSchema, prefix)
-	}
-	if version > migrations.Latest() {
-		if _, err := m.Compatible(ctx); err != nil {
-			return fmt.Errorf("%w: %w", ErrSchema, err)
-		}
 	}
 	return nil
 }
@@ -317,20 +298,8 @@ func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemd
 		return nil, err
 	}
 	replanned := false
-	busy := time.Millisecond
 	for i := 0; i < maxAcquireStatements; i++ {
 		res, err := s.acquisition(ctx, s.db, s.q.acquire, args...)
-		if keyBusy(err) {
-			// Another acquisition of the same new key holds its advisory
-			// lock, for its own statement only: its key is committed in a
-			// moment, and the next call reads it.
-			if werr := pause(ctx, busy); werr != nil {
-				return nil, mapError(fmt.Errorf("pgstore: acquire: %w (after: %w)", werr, err))
-			}
-			busy = min(2*busy, 50*time.Millisecond)
-			i--
-			continue
-		}
 		if !replanned && planChanged(err) {
 			// A migration changed what the statement returns since this
 			// connection prepared it; pgx has forgotten the statement, and
@@ -364,26 +333,6 @@ func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemd
 	return nil, fmt.Errorf("pgstore: acquire: key %q kept appearing and disappearing under concurrent writers", p.Key)
 }
 
-// keyBusy reports whether err is the acquisition function's refusal to
-// wait for another transaction that is creating the same key (the advisory
-// lock idem_acquire_v11 tries without waiting).
-func keyBusy(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "55P03" && pgErr.Message == "idem: key is being created by another transaction"
-}
-
-// pause waits d, or returns ctx's error when it ends first.
-func pause(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
-}
-
 // acquireArgs are the arguments of the acquire statement for p.
 func (s *Store) acquireArgs(p idemdriver.AcquireParams) ([]any, error) {
 	params, paramsKeyID, err := s.sealParams(p.Scope, p.Key, p.Params)
@@ -391,7 +340,7 @@ func (s *Store) acquireArgs(p idemdriver.AcquireParams) ([]any, error) {
 		return nil, err
 	}
 	return append([]any{
-		p.Now, p.Scope, p.Key, p.Flow, p.Method, p.Path, p.Fingerprint, p.PayloadFingerprint, string(params), p.Lease.Microseconds(), p.NoCreate, paramsKeyID},
+		p.Now, p.Scope, p.Key, p.Flow, p.Method, p.Path, first(p.Fingerprints), string(params), p.Lease.Microseconds(), p.NoCreate, paramsKeyID},
 		s.holder.args()...), nil
 }
 
@@ -401,7 +350,7 @@ func (s *Store) acquireArgs(p idemdriver.AcquireParams) ([]any, error) {
 func (s *Store) takeOverIfAbandoned(ctx context.Context, p idemdriver.AcquireParams, res *idemdriver.AcquireResult) (*idemdriver.AcquireResult, error) {
 	rec := res.Record
 	if res.Acquired != idemdriver.AcquiredNone || rec.Status != idemdriver.StatusRunning ||
-		rec.Flow != p.Flow || !rec.SameRequest(p.Fingerprint, p.PayloadFingerprint) || rec.Method != p.Method || rec.Path != p.Path ||
+		rec.Flow != p.Flow || !rec.SameRequest(p.Fingerprints) || rec.Method != p.Method || rec.Path != p.Path ||
 		(rec.Locked(res.DBNow) && !s.holder.resumes(rec)) {
 		return res, nil
 	}

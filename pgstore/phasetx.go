@@ -49,9 +49,9 @@ type phaseTx struct {
 	tx          pgx.Tx // the real transaction once begun
 	// notifyAfter is the key whose waiters a finishing commit at
 	// repeatable read or serializable notifies once more after it commits
-	// (0: none): the trigger's call of idem_notify_waiters_v10 read the marks
+	// (ID 0: none): the trigger's call of idem_notify_waiters read the marks
 	// with the transaction's snapshot, blind to a mark committed since.
-	notifyAfter int64
+	notifyAfter idemdriver.LockRef
 	closed      bool
 	// failed is the error of a first statement whose pipeline failed before
 	// BEGIN ran (a statement that does not prepare, say). In a transaction
@@ -337,13 +337,13 @@ func (t *phaseTx) commitGuarded(ctx context.Context, guard string, args ...any) 
 		// ignored), so COMMIT rolled it back.
 		return fmt.Errorf("%w: the phase's transaction was rolled back at commit", pgx.ErrTxCommitRollback)
 	}
-	if t.notifyAfter != 0 {
+	if t.notifyAfter.ID != 0 {
 		// One more round trip, at read committed, for the marks the
 		// finishing statement's snapshot could not see. A failure only
 		// leaves the waiters to their watch's recheck.
 		nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), beginTimeout)
 		defer cancel()
-		_, _ = t.conn.Exec(nctx, t.q.notifyWaiters, t.notifyAfter)
+		_, _ = t.conn.Exec(nctx, t.q.notifyWaiters, t.notifyAfter.Scope, t.notifyAfter.ID)
 	}
 	return nil
 }
@@ -467,7 +467,7 @@ func (t *phaseTx) CommitPhase(ctx context.Context, p idemdriver.CommitParams) er
 		return err
 	}
 	if sql == t.q.finishPhase && !t.q.citus && t.opts.IsoLevel != pgx.ReadCommitted && t.opts.IsoLevel != pgx.ReadUncommitted {
-		t.notifyAfter = p.Ref.ID
+		t.notifyAfter = p.Ref
 	}
 	err = t.commitGuarded(ctx, sql, args...)
 	switch {

@@ -23,15 +23,29 @@ import (
 // reconcile claims, forced unlocks) write both rows, the progress row first:
 // every statement that locks both locks them in that order.
 //
-// Conventions: a parameter compared with or assigned to a column that
-// migration 0006 made a domain is cast to text ($3::text), so a statement a
-// connection prepared keeps working after 0006 is reverted (a prepared
-// statement's parameter types are fixed when it is prepared, and a dropped
-// domain's type is gone). $now parameters are nullable timestamptz; NULL means the
-// database clock, a value is a test's injected clock. Durations travel as
-// bigint microseconds. Every statement that touches a held key is guarded by
-// its id and fence: "id = $1 AND fence = $2" on the progress row, or
-// "key_id = $1 AND fence = $2" on the lease row.
+// Conventions: every statement about one key names its scope, the
+// distribution column on Citus, on every table it reads or writes, as its
+// last parameter (see scoped), so that it runs unchanged on plain
+// PostgreSQL and, sent whole to the one worker that holds the scope, on
+// Citus. What Citus refuses, and what the statements do instead, on both:
+//
+//   - an UPDATE on a distributed table may not call a VOLATILE function
+//     (clock_timestamp()), nor a non-IMMUTABLE one inside CASE or COALESCE
+//     (coalesce($now, now())), nor a STABLE one over a column (clock.t +
+//     interval, timestamptz arithmetic being STABLE): the clock, and what
+//     is computed from it, is computed in a CTE (clock) that the UPDATE
+//     joins, statement_timestamp() for clock_timestamp();
+//   - a lease row is joined with an explicit l.scope (leaseOf): a join to
+//     k.scope alone is not carried through a LATERAL subquery;
+//   - SELECT ... FOR UPDATE runs only in router queries: on Citus the
+//     completer's and the reaper's batches are read without locks from
+//     every shard, then claimed key by key (citus.go), the one branch.
+//
+// $now parameters are nullable timestamptz; NULL means the database clock,
+// a value is a test's injected clock. Durations travel as bigint
+// microseconds. Every statement that touches a held key is guarded by its
+// fence: "scope = $s AND id = $1 AND fence = $2" on the progress row, or
+// "scope = $s AND key_id = $1 AND fence = $2" on the lease row.
 type queries struct {
 	table, leases string
 
@@ -46,17 +60,18 @@ type queries struct {
 	unlockKey, claimIdle, reap, reapAbandoned, unfinishedKeys, statementTimeout, clock string
 	backlog                                                                            string
 
-	// citus says the statements are Citus's (citus.go, useCitus), with the
-	// statements only Citus runs.
-	citus                                      bool
-	claimIdleOne, reapDelete, reapAbandonedOne string
+	// citus says the tables are distributed by Citus (New asks): the claim
+	// loops then claim key by key (citus.go), and waits poll.
+	citus                                                         bool
+	claimIdleCandidates, claimIdleOne, reapCandidates, reapDelete string
+	reapAbandonedCandidates, reapAbandonedOne                     string
 }
 
 // recordColumns renders the columns of idemdriver.KeyRecord from a progress
 // row alias k and a lease row alias l (NULL when the key has no lease row),
-// mapping NULLs of text and int columns to zero values. The columns that are
-// domains over text (migration 0006) are read as text, so a statement's
-// result type is the same on either side of that migration. A finished key shows
+// mapping NULLs of text and int columns to zero values. The columns of
+// domain types (migration 0006) are read as text, as idem_acquire returns
+// them. A finished key shows
 // no lease and no mark, and a mark shows only while the key is still at the
 // recovery point it was made at (see the migration that made idem_leases).
 func recordColumns(k, l string) string { return recordColumnsOf(k, l, true) }
@@ -65,7 +80,7 @@ func recordColumns(k, l string) string { return recordColumnsOf(k, l, true) }
 // (params, checkpoint, response headers and body) are NULL instead of read,
 // for listings and claims that do not show them: they can be large.
 func recordColumnsOf(k, l string, payload bool) string {
-	cols := `{k}id, {k}request_id::text AS request_id, {k}downstream_scheme, {k}scope, {k}key::text AS key,
+	cols := `{k}id, {k}request_id::text AS request_id, {k}scope, {k}key::text AS key,
 		{k}flow::text AS flow, {k}method::text AS method, {k}path::text AS path,
 		{k}fingerprint, {k}params, {k}status::text AS status, {k}recovery_point::text AS recovery_point, {k}checkpoint,
 		CASE WHEN {k}status <> 'finished' AND {l}foreign_mark_after = {k}recovery_point
@@ -80,8 +95,7 @@ func recordColumnsOf(k, l string, payload bool) string {
 		CASE WHEN {k}status <> 'finished' AND {l}holder_fence = {l}fence THEN coalesce({l}holder_instance, '') ELSE '' END AS holder_instance,
 		CASE WHEN {k}status <> 'finished' AND {l}holder_fence = {l}fence THEN coalesce({l}holder_host, '') ELSE '' END AS holder_host,
 		CASE WHEN {k}status <> 'finished' AND {l}holder_fence = {l}fence THEN coalesce({l}holder_pid, 0) ELSE 0 END AS holder_pid,
-		CASE WHEN {k}status <> 'finished' AND {l}holder_fence = {l}fence THEN coalesce({l}holder_boot, '') ELSE '' END AS holder_boot,
-		{k}payload_fingerprint`
+		CASE WHEN {k}status <> 'finished' AND {l}holder_fence = {l}fence THEN coalesce({l}holder_boot, '') ELSE '' END AS holder_boot`
 	if !payload {
 		cols = strings.NewReplacer("{k}params,", "NULL::jsonb AS params,", "{k}checkpoint,", "NULL::jsonb AS checkpoint,",
 			"coalesce({k}response_headers, '{}')", "NULL::jsonb", "{k}response_body,", "NULL::bytea AS response_body,").Replace(cols)
@@ -94,24 +108,28 @@ func recordColumnsOf(k, l string, payload bool) string {
 // with pgx directly: scany's reflection costs more per row than the
 // acquisition statement itself. Keep the two lists in step; a test checks.
 func recordDest(rec *idemdriver.KeyRecord) []any {
-	return []any{&rec.ID, &rec.RequestID, &rec.DownstreamScheme, &rec.Scope, &rec.Key, &rec.Flow, &rec.Method, &rec.Path,
+	return []any{&rec.ID, &rec.RequestID, &rec.Scope, &rec.Key, &rec.Flow, &rec.Method, &rec.Path,
 		&rec.Fingerprint, &rec.Params, &rec.Status, &rec.RecoveryPoint, &rec.Checkpoint,
 		&rec.ForeignMark, &rec.LockedAt, &rec.LeaseExpiresAt, &rec.Fence,
 		&rec.ResponseStatus, &rec.ResponseHeaders,
 		&rec.ResponseBody, &rec.Attempts, &rec.LastError,
 		&rec.CreatedAt, &rec.LastRunAt, &rec.FinishedAt, &rec.ExpiresAt,
 		&rec.ParamsKeyID, &rec.ResponseKeyID, &rec.Generation,
-		&rec.HolderInstance, &rec.HolderHost, &rec.HolderPID, &rec.HolderBoot, &rec.PayloadFingerprint}
+		&rec.HolderInstance, &rec.HolderHost, &rec.HolderPID, &rec.HolderBoot}
 }
 
-// leaseOf joins progress rows k with their lease rows l for reading. A
-// finished key's lease row means nothing (recordColumns hides it), and the
-// join does not even read it: the planner turns the condition on k.status
-// into a one-time filter in front of the index scan (OFFSET 0 keeps the
-// subquery from being flattened into a plain join, which would probe it), so
-// a replay reads idem_keys alone.
-func leaseOf(leases string) string {
-	return `LEFT JOIN LATERAL (SELECT * FROM ` + leases + ` l WHERE l.key_id = k.id AND k.status <> 'finished' OFFSET 0) l ON true`
+// leaseOf joins progress rows k with their lease rows l for reading, scope
+// being the scope's expression (a parameter, or k.scope). A finished key's
+// lease row means nothing: recordColumns hides it, and the join condition
+// leaves it out.
+func leaseOf(leases, scope string) string {
+	return `LEFT JOIN ` + leases + ` l ON l.scope = ` + scope + ` AND l.key_id = k.id AND k.status <> 'finished'`
+}
+
+// scoped appends the key's scope to a statement's arguments: every
+// statement about one key takes it as its last parameter.
+func (q *queries) scoped(scope string, args ...any) []any {
+	return append(args, scope)
 }
 
 // colsPlaceholder is {cols:k,l}: recordColumns over aliases k and l; and
@@ -132,7 +150,7 @@ func newQueries(prefix string) *queries {
 	t, l := prefix+"idem_keys", prefix+"idem_leases"
 	q := &queries{table: t, leases: l}
 	render := func(sql string) string {
-		sql = strings.NewReplacer("{t}", t, "{leaseOf:k}", leaseOf(l), "{l}", l).Replace(sql)
+		sql = strings.NewReplacer("{t}", t, "{l}", l).Replace(sql)
 		return colsPlaceholder.ReplaceAllStringFunc(sql, func(m string) string {
 			a := colsPlaceholder.FindStringSubmatch(m)
 			return recordColumnsOf(a[2], a[3], a[1] == "cols")
@@ -140,32 +158,13 @@ func newQueries(prefix string) *queries {
 	}
 
 	// acquire: one statement, one round trip, for a new key, a replay and an
-	// in-progress key alike. It calls idem_acquire_v11, a PL/pgSQL function
-	// (migrations/sql/0011_acquire_in_phase.up.sql: idem_acquire of
-	// 0005_acquire_function.up.sql with the key's generation, from 0007, the
-	// lease's holder, from 0008, the key's two fingerprints, from 0009, and
-	// the key's advisory lock taken without waiting before an insert, from
-	// 0011), which
-	//
-	//  - reads the key's progress row, and its lease row unless it is
-	//    finished (a finished key's lease row means nothing);
-	//  - reports it if it is live. A finished key past its expiry is absent,
-	//    whether or not the reaper has run, and is never replayed;
-	//  - otherwise, unless NoCreate, deletes the expired key (its lease row
-	//    goes with it, ON DELETE CASCADE) and inserts the key and its lease
-	//    row, locked, one generation on from the expired key it replaces
-	//    (0 for a key never seen). First it takes the key's advisory lock
-	//    for its transaction without waiting, and raises lock_not_available
-	//    (55P03, keyBusy) when another acquisition holds it, which Acquire
-	//    tries again shortly. ON CONFLICT DO NOTHING turns a concurrent insert of the
-	//    same key into "nothing inserted" instead of a unique violation that
-	//    would abort the caller; the function then reads the winner's key.
-	//
-	// It returns (acquired, db_now, recordColumns), except that a finished
-	// key comes back without its params and checkpoint, which a replay does
-	// not need. TestAcquireFunctionMatchesRecordColumns holds the function to
+	// in-progress key alike: the PL/pgSQL function idem_acquire
+	// (migrations/sql/0007_v02_format.up.sql, which says what it does). It
+	// returns (acquired, db_now, recordColumns), except that a finished key
+	// comes back without its params and checkpoint, which a replay does not
+	// need. TestAcquireFunctionMatchesRecordColumns holds the function to
 	// recordColumns: a change to one needs a migration that replaces the
-	// function.
+	// function (CREATE OR REPLACE, the same name).
 	//
 	// Replays and in-progress answers write nothing: no transaction id, no
 	// WAL, no row lock. Zero rows come back when NoCreate finds nothing live
@@ -183,8 +182,8 @@ func newQueries(prefix string) *queries {
 	// Params travel as text (a Go string: []byte would be sent as bytea in
 	// the exec and simple_protocol modes): the function parses them only
 	// when it inserts.
-	q.acquire = `SELECT * FROM ` + prefix + `idem_acquire_v11($1::timestamptz, $2::text, $3::text, $4::text, $5::text, $6::text,
-    $7::bytea, $8::bytea, $9::text, $10::bigint, $11::boolean, $12::text, $13::text, $14::text, $15::int, $16::text)`
+	q.acquire = `SELECT * FROM ` + prefix + `idem_acquire($1::timestamptz, $2::text, $3::text, $4::text, $5::text, $6::text,
+    $7::bytea, $8::text, $9::bigint, $10::boolean, $11::text, $12::text, $13::text, $14::int, $15::text)`
 
 	// takeOverLease is the part of takeOver and claimReconcile that takes
 	// the lease. target is the progress row, already locked as an UPDATE
@@ -202,15 +201,16 @@ func newQueries(prefix string) *queries {
 	// is an earlier process of this store's instance (same instance name,
 	// another boot, recorded at the lease's fence): that process is dead,
 	// since an instance name is unique among live processes, and the new
-	// fence fails any statement it would still send.
+	// fence fails any statement it would still send. $SCOPE is the key's
+	// scope.
 	const takeOverLease = `
 leased AS (
-    INSERT INTO {l} AS l (key_id, fence, locked_at, lease_expires_at,
+    INSERT INTO {l} AS l (scope, key_id, fence, locked_at, lease_expires_at,
         holder_instance, holder_host, holder_pid, holder_boot, holder_fence)
-    SELECT target.id, target.fence + 1, clock.t, clock.t + $LEASE::bigint * interval '1 microsecond',
+    SELECT $SCOPE::text, target.id, target.fence + 1, clock.t, clock.t + $LEASE::bigint * interval '1 microsecond',
         nullif($HOLDER1::text, ''), nullif($HOLDER2::text, ''), nullif($HOLDER3::int, 0), nullif($HOLDER4::text, ''), target.fence + 1
     FROM target, clock
-    ON CONFLICT (key_id) DO UPDATE
+    ON CONFLICT (scope, key_id) DO UPDATE
     SET fence = excluded.fence, locked_at = excluded.locked_at, lease_expires_at = excluded.lease_expires_at,
         holder_instance = excluded.holder_instance, holder_host = excluded.holder_host,
         holder_pid = excluded.holder_pid, holder_boot = excluded.holder_boot, holder_fence = excluded.holder_fence
@@ -221,9 +221,12 @@ leased AS (
     UPDATE {t} k
     SET fence = leased.fence, last_run_at = clock.t, attempts = k.attempts + 1
     FROM leased, clock
-    WHERE k.id = leased.key_id
+    WHERE k.scope = $SCOPE::text AND k.id = leased.key_id
     RETURNING k.*
 )`
+	lease := func(leaseParam string, holderFirst int, scope string) string {
+		return strings.ReplaceAll(holderParams(takeOverLease, leaseParam, holderFirst), "$SCOPE", scope)
+	}
 
 	// takeOver locks an unfinished key of the same flow, method and path
 	// that nobody holds (unlocked, or lease expired), with a new fence on
@@ -235,10 +238,10 @@ WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
 ), target AS (
     SELECT k.id, k.fence FROM {t} k
-    WHERE k.id = $2 AND k.status = 'running' AND k.flow = $3::text AND k.fingerprint = $4
+    WHERE k.scope = $12::text AND k.id = $2 AND k.status = 'running' AND k.flow = $3::text AND k.fingerprint = $4
       AND k.method = $6::text AND k.path = $7::text
     FOR NO KEY UPDATE
-), ` + holderParams(takeOverLease, "$5", 8) + `
+), ` + lease("$5", 8, "$12") + `
 SELECT 'taken_over' AS acquired, clock.t AS db_now, {cols:taken,leased}
 FROM taken JOIN leased ON leased.key_id = taken.id, clock`)
 
@@ -249,12 +252,12 @@ WITH clock AS (
     SELECT k.id, k.fence FROM {t} k
     WHERE k.scope = $2 AND k.key = $3::text AND k.status = 'needs_reconcile'
     FOR NO KEY UPDATE
-), ` + holderParams(takeOverLease, "$4", 5) + `
+), ` + lease("$4", 5, "$2") + `
 SELECT 'taken_over' AS acquired, (SELECT t FROM clock) AS db_now, {cols:taken,leased}
 FROM taken JOIN leased ON leased.key_id = taken.id
 UNION ALL
-SELECT 'none', (SELECT t FROM clock), {cols:k,l} FROM {t} k {leaseOf:k}
-WHERE k.scope = $2 AND k.key = $3::text AND NOT EXISTS (SELECT 1 FROM taken)`)
+SELECT 'none', (SELECT t FROM clock), {cols:k,l} FROM {t} k ` + leaseOf(l, "$2") + `
+WHERE k.scope = $2 AND k.key = $3::text AND NOT EXISTS (SELECT 1 FROM taken WHERE taken.id = k.id)`)
 
 	// advancePhase and finishPhase record a phase's commit on its key. They
 	// run inside the phase's transaction, pipelined with its COMMIT
@@ -273,51 +276,63 @@ WHERE k.scope = $2 AND k.key = $3::text AND NOT EXISTS (SELECT 1 FROM taken)`)
 	// cleared here either: moving the recovery point retires it.
 	//
 	// They write no indexed column while the key stays running, so an
-	// advance is a HOT update. clock_timestamp(), not now(): now() is when
-	// the transaction began.
+	// advance is a HOT update. statement_timestamp(), not now(): now() is
+	// when the transaction began.
 	//
 	// finishPhase, release and setNeedsReconcile end an attempt: triggers
-	// of migration 0010 (migrations/sql/0010_key_waiters.up.sql) wake the
-	// key's waiters, on every instance, when a waiter marked it (waitMark),
-	// at commit. The statements do not name them.
+	// (migrations/sql/0007_v02_format.up.sql) wake the key's waiters, on
+	// every instance, when a waiter marked it (waitMark), at commit. The
+	// statements do not name them.
 	q.advancePhase = render(`
-WITH guarded AS (
-UPDATE {t}
+WITH clock AS (
+    SELECT coalesce($5::timestamptz, statement_timestamp()) AS t
+), guarded AS (
+UPDATE {t} k
 SET status           = 'running',
     recovery_point   = $3::text,
-    checkpoint       = CASE WHEN $4::jsonb = '{}' THEN checkpoint ELSE checkpoint || $4::jsonb END,
-    last_run_at      = coalesce($5::timestamptz, clock_timestamp())
-WHERE id = $1 AND fence = $2
+    checkpoint       = CASE WHEN $4::jsonb = '{}' THEN k.checkpoint ELSE k.checkpoint || $4::jsonb END,
+    last_run_at      = clock.t
+FROM clock
+WHERE k.scope = $6::text AND k.id = $1 AND k.fence = $2
 RETURNING 1
 )
 SELECT 1 / count(*)::int FROM guarded`)
 
 	q.finishPhase = render(`
-WITH guarded AS (
-UPDATE {t}
+WITH clock AS (
+    SELECT t, t + $7::bigint * interval '1 microsecond' AS expires
+    FROM (SELECT coalesce($8::timestamptz, statement_timestamp()) AS t) now
+), guarded AS (
+UPDATE {t} k
 SET status           = 'finished',
     recovery_point   = $10::text,
-    checkpoint       = CASE WHEN $3::jsonb = '{}' THEN checkpoint ELSE checkpoint || $3::jsonb END,
-    last_run_at      = coalesce($8::timestamptz, clock_timestamp()),
-    finished_at      = coalesce($8::timestamptz, clock_timestamp()),
-    expires_at       = coalesce($8::timestamptz, clock_timestamp()) + $7::bigint * interval '1 microsecond',
+    checkpoint       = CASE WHEN $3::jsonb = '{}' THEN k.checkpoint ELSE k.checkpoint || $3::jsonb END,
+    last_run_at      = clock.t,
+    finished_at      = clock.t,
+    expires_at       = clock.expires,
     response_status  = $4,
     response_headers = $5::jsonb,
     response_body    = $6,
     response_key_id  = nullif($9::text, ''),
     last_error       = nullif(left($11::text, 4000), '')
-WHERE id = $1 AND fence = $2
+FROM clock
+WHERE k.scope = $12::text AND k.id = $1 AND k.fence = $2
 RETURNING 1
 )
 SELECT 1 / count(*)::int FROM guarded`)
 
 	q.heartbeat = render(`
-UPDATE {l} l
-SET lease_expires_at = coalesce($4::timestamptz, now()) + $3::bigint * interval '1 microsecond'
-FROM {t} k
-WHERE l.key_id = $1 AND l.fence = $2 AND l.locked_at IS NOT NULL
-  AND k.id = l.key_id AND k.status <> 'finished'
-RETURNING l.lease_expires_at`)
+WITH clock AS (
+    SELECT coalesce($4::timestamptz, now()) + $3::bigint * interval '1 microsecond' AS expires
+), beat AS (
+    UPDATE {l} l
+    SET lease_expires_at = clock.expires
+    FROM {t} k, clock
+    WHERE l.scope = $5::text AND l.key_id = $1 AND l.fence = $2 AND l.locked_at IS NOT NULL
+      AND k.scope = $5::text AND k.id = l.key_id AND k.status <> 'finished'
+    RETURNING l.lease_expires_at
+)
+SELECT lease_expires_at FROM beat`)
 
 	// release and setNeedsReconcile are guarded on the progress row, which
 	// they lock first, and unlock the lease row; they return how many keys
@@ -325,22 +340,22 @@ RETURNING l.lease_expires_at`)
 	q.release = render(`
 WITH released AS (
     UPDATE {t} SET last_error = left($3, 4000)
-    WHERE id = $1 AND fence = $2 AND status = 'running'
+    WHERE scope = $4::text AND id = $1 AND fence = $2 AND status = 'running'
     RETURNING id
 ), unlocked AS (
     UPDATE {l} l SET locked_at = NULL, lease_expires_at = NULL
-    FROM released WHERE l.key_id = released.id AND l.fence = $2
+    FROM released WHERE l.scope = $4::text AND l.key_id = released.id AND l.fence = $2
 )
 SELECT count(*) FROM released`)
 
 	q.setNeedsReconcile = render(`
 WITH parked AS (
     UPDATE {t} SET status = 'needs_reconcile', last_error = left($3, 4000)
-    WHERE id = $1 AND fence = $2 AND status <> 'finished'
+    WHERE scope = $4::text AND id = $1 AND fence = $2 AND status <> 'finished'
     RETURNING id
 ), unlocked AS (
     UPDATE {l} l SET locked_at = NULL, lease_expires_at = NULL
-    FROM parked WHERE l.key_id = parked.id AND l.fence = $2
+    FROM parked WHERE l.scope = $4::text AND l.key_id = parked.id AND l.fence = $2
 )
 SELECT count(*) FROM parked`)
 
@@ -351,11 +366,12 @@ SELECT count(*) FROM parked`)
 UPDATE {l} l
 SET foreign_mark = $3, foreign_mark_after = k.recovery_point
 FROM {t} k
-WHERE l.key_id = $1 AND l.fence = $2 AND k.id = l.key_id AND k.status = 'running'`)
+WHERE l.scope = $4::text AND l.key_id = $1 AND l.fence = $2
+  AND k.scope = $4::text AND k.id = l.key_id AND k.status = 'running'`)
 
 	q.clearForeignMark = render(`
 UPDATE {l} SET foreign_mark = NULL, foreign_mark_after = NULL
-WHERE key_id = $1 AND fence = $2`)
+WHERE scope = $3::text AND key_id = $1 AND fence = $2`)
 
 	// waitMark marks a key that a process starts waiting for, so that the
 	// statement that ends its attempt notifies (the triggers of 0010),
@@ -371,15 +387,15 @@ WHERE key_id = $1 AND fence = $2`)
 	// predates a release it waited for.
 	q.waitMark = render(`
 WITH k AS (
-    SELECT id, status, fence FROM {t} WHERE id = $1 FOR SHARE
+    SELECT id, status, fence FROM {t} WHERE scope = $3::text AND id = $1 FOR SHARE
 ), marked AS (
     UPDATE {l} l SET waited_at = now()
-    FROM k WHERE l.key_id = k.id AND k.status = 'running' AND l.waited_at IS NULL
+    FROM k WHERE l.scope = $3::text AND l.key_id = k.id AND k.status = 'running' AND l.waited_at IS NULL
     RETURNING 1
 )
 SELECT k.status <> 'running' OR k.fence <> $2 OR l.locked_at IS NULL OR l.lease_expires_at <= now() OR l.key_id IS NULL,
        coalesce(extract(epoch FROM l.lease_expires_at - now()), 0)::float8
-FROM k LEFT JOIN {l} l ON l.key_id = k.id`)
+FROM k LEFT JOIN {l} l ON l.scope = $3::text AND l.key_id = k.id`)
 
 	// waitCheck reports whether a waited-for key's attempt is over (it
 	// finished, was parked, released, taken over, or its lease ran out) and
@@ -392,28 +408,30 @@ FROM k LEFT JOIN {l} l ON l.key_id = k.id`)
 	q.waitCheck = render(`
 SELECT k.status <> 'running' OR k.fence <> $2 OR l.locked_at IS NULL OR l.lease_expires_at <= now() OR l.key_id IS NULL,
        coalesce(extract(epoch FROM l.lease_expires_at - now()), 0)::float8
-FROM {t} k LEFT JOIN {l} l ON l.key_id = k.id
-WHERE k.id = $1`)
+FROM {t} k LEFT JOIN {l} l ON l.scope = $3::text AND l.key_id = k.id
+WHERE k.scope = $3::text AND k.id = $1`)
 
 	// waitCheckAll is waitCheck for every key a process's watches check at
-	// one tick, in one statement: one row per (id, fence) pair, over true
-	// for a key that is gone.
+	// one tick, in one statement: one row per (id, fence, scope), over true
+	// for a key that is gone. (On Citus the checker runs waitCheck per key
+	// instead: no statement over many keys stays on one worker.)
 	q.waitCheckAll = render(`
 SELECT w.id,
        k.id IS NULL OR k.status <> 'running' OR k.fence <> w.fence OR l.locked_at IS NULL
            OR l.lease_expires_at <= now() OR l.key_id IS NULL,
        coalesce(extract(epoch FROM l.lease_expires_at - now()), 0)::float8
-FROM unnest($1::bigint[], $2::bigint[]) AS w(id, fence)
-LEFT JOIN {t} k ON k.id = w.id
-LEFT JOIN {l} l ON l.key_id = k.id`)
+FROM unnest($1::bigint[], $2::bigint[], $3::text[]) AS w(id, fence, scope)
+LEFT JOIN {t} k ON k.scope = w.scope AND k.id = w.id
+LEFT JOIN {l} l ON l.scope = w.scope AND l.key_id = k.id`)
 
-	// notifyWaiters is idem_notify_waiters_v10 on its own, run after a
-	// finishing commit at repeatable read or serializable, whose trigger's
-	// call saw only the marks of its snapshot (phaseTx.commitGuarded).
-	// It names the function with the prefix itself, not through render.
-	q.notifyWaiters = "SELECT " + prefix + "idem_notify_waiters_v10($1)"
+	// notifyWaiters is idem_notify_waiters on its own (scope $1, id $2),
+	// run after a finishing commit at repeatable read or serializable, whose
+	// trigger's call saw only the marks of its snapshot
+	// (phaseTx.commitGuarded). It names the function with the prefix
+	// itself, not through render.
+	q.notifyWaiters = "SELECT " + prefix + "idem_notify_waiters($1::text, $2::bigint)"
 
-	q.getKey = render(`SELECT {cols:k,l} FROM {t} k {leaseOf:k} WHERE k.scope = $1 AND k.key = $2::text`)
+	q.getKey = render(`SELECT {cols:k,l} FROM {t} k ` + leaseOf(l, "$1") + ` WHERE k.scope = $1 AND k.key = $2::text`)
 
 	// unlockKey moves the fence on, which is what actually stops a live
 	// holder: its next guarded statement matches no row. The foreign mark
@@ -427,15 +445,15 @@ WITH unlocked AS (
     WHERE k.scope = $1 AND k.key = $2::text AND k.status <> 'finished'
     RETURNING k.*
 ), leased AS (
-    INSERT INTO {l} AS l (key_id, fence)
-    SELECT id, fence FROM unlocked
-    ON CONFLICT (key_id) DO UPDATE SET fence = excluded.fence, locked_at = NULL, lease_expires_at = NULL
+    INSERT INTO {l} AS l (scope, key_id, fence)
+    SELECT scope, id, fence FROM unlocked
+    ON CONFLICT (scope, key_id) DO UPDATE SET fence = excluded.fence, locked_at = NULL, lease_expires_at = NULL
     RETURNING l.*
 )
 SELECT true AS unlocked, {cols:unlocked,leased} FROM unlocked JOIN leased ON leased.key_id = unlocked.id
 UNION ALL
-SELECT false, {cols:k,l} FROM {t} k {leaseOf:k}
-WHERE k.scope = $1 AND k.key = $2::text AND NOT EXISTS (SELECT 1 FROM unlocked)`)
+SELECT false, {cols:k,l} FROM {t} k ` + leaseOf(l, "$1") + `
+WHERE k.scope = $1 AND k.key = $2::text AND NOT EXISTS (SELECT 1 FROM unlocked WHERE unlocked.id = k.id)`)
 
 	// claimIdle hands each idle key to one caller: FOR UPDATE SKIP LOCKED
 	// passes over rows another claimer is marking, and a row it marked and
@@ -453,7 +471,7 @@ WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
 ), candidates AS (
     SELECT k.id
-    FROM {t} k CROSS JOIN clock c LEFT JOIN {l} l ON l.key_id = k.id
+    FROM {t} k CROSS JOIN clock c LEFT JOIN {l} l ON l.scope = k.scope AND l.key_id = k.id
     WHERE k.status <> 'finished' AND k.status = $2::text AND k.flow = ANY($3::text[])
       AND (((l.locked_at IS NULL OR l.lease_expires_at <= c.t)
             AND k.last_run_at <= c.t - $4::bigint * interval '1 microsecond')
@@ -470,7 +488,7 @@ WITH clock AS (
     WHERE k.id = candidates.id
     RETURNING k.*
 )
-SELECT {meta:claimed,l} FROM claimed LEFT JOIN {l} l ON l.key_id = claimed.id ORDER BY claimed.id`)
+SELECT {meta:claimed,l} FROM claimed LEFT JOIN {l} l ON l.scope = claimed.scope AND l.key_id = claimed.id ORDER BY claimed.id`)
 
 	// reap deletes one batch through idem_keys_reap. The ids are collected
 	// into an array first so the DELETE finds its rows by primary key
@@ -507,7 +525,7 @@ WHERE id = ANY(ARRAY(
 WITH candidates AS MATERIALIZED (
     SELECT k.id, (l.foreign_mark IS NOT NULL AND l.foreign_mark_after = k.recovery_point) AS marked
     FROM {t} k
-    JOIN {l} l ON l.key_id = k.id
+    JOIN {l} l ON l.scope = k.scope AND l.key_id = k.id
     CROSS JOIN (SELECT coalesce($1::timestamptz, now()) AS t) c
     LEFT JOIN unnest($3::text[], $4::bigint[]) AS f(flow, age) ON f.flow = k.flow
     WHERE k.status <> 'finished' AND k.status = 'running'
@@ -530,6 +548,97 @@ WITH candidates AS MATERIALIZED (
 )
 SELECT (SELECT count(*) FROM deleted), (SELECT count(*) FROM parked)`)
 
+	// On Citus, SELECT ... FOR UPDATE runs only in router queries: the
+	// batches of claimIdle, reap and reapAbandoned are read without locks
+	// from every shard, then claimed key by key, each claim a router
+	// statement that re-checks under the row lock that the key is as it
+	// was read (citus.go).
+	//
+	// claimIdleCandidates is claimIdle's read, over every shard and without
+	// a lock; claimIdleOne claims one candidate (scope $1, id $2) if it is
+	// still as read: the same fence ($3) and the same last run ($4), which
+	// every phase commit, takeover and claim moves. The update re-checks
+	// them on the row's newest version under its lock, so of two claimers
+	// one gets the key, the other no row.
+	q.claimIdleCandidates = render(`
+WITH clock AS (
+    SELECT coalesce($1::timestamptz, now()) AS t
+)
+SELECT k.scope, k.id, k.fence, k.last_run_at, c.t
+FROM {t} k CROSS JOIN clock c LEFT JOIN {l} l ON l.scope = k.scope AND l.key_id = k.id
+WHERE k.status <> 'finished' AND k.status = $2::text AND k.flow = ANY($3::text[])
+  AND (((l.locked_at IS NULL OR l.lease_expires_at <= c.t)
+        AND k.last_run_at <= c.t - $4::bigint * interval '1 microsecond')
+       OR (l.locked_at IS NOT NULL AND l.holder_fence = l.fence
+           AND l.holder_instance = nullif($7::text, '') AND l.holder_boot <> $8::text))
+  AND ($5::int <= 0 OR k.attempts < $5::int)
+ORDER BY k.last_run_at
+LIMIT $6`)
+	q.claimIdleOne = render(`
+WITH claimed AS (
+    UPDATE {t} k
+    SET last_run_at = $5::timestamptz
+    WHERE k.scope = $1::text AND k.id = $2 AND k.fence = $3 AND k.last_run_at = $4::timestamptz
+      AND k.status <> 'finished'
+    RETURNING k.*
+)
+SELECT {meta:claimed,l} FROM claimed LEFT JOIN {l} l ON l.scope = $1::text AND l.key_id = claimed.id`)
+
+	// reapCandidates reads a batch of expired keys (scope, id) from every shard, with
+	// the clock it used; reapDelete deletes them ($1 scopes, $2 ids, $3 that
+	// clock), the conditions re-checked under the row locks: a key two
+	// reapers both read is deleted once.
+	q.reapCandidates = render(`
+WITH clock AS (
+    SELECT coalesce($1::timestamptz, now()) AS t
+)
+SELECT k.scope, k.id, c.t FROM {t} k, clock c
+WHERE k.status = 'finished' AND k.expires_at <= c.t
+ORDER BY k.expires_at
+LIMIT $2`)
+	q.reapDelete = render(`
+DELETE FROM {t}
+WHERE scope = ANY($1::text[]) AND id = ANY($2::bigint[]) AND status = 'finished' AND expires_at <= $3::timestamptz`)
+
+	// reapAbandonedCandidates reads candidates from every shard without a lock
+	// (scope, id, fence, clock); reapAbandonedOne ends one (scope $1, id $2,
+	// fence $3, clock $4) in a router statement that locks both rows and
+	// re-checks that nobody holds it, as the plain statement does.
+	q.reapAbandonedCandidates = render(`
+WITH clock AS (
+    SELECT coalesce($1::timestamptz, now()) AS t
+)
+SELECT k.scope, k.id, k.fence, c.t
+FROM {t} k
+JOIN {l} l ON l.scope = k.scope AND l.key_id = k.id
+CROSS JOIN clock c
+LEFT JOIN unnest($3::text[], $4::bigint[]) AS f(flow, age) ON f.flow = k.flow
+WHERE k.status <> 'finished' AND k.status = 'running'
+  AND (l.locked_at IS NULL OR l.lease_expires_at <= c.t)
+  AND coalesce(f.age, $2::bigint) >= 0
+  AND k.created_at <= c.t - coalesce(f.age, $2::bigint) * interval '1 microsecond'
+ORDER BY k.id
+LIMIT $5`)
+	q.reapAbandonedOne = render(`
+WITH candidate AS MATERIALIZED (
+    SELECT k.id, (l.foreign_mark IS NOT NULL AND l.foreign_mark_after = k.recovery_point) AS marked
+    FROM {t} k JOIN {l} l ON l.scope = $1::text AND l.key_id = k.id
+    WHERE k.scope = $1::text AND k.id = $2 AND k.fence = $3 AND k.status = 'running'
+      AND (l.locked_at IS NULL OR l.lease_expires_at <= $4::timestamptz)
+    FOR UPDATE OF k, l
+), parked AS (
+    UPDATE {t}
+    SET status = 'needs_reconcile',
+        last_error = 'abandoned past its AbandonAfter with a not-idempotent call in doubt; a reconcile run decides'
+    WHERE scope = $1::text AND id IN (SELECT id FROM candidate WHERE marked)
+    RETURNING 1
+), deleted AS (
+    DELETE FROM {t}
+    WHERE scope = $1::text AND id IN (SELECT id FROM candidate WHERE NOT marked)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM deleted), (SELECT count(*) FROM parked)`)
+
 	// unfinishedKeys counts the unfinished keys of flows $1 by flow,
 	// recovery point, standing mark and status; through
 	// idem_keys_unfinished. A mark stands while the key is still at the
@@ -538,11 +647,10 @@ SELECT (SELECT count(*) FROM deleted), (SELECT count(*) FROM parked)`)
 SELECT k.flow::text AS flow, k.recovery_point::text AS recovery_point,
        CASE WHEN l.foreign_mark_after = k.recovery_point THEN coalesce(l.foreign_mark, '') ELSE '' END AS mark,
        k.status::text AS status, count(*)::int AS keys
-FROM {t} k LEFT JOIN {l} l ON l.key_id = k.id
+FROM {t} k LEFT JOIN {l} l ON l.scope = k.scope AND l.key_id = k.id
 WHERE k.status <> 'finished' AND k.flow = ANY($1::text[])
 GROUP BY 1, 2, 3, 4
 ORDER BY 1, 2, 3, 4`)
-
 	// statementTimeout bounds the statements after it in the same
 	// transaction (milliseconds, as text).
 	q.statementTimeout = `SELECT set_config('statement_timeout', $1, true)`
@@ -647,10 +755,7 @@ func (q *queries) listKeys(p idemdriver.ListKeysParams) (string, []any, error) {
 		where = append(where, "true")
 	}
 	args = append(args, p.Limit)
-	join := leaseOf(q.leases)
-	if q.citus {
-		join = citusLeaseOf(q.leases, "k.scope")
-	}
+	join := leaseOf(q.leases, "k.scope")
 	sql := fmt.Sprintf(`
 WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
@@ -661,4 +766,13 @@ WHERE %s
 ORDER BY k.id DESC
 LIMIT $%d`, recordColumnsOf("k", "l", p.Reveal), q.table, join, strings.Join(where, "\n  AND "), len(args))
 	return sql, args, nil
+}
+
+// first is fps[0], or nil: the fingerprint a new key stores (see
+// idemdriver.AcquireParams.Fingerprints).
+func first(fps [][]byte) []byte {
+	if len(fps) == 0 {
+		return nil
+	}
+	return fps[0]
 }

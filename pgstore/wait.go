@@ -324,10 +324,11 @@ func (w *waits) relisten() {
 func (w *waits) check() {
 	defer w.wg.Done()
 	var ids, fences []int64
+	var scopes []string
 	for {
 		w.mu.Lock()
 		now := time.Now()
-		ids, fences = ids[:0], fences[:0]
+		ids, fences, scopes = ids[:0], fences[:0], scopes[:0]
 		due := map[int64]*watch{}
 		var earliest time.Time
 		for id, wt := range w.watches {
@@ -335,7 +336,7 @@ func (w *waits) check() {
 				continue
 			}
 			if !wt.next.After(now.Add(min(wt.interval, listenRecheck) / 2)) {
-				ids, fences = append(ids, id), append(fences, wt.ref.Fence)
+				ids, fences, scopes = append(ids, id), append(fences, wt.ref.Fence), append(scopes, wt.ref.Scope)
 				due[id] = wt
 			} else if earliest.IsZero() || wt.next.Before(earliest) {
 				earliest = wt.next
@@ -352,7 +353,7 @@ func (w *waits) check() {
 				}
 				results, err = w.st.checkAllWaitedCitus(w.ctx, refs)
 			} else {
-				results, err = w.st.checkAllWaited(w.ctx, ids, fences)
+				results, err = w.st.checkAllWaited(w.ctx, ids, fences, scopes)
 			}
 			w.mu.Lock()
 			now = time.Now()
@@ -400,8 +401,8 @@ func (s *Store) markWaited(ctx context.Context, ref idemdriver.LockRef) (over bo
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(sctx)) }()
 	b := &pgx.Batch{}
-	b.Queue(s.q.waitMark, ref.ID, ref.Fence)
-	b.Queue(s.q.waitCheck, ref.ID, ref.Fence)
+	b.Queue(s.q.waitMark, s.q.scoped(ref.Scope, ref.ID, ref.Fence)...)
+	b.Queue(s.q.waitCheck, s.q.scoped(ref.Scope, ref.ID, ref.Fence)...)
 	br := tx.SendBatch(sctx, b)
 	var marked bool
 	var secs float64
@@ -445,12 +446,12 @@ type waitState struct {
 	left time.Duration
 }
 
-// checkAllWaited checks the keys ids (each with its fence) in one
+// checkAllWaited checks the keys ids (each with its fence and scope) in one
 // statement on the main pool.
-func (s *Store) checkAllWaited(ctx context.Context, ids, fences []int64) (map[int64]waitState, error) {
+func (s *Store) checkAllWaited(ctx context.Context, ids, fences []int64, scopes []string) (map[int64]waitState, error) {
 	sctx, cancel := context.WithTimeout(ctx, beginTimeout)
 	defer cancel()
-	rows, err := s.db.Query(sctx, s.q.waitCheckAll, ids, fences)
+	rows, err := s.db.Query(sctx, s.q.waitCheckAll, ids, fences, scopes)
 	if err != nil {
 		return nil, err
 	}

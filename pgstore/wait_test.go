@@ -50,10 +50,10 @@ func TestWatchAndCloseTwice(t *testing.T) {
 func holdKey(t *testing.T, store *Store, key string) idemdriver.LockRef {
 	t.Helper()
 	res, err := store.Acquire(context.Background(), idemdriver.AcquireParams{Scope: "s", Key: key, Flow: "f", Method: "POST",
-		Path: "/", Fingerprint: []byte{1}, Params: []byte(`{}`), Lease: time.Hour})
+		Path: "/", Fingerprints: [][]byte{[]byte{1}}, Params: []byte(`{}`), Lease: time.Hour})
 	require.NoError(t, err)
 	require.Equal(t, idemdriver.AcquiredCreated, res.Acquired)
-	return idemdriver.LockRef{ID: res.Record.ID, Fence: res.Record.Fence}
+	return idemdriver.LockRef{ID: res.Record.ID, Fence: res.Record.Fence, Scope: res.Record.Scope}
 }
 
 func closed(ch <-chan struct{}) bool {
@@ -94,11 +94,11 @@ func TestOlderFenceDoesNotEvictTheWatch(t *testing.T) {
 	ref := holdKey(t, st, "k")
 	current, stop := st.WatchKey(t.Context(), ref)
 	defer stop()
-	old, stopOld := st.WatchKey(t.Context(), idemdriver.LockRef{ID: ref.ID, Fence: ref.Fence - 1})
+	old, stopOld := st.WatchKey(t.Context(), idemdriver.LockRef{ID: ref.ID, Fence: ref.Fence - 1, Scope: ref.Scope})
 	defer stopOld()
 	require.True(t, closed(old), "an older attempt is over")
 	require.False(t, closed(current), "the current watch stays")
-	newer, stopNewer := st.WatchKey(t.Context(), idemdriver.LockRef{ID: ref.ID, Fence: ref.Fence + 1})
+	newer, stopNewer := st.WatchKey(t.Context(), idemdriver.LockRef{ID: ref.ID, Fence: ref.Fence + 1, Scope: ref.Scope})
 	defer stopNewer()
 	require.True(t, closed(current), "a newer fence wakes the older watch's waiters")
 	require.False(t, closed(newer))
@@ -120,7 +120,7 @@ func TestMarkSeesAReleaseItWaitedFor(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	var matched int
-	require.NoError(t, tx.QueryRow(ctx, st.q.release, ref.ID, ref.Fence, "failed").Scan(&matched))
+	require.NoError(t, tx.QueryRow(ctx, st.q.release, st.q.scoped(ref.Scope, ref.ID, ref.Fence, "failed")...).Scan(&matched))
 	require.Equal(t, 1, matched)
 
 	type marked struct {
@@ -237,7 +237,7 @@ func TestListenerDownIsLoggedAndPolled(t *testing.T) {
 	}
 	var marked bool
 	require.NoError(t, schema.Pool.QueryRow(context.Background(),
-		`SELECT waited_at IS NOT NULL FROM idem_leases WHERE key_id = $1`, ref.ID).Scan(&marked))
+		`SELECT waited_at IS NOT NULL FROM idem_leases WHERE scope = $1 AND key_id = $2`, ref.Scope, ref.ID).Scan(&marked))
 	require.False(t, marked, "no mark while nobody listens")
 	require.Equal(t, 1, strings.Count(logs.String(), "cannot LISTEN"), "rate-limited")
 }

@@ -524,7 +524,7 @@ func TestProfileSection(t *testing.T) {
 func TestDescribeTrip(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, "claim (INSERT ON CONFLICT)", describeTrip([]string{baseAcquireSQL}))
-	require.Equal(t, "acquisition", describeTrip([]string{"SELECT * FROM s.idem_acquire_v11($1, $2)"}))
+	require.Equal(t, "acquisition", describeTrip([]string{"SELECT * FROM s.idem_acquire($1, $2)"}))
 	require.Equal(t, "BEGIN + INSERT base_rides", describeTrip([]string{"begin", baseInsertRideSQL}))
 	require.Equal(t, "INSERT single_jobs + finish key (UPDATE) + COMMIT", describeTrip([]string{insertJobSQL("single"), singleFinishSQL, "commit"}))
 	require.Equal(t, "guarded finish", describeStatement("WITH guarded AS (\nUPDATE s.idem_keys\nSET status           = 'finished' WHERE id = $1) SELECT 1"))

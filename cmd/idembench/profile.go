@@ -207,12 +207,12 @@ func describeStatement(sql string) string {
 	// them; the benchmark does not see their names).
 	lower := strings.ToLower(s)
 	switch {
-	case strings.HasPrefix(lower, "with guarded") && strings.Contains(lower, "status = 'finished'"):
+	case strings.Contains(lower, "guarded as (") && strings.Contains(lower, "status = 'finished'"):
 		return "guarded finish"
-	case strings.HasPrefix(lower, "with guarded"):
+	case strings.Contains(lower, "guarded as ("):
 		return "guarded phase update"
 	case strings.HasPrefix(lower, "with clock") && strings.Contains(lower, "inserted as"),
-		strings.Contains(lower, "idem_acquire("), strings.Contains(lower, "idem_acquire_v7("), strings.Contains(lower, "idem_acquire_v8("), strings.Contains(lower, "idem_acquire_v9("), strings.Contains(lower, "idem_acquire_v11("):
+		strings.Contains(lower, "idem_acquire("):
 		return "acquisition"
 	case strings.HasPrefix(lower, "with clock") && strings.Contains(lower, "taken"):
 		return "take-over"

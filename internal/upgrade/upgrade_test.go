@@ -1,9 +1,9 @@
 // Package upgrade_test runs the previous release and this tree against one
-// database, as a rolling deploy does: the previous release's binary is built
-// from git (a worktree of its tag), both builds run the service in
-// testdata/svc as real processes, this tree migrates the schema while the
-// previous release serves, and keys left in flight by a process of either
-// build killed with SIGKILL are finished by the other, each charged once.
+// database, as an upgrade does: the previous release's binary is built from
+// git (a worktree of its tag), both builds run the service in testdata/svc
+// as real processes, and the test follows docs/operations.md, "Upgrading to
+// v0.2": drain, migrate, deploy; a previous-release process left running
+// fails closed.
 package upgrade_test
 
 import (
@@ -349,12 +349,14 @@ func refs(prefix string, n int) []string {
 	return out
 }
 
-// The previous release and this tree against one database, as a rolling
-// deploy runs them: the previous release serves on its schema; this tree
-// migrates up while it serves; keys left in flight by a process of either
-// build killed mid-charge are finished by the other; every key ends with
-// one order and one charge.
-func TestRollingUpgradeFromThePreviousRelease(t *testing.T) {
+// The upgrade from the previous release, with real processes against one
+// database: v0.1.0 serves; this tree's migration refuses while v0.1.0 has
+// keys in flight, naming the procedure; v0.1.0 drains them; this tree
+// migrates and serves, replaying the keys v0.1.0 finished (never 422); a
+// v0.1.0 process still running, and one restarted, fail closed (503) and
+// run nothing; this tree takes over its own keys left in flight. Every key
+// ends with one order and one charge.
+func TestUpgradeFromThePreviousRelease(t *testing.T) {
 	ctx := context.Background()
 	bins := build(t)
 	schema := pgtest.NewSchema(t)
@@ -365,190 +367,115 @@ func TestRollingUpgradeFromThePreviousRelease(t *testing.T) {
 	var report []string
 	say := func(format string, a ...any) { report = append(report, fmt.Sprintf(format, a...)) }
 	all := map[string]bool{}
+	bodies := map[string]string{}
 	// serveAll has p run the requests for rs to the end; it returns the
-	// tries it took and the 5xx answers met on the way.
-	serveAll := func(p *proc, rs []string) (tries, errs int) {
+	// tries it took.
+	serveAll := func(p *proc, rs []string) (tries int) {
 		for _, ref := range rs {
 			a := finish(t, p.url, ref)
 			require.False(t, a.replayed, "%s ran, not replayed", ref)
-			tries, errs = tries+a.tries, errs+a.errors
-			all[ref] = true
+			tries += a.tries
+			all[ref], bodies[ref] = true, a.body
 		}
-		return tries, errs
+		return tries
 	}
-	served := func(p *proc, rs []string) int { _, errs := serveAll(p, rs); return errs }
 
-	// The previous release on an empty database migrates it to its schema.
+	// v0.1.0 on an empty database migrates it to its schema and serves.
 	prevA := start(t, "previous A", bins.previous, args(true))
 	require.Equal(t, previousSchema, prevA.knows, "the previous build knows schema %d", previousSchema)
 	require.Equal(t, previousSchema, prevA.schema)
 	prevB := start(t, "previous B", bins.previous, args(false)) // keeps running across the upgrade
-	warm := refs("prev-on-6", 3)
-	require.Zero(t, served(prevB, warm))
+	finishedByPrevious := refs("prev-finished", 3)
+	serveAll(prevB, finishedByPrevious)
 
 	// This tree does not run on the previous schema: it refuses at start.
 	_, err = launch("HEAD on 6", bins.head, args(false))
 	require.ErrorContains(t, err, fmt.Sprintf("the schema is at version %d and this code needs %d", previousSchema, migrations.Latest()))
-	headOn6 := fmt.Sprintf("refuses at start (needs %d)", migrations.Latest())
 
-	// Keys in flight by the previous release: charged, then its process is
-	// killed.
-	fromPrevious := refs("prev-inflight", 4)
-	strand(t, prov, prevA, fromPrevious)
+	// Keys in flight by v0.1.0 (charged, its process killed): the
+	// migration refuses, with the stable IDEM1 error naming the procedure.
+	inFlight := refs("prev-inflight", 3)
+	strand(t, prov, prevA, inFlight)
+	_, err = launch("HEAD migrating with keys in flight", bins.head, args(true))
+	require.ErrorContains(t, err, "migrations: the migration refused to run: 0007_v02_format: idem: 3 keys are unfinished")
+	require.ErrorContains(t, err, "Upgrading to v0.2")
+	refusal, _, _ := strings.Cut(err.Error()[strings.Index(err.Error(), "0007_v02_format"):], "\n")
+	var version int
+	require.NoError(t, schema.Pool.QueryRow(ctx, `SELECT max(version) FROM idem_migrations`).Scan(&version))
+	require.Equal(t, previousSchema, version, "nothing was migrated")
 
-	// This tree migrates up on start while the previous release serves.
+	// Drained: v0.1.0 finishes its keys in flight (409 until the killed
+	// process's lease runs out), each charged once.
+	drainTries := serveAll(prevB, inFlight)
+	finishedByPrevious = append(finishedByPrevious, inFlight...)
+
+	// This tree migrates on start and serves.
 	headA := start(t, "HEAD A", bins.head, args(true))
 	require.Equal(t, migrations.Latest(), headA.schema, "HEAD migrated on start")
+	serveAll(headA, refs("head", 3))
 
-	// The previous release keeps working on the new schema: the process
-	// that ran before the migration, and one started after it without
-	// migrating. Starting it with a migration on start refuses (v0.1.0
-	// predates compatibility floors).
-	afterMigration := refs("prev-on-new", 3)
-	prevErrs := served(prevB, afterMigration)
-	prevC := start(t, "previous C", bins.previous, args(false))
-	startedAfter := refs("prev-started-after", 2)
-	prevErrs += served(prevC, startedAfter)
+	// Keys v0.1.0 finished replay under this tree, byte for byte: never
+	// 422, though this tree fingerprints requests another way.
+	for _, ref := range finishedByPrevious {
+		a := finish(t, headA.url, ref)
+		require.True(t, a.replayed, "%s replays", ref)
+		require.Equal(t, bodies[ref], a.body, "%s replays v0.1.0's answer", ref)
+	}
+
+	// v0.1.0 after the migration fails closed: the process that ran across
+	// it, and one restarted on the new schema, answer 503 to a new key and
+	// to a finished one, and run nothing; started migrating on start, it
+	// refuses the schema ahead of it.
+	prevC := start(t, "previous C (restarted)", bins.previous, args(false))
+	refusedRefs := refs("prev-after", 2)
+	closed := 0
+	for _, p := range []*proc{prevB, prevC} {
+		for _, ref := range []string{refusedRefs[0], refusedRefs[1], finishedByPrevious[0]} {
+			resp, body, err := post(ctx, p.url, ref)
+			require.NoError(t, err)
+			require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%s at %s: %s", ref, p.name, body)
+			closed++
+		}
+	}
 	_, err = launch("previous, migrating on start", bins.previous, args(true))
 	require.ErrorContains(t, err, fmt.Sprintf("the database is at version %d, this binary knows up to %d", migrations.Latest(), previousSchema))
+	out, err := exec.CommandContext(ctx, bins.previous, append(args(false), "-complete-once")...).CombinedOutput()
+	require.Error(t, err, "v0.1.0's completer on the new schema: %s", out)
 
-	// This tree finishes the keys the previous release left in flight.
-	tries, _ := serveAll(headA, fromPrevious)
-
-	// Keys in flight by this tree, finished by the previous release's
-	// process that was started before the migration. This tree compares
-	// what the client sent (the payload fingerprint) and keeps, beside it,
-	// the fingerprint of the decoded input that v0.1.0 compares and derives
-	// downstream keys from (migration 0009): v0.1.0 takes them over once
-	// the killed process's lease runs out and sends the provider the
-	// downstream key this tree sent, so each is charged once.
-	headB := start(t, "HEAD B", bins.head, args(true))
-	finishedByHead := refs("head", 2)
-	require.Zero(t, served(headB, finishedByHead))
-	fromHead := refs("head-inflight", 4)
-	strand(t, prov, headB, fromHead)
-	backTries, _ := serveAll(prevB, fromHead)
-
-	// Finished keys replay across builds, byte for byte.
-	replays := 0
-	for _, pair := range []struct {
-		ref      string
-		from, to *proc
-	}{{warm[0], prevB, headA}, {fromPrevious[0], headA, prevB}, {finishedByHead[0], headA, prevB}, {fromHead[0], prevB, headA}} {
-		first := finish(t, pair.from.url, pair.ref)
-		second := finish(t, pair.to.url, pair.ref)
-		require.True(t, first.replayed && second.replayed, "%s replays", pair.ref)
-		require.Equal(t, first.body, second.body, "%s replays the same answer on either build", pair.ref)
-		replays++
-	}
-
-	// A release after this one, simulated by the row its migrations would
-	// record: this tree, migrating on start, starts on it when the new
-	// version's floor is this tree's schema (an expand), and refuses when
-	// it is not (a contract), naming the release needed.
-	next := migrations.Latest() + 1
-	_, err = schema.Pool.Exec(ctx, `INSERT INTO idem_migrations (version, name, floor) VALUES ($1, 'next', $2)`, next, migrations.Latest())
-	require.NoError(t, err)
-	headC := start(t, "HEAD C", bins.head, args(true))
-	require.Equal(t, next, headC.schema)
-	require.Zero(t, served(headC, refs("head-on-next", 2)))
-	_, err = schema.Pool.Exec(ctx, `UPDATE idem_migrations SET floor = $1 WHERE version = $1`, next)
-	require.NoError(t, err)
-	_, err = launch("HEAD on a contract", bins.head, args(true))
-	require.ErrorContains(t, err, fmt.Sprintf("needs a binary that knows version %d or later; this binary knows up to %d", next, migrations.Latest()))
-	_, err = schema.Pool.Exec(ctx, `DELETE FROM idem_migrations WHERE version = $1`, next)
-	require.NoError(t, err)
-
-	// A key this tree replaced after it expired (generation 1) and left in
-	// flight: its fingerprint binds the generation (downstream scheme 3),
-	// which v0.1.0 cannot compare, so a client retry there is answered 422
-	// and sends nothing; v0.1.0's completer, which compares no fingerprint,
-	// resumes it and sends the provider the downstream key this tree sent
-	// (v0.1.0 knows no generation, but hashes that fingerprint the same
-	// way), never the expired request's: the provider charges the new
-	// request once, and this tree replays the answer.
-	headD := start(t, "HEAD D", bins.head, append(args(true), "-retention", "1s"))
-	reused := "reused-after-expiry"
-	earlier := finish(t, headD.url, reused)
-	waitCtx, cancel := context.WithTimeout(ctx, deadline)
-	defer cancel()
-	for expired := false; !expired; {
-		require.NoError(t, schema.Pool.QueryRow(waitCtx, `SELECT expires_at <= now() FROM idem_keys WHERE key = $1`, reused).Scan(&expired))
-		if !expired {
-			select {
-			case <-waitCtx.Done():
-				require.FailNow(t, "the key did not expire")
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
-	}
-	strand(t, prov, headD, []string{reused})
-	var generation int
-	require.NoError(t, schema.Pool.QueryRow(ctx, `SELECT generation FROM idem_keys WHERE key = $1`, reused).Scan(&generation))
-	require.Equal(t, 1, generation)
-	resp, body, err := post(ctx, prevB.url, reused)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode, "v0.1.0 on a generation-1 key: %s", body)
-	completedByPrevious := 0
-	for completedByPrevious == 0 {
-		// The killed process's lease runs out first; until then the
-		// completer claims nothing.
-		require.NoError(t, waitCtx.Err(), "v0.1.0's completer never completed the generation-1 key")
-		out, err := exec.CommandContext(waitCtx, bins.previous, append(args(false), "-complete-once")...).CombinedOutput()
-		require.NoError(t, err, "%s", out)
-		var claimed int
-		at := bytes.LastIndex(out, []byte("completed claimed="))
-		require.GreaterOrEqual(t, at, 0, "%s", out)
-		_, err = fmt.Sscanf(string(out[at:]), "completed claimed=%d completed=%d", &claimed, &completedByPrevious)
-		require.NoError(t, err, "%s", out)
-		if completedByPrevious == 0 {
-			select {
-			case <-waitCtx.Done():
-			case <-time.After(250 * time.Millisecond):
-			}
-		}
-	}
-	later := finish(t, headA.url, reused)
-	require.True(t, later.replayed, "v0.1.0's completer finished it; this tree replays")
-	chargeOf := func(body string) string {
-		var out struct {
-			Charge string `json:"charge"`
-		}
-		require.NoError(t, json.Unmarshal([]byte(body), &out))
-		return out.Charge
-	}
-	require.Equal(t, 2, prov.chargesOf(reused), "the provider charged each request once")
-	require.NotEqual(t, chargeOf(earlier.body), chargeOf(later.body), "the new request is answered with its own charge")
-	genRefused := fmt.Sprintf("a generation-%d key (one that replaced an expired key) left in flight by HEAD after the charge: a client retry on v0.1.0 is answered 422 key-reused and sends nothing; v0.1.0's completer finishes it with the charge HEAD made (%s, not the earlier request's %s; %d charges for the key's two requests), HEAD replays it",
-		generation, chargeOf(later.body), chargeOf(earlier.body), prov.chargesOf(reused))
+	// Keys in flight by this tree (charged, its process killed) are taken
+	// over by another process of it once the lease runs out, each charged
+	// once; then this tree serves what v0.1.0 refused.
+	headB := start(t, "HEAD B", bins.head, args(false))
+	fromHead := refs("head-inflight", 3)
+	strand(t, prov, headA, fromHead)
+	takeoverTries := serveAll(headB, fromHead)
+	serveAll(headB, refusedRefs)
 
 	// Each key: one order, one charge, finished.
-	orders, charges := 0, 0
+	orders, charges, twice := 0, 0, 0
 	for ref := range all {
 		var n int
 		require.NoError(t, schema.Pool.QueryRow(ctx, `SELECT count(*) FROM svc_orders WHERE ref = $1`, ref).Scan(&n))
 		require.Equal(t, 1, n, "orders for %s", ref)
 		c := prov.chargesOf(ref)
 		require.Equal(t, 1, c, "charges for %s", ref)
+		if c > 1 {
+			twice++
+		}
 		orders, charges = orders+n, charges+c
 	}
 	var unfinished int
 	require.NoError(t, schema.Pool.QueryRow(ctx, `SELECT count(*) FROM idem_keys WHERE status <> 'finished'`).Scan(&unfinished))
 	require.Zero(t, unfinished)
 
-	short := bins.commit[:7]
-	say("upgrade matrix: previous = %s (%s, knows schema %d), HEAD (knows schema %d); one database, lease %s", previousTag, short, previousSchema, migrations.Latest(), lease)
-	say("  %-22s | %-34s | %-34s | %s", "release \\ schema", fmt.Sprintf("schema %d", previousSchema), fmt.Sprintf("schema %d", migrations.Latest()),
-		fmt.Sprintf("schema %d (simulated next release)", next))
-	say("  %-22s | %-34s | %-34s | %s", "previous "+previousTag, "serves (migrated 0 -> 6 on start)",
-		fmt.Sprintf("serves, %d requests, %d x 5xx (*)", len(afterMigration)+len(startedAfter), prevErrs), "not tried")
-	say("  %-22s | %-34s | %-34s | %s", "HEAD", headOn6, fmt.Sprintf("serves (migrated %d -> %d on start)", previousSchema, migrations.Latest()),
-		fmt.Sprintf("floor %d: starts, migrating on start; floor %d: refuses", migrations.Latest(), next))
-	say("  (*) a process running across HEAD's migration, and one started after it without migrating; started migrating on start, v0.1.0 refuses the schema ahead")
-	say("  keys handed over, previous -> HEAD: %d left in flight at \"charged\" (previous killed -9 after the provider charged), finished by HEAD: %d x 201 in %d tries (409 until the lease ran out)", len(fromPrevious), len(fromPrevious), tries)
-	say("  keys handed over, HEAD -> previous: %d left in flight at \"charged\" (HEAD killed -9 after the provider charged), finished by the previous release: %d x 201 in %d tries (409 until the lease ran out)", len(fromHead), len(fromHead), backTries)
-	say("  finished keys replayed across builds: %d of %d, identical bodies, in both directions", replays, replays)
-	say("  %s", genRefused)
-	say("  audit: %d keys, %d orders, %d charges (each key charged once: asserted above), %d unfinished", len(all), orders, charges, unfinished)
+	say("upgrade: %s (%s, schema %d) -> HEAD (schema %d); one database, lease %s", previousTag, bins.commit[:7], previousSchema, migrations.Latest(), lease)
+	say("  v0.1.0 serving: %d keys finished", len(finishedByPrevious)-len(inFlight))
+	say("  v0.1.0 left %d keys in flight (killed -9 after the provider charged): HEAD's migration refused: %s", len(inFlight), refusal)
+	say("  drained: v0.1.0 finished them in %d tries (409 until the lease ran out)", drainTries)
+	say("  migrated on HEAD's start to schema %d; HEAD serving", migrations.Latest())
+	say("  keys v0.1.0 finished, retried on HEAD: %d of %d replayed byte for byte, 0 x 422", len(finishedByPrevious), len(finishedByPrevious))
+	say("  v0.1.0 after the migration (running across it, and restarted): %d of %d requests 503, nothing run; migrating on start refused; its completer failed", closed, closed)
+	say("  HEAD left %d keys in flight (killed -9 after the provider charged): another HEAD process finished them in %d tries", len(fromHead), takeoverTries)
+	say("  audit: %d keys, %d orders, %d charges: %d charged twice, %d unfinished", len(all), orders, charges, twice, unfinished)
 	t.Log("\n" + strings.Join(report, "\n"))
 }

@@ -1,12 +1,10 @@
--- idem:floor 1 (nothing before it).
 -- idem_keys holds one row per (scope, key): the request, its progress through
 -- the flow's phases, the lease that protects it, and the stored response.
 CREATE TABLE {{schema}}idem_keys (
     -- What never changes after the insert.
     id               bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    -- request_id is random and never reused. Keys of downstream scheme 1
-    -- (made before migration 0002) derive their downstream idempotency keys
-    -- from it; later keys derive them from the request itself (see 0002).
+    -- request_id is random and never reused; downstream idempotency keys are
+    -- derived from it so they stay unique across databases and environments.
     request_id       uuid        NOT NULL DEFAULT gen_random_uuid(),
     scope            text        NOT NULL CHECK (char_length(scope) BETWEEN 1 AND 255),
     key              text        NOT NULL CHECK (char_length(key) BETWEEN 1 AND 255),

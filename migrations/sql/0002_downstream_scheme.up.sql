@@ -1,6 +1,3 @@
--- idem:floor 2 (a binary that knows only version 1 gives new rows the request-id
---   downstream scheme while the column's default says otherwise: a second
---   charge on a retry).
 -- Downstream idempotency keys used to be derived from request_id, which a
 -- failover to a standby that had not received the row loses: the retry made a
 -- new row, a new request_id, and a new downstream key the provider did not

@@ -1,4 +1,3 @@
--- idem:floor 3 (it drops columns that binaries before it use).
 -- idem_leases holds what a key's holder writes while its phases run: the
 -- lease, which heartbeats renew from another connection, and the foreign
 -- mark, which a not-idempotent phase writes just before its call. On

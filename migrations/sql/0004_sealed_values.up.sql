@@ -1,4 +1,3 @@
--- idem:floor 4 (a binary before it would read sealed params as they are).
 -- pgstore.Config.Cipher seals a key's params and its response body at rest
 -- (AES-256-GCM). These columns name the key of the keyring each was sealed
 -- with; NULL means stored in the clear (rows written without a cipher). A

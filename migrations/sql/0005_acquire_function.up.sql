@@ -1,4 +1,3 @@
--- idem:floor 4 (it only adds a function).
 -- idem_acquire is the acquisition of a key. pgstore calls it as one statement
 -- (SELECT * FROM idem_acquire(...)), one round trip, for a new key, a replay
 -- and an in-progress key alike. It replaces a single SQL statement whose

@@ -1,5 +1,3 @@
--- idem:floor 6 (not claimed: binaries that knew version 5 were never tested on
---   it).
 -- The column checks of idem_keys become domains (all but scope's, see
 -- below). Postgres rebuilds every CHECK constraint of a table from its
 -- stored expression on each execution of a statement that inserts or

@@ -1,27 +1,69 @@
--- idem:floor 6 (it only adds a column with a default and a new function;
---   idem_acquire stays as it was).
--- A key reused after its retention runs as a new request: the expired row is
--- replaced and every phase runs again. Its downstream idempotency keys must
--- then differ from the old request's, or a provider that still remembers the
--- old ones (providers keep them for days) answers the new request's call
--- with the old result: a second ride answered as paid with no charge.
---
--- generation counts the requests a (scope, key) has carried while its rows
--- were replaced: 0 for a key never seen, one more than the expired key's for
--- a key that replaces one. Downstream keys hash it in when it is not 0, so
--- keys of generation 0 keep the keys they had. A row lost in a failover (a
--- standby that had not received it) comes back with the same generation, so
--- the retry still sends the provider the key it knows. Adding a column with
--- a constant default rewrites nothing.
-ALTER TABLE {{schema}}idem_keys ADD COLUMN generation int NOT NULL DEFAULT 0;
+-- Back to v0.1.0's version 6. Refused (SQLSTATE IDEM1) while any key is
+-- unfinished: v0.1.0 would resume it with other downstream idempotency keys.
+-- Keys finished under v0.2 stay; a retry of one under v0.1.0 compares
+-- fingerprints of another scheme and is answered 422 (nothing runs) until
+-- the key expires.
+LOCK TABLE {{schema}}idem_keys, {{schema}}idem_leases IN ACCESS EXCLUSIVE MODE;
 
--- idem_acquire_v7 is idem_acquire (version 5; see its migration for how it
--- works) with the generation: it inserts a key that replaces an expired one
--- one generation on, and returns the generation as a last column. It is a
--- new function, not a replacement, so that instances of the previous
--- version, which call idem_acquire and read its columns, keep working during
--- a rolling upgrade (a key they replace starts at generation 0 again).
-CREATE FUNCTION {{schema}}idem_acquire_v7(
+DO $$
+DECLARE
+    n bigint;
+BEGIN
+    SELECT count(*) INTO n FROM {{schema}}idem_keys WHERE status <> 'finished';
+    IF n > 0 THEN
+        RAISE EXCEPTION 'idem: % keys are unfinished; v0.1.0 cannot resume keys v0.2 started: let them finish first', n
+            USING ERRCODE = 'IDEM1';
+    END IF;
+END
+$$;
+
+DROP TRIGGER idem_leases_unlocked ON {{schema}}idem_leases;
+DROP TRIGGER idem_keys_ended ON {{schema}}idem_keys;
+DROP FUNCTION {{schema}}idem_leases_unlocked();
+DROP FUNCTION {{schema}}idem_keys_ended();
+DROP FUNCTION {{schema}}idem_notify_waiters(text, bigint);
+DROP FUNCTION {{schema}}idem_acquire(timestamptz, text, text, text, text, text, bytea, text, bigint, boolean, text,
+    text, text, int, text);
+DROP TABLE {{schema}}idem_leases;
+
+-- The primary key goes back to (id), business tables' foreign keys with it
+-- (see the up migration).
+DO $$
+DECLARE
+    fk record;
+    again text[] := '{}';
+    stmt text;
+BEGIN
+    FOR fk IN SELECT conrelid::regclass AS tbl, conname, pg_get_constraintdef(oid) AS def
+              FROM pg_catalog.pg_constraint
+              WHERE contype = 'f' AND confrelid = '{{schema}}idem_keys'::regclass LOOP
+        again := again || format('ALTER TABLE %s ADD CONSTRAINT %I %s', fk.tbl, fk.conname, fk.def);
+        EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', fk.tbl, fk.conname);
+    END LOOP;
+    ALTER TABLE {{schema}}idem_keys DROP CONSTRAINT idem_keys_pkey, DROP CONSTRAINT idem_keys_id;
+    ALTER TABLE {{schema}}idem_keys ADD CONSTRAINT idem_keys_pkey PRIMARY KEY (id);
+    FOREACH stmt IN ARRAY again LOOP
+        EXECUTE stmt;
+    END LOOP;
+END
+$$;
+
+ALTER TABLE {{schema}}idem_keys
+    DROP COLUMN generation,
+    ADD COLUMN downstream_scheme smallint NOT NULL DEFAULT 2;
+
+-- Version 3's lease table, empty: every key is finished.
+CREATE TABLE {{schema}}idem_leases (
+    key_id             bigint      PRIMARY KEY REFERENCES {{schema}}idem_keys (id) ON DELETE CASCADE,
+    fence              bigint      NOT NULL,
+    locked_at          timestamptz,
+    lease_expires_at   timestamptz,
+    foreign_mark       text,
+    foreign_mark_after text
+);
+
+-- v0.1.0's idem_acquire, as migration 0005 made it.
+CREATE OR REPLACE FUNCTION {{schema}}idem_acquire(
     p_now timestamptz, p_scope text, p_key text, p_flow text, p_method text, p_path text,
     p_fingerprint bytea, p_params text, p_lease bigint, p_no_create boolean, p_params_key_id text)
 RETURNS TABLE (
@@ -31,17 +73,14 @@ RETURNS TABLE (
     foreign_mark text, locked_at timestamptz, lease_expires_at timestamptz, fence bigint,
     response_status int, response_headers jsonb, response_body bytea, attempts int, last_error text,
     created_at timestamptz, last_run_at timestamptz, finished_at timestamptz, expires_at timestamptz,
-    params_key_id text, response_key_id text, generation int)
+    params_key_id text, response_key_id text)
 LANGUAGE plpgsql
-AS $idem_acquire_v7$
+AS $idem_acquire$
 #variable_conflict error
 DECLARE
     v_now      timestamptz := coalesce(p_now, now());
     v_acquired text := 'none';
     v_found    boolean;
-    -- The generation of the key inserted: one more than the expired key it
-    -- replaces, 0 for a key never seen.
-    v_generation int := 0;
     -- The key's progress row and lease row (all NULL until read).
     k {{schema}}idem_keys;
     l {{schema}}idem_leases;
@@ -72,7 +111,6 @@ BEGIN
             -- failure, which the caller retries.
             DELETE FROM {{schema}}idem_keys d
             WHERE d.id = k.id AND d.status = 'finished' AND d.expires_at <= v_now;
-            v_generation := k.generation + 1;
         END IF;
 
         -- Absent: insert the key, and its lease row, locked. A row this
@@ -84,9 +122,9 @@ BEGIN
         -- cannot see is a serialization failure instead, and the caller calls
         -- again.
         INSERT INTO {{schema}}idem_keys AS t
-            (scope, key, flow, method, path, fingerprint, params, created_at, last_run_at, params_key_id, generation)
+            (scope, key, flow, method, path, fingerprint, params, created_at, last_run_at, params_key_id)
         VALUES (p_scope, p_key, p_flow, p_method, p_path, p_fingerprint, p_params::jsonb, v_now, v_now,
-                nullif(p_params_key_id, ''), v_generation)
+                nullif(p_params_key_id, ''))
         ON CONFLICT ON CONSTRAINT idem_keys_scope_key DO NOTHING
         RETURNING * INTO k;
         IF FOUND THEN
@@ -121,6 +159,6 @@ BEGIN
         coalesce(k.response_status, 0), coalesce(k.response_headers, '{}'),
         k.response_body, k.attempts, coalesce(k.last_error, ''),
         k.created_at, k.last_run_at, k.finished_at, k.expires_at,
-        coalesce(k.params_key_id, ''), coalesce(k.response_key_id, ''), k.generation;
+        coalesce(k.params_key_id, ''), coalesce(k.response_key_id, '');
 END
-$idem_acquire_v7$;
+$idem_acquire$;

@@ -1,0 +1,330 @@
+-- Version 7 is idem's v0.2 format, from v0.1.0's version 6:
+--
+--  - one fingerprint per key: the keyed fingerprint of what the client sent
+--    (33 bytes, the scheme byte 2 and the hash). Keys v0.1.0 finished keep
+--    theirs (32 bytes, over the decoded input), which v0.2 does not compute:
+--    a retry of such a key is replayed without comparing, for as long as it
+--    is retained (idemdriver.KeyRecord.FromV01; deleted in v0.3);
+--  - one derivation of downstream idempotency keys, from the request itself
+--    and the key's generation (downstream_scheme goes): a request that
+--    reuses a key after it expired is one generation on;
+--  - the scope in every primary and foreign key, (scope, id) and (scope,
+--    key_id), on plain PostgreSQL as on Citus, so that every statement names
+--    the scope and runs unchanged on both. idem_keys keeps a unique id on
+--    plain PostgreSQL, for business tables that reference a key by id (ON
+--    DELETE SET NULL); their foreign keys are moved onto it here;
+--  - one acquisition function, idem_acquire, which also names the lease's
+--    holder; the lease's holder and waiters (waited_at, notified by
+--    triggers when an attempt ends) on the lease row.
+--
+-- A key in flight cannot cross: its fingerprint and its downstream keys
+-- change. The migration refuses (SQLSTATE IDEM1, migrations.ErrRefused)
+-- while any key is unfinished: drain first (docs/operations.md, "Upgrading
+-- to v0.2"). It locks both tables for its whole transaction, so no key
+-- starts between the check and the change.
+--
+-- A v0.1.0 process still running afterwards calls idem_acquire with
+-- v0.1.0's arguments, which now refuses with SQLSTATE 57P03 (cannot connect
+-- now): v0.1.0 reports the store unavailable (503) and runs nothing.
+LOCK TABLE {{schema}}idem_keys, {{schema}}idem_leases IN ACCESS EXCLUSIVE MODE;
+
+DO $$
+DECLARE
+    n bigint;
+BEGIN
+    -- Columns only main's unreleased development builds (versions 7-11)
+    -- added: such a database is not at v0.1.0's version 6.
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_attribute
+               WHERE attrelid = '{{schema}}idem_keys'::regclass AND NOT attisdropped
+                 AND attname IN ('generation', 'payload_fingerprint')) THEN
+        RAISE EXCEPTION 'idem: this schema was migrated by an unreleased development build of idem (schema versions 7-11), not by v0.1.0; v0.2 migrates from v0.1.0 only: drain its keys and revert it to version 6 with that build (idem migrate down --to 6), or drop idem''s tables if none must be kept, then migrate up'
+            USING ERRCODE = 'IDEM1';
+    END IF;
+    SELECT count(*) INTO n FROM {{schema}}idem_keys WHERE status <> 'finished';
+    IF n > 0 THEN
+        RAISE EXCEPTION 'idem: % keys are unfinished; v0.2 (migration 0007) cannot take keys in flight from v0.1.0: stop sending v0.1.0 new requests, let its keys finish (idem keys list --state running, stale or needs_reconcile; idem complete, idem reconcile), then migrate up again (docs/operations.md, "Upgrading to v0.2")', n
+            USING ERRCODE = 'IDEM1';
+    END IF;
+END
+$$;
+
+-- Every lease row left is a finished key's, which means nothing. The table
+-- is made anew with the scope.
+DROP TABLE {{schema}}idem_leases;
+
+ALTER TABLE {{schema}}idem_keys
+    DROP COLUMN downstream_scheme,
+    -- generation counts the requests a (scope, key) carried while its rows
+    -- were replaced: 0 for a key never seen, one more than the expired key's
+    -- for a key that replaces one. Downstream keys hash it in when it is not
+    -- 0, so a provider that still remembers the expired request's keys does
+    -- not answer the new one with its result.
+    ADD COLUMN generation int NOT NULL DEFAULT 0,
+    ADD CONSTRAINT idem_keys_id UNIQUE (id);
+
+-- The primary key becomes (scope, id). Business tables' foreign keys to
+-- idem_keys (id) depend on its index: each is dropped and made again, the
+-- same, on idem_keys_id.
+DO $$
+DECLARE
+    fk record;
+    again text[] := '{}';
+    stmt text;
+BEGIN
+    FOR fk IN SELECT conrelid::regclass AS tbl, conname, pg_get_constraintdef(oid) AS def
+              FROM pg_catalog.pg_constraint
+              WHERE contype = 'f' AND confrelid = '{{schema}}idem_keys'::regclass LOOP
+        again := again || format('ALTER TABLE %s ADD CONSTRAINT %I %s', fk.tbl, fk.conname, fk.def);
+        EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', fk.tbl, fk.conname);
+    END LOOP;
+    ALTER TABLE {{schema}}idem_keys DROP CONSTRAINT idem_keys_pkey;
+    ALTER TABLE {{schema}}idem_keys ADD CONSTRAINT idem_keys_pkey PRIMARY KEY (scope, id);
+    FOREACH stmt IN ARRAY again LOOP
+        EXECUTE stmt;
+    END LOOP;
+END
+$$;
+
+-- idem_leases holds what a key's holder writes while its phases run (see
+-- migration 0003): the lease, which heartbeats renew from another
+-- connection, and the foreign mark, so that neither ever makes the progress
+-- row newer than a phase's snapshot. holder_* name the process that took the
+-- lease at holder_fence (pgstore.Config.Instance): a process restarted
+-- under the same instance name takes over its predecessor's keys at once.
+-- waited_at is when a process first waited for the key (NULL: never): only
+-- then does the end of its attempt notify.
+CREATE TABLE {{schema}}idem_leases (
+    scope              text        NOT NULL,
+    key_id             bigint      NOT NULL,
+    fence              bigint      NOT NULL,
+    locked_at          timestamptz,
+    lease_expires_at   timestamptz,
+    foreign_mark       text,
+    foreign_mark_after text,
+    holder_instance    text,
+    holder_host        text,
+    holder_pid         int,
+    holder_boot        text,
+    holder_fence       bigint,
+    waited_at          timestamptz,
+    CONSTRAINT idem_leases_pkey PRIMARY KEY (scope, key_id),
+    CONSTRAINT idem_leases_key_fkey FOREIGN KEY (scope, key_id)
+        REFERENCES {{schema}}idem_keys (scope, id) ON DELETE CASCADE
+);
+
+-- v0.1.0's signature of idem_acquire refuses: a v0.1.0 process reports the
+-- store unavailable (its 503) instead of acquiring keys it would
+-- fingerprint, and derive downstream keys for, the old way. Delete in v0.3.
+CREATE OR REPLACE FUNCTION {{schema}}idem_acquire(
+    p_now timestamptz, p_scope text, p_key text, p_flow text, p_method text, p_path text,
+    p_fingerprint bytea, p_params text, p_lease bigint, p_no_create boolean, p_params_key_id text)
+RETURNS TABLE (
+    acquired text, db_now timestamptz,
+    id bigint, request_id text, downstream_scheme smallint, scope text, key text, flow text, method text, path text,
+    fingerprint bytea, params jsonb, status text, recovery_point text, checkpoint jsonb,
+    foreign_mark text, locked_at timestamptz, lease_expires_at timestamptz, fence bigint,
+    response_status int, response_headers jsonb, response_body bytea, attempts int, last_error text,
+    created_at timestamptz, last_run_at timestamptz, finished_at timestamptz, expires_at timestamptz,
+    params_key_id text, response_key_id text)
+LANGUAGE plpgsql
+AS $idem_acquire$
+BEGIN
+    RAISE EXCEPTION 'idem: this database is migrated to idem v0.2 (schema version 7), and this process runs v0.1.0: deploy v0.2'
+        USING ERRCODE = 'cannot_connect_now';
+END
+$idem_acquire$;
+
+-- idem_acquire is the acquisition of a key: pgstore calls it as one
+-- statement (SELECT * FROM idem_acquire(...)), one round trip, for a new key,
+-- a replay and an in-progress key alike. It
+--
+--  - reads the key's progress row, and its lease row unless it is finished
+--    (a finished key's lease row means nothing);
+--  - reports it if it is live. A finished key past its expiry is absent,
+--    whether or not the reaper has run, and is never replayed;
+--  - otherwise, unless p_no_create, deletes the expired key (its lease row
+--    goes with it, ON DELETE CASCADE) and inserts the key and its lease row,
+--    locked, one generation on from the expired key it replaces (0 for a key
+--    never seen). ON CONFLICT DO NOTHING turns a concurrent insert of the
+--    same key into "nothing inserted" instead of a unique violation that
+--    would abort the caller; the loop then reads the winner's key.
+--
+-- It returns at most one row: acquired ('created' or 'none'), db_now (the
+-- clock it used), then pgstore's recordColumns, in their order, with their
+-- names and types (a pgstore test compares them). A finished key comes back
+-- without its params and checkpoint (NULL): a replay needs neither. No row
+-- means nothing live and p_no_create; or, rarely, that a concurrent acquirer
+-- or the reaper got in the way in a way only a new snapshot sees, and the
+-- caller calls again.
+--
+-- Parameters: p_now overrides the database clock (NULL: now()); p_params is
+-- the JSON to store, as text, parsed only when a key is inserted; p_lease is
+-- the lease in microseconds; p_params_key_id names the key that sealed
+-- p_params ('' for the clear); p_holder_* name the process (see
+-- idem_leases). Every statement names the scope, so that on Citus, where the
+-- function is distributed by p_scope, it runs whole on the scope's worker.
+--
+-- Nothing is written unless the key is absent or expired, so a replay or an
+-- in-progress answer takes no transaction id, writes no WAL and locks no
+-- row. Each statement gets its own snapshot under read committed and shares
+-- the transaction's under repeatable read or serializable, where a
+-- concurrent insert the snapshot cannot see is a serialization failure that
+-- the caller retries.
+CREATE FUNCTION {{schema}}idem_acquire(
+    p_now timestamptz, p_scope text, p_key text, p_flow text, p_method text, p_path text,
+    p_fingerprint bytea, p_params text, p_lease bigint, p_no_create boolean, p_params_key_id text,
+    p_holder_instance text, p_holder_host text, p_holder_pid int, p_holder_boot text)
+RETURNS TABLE (
+    acquired text, db_now timestamptz,
+    id bigint, request_id text, scope text, key text, flow text, method text, path text,
+    fingerprint bytea, params jsonb, status text, recovery_point text, checkpoint jsonb,
+    foreign_mark text, locked_at timestamptz, lease_expires_at timestamptz, fence bigint,
+    response_status int, response_headers jsonb, response_body bytea, attempts int, last_error text,
+    created_at timestamptz, last_run_at timestamptz, finished_at timestamptz, expires_at timestamptz,
+    params_key_id text, response_key_id text, generation int,
+    holder_instance text, holder_host text, holder_pid int, holder_boot text)
+LANGUAGE plpgsql
+AS $idem_acquire$
+#variable_conflict error
+DECLARE
+    v_now        timestamptz := coalesce(p_now, now());
+    v_acquired   text := 'none';
+    v_found      boolean;
+    v_generation int := 0;
+    -- The key's progress row and lease row (all NULL until read).
+    k {{schema}}idem_keys;
+    l {{schema}}idem_leases;
+BEGIN
+    -- At most two reads: the second follows an insert that lost to a
+    -- concurrent one, and finds the winner's key.
+    FOR attempt IN 1..2 LOOP
+        SELECT * INTO k FROM {{schema}}idem_keys t WHERE t.scope = p_scope AND t.key = p_key;
+        v_found := FOUND;
+        EXIT WHEN v_found AND NOT (k.status = 'finished' AND k.expires_at <= v_now);
+        IF p_no_create OR attempt = 2 THEN
+            -- NoCreate leaves an expired key as it is. A second read that
+            -- finds nothing live (the winner's key already reaped, say):
+            -- the caller's next call sees what happened.
+            RETURN;
+        END IF;
+
+        IF v_found THEN
+            -- Expired: delete it, re-checked on the row's newest version (a
+            -- concurrent acquirer or the reaper may have deleted it first).
+            DELETE FROM {{schema}}idem_keys d
+            WHERE d.scope = p_scope AND d.id = k.id AND d.status = 'finished' AND d.expires_at <= v_now;
+            v_generation := k.generation + 1;
+        END IF;
+
+        INSERT INTO {{schema}}idem_keys AS t
+            (scope, key, flow, method, path, fingerprint, params, created_at, last_run_at, params_key_id, generation)
+        VALUES (p_scope, p_key, p_flow, p_method, p_path, p_fingerprint, p_params::jsonb, v_now, v_now,
+                nullif(p_params_key_id, ''), v_generation)
+        ON CONFLICT ON CONSTRAINT idem_keys_scope_key DO NOTHING
+        RETURNING * INTO k;
+        IF FOUND THEN
+            INSERT INTO {{schema}}idem_leases AS t (scope, key_id, fence, locked_at, lease_expires_at,
+                holder_instance, holder_host, holder_pid, holder_boot, holder_fence)
+            VALUES (p_scope, k.id, k.fence, v_now, v_now + p_lease * interval '1 microsecond',
+                nullif(p_holder_instance, ''), nullif(p_holder_host, ''), nullif(p_holder_pid, 0),
+                nullif(p_holder_boot, ''), k.fence)
+            RETURNING * INTO l;
+            v_acquired := 'created';
+            EXIT;
+        END IF;
+    END LOOP;
+
+    -- An unfinished key's lease row, read from a snapshot a little newer
+    -- than the progress row's under read committed, which is harmless: the
+    -- runner only reports such a key, or takes it over with a statement that
+    -- checks everything again under the row locks.
+    IF v_acquired = 'none' AND k.status <> 'finished' THEN
+        SELECT * INTO l FROM {{schema}}idem_leases t WHERE t.scope = p_scope AND t.key_id = k.id;
+    END IF;
+
+    -- pgstore's recordColumns over k and l, except for a finished key's
+    -- params and checkpoint. Columns of domain types (migration 0006) are
+    -- cast to text: RETURN QUERY needs the declared types exactly.
+    RETURN QUERY SELECT v_acquired, v_now,
+        k.id, k.request_id::text, k.scope, k.key::text, k.flow::text, k.method::text, k.path::text,
+        k.fingerprint, CASE WHEN k.status <> 'finished' THEN k.params END,
+        k.status::text, k.recovery_point::text, CASE WHEN k.status <> 'finished' THEN k.checkpoint END,
+        CASE WHEN k.status <> 'finished' AND l.foreign_mark_after = k.recovery_point
+             THEN coalesce(l.foreign_mark, '') ELSE '' END,
+        CASE WHEN k.status <> 'finished' THEN l.locked_at END,
+        CASE WHEN k.status <> 'finished' THEN l.lease_expires_at END, k.fence,
+        coalesce(k.response_status, 0), coalesce(k.response_headers, '{}'),
+        k.response_body, k.attempts, coalesce(k.last_error, ''),
+        k.created_at, k.last_run_at, k.finished_at, k.expires_at,
+        coalesce(k.params_key_id, ''), coalesce(k.response_key_id, ''), k.generation,
+        CASE WHEN k.status <> 'finished' AND l.holder_fence = l.fence THEN coalesce(l.holder_instance, '') ELSE '' END,
+        CASE WHEN k.status <> 'finished' AND l.holder_fence = l.fence THEN coalesce(l.holder_host, '') ELSE '' END,
+        CASE WHEN k.status <> 'finished' AND l.holder_fence = l.fence THEN coalesce(l.holder_pid, 0) ELSE 0 END,
+        CASE WHEN k.status <> 'finished' AND l.holder_fence = l.fence THEN coalesce(l.holder_boot, '') ELSE '' END;
+END
+$idem_acquire$;
+
+-- idem_notify_waiters sends the key's id (never the key: keys are tenants'
+-- data) on the schema's channel, "idem_finished:" and the schema's name (or
+-- its md5, when that would be longer than a channel name may be), when a
+-- process waits for the key (waited_at), and returns whether it did. The
+-- notification goes out when the caller's transaction commits. VOLATILE, so
+-- under read committed its query sees a mark committed while the calling
+-- statement waited for the key's row lock (a waiter's mark locks the
+-- progress row FOR SHARE, which the finishing update waits for).
+CREATE FUNCTION {{schema}}idem_notify_waiters(p_scope text, p_key bigint)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+AS $idem_notify_waiters$
+DECLARE
+    v_schema  text;
+    v_channel text;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM {{schema}}idem_leases t
+                   WHERE t.scope = p_scope AND t.key_id = p_key AND t.waited_at IS NOT NULL) THEN
+        RETURN false;
+    END IF;
+    SELECT n.nspname INTO v_schema
+    FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+    WHERE c.oid = '{{schema}}idem_leases'::regclass;
+    v_channel := 'idem_finished:' || v_schema;
+    IF octet_length(v_channel) > 63 THEN
+        v_channel := 'idem_finished:' || md5(v_schema);
+    END IF;
+    PERFORM pg_notify(v_channel, p_key::text);
+    RETURN true;
+END
+$idem_notify_waiters$;
+
+-- The attempt that holds a key ends when the key leaves status running (a
+-- phase finishes it, or parks it for reconciliation) or when its lease is
+-- unlocked (a failed phase releases it, an operator unlocks it). The
+-- conditions are checked row by row at no cost; the function runs only for
+-- an attempt that ends. (Citus drops these: they would notify on a worker.)
+CREATE FUNCTION {{schema}}idem_keys_ended()
+RETURNS trigger
+LANGUAGE plpgsql VOLATILE
+AS $idem_keys_ended$
+BEGIN
+    PERFORM {{schema}}idem_notify_waiters(NEW.scope, NEW.id);
+    RETURN NULL;
+END
+$idem_keys_ended$;
+
+CREATE FUNCTION {{schema}}idem_leases_unlocked()
+RETURNS trigger
+LANGUAGE plpgsql VOLATILE
+AS $idem_leases_unlocked$
+BEGIN
+    PERFORM {{schema}}idem_notify_waiters(NEW.scope, NEW.key_id);
+    RETURN NULL;
+END
+$idem_leases_unlocked$;
+
+CREATE TRIGGER idem_keys_ended AFTER UPDATE OF status ON {{schema}}idem_keys
+    FOR EACH ROW WHEN (OLD.status::text = 'running' AND NEW.status::text <> 'running')
+    EXECUTE FUNCTION {{schema}}idem_keys_ended();
+
+CREATE TRIGGER idem_leases_unlocked AFTER UPDATE OF locked_at ON {{schema}}idem_leases
+    FOR EACH ROW WHEN (OLD.locked_at IS NOT NULL AND NEW.locked_at IS NULL AND NEW.waited_at IS NOT NULL)
+    EXECUTE FUNCTION {{schema}}idem_leases_unlocked();
