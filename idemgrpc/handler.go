@@ -330,7 +330,7 @@ func (h *Handler[Req, Resp, In]) Handle(ctx context.Context, req Req) (Resp, err
 			// gRPC's own retry policies wait this long before the next
 			// attempt (gRFC A6's server pushback); RetryInfo says the same
 			// to clients that retry by hand.
-			_ = grpc.SetTrailer(ctx, metadata.Pairs(PushbackTrailer, strconv.FormatInt(delay.Milliseconds(), 10)))
+			_ = grpc.SetTrailer(ctx, metadata.Pairs(PushbackTrailer, strconv.FormatInt(h.pushback(ctx, delay), 10)))
 		}
 		var zero Resp
 		return zero, st.Err()
@@ -450,6 +450,27 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 		// The client is gone; nobody reads this answer.
 		return resp, status.FromContextError(ctx.Err())
 	}
+}
+
+// pushback is the grpc-retry-pushback-ms of a status whose RetryInfo asks
+// for delay: delay, when a retry after it still has time to be answered
+// within the call's deadline, and -1 otherwise. grpc-go sleeps a pushback
+// without looking at the deadline, so a delay longer than what is left
+// would turn the status into the client's bare DEADLINE_EXCEEDED; a
+// negative pushback tells it not to retry (gRFC A6), and the status, with
+// its RetryInfo for the caller's own next call, reaches the caller intact.
+// What a retry needs is twice the margin: the server answers
+// REQUEST_UNFINISHED a margin before the deadline, and the answer must
+// travel back.
+func (h *core) pushback(ctx context.Context, delay time.Duration) int64 {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return delay.Milliseconds()
+	}
+	if time.Until(dl)-delay < 2*max(h.margin, 0) {
+		return -1
+	}
+	return delay.Milliseconds()
 }
 
 // answer maps the runner's outcome to the response or status.

@@ -255,6 +255,26 @@ func serve(t *testing.T, create idemgrpc.Method, cancel *orderHandler, opts ...g
 	return conn
 }
 
+// serveTCP is serve over a real TCP connection on the loopback interface,
+// for the tests of what grpc-go's own retries do with the answers.
+func serveTCP(t *testing.T, create idemgrpc.Method, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
+	interceptor, err := idemgrpc.UnaryServerInterceptor(create)
+	require.NoError(t, err)
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(authenticate, interceptor))
+	testpb.RegisterOrdersServer(srv, &ordersServer{})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	}, opts...)...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
 // serveOrders is serve for the tests that need only the typed client.
 func serveOrders(t *testing.T, create idemgrpc.Method, cancel *orderHandler) testpb.OrdersClient {
 	t.Helper()
