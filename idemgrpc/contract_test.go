@@ -631,7 +631,7 @@ func TestWrongResponseIsInternal(t *testing.T) {
 			return idem.RespondJSON(200, map[string]string{"not": "protobuf"}), nil
 		},
 	}}, nil)
-	h, err := idemgrpc.New(b.runner, flow, b.config())
+	h, err := idemgrpc.New(b.newRunner(t, b.store, func(c *idem.Config) { c.Flows = append(c.Flows, flow) }), flow, b.config())
 	require.NoError(t, err)
 	_, err, _ = call(t, serveOrders(t, h, nil), "k-1", orderRequest())
 	requireStatus(t, err, codes.Internal, idemgrpc.ReasonInternal)

@@ -183,7 +183,8 @@ type Handler[Req, Resp proto.Message, In any] struct {
 }
 
 // New returns a handler that serves cfg.FullMethod with flow, run by
-// runner.
+// runner. flow must be in the runner's idem.Config.Flows, where the
+// completer finds it to finish a request nobody retries.
 func New[Req, Resp proto.Message, In any](runner *idem.Runner, flow *idem.Flow[In], cfg *Config[Req, Resp, In]) (*Handler[Req, Resp, In], error) {
 	if runner == nil {
 		return nil, errors.New("idemgrpc: New needs a runner")
@@ -204,6 +205,9 @@ func New[Req, Resp proto.Message, In any](runner *idem.Runner, flow *idem.Flow[I
 		flow: flow, scope: cfg.Scope, validate: cfg.Validate, input: cfg.Input,
 	}
 	var errs []error
+	if err := registered(runner, flow); err != nil {
+		errs = append(errs, err)
+	}
 	reqName, err := messageName[Req]()
 	if err != nil {
 		errs = append(errs, fmt.Errorf("request type: %w", err))
@@ -268,6 +272,24 @@ func New[Req, Resp proto.Message, In any](runner *idem.Runner, flow *idem.Flow[I
 		h.log = runner.Config().Logger
 	}
 	return h, nil
+}
+
+// registered checks that flow is the flow the runner knows by its name
+// (idem.Config.Flows). The completer and reconciliation find a key's flow
+// there, having only the stored key to go on: a flow missing from it runs
+// when called, but a request of it that failed and is not retried would
+// never be finished, and the completer would say nothing.
+func registered(runner *idem.Runner, flow idem.AnyFlow) error {
+	for _, f := range runner.Config().Flows {
+		if f.Name() != flow.Name() {
+			continue
+		}
+		if f != flow {
+			return fmt.Errorf("the runner's Config.Flows holds another flow named %q than the one given: the completer would finish this method's requests with the other one's phases; pass the same *idem.Flow to both", flow.Name())
+		}
+		return nil
+	}
+	return fmt.Errorf("flow %q is not in the runner's Config.Flows: the completer and reconciliation find a key's flow there, so a request of it that failed and is not retried would never be finished; add the flow to idem.Config.Flows", flow.Name())
 }
 
 func defaultInput[Req proto.Message](method string) func(context.Context, Req) (Input[Req], error) {
