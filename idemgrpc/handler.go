@@ -346,21 +346,37 @@ func (h *Handler[Req, Resp, In]) Flow() *idem.Flow[In] { return h.flow }
 // cancellation, so a client that gives up (or whose deadline passes) does not
 // interrupt a request half-way; its retry then gets the stored answer.
 func (h *Handler[Req, Resp, In]) Handle(ctx context.Context, req Req) (Resp, error) {
-	resp, st := h.handle(ctx, req)
+	resp, key, st := h.handle(ctx, req)
 	if st != nil {
+		// An error status goes in a trailers-only response (one HEADERS
+		// frame) unless something set a header: the key it echoes rides
+		// in its trailer, since a header would make gRPC's retry policies
+		// take the status as final.
+		md := metadata.MD{}
+		if key != "" {
+			md.Set(MetadataKey, key)
+		}
 		if delay, ok := retryInfo(st); ok {
 			// gRPC's own retry policies wait this long before the next
 			// attempt (gRFC A6's server pushback); RetryInfo says the same
 			// to clients that retry by hand.
-			_ = grpc.SetTrailer(ctx, metadata.Pairs(PushbackTrailer, strconv.FormatInt(h.pushback(ctx, delay), 10)))
+			md.Set(PushbackTrailer, strconv.FormatInt(h.pushback(ctx, delay), 10))
 		}
+		// Outside a gRPC server (a direct call in a test) there is no
+		// stream to set it on; the answer is the same.
+		_ = grpc.SetTrailer(ctx, md)
 		var zero Resp
 		return zero, st.Err()
+	}
+	if key != "" {
+		_ = grpc.SetHeader(ctx, metadata.Pairs(MetadataKey, key))
 	}
 	return resp, nil
 }
 
-func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp, st *status.Status) {
+// handle answers the call; key is the key it ran under ("" when it has
+// none, or none valid), which the response echoes.
+func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp, key string, st *status.Status) {
 	defer func() {
 		if v := recover(); v != nil {
 			h.log.ErrorContext(ctx, "idemgrpc: panic before the flow ran", "method", h.method, "panic", v)
@@ -368,7 +384,7 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 		}
 	}()
 	if !validMessage(req) {
-		return resp, status.New(codes.InvalidArgument, "The request message is missing.")
+		return resp, key, status.New(codes.InvalidArgument, "The request message is missing.")
 	}
 	// A copy of its own: the flow may outlive the call, and the key field
 	// may be filled in.
@@ -376,23 +392,23 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 	scope, err := h.scope(ctx)
 	if err != nil || scope == "" {
 		if s, ok := status.FromError(err); ok && err != nil {
-			return resp, s
+			return resp, key, s
 		}
 		h.log.DebugContext(ctx, "idemgrpc: unauthenticated", "method", h.method, "err", err)
-		return resp, status.New(codes.Unauthenticated, "This method requires an authenticated caller.")
+		return resp, key, status.New(codes.Unauthenticated, "This method requires an authenticated caller.")
 	}
 	if strings.HasPrefix(scope, webhookScopePrefix) {
 		h.log.ErrorContext(ctx, "idemgrpc: Config.Scope returned a scope reserved for webhook receivers; answering INTERNAL",
 			"method", h.method, "reserved_prefix", webhookScopePrefix)
-		return resp, internal()
+		return resp, key, internal()
 	}
 	key, sent, kst := h.requestKey(ctx, req)
 	if kst != nil {
-		return resp, kst
+		return resp, key, kst
 	}
 	switch {
 	case !sent && !h.keyOptional:
-		return resp, h.keyMissing()
+		return resp, key, h.keyMissing()
 	case !sent:
 		key = serverKey()
 	case h.source.field != nil && req.ProtoReflect().Get(h.source.field).String() != key:
@@ -404,18 +420,18 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 	if h.validate != nil {
 		if err := h.validate(ctx, req); err != nil {
 			if s, ok := status.FromError(err); ok {
-				return resp, s
+				return resp, key, s
 			}
-			return resp, status.New(codes.InvalidArgument, err.Error())
+			return resp, key, status.New(codes.InvalidArgument, err.Error())
 		}
 	}
 	in, err := h.input(ctx, req)
 	if err != nil {
 		if s, ok := status.FromError(err); ok {
-			return resp, s
+			return resp, key, s
 		}
 		h.log.ErrorContext(ctx, "idemgrpc: Config.Input failed", "method", h.method, "err", err)
-		return resp, internal()
+		return resp, key, internal()
 	}
 
 	// A key shared with other transports (Config.SharedKeys) is
@@ -426,7 +442,7 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 	if !h.shared {
 		if payload, err = wirePayload(req); err != nil {
 			h.log.ErrorContext(ctx, "idemgrpc: the request cannot be encoded to fingerprint it", "method", h.method, "err", err)
-			return resp, internal()
+			return resp, key, internal()
 		}
 		target = h.method
 	}
@@ -464,13 +480,14 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 	}
 	select {
 	case r := <-done:
-		return h.answer(ctx, key, r.out, r.err)
+		resp, st := h.answer(ctx, key, r.out, r.err)
+		return resp, key, st
 	case <-deadline:
 		h.log.WarnContext(ctx, "idemgrpc: the request did not finish before the call's deadline; it runs on", "method", h.method, "key", key)
-		return resp, unfinished(h.delays.failed)
+		return resp, key, unfinished(h.delays.failed)
 	case <-ctx.Done():
 		// The client is gone; nobody reads this answer.
-		return resp, status.FromContextError(ctx.Err())
+		return resp, key, status.FromContextError(ctx.Err())
 	}
 }
 
