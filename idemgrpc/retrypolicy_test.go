@@ -16,14 +16,6 @@ import (
 	"github.com/go-idem/idem/idemgrpc/internal/testpb"
 )
 
-// recommendedConfig is the service config docs/grpc.md recommends, for the
-// test service.
-const recommendedConfig = `{"methodConfig": [{
-	"name": [{"service": "idemgrpc.test.v1.Orders"}],
-	"waitForReady": true,
-	"retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.25s", "maxBackoff": "2s", "backoffMultiplier": 2,
-	                "retryableStatusCodes": ["UNAVAILABLE", "ABORTED"]}}]}`
-
 // A call whose deadline is too short for the request (here a provider that
 // hangs) gets the server's UNAVAILABLE with REQUEST_UNFINISHED and its
 // RetryInfo, through grpc-go's own retry policy over a real connection: the
@@ -37,7 +29,9 @@ func TestShortDeadlineGetsTheStatusNotDeadlineExceeded(t *testing.T) {
 	open := sync.OnceFunc(func() { close(hang) })
 	t.Cleanup(open)
 	b.setHook("charged", func(context.Context) error { <-hang; return nil })
-	client := testpb.NewOrdersClient(serveTCP(t, b.handler(t, b.runner, nil), grpc.WithDefaultServiceConfig(recommendedConfig)))
+	sc, err := idemgrpc.ServiceConfig("idemgrpc.test.v1.Orders")
+	require.NoError(t, err)
+	client := testpb.NewOrdersClient(serveTCP(t, b.handler(t, b.runner, nil), grpc.WithDefaultServiceConfig(sc)))
 
 	const calls = 12
 	type answer struct {
