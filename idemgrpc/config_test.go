@@ -33,6 +33,7 @@ func TestNewRefusesMisconfiguration(t *testing.T) {
 		"repeated field":    {func(c *orderConfig) { c.KeyField = "notes" }, "not a singular string field"},
 		"negative delay":    {func(c *orderConfig) { c.FailedRetryDelay = -time.Second }, "FailedRetryDelay -1s is negative"},
 		"shared, no input":  {func(c *orderConfig) { c.SharedKeys = true }, "SharedKeys needs Config.Input"},
+		"negative MaxWait":  {func(c *orderConfig) { c.MaxWait = -time.Second }, "MaxWait -1s is negative"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

@@ -84,7 +84,7 @@
 //	executed          the stored response message (OK) or stored status
 //	replayed          the same, and the header idempotent-replayed: true
 //	in progress       ABORTED + RetryInfo (the holder's remaining lease, at most the runner's MaxRetryAfter);
-//	                  with Config.MaxWait, after waiting that long (within the deadline) for the attempt to end
+//	                  after waiting (Config.DefaultWait, 10s by default, within the deadline) for the attempt to end
 //	lock lost         ABORTED + RetryInfo 1s
 //	key reused        FAILED_PRECONDITION + PreconditionFailure: another method or another message
 //	needs reconcile   UNAVAILABLE + RetryInfo (Config.ReconcileRetryDelay, 60s)

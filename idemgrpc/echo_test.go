@@ -36,7 +36,7 @@ func echoed(t *testing.T, client testpb.OrdersClient, key string, req *testpb.Cr
 func TestEveryAnswerEchoesTheKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	client := serveOrders(t, b.handler(t, b.runner, nil), nil)
+	client := serveOrders(t, b.handler(t, b.runner, func(c *orderConfig) { c.DefaultWait = -1 }), nil)
 
 	// Executed, then replayed: in the header.
 	err, header, _ := echoed(t, client, "k-ok", orderRequest())

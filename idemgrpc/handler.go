@@ -132,18 +132,28 @@ type Config[Req, Resp proto.Message, In any] struct {
 	// waits for the flow.
 	DeadlineMargin time.Duration
 
-	// MaxWait opts the method in to waiting for another attempt of the
-	// call's key that is in flight, instead of answering ABORTED
-	// (REQUEST_IN_PROGRESS) at once: the call waits up to MaxWait, and no
-	// longer than its deadline less twice DeadlineMargin, for that attempt
-	// to end, and then gets its stored answer, or what a retry arriving
-	// then gets (UNAVAILABLE with REQUEST_NEEDS_RECONCILE for a key parked
-	// for reconciliation; the request itself, resumed, when the attempt
-	// failed and released the key or its process died), or the ABORTED it
-	// gets today when the attempt is not over in time. The wait holds no
-	// database connection (idem.Request.Wait), and ends when the call does
-	// (cancelled, or its client gone); a flow the call took over runs on.
-	// Default 0: no wait.
+	// DefaultWait is how long a call that finds its key held by another
+	// attempt in flight waits for that attempt to end, as if the client
+	// had asked to wait (gRPC has no standard way for a client to ask, so
+	// every call of the method waits), instead of answering ABORTED
+	// (REQUEST_IN_PROGRESS) at once: within the call's deadline less twice
+	// DeadlineMargin, and capped by MaxWait when that is set. When the
+	// attempt ends, the call gets its stored answer, replayed, or what a
+	// retry arriving then gets (UNAVAILABLE with REQUEST_NEEDS_RECONCILE
+	// for a key parked for reconciliation; the request itself, resumed,
+	// when the attempt failed and released the key or its process died);
+	// when it does not end in time, the ABORTED it would have got at once.
+	// So a stock client, whose retry policy makes 5 attempts, gets the
+	// answer rather than a final ABORTED, and a hedging client's copies get
+	// the first attempt's answer. The wait holds no database connection
+	// (idem.Request.Wait), and ends when the call does (cancelled, or its
+	// client gone); a flow the call took over runs on. Default
+	// DefaultWaitTime; negative: no wait.
+	DefaultWait time.Duration
+
+	// MaxWait caps DefaultWait (as over HTTP, where it caps the wait a
+	// client asks for with Prefer: wait=N). Default 0: no cap but the
+	// call's deadline.
 	MaxWait time.Duration
 
 	// Logger receives the handler's logs. Default: the runner's logger.
@@ -166,8 +176,9 @@ type core struct {
 	keyOptional bool
 	delays      delays
 	margin      time.Duration
-	maxWait     time.Duration
-	log         *slog.Logger
+	// wait: how long a call waits for the attempt of its key in flight.
+	wait time.Duration
+	log  *slog.Logger
 }
 
 // Handler serves one unary method with an idem flow. Call [Handler.Handle]
@@ -260,7 +271,17 @@ func New[Req, Resp proto.Message, In any](runner *idem.Runner, flow *idem.Flow[I
 	if cfg.MaxWait < 0 {
 		errs = append(errs, fmt.Errorf("MaxWait %s is negative", cfg.MaxWait))
 	}
-	h.maxWait = cfg.MaxWait
+	switch {
+	case cfg.DefaultWait < 0:
+		h.wait = 0
+	case cfg.DefaultWait == 0:
+		h.wait = DefaultWaitTime
+	default:
+		h.wait = cfg.DefaultWait
+	}
+	if cfg.MaxWait > 0 {
+		h.wait = min(h.wait, cfg.MaxWait)
+	}
 	h.margin = cfg.DeadlineMargin
 	if h.margin == 0 {
 		h.margin = DefaultDeadlineMargin
@@ -457,7 +478,7 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 		err error
 	}
 	done := make(chan result, 1)
-	wait := h.maxWait
+	wait := h.wait
 	if dl, ok := ctx.Deadline(); ok && wait > 0 {
 		// Stop waiting early enough to answer ABORTED, not
 		// REQUEST_UNFINISHED at the deadline less the margin.
