@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -178,7 +181,9 @@ type core struct {
 	margin      time.Duration
 	// wait: how long a call waits for the attempt of its key in flight.
 	wait time.Duration
-	log  *slog.Logger
+	// headerWarned: warnHeaderSet has logged at warn once.
+	headerWarned atomic.Bool
+	log          *slog.Logger
 }
 
 // Handler serves one unary method with an idem flow. Call [Handler.Handle]
@@ -386,6 +391,9 @@ func (h *Handler[Req, Resp, In]) Handle(ctx context.Context, req Req) (Resp, err
 		// Outside a gRPC server (a direct call in a test) there is no
 		// stream to set it on; the answer is the same.
 		_ = grpc.SetTrailer(ctx, md)
+		if _, retry := retryInfo(st); retry {
+			h.warnHeaderSet(ctx, st)
+		}
 		var zero Resp
 		return zero, st.Err()
 	}
@@ -510,6 +518,51 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 		// The client is gone; nobody reads this answer.
 		return resp, key, status.FromContextError(ctx.Err())
 	}
+}
+
+// warnHeaderSet logs where a status that invites a retry goes out on a
+// stream whose response header metadata was set by someone else (another
+// interceptor, the service): the response is then not trailers-only, and
+// gRPC's retry policies take any status that follows headers as final
+// (gRFC A6), so the client's channel will not retry it. The first time per
+// method at warn, then at debug. A header sent empty (grpc.SendHeader with
+// no metadata) cannot be seen here.
+func (h *core) warnHeaderSet(ctx context.Context, st *status.Status) {
+	stream, ok := grpc.ServerTransportStreamFromContext(ctx).(interface{ Header() (metadata.MD, error) })
+	if !ok {
+		return
+	}
+	md, err := stream.Header()
+	if err != nil {
+		return
+	}
+	var names []string
+	for name := range md {
+		if name != ReplayedHeader && name != MetadataKey {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return
+	}
+	slices.Sort(names)
+	level := slog.LevelDebug
+	if h.headerWarned.CompareAndSwap(false, true) {
+		level = slog.LevelWarn
+	}
+	h.log.Log(ctx, level, "idemgrpc: a status that invites a retry goes out after response headers set by another interceptor or the service; "+
+		"gRPC's retry policies retry only trailers-only responses, so the client's channel will not retry it: set that metadata with grpc.SetTrailer, or on OK answers only (docs/grpc.md, \"Response headers turn retries off\")",
+		"method", h.method, "code", st.Code(), "reason", reasonOf(st), "headers", names)
+}
+
+// reasonOf is the ErrorInfo reason of one of the adapter's statuses.
+func reasonOf(st *status.Status) string {
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			return info.GetReason()
+		}
+	}
+	return ""
 }
 
 // pushback is the grpc-retry-pushback-ms of a status whose RetryInfo asks

@@ -2,8 +2,12 @@ package idemgrpc_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +18,7 @@ import (
 
 	"github.com/go-idem/idem/idemgrpc"
 	"github.com/go-idem/idem/idemgrpc/internal/testpb"
+	"github.com/go-idem/idem/internal/testfixture"
 )
 
 // A call whose deadline is too short for the request (here a provider that
@@ -75,4 +80,59 @@ func TestShortDeadlineGetsTheStatusNotDeadlineExceeded(t *testing.T) {
 		require.NotEmpty(t, order.GetChargeId())
 	}
 	require.Equal(t, calls, b.counts.get()["charged"])
+}
+
+// An interceptor of the service's that sets a response header (a request
+// id, say) turns grpc-go's retries off: a status that follows headers is
+// final for the channel (gRFC A6 retries trailers-only responses only), so
+// a phase failure the channel retries without the header reaches the
+// caller with it. idemgrpc logs it, at warn once per method.
+func TestResponseHeaderTurnsRetriesOff(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	sc, err := idemgrpc.ServiceConfig("idemgrpc.test.v1.Orders")
+	require.NoError(t, err)
+	requestID := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		_ = grpc.SetHeader(ctx, metadata.Pairs("x-request-id", "r-1"))
+		return handler(ctx, req)
+	}
+	// The first charge of each call fails; a retry resumes and succeeds.
+	var failNext atomic.Bool
+	b.setHook("charged", func(context.Context) error {
+		if failNext.CompareAndSwap(true, false) {
+			return errors.New("card network timed out")
+		}
+		return nil
+	})
+
+	const calls = 4
+	run := func(name string, other grpc.UnaryServerInterceptor) (failed int, logs string) {
+		var buf testfixture.Buffer
+		h := b.handler(t, b.runner, func(c *orderConfig) {
+			c.Logger = slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		})
+		client := testpb.NewOrdersClient(serveTCPAfter(t, other, h, grpc.WithDefaultServiceConfig(sc)))
+		for i := range calls {
+			failNext.Store(true)
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+testUser, idemgrpc.MetadataKey, fmt.Sprintf("%s-%d", name, i))
+			_, err := client.CreateOrder(ctx, orderRequest())
+			cancel()
+			if err != nil {
+				requireStatus(t, err, codes.Unavailable, idemgrpc.ReasonRequestFailed)
+				failed++
+			}
+		}
+		return failed, buf.String()
+	}
+
+	failed, logs := run("plain", nil)
+	require.Zero(t, failed, "the channel retries every failed phase")
+	require.NotContains(t, logs, "goes out after response headers")
+	withHeader, logs := run("header", requestID)
+	require.Equal(t, calls, withHeader, "with a header, the channel retries none")
+	require.Equal(t, 1, strings.Count(logs, "level=WARN msg=\"idemgrpc: a status that invites a retry goes out after response headers"), logs)
+	require.Contains(t, logs, "headers=[x-request-id]")
+	t.Logf("a phase failure on each call, retried by grpc-go's retry policy: %d of %d calls failed; with a response header set by another interceptor: %d of %d",
+		failed, calls, withHeader, calls)
 }

@@ -259,9 +259,20 @@ func serve(t *testing.T, create idemgrpc.Method, cancel *orderHandler, opts ...g
 // for the tests of what grpc-go's own retries do with the answers.
 func serveTCP(t *testing.T, create idemgrpc.Method, opts ...grpc.DialOption) *grpc.ClientConn {
 	t.Helper()
+	return serveTCPAfter(t, nil, create, opts...)
+}
+
+// serveTCPAfter is serveTCP with another interceptor of the service's
+// before idemgrpc's, when not nil.
+func serveTCPAfter(t *testing.T, other grpc.UnaryServerInterceptor, create idemgrpc.Method, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
 	interceptor, err := idemgrpc.UnaryServerInterceptor(create)
 	require.NoError(t, err)
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(authenticate, interceptor))
+	chain := []grpc.UnaryServerInterceptor{authenticate, interceptor}
+	if other != nil {
+		chain = []grpc.UnaryServerInterceptor{authenticate, other, interceptor}
+	}
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(chain...))
 	testpb.RegisterOrdersServer(srv, &ordersServer{})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
