@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -135,4 +136,51 @@ func TestResponseHeaderTurnsRetriesOff(t *testing.T) {
 	require.Contains(t, logs, "headers=[x-request-id]")
 	t.Logf("a phase failure on each call, retried by grpc-go's retry policy: %d of %d calls failed; with a response header set by another interceptor: %d of %d",
 		failed, calls, withHeader, calls)
+}
+
+// The pushback is RetryInfo's delay when a retry after it can still be
+// answered within the call's deadline, -1 when it cannot, and the delay
+// for a call without a deadline; RetryInfo itself is the same in all three.
+func TestPushbackWithinTheDeadline(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	client := serveOrders(t, b.handler(t, b.runner, func(c *orderConfig) { c.DefaultWait = -1 }), nil)
+	entered, release := b.blockPhase("charged")
+	open := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(open)
+	done := make(chan error, 1)
+	go func() { _, err, _ := call(t, client, "k-1", orderRequest()); done <- err }()
+	<-entered
+
+	for _, tc := range []struct {
+		name     string
+		deadline time.Duration // 0: none
+		fits     bool
+	}{
+		{"no deadline", 0, true},
+		{"a minute", time.Minute, true},
+		// RetryInfo asks 1 to 2 s; a retry then needs twice the 250 ms
+		// margin: 1.5 s leaves no time.
+		{"1.5 s", 1500 * time.Millisecond, false},
+	} {
+		ctx := t.Context()
+		if tc.deadline > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, tc.deadline)
+			defer cancel()
+		}
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+testUser, idemgrpc.MetadataKey, "k-1")
+		var trailer metadata.MD
+		_, err := client.CreateOrder(ctx, orderRequest(), grpc.Trailer(&trailer))
+		st := requireStatus(t, err, codes.Aborted, idemgrpc.ReasonInProgress)
+		delay, ok := retryDelay(st)
+		require.True(t, ok, tc.name)
+		want := strconv.FormatInt(delay.Milliseconds(), 10)
+		if !tc.fits {
+			want = "-1"
+		}
+		require.Equal(t, []string{want}, trailer.Get(idemgrpc.PushbackTrailer), tc.name)
+	}
+	open()
+	require.NoError(t, <-done)
 }
