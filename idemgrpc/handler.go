@@ -382,7 +382,8 @@ func (h *Handler[Req, Resp, In]) Handle(ctx context.Context, req Req) (Resp, err
 		if key != "" {
 			md.Set(MetadataKey, key)
 		}
-		if delay, ok := retryInfo(st); ok {
+		delay, retry := retryInfo(st)
+		if retry {
 			// gRPC's own retry policies wait this long before the next
 			// attempt (gRFC A6's server pushback); RetryInfo says the same
 			// to clients that retry by hand.
@@ -391,7 +392,7 @@ func (h *Handler[Req, Resp, In]) Handle(ctx context.Context, req Req) (Resp, err
 		// Outside a gRPC server (a direct call in a test) there is no
 		// stream to set it on; the answer is the same.
 		_ = grpc.SetTrailer(ctx, md)
-		if _, retry := retryInfo(st); retry {
+		if retry {
 			h.warnHeaderSet(ctx, st)
 		}
 		var zero Resp

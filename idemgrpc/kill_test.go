@@ -66,14 +66,20 @@ type server struct {
 	exited chan struct{}
 }
 
-// startServer starts chargesvc and waits until it listens.
-func startServer(t *testing.T, bin string, args ...string) *server {
-	t.Helper()
+// startServer starts chargesvc and waits until it listens; what it reports
+// of the calls that waited goes to waited. It runs in the test's
+// goroutine or another (the restarts), so it reports what went wrong
+// rather than failing the test; the process is killed when the test ends.
+func startServer(t *testing.T, bin string, waited *waitLog, args ...string) (*server, error) {
 	s := &server{cmd: exec.Command(bin, args...), stderr: &testfixture.Buffer{}, exited: make(chan struct{})}
 	s.cmd.Stderr = s.stderr
 	stdout, err := s.cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, s.cmd.Start())
+	if err != nil {
+		return nil, err
+	}
+	if err := s.cmd.Start(); err != nil {
+		return nil, err
+	}
 	lines := make(chan string, 1)
 	go func() {
 		r := bufio.NewReader(stdout)
@@ -85,8 +91,7 @@ func startServer(t *testing.T, bin string, args ...string) *server {
 				return
 			}
 			if f := strings.Fields(line); len(f) == 3 && f[0] == "waited" {
-				d, err := time.ParseDuration(f[1])
-				if err == nil {
+				if d, err := time.ParseDuration(f[1]); err == nil {
 					waited.add(d, f[2])
 				}
 			}
@@ -96,11 +101,13 @@ func startServer(t *testing.T, bin string, args ...string) *server {
 	t.Cleanup(s.kill)
 	select {
 	case line := <-lines:
-		require.Contains(t, line, "listening", "chargesvc did not start: %s", s.stderr)
+		if !strings.HasPrefix(line, "listening") {
+			return nil, fmt.Errorf("chargesvc did not start (%q): %s", line, s.stderr)
+		}
 	case <-time.After(2 * time.Minute):
-		t.Fatalf("chargesvc did not start: %s", s.stderr)
+		return nil, fmt.Errorf("chargesvc did not start: %s", s.stderr)
 	}
-	return s
+	return s, nil
 }
 
 // waitLog gathers what the servers report of the calls that waited for
@@ -110,8 +117,6 @@ type waitLog struct {
 	waits  []time.Duration
 	byKind map[string]int
 }
-
-var waited = &waitLog{byKind: map[string]int{}}
 
 func (w *waitLog) add(d time.Duration, kind string) {
 	w.mu.Lock()
@@ -308,8 +313,9 @@ func TestRetryPolicyThroughKills(t *testing.T) {
 	if w := os.Getenv("IDEMGRPC_KILL_DEFAULT_WAIT"); w != "" {
 		args = append(args, "-default-wait", w) // to measure other waits; the test asserts the default
 	}
-	var mu sync.Mutex
-	srv := startServer(t, bin, args...)
+	waited := &waitLog{byKind: map[string]int{}}
+	srv, err := startServer(t, bin, waited, args...)
+	require.NoError(t, err)
 	proxy := newDropProxy(t, addr)
 
 	sc, err := idemgrpc.ServiceConfig("idemgrpc.test.v1.Orders")
@@ -344,6 +350,7 @@ func TestRetryPolicyThroughKills(t *testing.T) {
 	stop := make(chan struct{})
 	faultsDone := make(chan struct{})
 	var restarts []time.Duration
+	var restartErr error
 	go func() {
 		defer close(faultsDone)
 		tick := time.NewTicker(time.Second)
@@ -359,10 +366,10 @@ func TestRetryPolicyThroughKills(t *testing.T) {
 			if killed < kills && completed.Load() >= int64((killed+1)*calls/(kills+1)) {
 				killed++
 				began := time.Now()
-				mu.Lock()
 				srv.kill()
-				srv = startServer(t, bin, args...)
-				mu.Unlock()
+				if srv, restartErr = startServer(t, bin, waited, args...); restartErr != nil {
+					return
+				}
 				restarts = append(restarts, time.Since(began))
 			}
 		}
@@ -392,6 +399,7 @@ func TestRetryPolicyThroughKills(t *testing.T) {
 	elapsed := time.Since(began)
 	close(stop)
 	<-faultsDone
+	require.NoError(t, restartErr)
 
 	byCode := map[codes.Code]int{}
 	var took []time.Duration
