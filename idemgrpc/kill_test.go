@@ -327,7 +327,7 @@ func TestRetryPolicyThroughKills(t *testing.T) {
 	t.Cleanup(func() { _ = conn.Close() })
 	client := testpb.NewOrdersClient(conn)
 
-	const calls, concurrency, kills = 400, 8, 3
+	const calls, concurrency, kills = 300, 8, 3
 	const callTimeout = 10 * time.Second
 	type result struct {
 		key  string
