@@ -33,6 +33,7 @@ func TestNewRefusesMisconfiguration(t *testing.T) {
 		"repeated field":    {func(c *orderConfig) { c.KeyField = "notes" }, "not a singular string field"},
 		"negative delay":    {func(c *orderConfig) { c.FailedRetryDelay = -time.Second }, "FailedRetryDelay -1s is negative"},
 		"shared, no input":  {func(c *orderConfig) { c.SharedKeys = true }, "SharedKeys needs Config.Input"},
+		"negative MaxWait":  {func(c *orderConfig) { c.MaxWait = -time.Second }, "MaxWait -1s is negative"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -73,8 +74,19 @@ func TestNewRefusesMisconfiguration(t *testing.T) {
 		cfg.Input = func(_ context.Context, req *testpb.CreateOrderRequest) (custom, error) {
 			return custom{Call: idemgrpc.Input[*testpb.CreateOrderRequest]{Method: testpb.Orders_CreateOrder_FullMethodName, Message: req}}, nil
 		}
-		_, err = idemgrpc.New(b.runner, flow, cfg)
+		_, err = idemgrpc.New(b.newRunner(t, b.store, func(c *idem.Config) { c.Flows = append(c.Flows, flow) }), flow, cfg)
 		require.NoError(t, err)
+	})
+	t.Run("a flow the runner does not know", func(t *testing.T) {
+		t.Parallel()
+		// The completer finds a key's flow in the runner's Config.Flows:
+		// a flow missing there would leave its failed requests unfinished.
+		_, err := idemgrpc.New(b.newRunner(t, b.store, func(c *idem.Config) { c.Flows = nil }), b.flow, b.config())
+		require.ErrorContains(t, err, `flow "orders.create" is not in the runner's Config.Flows`)
+		// Another flow of the same name: the completer would run its phases.
+		other := b.orderFlow()
+		_, err = idemgrpc.New(b.runner, other, b.config())
+		require.ErrorContains(t, err, `the runner's Config.Flows holds another flow named "orders.create"`)
 	})
 	t.Run("unregistered method", func(t *testing.T) {
 		t.Parallel()

@@ -390,10 +390,12 @@ func TestValidate(t *testing.T) {
 	b.requireNothingWritten(t)
 }
 
+// Without a wait (DefaultWait negative), a call that finds its key in
+// flight is answered ABORTED at once.
 func TestInProgress(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	client := serveOrders(t, b.handler(t, b.runner, nil), nil)
+	client := serveOrders(t, b.handler(t, b.runner, func(c *orderConfig) { c.DefaultWait = -1 }), nil)
 	entered, release := b.blockPhase("charged")
 
 	type answer struct {
@@ -636,7 +638,7 @@ func TestWrongResponseIsInternal(t *testing.T) {
 			return idem.RespondJSON(200, map[string]string{"not": "protobuf"}), nil
 		},
 	}}, nil)
-	h, err := idemgrpc.New(b.runner, flow, b.config())
+	h, err := idemgrpc.New(b.newRunner(t, b.store, func(c *idem.Config) { c.Flows = append(c.Flows, flow) }), flow, b.config())
 	require.NoError(t, err)
 	_, err, _ = call(t, serveOrders(t, h, nil), "k-1", orderRequest())
 	requireStatus(t, err, codes.Internal, idemgrpc.ReasonInternal)
@@ -764,15 +766,16 @@ func TestRetryAcrossDeployThatChangesTheInput(t *testing.T) {
 	require.Equal(t, 1, b.counts.get()["order_created"])
 }
 
-// With MaxWait, a call for a key in flight waits for it and gets its stored
-// answer; without it, ABORTED at once.
+// By default (Config.DefaultWait), a call for a key in flight waits for it
+// and gets its stored answer; TestInProgress shows the ABORTED it gets at
+// once without a wait.
 func TestWaitForInProgress(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	// The database's clock, not the bundle's test clock: a waiter checks
 	// leases by it.
 	runner := b.newRunner(t, b.store, func(c *idem.Config) { c.Test.Now = nil })
-	client := serveOrders(t, b.handler(t, runner, func(c *orderConfig) { c.MaxWait = time.Minute }), nil)
+	client := serveOrders(t, b.handler(t, runner, nil), nil)
 	entered, release := b.blockPhase("charged")
 	open := sync.OnceFunc(func() { close(release) })
 	t.Cleanup(open) // a failing test must not leave the phase blocked
@@ -814,7 +817,7 @@ func TestWaitEndsBeforeTheDeadline(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	runner := b.newRunner(t, b.store, func(c *idem.Config) { c.Test.Now = nil })
-	client := serveOrders(t, b.handler(t, runner, func(c *orderConfig) { c.MaxWait = time.Minute }), nil)
+	client := serveOrders(t, b.handler(t, runner, func(c *orderConfig) { c.DefaultWait = time.Minute }), nil)
 	entered, release := b.blockPhase("charged")
 	open := sync.OnceFunc(func() { close(release) })
 	t.Cleanup(open) // a failing test must not leave the phase blocked
@@ -829,6 +832,14 @@ func TestWaitEndsBeforeTheDeadline(t *testing.T) {
 	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+testUser, idemgrpc.MetadataKey, "k-1")
 	began := time.Now()
 	_, err := client.CreateOrder(ctx, orderRequest())
+	requireStatus(t, err, codes.Aborted, idemgrpc.ReasonInProgress)
+	require.GreaterOrEqual(t, time.Since(began), time.Second, "it waited")
+
+	// MaxWait caps DefaultWait: a call without a deadline waits a second,
+	// not an hour.
+	capped := serveOrders(t, b.handler(t, runner, func(c *orderConfig) { c.DefaultWait, c.MaxWait = time.Hour, time.Second }), nil)
+	began = time.Now()
+	_, err, _ = call(t, capped, "k-1", orderRequest())
 	requireStatus(t, err, codes.Aborted, idemgrpc.ReasonInProgress)
 	require.GreaterOrEqual(t, time.Since(began), time.Second, "it waited")
 	open()
@@ -850,7 +861,8 @@ func (requestEnds) StartPhase(ctx context.Context, _, _ string, _ int) (context.
 }
 
 // A call that is cancelled while it waits stops waiting at once: its
-// request ends (in progress), rather than holding a goroutine for MaxWait.
+// request ends (in progress), rather than holding a goroutine for
+// DefaultWait.
 // The call in flight is untouched.
 func TestWaitEndsWithTheCall(t *testing.T) {
 	t.Parallel()
@@ -860,7 +872,7 @@ func TestWaitEndsWithTheCall(t *testing.T) {
 		c.Test.Now = nil
 		c.Observer = requestEnds{Observer: c.Observer, ended: ends}
 	})
-	client := serveOrders(t, b.handler(t, runner, func(c *orderConfig) { c.MaxWait = time.Hour }), nil)
+	client := serveOrders(t, b.handler(t, runner, func(c *orderConfig) { c.DefaultWait = time.Hour }), nil)
 	entered, release := b.blockPhase("charged")
 	open := sync.OnceFunc(func() { close(release) })
 	t.Cleanup(open)

@@ -84,7 +84,7 @@
 //	executed          the stored response message (OK) or stored status
 //	replayed          the same, and the header idempotent-replayed: true
 //	in progress       ABORTED + RetryInfo (the holder's remaining lease, at most the runner's MaxRetryAfter);
-//	                  with Config.MaxWait, after waiting that long (within the deadline) for the attempt to end
+//	                  after waiting (Config.DefaultWait, 10s by default, within the deadline) for the attempt to end
 //	lock lost         ABORTED + RetryInfo 1s
 //	key reused        FAILED_PRECONDITION + PreconditionFailure: another method or another message
 //	needs reconcile   UNAVAILABLE + RetryInfo (Config.ReconcileRetryDelay, 60s)
@@ -94,6 +94,28 @@
 //	not finished      UNAVAILABLE + RetryInfo (Config.FailedRetryDelay) at the call's deadline less Config.DeadlineMargin
 //
 // Every status of the adapter's own carries a google.rpc.ErrorInfo with
-// domain [ErrorDomain] and one of the Reason* constants. docs/grpc.md is
-// the reference for client teams.
+// domain [ErrorDomain] and one of the Reason* constants. Every answer to a
+// call with a valid key echoes the key in an "idempotency-key" entry: a
+// response in its header, a status in its trailer, so that the status
+// stays a trailers-only response, the only kind gRPC's retry policies
+// retry. A status with RetryInfo carries the same delay as the trailer
+// grpc-retry-pushback-ms, or -1 (do not retry) when a retry after the
+// delay could not be answered within the call's deadline.
+//
+// # Clients
+//
+// [ServiceConfig] writes the service config that lets grpc-go's own retry
+// policy retry what the adapter asks to be retried, and
+// [UnaryClientInterceptor] gives each logical call a fresh key, kept
+// across the channel's retries of it:
+//
+//	serviceConfig, err := idemgrpc.ServiceConfig("rides.v1.Rides")
+//	conn, err := grpc.NewClient(target, creds,
+//		grpc.WithDefaultServiceConfig(serviceConfig),
+//		grpc.WithChainUnaryInterceptor(idemgrpc.UnaryClientInterceptor(nil)))
+//
+// [Replayed] and [ResponseKey] read an answer's metadata; [RetryDelay]
+// its RetryInfo. docs/grpc.md is the reference for client teams: what a
+// retry policy can and cannot do with each answer, hedging, and why a
+// response header set by another interceptor turns retries off.
 package idemgrpc

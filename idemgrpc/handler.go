@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -132,18 +135,28 @@ type Config[Req, Resp proto.Message, In any] struct {
 	// waits for the flow.
 	DeadlineMargin time.Duration
 
-	// MaxWait opts the method in to waiting for another attempt of the
-	// call's key that is in flight, instead of answering ABORTED
-	// (REQUEST_IN_PROGRESS) at once: the call waits up to MaxWait, and no
-	// longer than its deadline less twice DeadlineMargin, for that attempt
-	// to end, and then gets its stored answer, or what a retry arriving
-	// then gets (UNAVAILABLE with REQUEST_NEEDS_RECONCILE for a key parked
-	// for reconciliation; the request itself, resumed, when the attempt
-	// failed and released the key or its process died), or the ABORTED it
-	// gets today when the attempt is not over in time. The wait holds no
-	// database connection (idem.Request.Wait), and ends when the call does
-	// (cancelled, or its client gone); a flow the call took over runs on.
-	// Default 0: no wait.
+	// DefaultWait is how long a call that finds its key held by another
+	// attempt in flight waits for that attempt to end, as if the client
+	// had asked to wait (gRPC has no standard way for a client to ask, so
+	// every call of the method waits), instead of answering ABORTED
+	// (REQUEST_IN_PROGRESS) at once: within the call's deadline less twice
+	// DeadlineMargin, and capped by MaxWait when that is set. When the
+	// attempt ends, the call gets its stored answer, replayed, or what a
+	// retry arriving then gets (UNAVAILABLE with REQUEST_NEEDS_RECONCILE
+	// for a key parked for reconciliation; the request itself, resumed,
+	// when the attempt failed and released the key or its process died);
+	// when it does not end in time, the ABORTED it would have got at once.
+	// So a stock client, whose retry policy makes 5 attempts, gets the
+	// answer rather than a final ABORTED, and a hedging client's copies get
+	// the first attempt's answer. The wait holds no database connection
+	// (idem.Request.Wait), and ends when the call does (cancelled, or its
+	// client gone); a flow the call took over runs on. Default
+	// DefaultWaitTime; negative: no wait.
+	DefaultWait time.Duration
+
+	// MaxWait caps DefaultWait (as over HTTP, where it caps the wait a
+	// client asks for with Prefer: wait=N). Default 0: no cap but the
+	// call's deadline.
 	MaxWait time.Duration
 
 	// Logger receives the handler's logs. Default: the runner's logger.
@@ -166,8 +179,11 @@ type core struct {
 	keyOptional bool
 	delays      delays
 	margin      time.Duration
-	maxWait     time.Duration
-	log         *slog.Logger
+	// wait: how long a call waits for the attempt of its key in flight.
+	wait time.Duration
+	// headerWarned: warnHeaderSet has logged at warn once.
+	headerWarned atomic.Bool
+	log          *slog.Logger
 }
 
 // Handler serves one unary method with an idem flow. Call [Handler.Handle]
@@ -183,7 +199,8 @@ type Handler[Req, Resp proto.Message, In any] struct {
 }
 
 // New returns a handler that serves cfg.FullMethod with flow, run by
-// runner.
+// runner. flow must be in the runner's idem.Config.Flows, where the
+// completer finds it to finish a request nobody retries.
 func New[Req, Resp proto.Message, In any](runner *idem.Runner, flow *idem.Flow[In], cfg *Config[Req, Resp, In]) (*Handler[Req, Resp, In], error) {
 	if runner == nil {
 		return nil, errors.New("idemgrpc: New needs a runner")
@@ -204,6 +221,9 @@ func New[Req, Resp proto.Message, In any](runner *idem.Runner, flow *idem.Flow[I
 		flow: flow, scope: cfg.Scope, validate: cfg.Validate, input: cfg.Input,
 	}
 	var errs []error
+	if err := registered(runner, flow); err != nil {
+		errs = append(errs, err)
+	}
 	reqName, err := messageName[Req]()
 	if err != nil {
 		errs = append(errs, fmt.Errorf("request type: %w", err))
@@ -256,7 +276,17 @@ func New[Req, Resp proto.Message, In any](runner *idem.Runner, flow *idem.Flow[I
 	if cfg.MaxWait < 0 {
 		errs = append(errs, fmt.Errorf("MaxWait %s is negative", cfg.MaxWait))
 	}
-	h.maxWait = cfg.MaxWait
+	switch {
+	case cfg.DefaultWait < 0:
+		h.wait = 0
+	case cfg.DefaultWait == 0:
+		h.wait = DefaultWaitTime
+	default:
+		h.wait = cfg.DefaultWait
+	}
+	if cfg.MaxWait > 0 {
+		h.wait = min(h.wait, cfg.MaxWait)
+	}
 	h.margin = cfg.DeadlineMargin
 	if h.margin == 0 {
 		h.margin = DefaultDeadlineMargin
@@ -268,6 +298,24 @@ func New[Req, Resp proto.Message, In any](runner *idem.Runner, flow *idem.Flow[I
 		h.log = runner.Config().Logger
 	}
 	return h, nil
+}
+
+// registered checks that flow is the flow the runner knows by its name
+// (idem.Config.Flows). The completer and reconciliation find a key's flow
+// there, having only the stored key to go on: a flow missing from it runs
+// when called, but a request of it that failed and is not retried would
+// never be finished, and the completer would say nothing.
+func registered(runner *idem.Runner, flow idem.AnyFlow) error {
+	for _, f := range runner.Config().Flows {
+		if f.Name() != flow.Name() {
+			continue
+		}
+		if f != flow {
+			return fmt.Errorf("the runner's Config.Flows holds another flow named %q than the one given: the completer would finish this method's requests with the other one's phases; pass the same *idem.Flow to both", flow.Name())
+		}
+		return nil
+	}
+	return fmt.Errorf("flow %q is not in the runner's Config.Flows: the completer and reconciliation find a key's flow there, so a request of it that failed and is not retried would never be finished; add the flow to idem.Config.Flows", flow.Name())
 }
 
 func defaultInput[Req proto.Message](method string) func(context.Context, Req) (Input[Req], error) {
@@ -324,21 +372,41 @@ func (h *Handler[Req, Resp, In]) Flow() *idem.Flow[In] { return h.flow }
 // cancellation, so a client that gives up (or whose deadline passes) does not
 // interrupt a request half-way; its retry then gets the stored answer.
 func (h *Handler[Req, Resp, In]) Handle(ctx context.Context, req Req) (Resp, error) {
-	resp, st := h.handle(ctx, req)
+	resp, key, st := h.handle(ctx, req)
 	if st != nil {
-		if delay, ok := retryInfo(st); ok {
+		// An error status goes in a trailers-only response (one HEADERS
+		// frame) unless something set a header: the key it echoes rides
+		// in its trailer, since a header would make gRPC's retry policies
+		// take the status as final.
+		md := metadata.MD{}
+		if key != "" {
+			md.Set(MetadataKey, key)
+		}
+		delay, retry := retryInfo(st)
+		if retry {
 			// gRPC's own retry policies wait this long before the next
 			// attempt (gRFC A6's server pushback); RetryInfo says the same
 			// to clients that retry by hand.
-			_ = grpc.SetTrailer(ctx, metadata.Pairs(PushbackTrailer, strconv.FormatInt(delay.Milliseconds(), 10)))
+			md.Set(PushbackTrailer, strconv.FormatInt(h.pushback(ctx, delay), 10))
+		}
+		// Outside a gRPC server (a direct call in a test) there is no
+		// stream to set it on; the answer is the same.
+		_ = grpc.SetTrailer(ctx, md)
+		if retry {
+			h.warnHeaderSet(ctx, st)
 		}
 		var zero Resp
 		return zero, st.Err()
 	}
+	if key != "" {
+		_ = grpc.SetHeader(ctx, metadata.Pairs(MetadataKey, key))
+	}
 	return resp, nil
 }
 
-func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp, st *status.Status) {
+// handle answers the call; key is the key it ran under ("" when it has
+// none, or none valid), which the response echoes.
+func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp, key string, st *status.Status) {
 	defer func() {
 		if v := recover(); v != nil {
 			h.log.ErrorContext(ctx, "idemgrpc: panic before the flow ran", "method", h.method, "panic", v)
@@ -346,7 +414,7 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 		}
 	}()
 	if !validMessage(req) {
-		return resp, status.New(codes.InvalidArgument, "The request message is missing.")
+		return resp, key, status.New(codes.InvalidArgument, "The request message is missing.")
 	}
 	// A copy of its own: the flow may outlive the call, and the key field
 	// may be filled in.
@@ -354,23 +422,23 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 	scope, err := h.scope(ctx)
 	if err != nil || scope == "" {
 		if s, ok := status.FromError(err); ok && err != nil {
-			return resp, s
+			return resp, key, s
 		}
 		h.log.DebugContext(ctx, "idemgrpc: unauthenticated", "method", h.method, "err", err)
-		return resp, status.New(codes.Unauthenticated, "This method requires an authenticated caller.")
+		return resp, key, status.New(codes.Unauthenticated, "This method requires an authenticated caller.")
 	}
 	if strings.HasPrefix(scope, webhookScopePrefix) {
 		h.log.ErrorContext(ctx, "idemgrpc: Config.Scope returned a scope reserved for webhook receivers; answering INTERNAL",
 			"method", h.method, "reserved_prefix", webhookScopePrefix)
-		return resp, internal()
+		return resp, key, internal()
 	}
 	key, sent, kst := h.requestKey(ctx, req)
 	if kst != nil {
-		return resp, kst
+		return resp, key, kst
 	}
 	switch {
 	case !sent && !h.keyOptional:
-		return resp, h.keyMissing()
+		return resp, key, h.keyMissing()
 	case !sent:
 		key = serverKey()
 	case h.source.field != nil && req.ProtoReflect().Get(h.source.field).String() != key:
@@ -382,18 +450,18 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 	if h.validate != nil {
 		if err := h.validate(ctx, req); err != nil {
 			if s, ok := status.FromError(err); ok {
-				return resp, s
+				return resp, key, s
 			}
-			return resp, status.New(codes.InvalidArgument, err.Error())
+			return resp, key, status.New(codes.InvalidArgument, err.Error())
 		}
 	}
 	in, err := h.input(ctx, req)
 	if err != nil {
 		if s, ok := status.FromError(err); ok {
-			return resp, s
+			return resp, key, s
 		}
 		h.log.ErrorContext(ctx, "idemgrpc: Config.Input failed", "method", h.method, "err", err)
-		return resp, internal()
+		return resp, key, internal()
 	}
 
 	// A key shared with other transports (Config.SharedKeys) is
@@ -404,7 +472,7 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 	if !h.shared {
 		if payload, err = wirePayload(req); err != nil {
 			h.log.ErrorContext(ctx, "idemgrpc: the request cannot be encoded to fingerprint it", "method", h.method, "err", err)
-			return resp, internal()
+			return resp, key, internal()
 		}
 		target = h.method
 	}
@@ -419,7 +487,7 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 		err error
 	}
 	done := make(chan result, 1)
-	wait := h.maxWait
+	wait := h.wait
 	if dl, ok := ctx.Deadline(); ok && wait > 0 {
 		// Stop waiting early enough to answer ABORTED, not
 		// REQUEST_UNFINISHED at the deadline less the margin.
@@ -442,14 +510,81 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 	}
 	select {
 	case r := <-done:
-		return h.answer(ctx, key, r.out, r.err)
+		resp, st := h.answer(ctx, key, r.out, r.err)
+		return resp, key, st
 	case <-deadline:
 		h.log.WarnContext(ctx, "idemgrpc: the request did not finish before the call's deadline; it runs on", "method", h.method, "key", key)
-		return resp, unfinished(h.delays.failed)
+		return resp, key, unfinished(h.delays.failed)
 	case <-ctx.Done():
 		// The client is gone; nobody reads this answer.
-		return resp, status.FromContextError(ctx.Err())
+		return resp, key, status.FromContextError(ctx.Err())
 	}
+}
+
+// warnHeaderSet logs where a status that invites a retry goes out on a
+// stream whose response header metadata was set by someone else (another
+// interceptor, the service): the response is then not trailers-only, and
+// gRPC's retry policies take any status that follows headers as final
+// (gRFC A6), so the client's channel will not retry it. The first time per
+// method at warn, then at debug. A header sent empty (grpc.SendHeader with
+// no metadata) cannot be seen here.
+func (h *core) warnHeaderSet(ctx context.Context, st *status.Status) {
+	stream, ok := grpc.ServerTransportStreamFromContext(ctx).(interface{ Header() (metadata.MD, error) })
+	if !ok {
+		return
+	}
+	md, err := stream.Header()
+	if err != nil {
+		return
+	}
+	var names []string
+	for name := range md {
+		if name != ReplayedHeader && name != MetadataKey {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return
+	}
+	slices.Sort(names)
+	level := slog.LevelDebug
+	if h.headerWarned.CompareAndSwap(false, true) {
+		level = slog.LevelWarn
+	}
+	h.log.Log(ctx, level, "idemgrpc: a status that invites a retry goes out after response headers set by another interceptor or the service; "+
+		"gRPC's retry policies retry only trailers-only responses, so the client's channel will not retry it: set that metadata with grpc.SetTrailer, or on OK answers only (docs/grpc.md, \"Response headers turn retries off\")",
+		"method", h.method, "code", st.Code(), "reason", reasonOf(st), "headers", names)
+}
+
+// reasonOf is the ErrorInfo reason of one of the adapter's statuses.
+func reasonOf(st *status.Status) string {
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			return info.GetReason()
+		}
+	}
+	return ""
+}
+
+// pushback is the grpc-retry-pushback-ms of a status whose RetryInfo asks
+// for delay: delay, when a retry after it still has time to be answered
+// within the call's deadline, and -1 otherwise. grpc-go sleeps a pushback
+// without looking at the deadline, so a delay longer than what is left
+// would turn the status into the client's bare DEADLINE_EXCEEDED; a
+// negative pushback tells it not to retry (gRFC A6), and the status, with
+// its RetryInfo for the caller's own next call, reaches the caller intact.
+// What a retry needs is twice the margin: the server answers
+// REQUEST_UNFINISHED a margin before the deadline, and the answer must
+// travel back.
+func (h *core) pushback(ctx context.Context, delay time.Duration) int64 {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return delay.Milliseconds()
+	}
+	if time.Until(dl)-delay < 2*max(h.margin, 0) {
+		return -1
+	}
+	return delay.Milliseconds()
 }
 
 // answer maps the runner's outcome to the response or status.

@@ -255,6 +255,37 @@ func serve(t *testing.T, create idemgrpc.Method, cancel *orderHandler, opts ...g
 	return conn
 }
 
+// serveTCP is serve over a real TCP connection on the loopback interface,
+// for the tests of what grpc-go's own retries do with the answers.
+func serveTCP(t *testing.T, create idemgrpc.Method, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
+	return serveTCPAfter(t, nil, create, opts...)
+}
+
+// serveTCPAfter is serveTCP with another interceptor of the service's
+// before idemgrpc's, when not nil.
+func serveTCPAfter(t *testing.T, other grpc.UnaryServerInterceptor, create idemgrpc.Method, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
+	interceptor, err := idemgrpc.UnaryServerInterceptor(create)
+	require.NoError(t, err)
+	chain := []grpc.UnaryServerInterceptor{authenticate, interceptor}
+	if other != nil {
+		chain = []grpc.UnaryServerInterceptor{authenticate, other, interceptor}
+	}
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(chain...))
+	testpb.RegisterOrdersServer(srv, &ordersServer{})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	}, opts...)...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
 // serveOrders is serve for the tests that need only the typed client.
 func serveOrders(t *testing.T, create idemgrpc.Method, cancel *orderHandler) testpb.OrdersClient {
 	t.Helper()

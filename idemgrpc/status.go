@@ -66,6 +66,13 @@ const (
 	DefaultReconcileRetryDelay   = 60 * time.Second
 	DefaultFailedRetryDelay      = time.Second
 	DefaultDeadlineMargin        = 250 * time.Millisecond
+
+	// DefaultWaitTime is Config.DefaultWait's default: long enough for
+	// the attempt in flight to end, or for the restarted process of a
+	// holder killed mid-request to take its key over, in nearly every
+	// case; the call's deadline bounds it anyway (docs/grpc.md, "Waiting
+	// for the call in flight", says how it was chosen).
+	DefaultWaitTime = 10 * time.Second
 )
 
 // PushbackTrailer is the trailer metadata entry that carries a retry delay

@@ -72,13 +72,26 @@ func retry(ctx context.Context, client ridespb.RidesClient, req *ridespb.CreateR
 	}
 }
 
-// retryPolicy holds "Retrying": gRPC's own retries.
+// retryPolicy holds "gRPC's own retries": the service config and the
+// client interceptor.
 func retryPolicy(target string, creds grpc.DialOption) (*grpc.ClientConn, error) {
-	conn, err := grpc.NewClient(target, creds, grpc.WithDefaultServiceConfig(`{"methodConfig": [{
-		"name": [{"service": "rides.v1.Rides"}],
-		"retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "2s", "backoffMultiplier": 2,
-		                "retryableStatusCodes": ["UNAVAILABLE", "ABORTED"]}}]}`))
+	serviceConfig, err := idemgrpc.ServiceConfig("rides.v1.Rides") // services or full method names; none: every method
+	if err != nil {
+		return nil, err
+	}
+	conn, err := grpc.NewClient(target, creds,
+		grpc.WithDefaultServiceConfig(serviceConfig),
+		grpc.WithChainUnaryInterceptor(idemgrpc.UnaryClientInterceptor(nil)))
 	return conn, err
+}
+
+// readAnswer holds "gRPC's own retries": the helpers that read an answer.
+func readAnswer(ctx context.Context, client ridespb.RidesClient, req *ridespb.CreateRideRequest) (*ridespb.Ride, bool, string, error) {
+	var header, trailer metadata.MD
+	ride, err := client.CreateRide(ctx, req, grpc.Header(&header), grpc.Trailer(&trailer))
+	replayed := idemgrpc.Replayed(header)
+	key := idemgrpc.ResponseKey(header, trailer) // "" when no answer came (DEADLINE_EXCEEDED, no connection)
+	return ride, replayed, key, err
 }
 
 func validateRide(ctx context.Context, req *ridespb.CreateRideRequest) error { return nil }
