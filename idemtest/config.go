@@ -173,10 +173,11 @@ const (
 	CrashAfterForeign Kind = "crash_after_foreign"
 
 	// CrashAfterCommit: the worker dies right after the phase committed,
-	// before it could go on or answer. Its client comes back a day later
-	// (lateRetry) when a phase is left to run, so the rest of the request
-	// runs at another time, on another date: a phase that reads the clock
-	// again (Attempt.Now) for something an earlier phase decided shows.
+	// before it could go on or answer. When the commit left the request
+	// unfinished, its client comes back a day later (lateRetry), so the
+	// rest of the request runs at another time, on another date: a phase
+	// that reads the clock again (Attempt.Now) for something an earlier
+	// phase decided shows.
 	CrashAfterCommit Kind = "crash_after_commit"
 
 	// LostCommitAck: the commit succeeds but the worker sees an error, as

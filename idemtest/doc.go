@@ -32,8 +32,8 @@
 //     right after the call returned. The effect happened, the phase did not
 //     commit.
 //   - [CrashAfterCommit]: the worker dies right after the phase committed;
-//     unless it was the last, its client comes back a day later, so the
-//     phases after it run on another date (Attempt.Now).
+//     unless that finished the request, its client comes back a day later,
+//     so the phases after it run on another date (Attempt.Now).
 //   - [LostCommitAck]: the commit succeeded but the worker saw an error.
 //   - [SerializationFailure]: the phase fails with SQLSTATE 40001 once.
 //   - [LeaseTakeover]: the worker pauses before the commit until its lease

@@ -255,12 +255,7 @@ func (x *explorer[In]) runBaseline(ctx context.Context) *Scenario {
 }
 
 func (x *explorer[In]) runScenario(ctx context.Context, kind Kind, phase, foreign string) *Scenario {
-	description := kind.describe(phase, foreign)
-	late := x.lateRetry(kind, phase)
-	if late {
-		description += "; its client comes back a day later"
-	}
-	sc := x.newScenario(ctx, string(kind)+"@"+phase, kind, phase, description)
+	sc := x.newScenario(ctx, string(kind)+"@"+phase, kind, phase, kind.describe(phase, foreign))
 	defer sc.end()
 	f := &fault{kind: kind, phase: phase, bypass: x.newBypassWatch(kind, phase)}
 	var final *idem.Response
@@ -268,7 +263,8 @@ func (x *explorer[In]) runScenario(ctx context.Context, kind Kind, phase, foreig
 		final = x.takeover(ctx, sc, f)
 	} else {
 		out, err := x.call(ctx, sc, f, opRun, x.store)
-		if late && f.fired {
+		if f.fired && !f.finished && x.lateRetry(kind) {
+			sc.report.Description += "; its client comes back a day later"
 			sc.advance(lateRetry, "the client comes back a day later: the phases left run at another time, on another date")
 		}
 		f.bypass.check(ctx, sc, phase) // see bypass.go
@@ -337,11 +333,13 @@ func randomID() string {
 // crash_after_commit scenario comes back when phases are left to run.
 const lateRetry = 24 * time.Hour
 
-// lateRetry reports whether the scenario's client comes back a day later:
-// crash_after_commit at a phase before the last, unless the runner would by
-// then treat the key as abandoned (Config.AbandonAfter).
-func (x *explorer[In]) lateRetry(kind Kind, phase string) bool {
-	if kind != CrashAfterCommit || len(x.phases) == 0 || phase == x.phases[len(x.phases)-1] {
+// lateRetry reports whether the client of a scenario of kind comes back a
+// day later when its fault left the key unfinished: crash_after_commit,
+// unless the runner would by then treat the key as abandoned
+// (Config.AbandonAfter). (A finished key is left alone: a day later it may
+// have expired.)
+func (x *explorer[In]) lateRetry(kind Kind) bool {
+	if kind != CrashAfterCommit {
 		return false
 	}
 	abandon := x.base.WithDefaults().AbandonAfter

@@ -65,6 +65,7 @@ func (w *worker) hook(ctx context.Context, at idem.HookPoint) error {
 		return nil
 	}
 	f.fired = true
+	f.finished = at.Key.Status == idem.StatusFinished
 	f.bypass.strike(ctx) // see bypass.go
 	return f.inject(ctx, w)
 }
