@@ -244,6 +244,11 @@ func (r *Runner) hookAt(ctx context.Context, h *held, at HookPoint) error {
 	if r.config.Test.Hook == nil {
 		return nil
 	}
+	if h.crashed {
+		// A dead process reaches no later point, and commits nothing,
+		// whatever the phase made of the crash Foreign returned to it.
+		return ErrSimulatedCrash
+	}
 	at.Flow, at.Phase, at.Attempt, at.Key = h.flow.Name(), h.phaseName(), h.attempt, h.rec.Clone()
 	_, at.ForeignKind, _ = h.flow.phaseMeta(h.phase)
 	err := r.config.Test.Hook(ctx, at)

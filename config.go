@@ -197,10 +197,12 @@ type HookPoint struct {
 	// provider deduplicates.
 	ForeignKind ForeignKind
 	// Foreign and DownstreamKey describe the foreign call at
-	// HookAfterForeign: the name given to Attempt.Foreign and the idempotency
-	// key the call received.
+	// HookBeforeForeign and HookAfterForeign: the name given to
+	// Attempt.Foreign and the idempotency key the call receives.
 	Foreign       string
 	DownstreamKey string
+	// Err is the refusal at HookForeignRefused.
+	Err error
 }
 
 // HookWhere names a point in a phase's life.
@@ -228,6 +230,13 @@ const (
 	HookBeforeCommit HookWhere = "before_commit"
 	// HookAfterCommit: the phase committed; the caller has not been told.
 	HookAfterCommit HookWhere = "after_commit"
+	// HookForeignRefused: the runner refused a foreign call of the phase
+	// (a second one in its transaction, ErrSecondForeignCall): Foreign
+	// names it, Err is the refusal Attempt.Foreign returns. The call was
+	// not made; a phase that goes on without it has lost an effect, which
+	// a test (the crash kit) reports. An error the hook returns is
+	// returned in the refusal's place.
+	HookForeignRefused HookWhere = "foreign_refused"
 )
 
 // Defaults of [Config]'s fields.

@@ -163,10 +163,10 @@ func (h *held) foreign(ctx context.Context, name string, call func(ctx context.C
 	r := h.runner
 	switch {
 	case h.foreignBy == h.phaseName():
-		return fmt.Errorf("%w: phase %q already made its foreign call; %q was not made", ErrSecondForeignCall, h.phaseName(), name)
+		return h.refuse(ctx, name, fmt.Errorf("%w: phase %q already made its foreign call; %q was not made", ErrSecondForeignCall, h.phaseName(), name))
 	case h.foreignBy != "":
-		return fmt.Errorf("%w: phase %q joins the transaction of phase %q, which already made its foreign call; %q was not made",
-			ErrSecondForeignCall, h.phaseName(), h.foreignBy, name)
+		return h.refuse(ctx, name, fmt.Errorf("%w: phase %q joins the transaction of phase %q, which already made its foreign call; %q was not made",
+			ErrSecondForeignCall, h.phaseName(), h.foreignBy, name))
 	}
 	h.foreignBy = h.phaseName()
 	_, kind, _ := h.flow.phaseMeta(h.phase)
@@ -180,7 +180,7 @@ func (h *held) foreign(ctx context.Context, name string, call func(ctx context.C
 		}
 		h.foreignMarked, markedNow = true, true
 	}
-	if err := r.hookAt(ctx, h, HookPoint{Where: HookBeforeForeign, Foreign: name}); err != nil {
+	if err := r.hookAt(ctx, h, HookPoint{Where: HookBeforeForeign, Foreign: name, DownstreamKey: h.downstreamKey()}); err != nil {
 		return err
 	}
 	if !h.leaseSafe() {

@@ -18,13 +18,33 @@ import (
 // Config says what to explore. Flow, Input and a store (Store, or Pool) are
 // required; everything else has a default.
 type Config[In any] struct {
-	// Flow is the flow under test.
+	// Flow is the flow under test. Set it or NewFlow.
 	Flow *idem.Flow[In]
+
+	// NewFlow, instead of Flow, builds the flow under test afresh for every
+	// worker the kit starts: every simulated process has flow values of its
+	// own, as after a real crash, so state a phase keeps in memory for a
+	// later one (a map, a field of the struct its phases close over) does
+	// not survive a crash into the retry. Each call must return the same
+	// definition. With Flow, every worker shares one value and such state
+	// survives, invisible to the kit.
+	NewFlow func() *idem.Flow[In]
 
 	// Input is the request every scenario sends. It decides the path through
 	// the flow, and so which crash points exist: explore each path that
 	// matters (a success, a decline) with an Input that takes it.
 	Input In
+
+	// Setup, when set, replaces Input: the kit calls it before each
+	// scenario (and each baseline) with the scenario's idempotency key, and
+	// the scenario sends the input it returns. Give each scenario rows of
+	// its own there (a product with its own stock, an account with its own
+	// balance), so that an invariant over them holds per scenario: a Check
+	// finds the scenario's rows again from KeyRecord.Key, and one broken
+	// scenario does not make every later Check fail. Every input must take
+	// the same path through the flow. Setup must be safe for concurrent use
+	// (wire scenarios run side by side).
+	Setup func(ctx context.Context, key string) (In, error)
 
 	// Pool reaches the database holding idem's tables (migrated) and the
 	// flow's own. It may be left nil when Store is a *pgstore.Store, whose
@@ -70,12 +90,14 @@ type Config[In any] struct {
 	// outside Attempt.Foreign.
 	Check func(ctx context.Context, key *idem.KeyRecord) error
 
-	// Providers are fake providers that the flow's idempotent foreign
-	// calls go to: *Provider, or a fake of your own with a Calls method
-	// (see FakeProvider). When set, the kit checks that every call they
-	// received during a scenario carried a downstream key the runner
-	// handed out in that scenario, and that every such key reached one of
-	// them. Give each exploration providers of its own.
+	// Providers are the fake providers the flow can reach, every one of
+	// them: *Provider, or a fake of your own with a Calls method (see
+	// FakeProvider). The kit checks that every call they received during
+	// a scenario carried a downstream key the runner handed out in that
+	// scenario, that every such key reached one of them, and, per key, one
+	// subject and at most one effect. A provider left out is invisible: a
+	// call to it outside Attempt.Foreign passes unless Check counts it.
+	// Give each exploration providers of its own.
 	Providers []FakeProvider
 
 	// Bypass configures the check for writes that bypass the phase's
@@ -114,6 +136,16 @@ type Config[In any] struct {
 	// scenarios.
 	DatabaseURL string
 
+	// WireParallelism is how many wire scenarios run at once. Default 8;
+	// 1 runs them one at a time. Scenarios running side by side share your
+	// tables: a stalled one holds the row locks its transaction took until
+	// its worker answers, so a flow that updates one shared row (a stock,
+	// a balance, a counter) makes the others wait on it past WireTimeout.
+	// The kit runs a wire scenario that failed beside others once more,
+	// alone, and holds it to that run (Scenario.RanAlone), so such waits
+	// never fail a correct flow; a lower setting only saves those re-runs.
+	WireParallelism int
+
 	// WireTimeout is the StatementTimeout and PhaseStatementTimeout of the
 	// runners whose requests go through the proxy: a request whose reply is
 	// stalled must answer within 10 times it. Raise it if a phase's
@@ -141,7 +173,11 @@ const (
 	CrashAfterForeign Kind = "crash_after_foreign"
 
 	// CrashAfterCommit: the worker dies right after the phase committed,
-	// before it could go on or answer.
+	// before it could go on or answer. When the commit left the request
+	// unfinished, its client comes back a day later (lateRetry), so the
+	// rest of the request runs at another time, on another date: a phase
+	// that reads the clock again (Attempt.Now) for something an earlier
+	// phase decided shows.
 	CrashAfterCommit Kind = "crash_after_commit"
 
 	// LostCommitAck: the commit succeeds but the worker sees an error, as
@@ -234,6 +270,9 @@ const (
 	defaultScope       = "idemtest"
 	defaultMaxAttempts = 10
 	defaultWireTimeout = 2 * time.Second
+	// defaultWireParallelism: each wire scenario has its own proxy, pools
+	// and key; a stalled one mostly waits.
+	defaultWireParallelism = 8
 )
 
 // withDefaults checks c and returns a copy with defaults filled in, the
@@ -242,7 +281,14 @@ func (c Config[In]) withDefaults() (Config[In], idemdriver.Store, pgstore.DB, er
 	fail := func(format string, args ...any) (Config[In], idemdriver.Store, pgstore.DB, error) {
 		return c, nil, nil, fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
 	}
-	if c.Flow == nil {
+	switch {
+	case c.Flow != nil && c.NewFlow != nil:
+		return fail("set Flow or NewFlow, not both")
+	case c.NewFlow != nil:
+		if c.Flow = c.NewFlow(); c.Flow == nil {
+			return fail("NewFlow returned nil")
+		}
+	case c.Flow == nil:
 		return fail("Flow is nil")
 	}
 	if c.PreviousFlow != nil && c.PreviousFlow.Name() != c.Flow.Name() {
@@ -279,6 +325,12 @@ func (c Config[In]) withDefaults() (Config[In], idemdriver.Store, pgstore.DB, er
 		if _, err := proxyTarget(c.DatabaseURL); err != nil {
 			return fail("DatabaseURL: %v", err)
 		}
+	}
+	if c.WireParallelism == 0 {
+		c.WireParallelism = defaultWireParallelism
+	}
+	if c.WireParallelism < 0 {
+		return fail("WireParallelism is negative")
 	}
 	if c.WireTimeout == 0 {
 		c.WireTimeout = defaultWireTimeout

@@ -31,7 +31,9 @@
 //   - [CrashAfterForeign] (phases that made a foreign call): the worker dies
 //     right after the call returned. The effect happened, the phase did not
 //     commit.
-//   - [CrashAfterCommit]: the worker dies right after the phase committed.
+//   - [CrashAfterCommit]: the worker dies right after the phase committed;
+//     unless that finished the request, its client comes back a day later,
+//     so the phases after it run on another date (Attempt.Now).
 //   - [LostCommitAck]: the commit succeeded but the worker saw an error.
 //   - [SerializationFailure]: the phase fails with SQLSTATE 40001 once.
 //   - [LeaseTakeover]: the worker pauses before the commit until its lease
@@ -53,8 +55,12 @@
 //     one downstream key throughout (repeats with that key are the
 //     provider's to deduplicate), and a not-idempotent one never again
 //     unless a reconcile hook said it had not happened;
+//   - no foreign call was refused (a second Attempt.Foreign in a
+//     transaction, which the runner never makes), whatever the phase did
+//     with the refusal;
 //   - the registered Providers received only downstream keys the runner
-//     handed out in the scenario, and all of them;
+//     handed out in the scenario, and all of them; per key, one subject
+//     and at most one effect (see FakeProvider);
 //   - in crash_before_commit (and in serialization_failure and
 //     lease_takeover at a phase a new key is acquired with), no row that
 //     another transaction wrote while the phase ran outlived the phase's
@@ -81,8 +87,11 @@
 // the key has idled a completer pass (Runner.Complete) takes it, before the
 // retries and reconcile runs every scenario makes. The checks are the same,
 // and a commit whose reply never reached its worker is counted from the
-// key. Wire scenarios run eight at a time, so Check, Compare and the
-// Runner's Observer and Test.Hook must be safe for concurrent use. A
+// key. Wire scenarios run Config.WireParallelism (8) at a time, so Check,
+// Compare, Setup and the Runner's Observer and Test.Hook must be safe for
+// concurrent use; one that failed beside others (a stalled scenario holds
+// its row locks, which a flow updating a shared row makes the others wait
+// on) runs again alone and is held to that run (Scenario.RanAlone). A
 // scenario whose round trip never came, in a request that went the
 // baseline's way (a flow's statements may vary where its phases do not), is
 // marked Missed rather than failed. The summary line counts wire scenarios
@@ -112,13 +121,22 @@
 //
 // # What it cannot see
 //
+// Start with a Check that counts (one order per key, one charge per order,
+// the stock taken): most handler bugs are caught by it, not by the kit's
+// own checks.
+//
 // The kit sees what the runner does: phases, commits, foreign calls made
 // through Attempt.Foreign and the keys handed to them; of your tables, only
 // the rows a write through the pool left behind after a rollback (see
 // [BypassCheck]). It cannot see your providers. A call made outside
 // Attempt.Foreign or with a key other than the one it was handed is only
 // caught by a Config.Check that counts charges, or by a provider given in
-// Config.Providers; a delete through the pool, only by a Check. It explores the
+// Config.Providers: give it every provider the flow can reach. A delete
+// through the pool is caught only by a Check. It moves the runner's clock,
+// which phases read with Attempt.Now, not the machine's. It builds the flow
+// afresh for every simulated process only with Config.NewFlow, and never
+// state kept elsewhere in the test process (a package-level map, a cache),
+// which survives every simulated crash. It explores the
 // path Input takes; explore each other path (a decline, a validation
 // failure) with an Input that takes it. And it trusts a reconcile hook's
 // verdict: a hook that says "not done" about a message that was sent makes

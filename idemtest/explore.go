@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,7 +23,8 @@ import (
 // FaultProxy, counting its round trips to Postgres, then once per round
 // trip and wire kind, breaking that round trip's reply. It logs a summary
 // line with the number of scenarios and wire scenarios, and fails t with
-// the account of the first failed scenario. It returns the report.
+// the accounts of the failed scenarios, in the order they failed (see
+// Report.Err). It returns the report.
 //
 //	func TestCreateOrder(t *testing.T) {
 //		t.Parallel()
@@ -122,8 +125,16 @@ type explorer[In any] struct {
 
 	// From the baseline: the phases it committed, in order, and its foreign
 	// calls by phase.
-	phases   []string
-	foreign  map[string]foreignCall
+	phases  []string
+	foreign map[string]foreignCall
+
+	// handed maps every downstream key a worker of this exploration was
+	// about to send to the scenario key of that worker, so that a call a
+	// provider received is told apart by its key when it carries no
+	// scenario (wire scenarios run side by side). ended counts the
+	// scenarios that ended, for Scenario.ended.
+	handed   sync.Map
+	ended    atomic.Int64
 	response *idem.Response
 
 	// From the wire baseline: how many round trips the request made
@@ -148,8 +159,8 @@ var discardLogger = slog.New(slog.DiscardHandler)
 func (x *explorer[In]) runnerConfig(w *worker, now func() time.Time) *idem.Config {
 	c := x.base
 	c.Flows = append([]idem.AnyFlow(nil), x.base.Flows...)
-	if !slices.ContainsFunc(c.Flows, func(f idem.AnyFlow) bool { return f != nil && f.Name() == x.cfg.Flow.Name() }) {
-		c.Flows = append(c.Flows, x.cfg.Flow)
+	if flow := x.flowOf(w); !slices.ContainsFunc(c.Flows, func(f idem.AnyFlow) bool { return f != nil && f.Name() == flow.Name() }) {
+		c.Flows = append(c.Flows, flow)
 	}
 	if c.Logger == nil {
 		c.Logger = discardLogger
@@ -161,17 +172,53 @@ func (x *explorer[In]) runnerConfig(w *worker, now func() time.Time) *idem.Confi
 	return &c
 }
 
-func (x *explorer[In]) newScenario(name string, kind Kind, phase, description string) *scenario {
+func (x *explorer[In]) newScenario(ctx context.Context, name string, kind Kind, phase, description string) *scenario {
+	return x.newScenarioKey(ctx, name, name, kind, phase, description)
+}
+
+// newScenarioKey is newScenario on the key named keyName rather than name.
+func (x *explorer[In]) newScenarioKey(ctx context.Context, name, keyName string, kind Kind, phase, description string) *scenario {
 	start := time.Now().UTC().Truncate(time.Microsecond)
-	return &scenario{
-		report:   &Scenario{Name: name, Kind: kind, Phase: phase, Description: description, Key: "idemtest-" + x.runID + "-" + name},
+	sc := &scenario{
+		report:   &Scenario{Name: name, Kind: kind, Phase: phase, Description: description, Key: "idemtest-" + x.runID + "-" + keyName},
 		scope:    x.cfg.Scope,
 		userHook: x.userHook,
 		clock:    NewClock(start),
 		commits:  map[string]int{},
 		notDone:  map[string]int{},
 		marks:    x.providerMarks(),
+		handed:   &x.handed,
+		input:    x.cfg.Input,
+		ended:    &x.ended,
 	}
+	if x.cfg.Setup != nil {
+		in, err := x.cfg.Setup(ctx, sc.report.Key)
+		if err != nil {
+			sc.violate("Setup: %v", err)
+		}
+		sc.input = in
+	}
+	return sc
+}
+
+// flowOf is the flow worker w runs: with Config.NewFlow, one of its own,
+// built the first time it is asked for, so that no memory is shared between
+// simulated processes.
+func (x *explorer[In]) flowOf(w *worker) *idem.Flow[In] {
+	if w == nil || x.cfg.NewFlow == nil {
+		return x.cfg.Flow
+	}
+	if w.flow == nil {
+		w.flow = x.cfg.NewFlow()
+	}
+	return w.flow.(*idem.Flow[In])
+}
+
+// inputOf is the input the scenario sends (Config.Input, or what
+// Config.Setup returned for it).
+func inputOf[In any](sc *scenario) In {
+	in, _ := sc.input.(In)
+	return in
 }
 
 func (x *explorer[In]) providerMarks() []int {
@@ -184,7 +231,7 @@ func (x *explorer[In]) providerMarks() []int {
 
 // runBaseline runs the flow uninterrupted and learns its path from it.
 func (x *explorer[In]) runBaseline(ctx context.Context) *Scenario {
-	sc := x.newScenario("baseline", "", "", "the flow runs once, uninterrupted, to give the path and the response every scenario is held to")
+	sc := x.newScenario(ctx, "baseline", "", "", "the flow runs once, uninterrupted, to give the path and the response every scenario is held to")
 	out, err := x.call(ctx, sc, nil, opRun, x.store)
 	if out.Kind != idem.OutcomeExecuted || out.Response == nil {
 		sc.violate("the uninterrupted run did not execute: %s", outcomeText(out, err))
@@ -203,13 +250,18 @@ func (x *explorer[In]) runBaseline(ctx context.Context) *Scenario {
 }
 
 func (x *explorer[In]) runScenario(ctx context.Context, kind Kind, phase, foreign string) *Scenario {
-	sc := x.newScenario(string(kind)+"@"+phase, kind, phase, kind.describe(phase, foreign))
+	sc := x.newScenario(ctx, string(kind)+"@"+phase, kind, phase, kind.describe(phase, foreign))
+	defer sc.end()
 	f := &fault{kind: kind, phase: phase, bypass: x.newBypassWatch(kind)}
 	var final *idem.Response
 	if kind == LeaseTakeover {
 		final = x.takeover(ctx, sc, f)
 	} else {
 		out, err := x.call(ctx, sc, f, opRun, x.store)
+		if f.fired && !f.finished && x.lateRetry(kind) {
+			sc.report.Description += "; its client comes back a day later"
+			sc.advance(lateRetry, "the client comes back a day later: the phases left run at another time, on another date")
+		}
 		f.bypass.check(ctx, sc, phase) // see bypass.go
 		if !f.fired {
 			sc.violate("the fault point was never reached: the first run went another way than the baseline (%s); is the flow deterministic for one input?", outcomeText(out, err))
@@ -255,7 +307,7 @@ func (x *explorer[In]) callWith(ctx context.Context, sc *scenario, w *worker, o 
 	var out *idem.Outcome
 	switch o {
 	case opRun, opWire:
-		out, err = r.Execute(ctx, x.cfg.Flow, idem.Request{Scope: sc.scope, Key: sc.report.Key, Path: x.cfg.Path, Params: x.cfg.Input})
+		out, err = r.Execute(ctx, x.flowOf(w), idem.Request{Scope: sc.scope, Key: sc.report.Key, Path: x.cfg.Path, Params: inputOf[In](sc)})
 	case opReconcile:
 		out, err = r.Reconcile(ctx, sc.scope, sc.report.Key)
 	}
@@ -270,4 +322,21 @@ func randomID() string {
 	b := make([]byte, 6)
 	_, _ = rand.Read(b) // crypto/rand.Read never fails
 	return hex.EncodeToString(b)
+}
+
+// lateRetry is how much later than its crash the client of a
+// crash_after_commit scenario comes back when phases are left to run.
+const lateRetry = 24 * time.Hour
+
+// lateRetry reports whether the client of a scenario of kind comes back a
+// day later when its fault left the key unfinished: crash_after_commit,
+// unless the runner would by then treat the key as abandoned
+// (Config.AbandonAfter). (A finished key is left alone: a day later it may
+// have expired.)
+func (x *explorer[In]) lateRetry(kind Kind) bool {
+	if kind != CrashAfterCommit {
+		return false
+	}
+	abandon := x.base.WithDefaults().AbandonAfter
+	return abandon < 0 || abandon > lateRetry+3*x.lease
 }

@@ -19,9 +19,12 @@ type fault struct {
 	phase string
 	// fired is set on the worker's goroutine and read after its call
 	// returned.
-	fired  bool
-	park   *parking
-	bypass *bypassWatch
+	fired bool
+	// finished: the key was finished when the fault fired (an after-commit
+	// fault at a phase whose transaction stored the response).
+	finished bool
+	park     *parking
+	bypass   *bypassWatch
 }
 
 func (f *fault) inject(ctx context.Context, w *worker) error {

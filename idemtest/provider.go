@@ -52,9 +52,13 @@ type ProviderCall struct {
 	// Err is the error the call returned.
 	Err error
 
-	// scenario is the key of the kit's scenario whose worker made the
-	// call, when the call's context came from one (see withScenario).
-	scenario string
+	// Scenario is the idempotency key of the kit's scenario whose worker
+	// made the call: ScenarioOf the call's context. A fake of your own
+	// sets it so that the kit tells the calls of scenarios running side
+	// by side apart exactly; without it, the kit tells them apart by
+	// downstream key, and a call with a key no worker was handed is
+	// reported by every scenario that was running when it came.
+	Scenario string
 }
 
 // Do makes the effect for subject under the idempotency key key, or returns
@@ -67,7 +71,7 @@ func (p *Provider) Do(ctx context.Context, key, subject string) (Effect, error) 
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	call := ProviderCall{Key: key, Subject: subject, scenario: scenarioOf(ctx)}
+	call := ProviderCall{Key: key, Subject: subject, Scenario: ScenarioOf(ctx)}
 	if len(p.failing) > 0 {
 		call.Err, p.failing = p.failing[0], p.failing[1:]
 		p.calls = append(p.calls, call)
@@ -154,10 +158,19 @@ func (p *Provider) ExpectOne(subject string) error {
 //		defer f.mu.Unlock()
 //		out := make([]idemtest.ProviderCall, len(f.requests))
 //		for i, r := range f.requests {
-//			out[i] = idemtest.ProviderCall{Key: r.IdempotencyKey, Subject: r.Customer}
+//			out[i] = idemtest.ProviderCall{Key: r.IdempotencyKey, Subject: r.Customer, Effect: r.ChargeID}
 //		}
 //		return out
 //	}
+//
+// The kit holds the calls to more than their keys. Subject, when set, is
+// what the request asked for: two calls with one downstream key and
+// different subjects are one request changed between runs (it names a row
+// a rolled-back transaction created), which a fake that deduplicates on the
+// key alone answers with the first request's effect. Effect, when set, is
+// what the provider made: two effects for one key are a provider that does
+// not deduplicate, called from a phase declared ForeignIdempotent.
+// Scenario (ScenarioOf the call's context) attributes the call exactly.
 type FakeProvider interface {
 	Calls() []ProviderCall
 }
@@ -185,7 +198,11 @@ func withScenario(ctx context.Context, key string) context.Context {
 	return context.WithValue(ctx, scenarioKey{}, key)
 }
 
-func scenarioOf(ctx context.Context) string {
+// ScenarioOf returns the idempotency key of the kit's scenario whose worker
+// ctx comes from (the context Attempt.Foreign hands its call, and any
+// derived from it), or "" outside a scenario. A fake provider of your own
+// records it in ProviderCall.Scenario.
+func ScenarioOf(ctx context.Context) string {
 	key, _ := ctx.Value(scenarioKey{}).(string)
 	return key
 }

@@ -1,8 +1,10 @@
 package idemtest
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -58,11 +60,22 @@ type Scenario struct {
 	// Violations are the invariants the scenario broke; empty when it
 	// passed.
 	Violations []string
+	// RanAlone is set on a wire scenario that failed while other wire
+	// scenarios ran beside it and was then run again, alone, on another
+	// key: scenarios share the flow's tables, and a stalled one holds its
+	// row locks until its worker answers, so the others may wait on them
+	// past WireTimeout. The scenario is held to its run alone; Steps tell
+	// both runs.
+	RanAlone bool
 	// Missed is set on a wire scenario whose round trip never came: its
 	// request made fewer round trips than the wire baseline's, along the
 	// same phases, so the fault had nothing to break. Its invariants were
 	// checked all the same.
 	Missed bool
+
+	// ended orders the scenarios by when they ended (wire scenarios end
+	// in another order than they start).
+	ended int64
 }
 
 // Failed reports whether the scenario broke an invariant.
@@ -87,9 +100,10 @@ func (s *Scenario) String() string {
 	return b.String()
 }
 
-// Failed returns the failed scenarios, the baseline first if it failed.
+// Failed returns the failed scenarios in the order they failed (ended),
+// the baseline first if it failed.
 func (r *Report) Failed() []*Scenario {
-	var out []*Scenario
+	var out, scenarios []*Scenario
 	if r.Baseline != nil && r.Baseline.Failed() {
 		out = append(out, r.Baseline)
 	}
@@ -98,10 +112,11 @@ func (r *Report) Failed() []*Scenario {
 	}
 	for _, s := range r.Scenarios {
 		if s.Failed() {
-			out = append(out, s)
+			scenarios = append(scenarios, s)
 		}
 	}
-	return out
+	slices.SortStableFunc(scenarios, func(a, b *Scenario) int { return cmp.Compare(a.ended, b.ended) })
+	return append(out, scenarios...)
 }
 
 // Summary is a one-line account: how many scenarios ran over which phases,
@@ -111,8 +126,11 @@ func (r *Report) Summary() string {
 	if r.Baseline != nil && r.Baseline.Failed() {
 		return fmt.Sprintf("idemtest: flow %q: the uninterrupted baseline run failed, so no scenario ran, in %s", r.Flow, r.Elapsed.Round(time.Millisecond))
 	}
-	phased, wire, missed := 0, 0, 0
+	phased, wire, missed, alone := 0, 0, 0, 0
 	for _, s := range r.Scenarios {
+		if s.RanAlone {
+			alone++
+		}
 		switch {
 		case !s.Kind.Wire():
 			phased++
@@ -135,6 +153,9 @@ func (r *Report) Summary() string {
 		if missed > 0 {
 			fmt.Fprintf(&b, " (%d found fewer round trips and broke nothing)", missed)
 		}
+		if alone > 0 {
+			fmt.Fprintf(&b, " (%d failed beside others and ran again alone)", alone)
+		}
 	}
 	fmt.Fprintf(&b, ", %d failed, in %s", len(r.Failed()), r.Elapsed.Round(time.Millisecond))
 	if len(r.Unreached) > 0 {
@@ -144,8 +165,8 @@ func (r *Report) Summary() string {
 }
 
 // Err returns nil when every scenario passed; otherwise an error whose
-// message is the account of the first failed scenario and the names of the
-// others.
+// message is the account of the first failed scenario, the names of the
+// others, and then their accounts, in the order they failed.
 func (r *Report) Err() error {
 	failed := r.Failed()
 	if len(failed) == 0 {
@@ -167,6 +188,9 @@ func (r *Report) Err() error {
 			names = append(names, s.Name)
 		}
 		fmt.Fprintf(&b, "also failed: %s\n", strings.Join(names, ", "))
+		for i, s := range failed[1:] {
+			fmt.Fprintf(&b, "\nfailure %d of %d:\n%s", i+2, len(failed), s.String())
+		}
 	}
 	return errors.New(strings.TrimRight(b.String(), "\n"))
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-idem/idem"
@@ -16,6 +17,12 @@ type scenario struct {
 	userHook func(context.Context, idem.HookPoint) error
 	clock    *Clock
 	marks    []int
+	// input is the In the scenario sends.
+	input any
+	// handed is the exploration's downstream keys by scenario key
+	// (explorer.handed); ended its count of ended scenarios.
+	handed *sync.Map
+	ended  *atomic.Int64
 
 	mu      sync.Mutex
 	workers int
@@ -38,6 +45,11 @@ type foreignCall struct {
 	name   string
 	key    string
 	kind   idem.ForeignKind
+}
+
+// end records that the scenario ended, for the order Report.Failed gives.
+func (sc *scenario) end() {
+	sc.report.ended = sc.ended.Add(1)
 }
 
 func (sc *scenario) newWorker(f *fault) *worker {

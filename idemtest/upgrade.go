@@ -16,7 +16,7 @@ var upgradeKinds = []Kind{CrashBeforeCommit, CrashAfterForeign, CrashAfterCommit
 // check, then one upgrade scenario per crash kind at each phase of the
 // previous definition that its first attempt reaches.
 func (x *explorer[In]) runUpgrades(ctx context.Context) []*Scenario {
-	check := x.newScenario("flow change", "", "", "idem.CheckFlowChange from the previous definition to this one")
+	check := x.newScenario(ctx, "flow change", "", "", "idem.CheckFlowChange from the previous definition to this one")
 	if err := idem.CheckFlowChange(x.cfg.PreviousFlow, x.cfg.Flow); err != nil {
 		check.violate("the change breaks keys the previous definition leaves in flight: %v", err)
 	}
@@ -38,8 +38,9 @@ func (x *explorer[In]) runUpgrades(ctx context.Context) []*Scenario {
 // first attempt never reaches the fault (a phase without a foreign call, or
 // off the input's path).
 func (x *explorer[In]) runUpgrade(ctx context.Context, kind Kind, phase string) *Scenario {
-	sc := x.newScenario("upgrade:"+string(kind)+"@"+phase, kind, phase,
+	sc := x.newScenario(ctx, "upgrade:"+string(kind)+"@"+phase, kind, phase,
 		"the previous definition "+kind.describe(phase, "")+"; every retry runs the current one")
+	defer sc.end()
 	f := &fault{kind: kind, phase: phase}
 	w := sc.newWorker(f)
 	cfg := x.runnerConfig(w, sc.clock.Now)
@@ -51,7 +52,7 @@ func (x *explorer[In]) runUpgrade(ctx context.Context, kind Kind, phase string) 
 		return sc.report
 	}
 	res, err := r.Execute(withScenario(ctx, sc.report.Key), x.cfg.PreviousFlow,
-		idem.Request{Scope: sc.scope, Key: sc.report.Key, Path: x.cfg.Path, Params: x.cfg.Input})
+		idem.Request{Scope: sc.scope, Key: sc.report.Key, Path: x.cfg.Path, Params: inputOf[In](sc)})
 	if res == nil {
 		res = &idem.Outcome{Kind: idem.OutcomeFailed}
 	}

@@ -133,9 +133,10 @@ func (x *explorer[In]) checkForeignCalls(sc *scenario) {
 
 // checkProviders: every call the registered providers received during the
 // scenario carried a key the runner handed out in it, and every idempotent
-// call's key reached one of them. A call whose context says another
-// scenario's worker made it (wire scenarios run side by side) is that
-// scenario's.
+// call's key reached one of them; the calls with one key asked for one
+// subject and got at most one effect. A call is another scenario's (wire
+// scenarios run side by side) when its Scenario says so, or, without one,
+// when its key was handed to another scenario's worker.
 func (x *explorer[In]) checkProviders(sc *scenario) {
 	if len(x.cfg.Providers) == 0 {
 		return
@@ -143,17 +144,33 @@ func (x *explorer[In]) checkProviders(sc *scenario) {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
 	handed := map[string]bool{}
+	// idempotent: the keys of calls the provider is to deduplicate; a
+	// not-idempotent call runs again after a reconcile verdict of not
+	// done, with its key, and makes another effect.
+	idempotent := map[string]bool{}
 	for _, c := range sc.calls {
 		handed[c.key] = true
+		idempotent[c.key] = idempotent[c.key] || c.kind == idem.ForeignIdempotent
 	}
 	received := map[string]bool{}
 	reported := map[string]bool{}
 	for i, p := range x.cfg.Providers {
+		subjects := map[string][]string{}
+		effects := map[string][]string{}
 		for _, c := range callsSince(p, sc.marks[i]) {
-			if c.scenario != "" && c.scenario != sc.report.Key {
+			if c.Scenario != "" && c.Scenario != sc.report.Key {
 				continue // a scenario running beside this one made it
 			}
+			if owner, ok := sc.handed.Load(c.Key); c.Scenario == "" && ok && owner != sc.report.Key {
+				continue // its key is another scenario's
+			}
 			received[c.Key] = true
+			if c.Subject != "" && !slices.Contains(subjects[c.Key], c.Subject) {
+				subjects[c.Key] = append(subjects[c.Key], c.Subject)
+			}
+			if c.Effect != "" && c.Err == nil && !slices.Contains(effects[c.Key], c.Effect) {
+				effects[c.Key] = append(effects[c.Key], c.Effect)
+			}
 			if handed[c.Key] || reported[c.Key] {
 				continue
 			}
@@ -163,6 +180,16 @@ func (x *explorer[In]) checkProviders(sc *scenario) {
 				key = "no idempotency key"
 			}
 			sc.violateLocked("provider %d received a call for %q with %s, which is no downstream key the runner handed out in this scenario: a foreign call made outside Attempt.Foreign, or one that does not send the key it is given", i, c.Subject, key)
+		}
+		for _, key := range slices.Sorted(maps.Keys(subjects)) {
+			if s := subjects[key]; len(s) > 1 && idempotent[key] {
+				sc.violateLocked("provider %d received the downstream key %q for %d different requests (%s): the call changed between runs of its phase, so a provider that deduplicates on the key answers the later ones with the first one's effect. A call that names a row an earlier phase of the same transaction created (Phase.JoinPrevious) names another row after a rollback; give the call a phase of its own after the row's commit", i, key, len(s), strings.Join(s, ", "))
+			}
+		}
+		for _, key := range slices.Sorted(maps.Keys(effects)) {
+			if e := effects[key]; len(e) > 1 && idempotent[key] {
+				sc.violateLocked("provider %d made %d effects (%s) for one downstream key %q: it does not deduplicate, so the phase calling it must declare Foreign: idem.ForeignNotIdempotent, with a Reconcile hook", i, len(e), strings.Join(e, ", "), key)
+			}
 		}
 	}
 	for _, c := range sc.calls {

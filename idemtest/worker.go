@@ -3,6 +3,7 @@ package idemtest
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/go-idem/idem"
@@ -13,6 +14,8 @@ type worker struct {
 	sc    *scenario
 	n     int
 	fault *fault
+	// flow is the worker's own flow (*idem.Flow[In]) with Config.NewFlow.
+	flow idem.AnyFlow
 
 	// trips, when set, records how many round trips the worker had sent
 	// through a fault proxy at each hook point of its key (the wire
@@ -29,8 +32,16 @@ func (w *worker) hook(ctx context.Context, at idem.HookPoint) error {
 	if ours {
 		// Record first: what happened happened, whatever the user's hook
 		// then decides.
-		if at.Where == idem.HookAfterForeign {
+		switch at.Where {
+		case idem.HookBeforeForeign:
+			// Before the call leaves: a provider may see it before
+			// HookAfterForeign, and must tell whose it is.
+			w.sc.handed.Store(at.DownstreamKey, w.sc.report.Key)
+		case idem.HookAfterForeign:
+			w.sc.handed.Store(at.DownstreamKey, w.sc.report.Key)
 			w.foreignCall(at)
+		case idem.HookForeignRefused:
+			w.refused(at)
 		}
 		if w.trips != nil {
 			w.sc.mu.Lock()
@@ -54,6 +65,7 @@ func (w *worker) hook(ctx context.Context, at idem.HookPoint) error {
 		return nil
 	}
 	f.fired = true
+	f.finished = at.Key.Status == idem.StatusFinished
 	f.bypass.strike(ctx) // see bypass.go
 	return f.inject(ctx, w)
 }
@@ -103,6 +115,20 @@ func (w *worker) foreignCall(at idem.HookPoint) {
 		return
 	}
 	w.notes = append(w.notes, fmt.Sprintf("called %q of %s with key %s", c.name, c.phase, c.key))
+}
+
+// refused records a foreign call the runner refused. The call was not
+// made: whatever the phase then did, an effect the flow meant to have is
+// missing, or the phase fails on every retry.
+func (w *worker) refused(at idem.HookPoint) {
+	sc := w.sc
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	w.notes = append(w.notes, fmt.Sprintf("was refused the foreign call %q of %s", at.Foreign, at.Phase))
+	v := fmt.Sprintf("phase %q called Attempt.Foreign for %q after its transaction had made its one foreign call, and the runner refused it, so %q was never made (%v): give the call a phase of its own; a phase that logs the refusal and goes on loses the effect", at.Phase, at.Foreign, at.Foreign, at.Err)
+	if !slices.Contains(sc.report.Violations, v) {
+		sc.violateLocked("%s", v)
+	}
 }
 
 // describe is the worker's call as a step, without the worker's number:
