@@ -260,7 +260,7 @@ func (x *explorer[In]) runScenario(ctx context.Context, kind Kind, phase, foreig
 		out, err := x.call(ctx, sc, f, opRun, x.store)
 		if f.fired && !f.finished && x.lateRetry(kind) {
 			sc.report.Description += "; its client comes back a day later"
-			sc.advance(lateRetry, "the client comes back a day later: the phases left run at another time, on another date")
+			sc.advance(lateBy, "the client comes back a day later: the phases left run at another time, on another date")
 		}
 		f.bypass.check(ctx, sc, phase) // see bypass.go
 		if !f.fired {
@@ -324,9 +324,9 @@ func randomID() string {
 	return hex.EncodeToString(b)
 }
 
-// lateRetry is how much later than its crash the client of a
+// lateBy is how much later than its crash the client of a
 // crash_after_commit scenario comes back when phases are left to run.
-const lateRetry = 24 * time.Hour
+const lateBy = 24 * time.Hour
 
 // lateRetry reports whether the client of a scenario of kind comes back a
 // day later when its fault left the key unfinished: crash_after_commit,
@@ -338,5 +338,5 @@ func (x *explorer[In]) lateRetry(kind Kind) bool {
 		return false
 	}
 	abandon := x.base.WithDefaults().AbandonAfter
-	return abandon < 0 || abandon > lateRetry+3*x.lease
+	return abandon < 0 || abandon > lateBy+3*x.lease
 }
