@@ -135,6 +135,7 @@ func (h *Handler[In]) recoverPanic(w http.ResponseWriter, r *http.Request, respo
 func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 	responded := false
 	defer h.recoverPanic(w, r, &responded)
+	echoKey(w.Header(), r.Header)
 
 	req, p := h.admit(w, r)
 	if p != nil && !req.RetryOnly {
@@ -170,6 +171,25 @@ func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 	responded = true
 	h.applied(w, out, wait)
 	h.writeOutcome(w, r, req, out, err)
+}
+
+// echoKey sends the request's Idempotency-Key back, as the client sent it,
+// on every answer to a request that carries a valid one: Stripe's
+// convention, which its SDKs read into the response of a failed call, where
+// the application's retry takes it from. Without it such a retry makes a
+// new key, while the completer finishes the first request: a second effect.
+// A missing or malformed key has nothing to echo.
+func echoKey(dst, request http.Header) {
+	values := request.Values("Idempotency-Key")
+	if _, err := ParseKey(values); err != nil {
+		return
+	}
+	for _, v := range values {
+		if v = trimOWS(v); v != "" {
+			dst.Set("Idempotency-Key", v)
+			return
+		}
+	}
 }
 
 // applied answers Preference-Applied: wait=N (the wait the handler granted,
