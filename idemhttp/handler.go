@@ -145,8 +145,12 @@ func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 	}
 	// Prefer is read only for a request that is to run (bounded and
 	// without allocating, preferWait), and the wait ends when the client
-	// goes away (WaitContext); the flow itself, once run, does not.
-	wait, _ := preferWait(r.Header, h.cfg.MaxWait)
+	// goes away (WaitContext); the flow itself, once run, does not. A
+	// request that asks nothing waits Config.DefaultWait.
+	wait, asked := preferWait(r.Header, h.cfg.MaxWait)
+	if !asked {
+		wait = h.cfg.DefaultWait
+	}
 	req.Wait, req.WaitContext = wait, r.Context()
 	if p != nil {
 		// A body this release refuses may be the retry of a request an
@@ -154,7 +158,7 @@ func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 		// (a replay, or its resumption); with no such key, the problem.
 		out, err := h.runner.Execute(context.WithoutCancel(r.Context()), h.flow, req)
 		responded = true
-		h.applied(w, out, wait)
+		h.applied(w, out, wait, asked)
 		if errors.Is(err, idem.ErrNotFound) || errors.Is(err, idem.ErrMismatch) || errors.Is(err, idem.ErrNoRedrive) ||
 			errors.Is(err, idem.ErrInvalidRequest) {
 			h.writeProblem(w, p)
@@ -169,7 +173,7 @@ func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 	// the phases.
 	out, err := h.runner.Execute(context.WithoutCancel(r.Context()), h.flow, req)
 	responded = true
-	h.applied(w, out, wait)
+	h.applied(w, out, wait, asked)
 	h.writeOutcome(w, r, req, out, err)
 }
 
@@ -193,10 +197,11 @@ func echoKey(dst, request http.Header) {
 }
 
 // applied answers Preference-Applied: wait=N (the wait the handler granted,
-// Prefer's capped by Config.MaxWait) when the request waited for another
-// attempt of its key, which only a request that asked to wait does.
-func (h *Handler[In]) applied(w http.ResponseWriter, out *idem.Outcome, wait time.Duration) {
-	if out.Waited > 0 {
+// Prefer's capped by Config.MaxWait) when the request asked to wait and
+// waited for another attempt of its key; Config.DefaultWait was asked by
+// no one and is not announced.
+func (h *Handler[In]) applied(w http.ResponseWriter, out *idem.Outcome, wait time.Duration, asked bool) {
+	if asked && out.Waited > 0 {
 		w.Header().Set("Preference-Applied", preferenceApplied(wait))
 	}
 }

@@ -27,7 +27,8 @@ const (
 	// route or flow) or other parameters. 422 (IETF), 400 idempotency_error (Stripe).
 	ProblemKeyReused = "idempotency-key-reused"
 	// ProblemInProgress: another attempt with this key is running. 409 with
-	// Retry-After.
+	// Retry-After; in the Stripe profile, after a wait that ran out
+	// (Config.DefaultWait), 429 with error code lock_timeout.
 	ProblemInProgress = "request-in-progress"
 	// ProblemTooManyKeys: the runner's Config.Admit refused to let the
 	// caller create another key. Nothing was recorded. 429 with Retry-After.
@@ -100,6 +101,16 @@ const (
 	StripeAPIError            = "api_error"
 )
 
+// Stripe error codes, the "code" of the Stripe profile's "error" member,
+// where the adapter sets one.
+const (
+	// StripeCodeKeyInUse: request-in-progress answered without a wait, 409.
+	StripeCodeKeyInUse = "idempotency_key_in_use"
+	// StripeCodeLockTimeout: request-in-progress after a wait that ran
+	// out, 429; the Stripe SDKs retry it.
+	StripeCodeLockTimeout = "lock_timeout"
+)
+
 // problemSpec is one of the adapter's own problem types: its status in each
 // profile and what the Stripe profile calls it.
 type problemSpec struct {
@@ -119,7 +130,12 @@ var (
 	specKeyReused = problemSpec{ProblemKeyReused, "Idempotency-Key is already used",
 		http.StatusUnprocessableEntity, http.StatusBadRequest, StripeIdempotencyError, ""}
 	specInProgress = problemSpec{ProblemInProgress, "A request is outstanding for this Idempotency-Key",
-		http.StatusConflict, http.StatusConflict, StripeIdempotencyError, "idempotency_key_in_use"}
+		http.StatusConflict, http.StatusConflict, StripeIdempotencyError, StripeCodeKeyInUse}
+	// specInProgressWaited is specInProgress after a wait that ran out
+	// (Config.DefaultWait, Prefer: wait): in the Stripe profile a 429
+	// lock_timeout, the one Stripe error the Stripe SDKs retry (their
+	// 409 idempotency_key_in_use they take as final).
+	specInProgressWaited = specInProgress.inStripe(http.StatusTooManyRequests, StripeCodeLockTimeout)
 	specTooManyKeys = problemSpec{ProblemTooManyKeys, "Too many idempotency keys",
 		http.StatusTooManyRequests, http.StatusTooManyRequests, StripeInvalidRequestError, "rate_limit"}
 	specNeedsReconcile = problemSpec{ProblemNeedsReconcile, "The outcome of this request is being reconciled",
@@ -153,6 +169,13 @@ var (
 	specWebhookEventInProgress = problemSpec{ProblemWebhookEventInProgress, "Webhook event is being processed",
 		http.StatusServiceUnavailable, http.StatusServiceUnavailable, StripeAPIError, ""}
 )
+
+// inStripe is s with another status and error code in the Stripe profile:
+// the same problem type, answered as the Stripe SDKs need to see it.
+func (s problemSpec) inStripe(status int, code string) problemSpec {
+	s.stripeStatus, s.stripeCode = status, code
+	return s
+}
 
 // problem builds the adapter's problem of kind spec in profile.
 func (s problemSpec) problem(base string, profile Profile, detail string) *Problem {

@@ -26,14 +26,14 @@ func (h *Handler[In]) writeOutcome(w http.ResponseWriter, r *http.Request, req i
 	case idem.OutcomeReplayed:
 		h.writeResponse(w, r, out.Response, true)
 	case idem.OutcomeInProgress:
-		p := h.problem(specInProgress, "A request with this Idempotency-Key is still being processed. "+
+		p := h.problem(h.inProgress(req), "A request with this Idempotency-Key is still being processed. "+
 			"Retry after the time in Retry-After to get its result.")
 		p.Header = retryAfter(out.RetryAfter)
 		h.writeProblem(w, p)
 	case idem.OutcomeLockLost:
 		// Another worker took the key over (this one was presumed dead) and
 		// owns the request now: for the client it is in progress.
-		p := h.problem(specInProgress, "Another attempt of this request took it over while this one ran. "+
+		p := h.problem(h.inProgress(req), "Another attempt of this request took it over while this one ran. "+
 			"Retry after the time in Retry-After to get its result.")
 		p.Header = retryAfter(time.Second)
 		h.writeProblem(w, p)
@@ -84,6 +84,16 @@ func (h *Handler[In]) writeOutcome(w http.ResponseWriter, r *http.Request, req i
 			"flow", h.flow.Name(), "outcome", out.Kind, "key", req.Key, "err", err)
 		h.writeProblem(w, h.problem(specInternal, internalDetail))
 	}
+}
+
+// inProgress is the problem for a key in flight: after a wait (the
+// request's Wait, Config.DefaultWait or Prefer's) the Stripe profile's 429
+// lock_timeout, which the Stripe SDKs retry; without one, the 409.
+func (h *Handler[In]) inProgress(req idem.Request) problemSpec {
+	if req.Wait > 0 {
+		return specInProgressWaited
+	}
+	return specInProgress
 }
 
 // writeResponse writes a flow's response: the stored status and body, and
