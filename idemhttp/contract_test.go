@@ -496,7 +496,7 @@ var contractCases = []contractCase{
 			deadStore, err := pgstore.New(pool, nil)
 			require.NoError(t, err)
 			t.Cleanup(deadStore.Close)
-			dead, err := idem.NewRunner(deadStore, nil)
+			dead, err := idem.NewRunner(deadStore, &idem.Config{Flows: []idem.AnyFlow{b.flow}})
 			require.NoError(t, err)
 			return post(b.handlerOn(t, dead, b.flow, nil), "k-1", rideBody)
 		},
@@ -525,7 +525,7 @@ var contractCases = []contractCase{
 					return idem.Respond(http.StatusContinue, nil, nil), nil
 				},
 			}}, nil)
-			h := b.handlerOn(t, b.runner, flow, nil)
+			h := b.handlerOn(t, b.runnerWith(t, flow), flow, nil)
 			first := post(h, "k-1", rideBody)
 			require.Equal(t, http.StatusInternalServerError, first.Code, first.Body.String())
 			return post(h, "k-1", rideBody)
@@ -745,7 +745,7 @@ var contractCases = []contractCase{
 					return idem.RespondJSON(http.StatusOK, nil), nil
 				},
 			}}, nil)
-			h, err := idemhttp.New(b.runner, flow, &idemhttp.Config[quote]{Scope: bearerScope, Profile: b.profile})
+			h, err := idemhttp.New(b.runnerWith(t, flow), flow, &idemhttp.Config[quote]{Scope: bearerScope, Profile: b.profile})
 			require.NoError(t, err)
 			for body, want := range map[string]idemhttp.FieldError{
 				`{"scale": 1e39}`:        {Field: "scale", Detail: "must be a number from -3.4028235e+38 to 3.4028235e+38, not 1e39"},

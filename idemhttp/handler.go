@@ -43,6 +43,9 @@ func New[In any](runner *idem.Runner, flow *idem.Flow[In], cfg *Config[In]) (*Ha
 	if cfg == nil || cfg.Scope == nil {
 		return nil, errors.New("idemhttp: Config.Scope is required: derive the key's scope (tenant or user) from the authenticated request; there is no global scope")
 	}
+	if err := registered(runner, flow); err != nil {
+		return nil, fmt.Errorf("idemhttp: %w", err)
+	}
 	h := &Handler[In]{runner: runner, flow: flow, cfg: *cfg}
 	replay, err := h.cfg.apply()
 	if err != nil {
@@ -51,6 +54,23 @@ func New[In any](runner *idem.Runner, flow *idem.Flow[In], cfg *Config[In]) (*Ha
 	h.replay = replay
 	h.log = cmp.Or(h.cfg.Logger, runner.Config().Logger)
 	return h, nil
+}
+
+// registered refuses a flow the runner does not know (missing from its
+// idem.Config.Flows, or another flow under its name): its requests would
+// run, but the completer, which claims only the keys of the runner's
+// flows, would never finish one whose client gave up.
+func registered[In any](runner *idem.Runner, flow *idem.Flow[In]) error {
+	known, ok := runner.Flow(flow.Name())
+	switch {
+	case !ok:
+		return fmt.Errorf("flow %q is not in the runner's idem.Config.Flows: its requests would run, "+
+			"but the completer would never finish one whose client gave up; add the flow there", flow.Name())
+	case known != idem.AnyFlow(flow):
+		return fmt.Errorf("the runner's idem.Config.Flows holds another flow named %q: "+
+			"give the runner and the handler the same *idem.Flow", flow.Name())
+	}
+	return nil
 }
 
 // ServeHTTP runs the flow for POST and PATCH. Any other method answers 405

@@ -136,7 +136,7 @@ var (
 	// lock_timeout, the one Stripe error the Stripe SDKs retry (their
 	// 409 idempotency_key_in_use they take as final).
 	specInProgressWaited = specInProgress.inStripe(http.StatusTooManyRequests, StripeCodeLockTimeout)
-	specTooManyKeys = problemSpec{ProblemTooManyKeys, "Too many idempotency keys",
+	specTooManyKeys      = problemSpec{ProblemTooManyKeys, "Too many idempotency keys",
 		http.StatusTooManyRequests, http.StatusTooManyRequests, StripeInvalidRequestError, "rate_limit"}
 	specNeedsReconcile = problemSpec{ProblemNeedsReconcile, "The outcome of this request is being reconciled",
 		http.StatusServiceUnavailable, http.StatusServiceUnavailable, StripeAPIError, ""}
