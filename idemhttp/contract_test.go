@@ -125,6 +125,7 @@ func phaseFails(name string, fail func() error) contractCase {
 			return post(b.handler(t, nil), "k-1", rideBody)
 		},
 		status: http.StatusInternalServerError, problem: idemhttp.ProblemRequestFailed, stripeType: idemhttp.StripeAPIError,
+		stripeCode: idemhttp.CodeRequestUnfinished,
 		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
 			row := b.keyRow(t, "k-1")
 			require.Equal(t, idem.StatusRunning, row.Status)
@@ -531,6 +532,7 @@ var contractCases = []contractCase{
 			return post(h, "k-1", rideBody)
 		},
 		status: http.StatusInternalServerError, problem: idemhttp.ProblemRequestFailed, stripeType: idemhttp.StripeAPIError,
+		stripeCode: idemhttp.CodeRequestUnfinished,
 		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
 			row := b.keyRow(t, "k-1")
 			require.Equal(t, idem.StatusRunning, row.Status, "the key did not finish")

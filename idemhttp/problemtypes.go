@@ -101,6 +101,14 @@ const (
 	StripeAPIError            = "api_error"
 )
 
+// CodeRequestUnfinished is the "code" of a request-failed problem (and of
+// its Stripe "error" member) for a flow the completer re-drives: the
+// request is unfinished, its key keeps it, and the server finishes it
+// (idem's completer, where an idem.Maintainer runs) unless a retry with the
+// same key does first. Never make it anew under another key: it would
+// happen twice.
+const CodeRequestUnfinished = "request_unfinished"
+
 // Stripe error codes, the "code" of the Stripe profile's "error" member,
 // where the adapter sets one.
 const (

@@ -57,8 +57,18 @@ func (h *Handler[In]) writeOutcome(w http.ResponseWriter, r *http.Request, req i
 		h.writeProblem(w, h.storeUnavailable("The idempotency key store could not be reached, so the request could not be completed. "+
 			"Retry it with the same Idempotency-Key: it resumes where it stopped, and nothing runs twice."))
 	case idem.OutcomeFailed:
-		h.writeProblem(w, h.problem(specRequestFailed, "The request failed before it completed. Its Idempotency-Key stays bound to this request "+
-			"and keeps the steps that completed: retry it with the same key and the same body, and it resumes where it stopped."))
+		p := h.problem(specRequestFailed, "The request failed before it completed. Its Idempotency-Key stays bound to this request "+
+			"and keeps the steps that completed: retry it with the same key and the same body, and it resumes where it stopped.")
+		if h.flow.Redrives() {
+			// The completer finishes it whether the client retries or
+			// not: a client that gives up must not make it anew.
+			p.Code = CodeRequestUnfinished
+			p.Detail += " If you do not retry, the server finishes it."
+			if p.Stripe != nil {
+				p.Stripe.Code, p.Stripe.Message = CodeRequestUnfinished, p.Detail
+			}
+		}
+		h.writeProblem(w, p)
 	case idem.OutcomeCanceled:
 		// The runner's caller went away. The handler runs the flow detached
 		// from the request's cancellation, so this is a runner shared with

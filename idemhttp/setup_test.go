@@ -354,6 +354,7 @@ type problemJSON struct {
 	Status int                   `json:"status"`
 	Detail string                `json:"detail"`
 	Errors []idemhttp.FieldError `json:"errors"`
+	Code   string                `json:"code"`
 	Error  *idemhttp.StripeError `json:"error"`
 }
 
