@@ -25,7 +25,7 @@ import (
 var docSpecs = []problemSpec{
 	specKeyMissing, specKeyMalformed, specKeyReused, specInProgress, specTooManyKeys, specNeedsReconcile,
 	specRequestAbandoned, specStoreUnavailable, specRequestFailed, specUnauthenticated, specMethodNotAllowed,
-	specUnsupportedMediaType, specBodyTooLarge, specMalformedJSON, specInvalidInput, specInternal,
+	specUnsupportedMediaType, specBodyTooLarge, specMalformedJSON, specMalformedForm, specInvalidInput, specInternal,
 	specWebhookSignatureInvalid, specWebhookEventInvalid, specWebhookEventReused, specWebhookEventInProgress,
 }
 

@@ -62,6 +62,11 @@ const (
 	ProblemBodyTooLarge = "body-too-large"
 	// ProblemMalformedJSON: a body that is not one well-formed JSON value. 400.
 	ProblemMalformedJSON = "malformed-json"
+	// ProblemMalformedForm: a form body (Stripe profile) that is not a
+	// well-formed application/x-www-form-urlencoded body in Stripe's
+	// bracket notation (a field given twice, an unclosed bracket, an
+	// array index with a gap). 400.
+	ProblemMalformedForm = "malformed-form"
 	// ProblemInvalidInput: well-formed JSON that does not fit the input: a
 	// field of the wrong type, an unknown field, a failed Config.Validate.
 	// 422 (IETF), 400 invalid_request_error (Stripe), with the fields at
@@ -163,6 +168,8 @@ var (
 	specBodyTooLarge = problemSpec{ProblemBodyTooLarge, "Request body too large",
 		http.StatusRequestEntityTooLarge, http.StatusRequestEntityTooLarge, StripeInvalidRequestError, ""}
 	specMalformedJSON = problemSpec{ProblemMalformedJSON, "Request body is not valid JSON",
+		http.StatusBadRequest, http.StatusBadRequest, StripeInvalidRequestError, ""}
+	specMalformedForm = problemSpec{ProblemMalformedForm, "Request body is not a valid form",
 		http.StatusBadRequest, http.StatusBadRequest, StripeInvalidRequestError, ""}
 	specInvalidInput = problemSpec{ProblemInvalidInput, "Request body is invalid",
 		http.StatusUnprocessableEntity, http.StatusBadRequest, StripeInvalidRequestError, ""}
