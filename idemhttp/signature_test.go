@@ -69,12 +69,16 @@ func TestStripeSignature(t *testing.T) {
 	require.NoError(t, verify(signed(now, secretNew), []byte(body)))
 	require.NoError(t, verify(signed(now, "whsec_unknown_unknown_unknown", secretNew), []byte(body)), "any v1 may match")
 	for name, r := range map[string]*http.Request{
-		"other secret":  signed(now, "whsec_unknown_unknown_unknown"),
-		"too old":       signed(now.Add(-2*time.Minute), secretOld),
-		"too new":       signed(now.Add(2*time.Minute), secretOld),
-		"no signature":  httptest.NewRequest(http.MethodPost, "/", nil),
-		"no v1":         func() *http.Request { r := signed(now); return r }(),
-		"bad timestamp": func() *http.Request { r := signed(now, secretOld); r.Header.Set("Stripe-Signature", "t=x,v1=00"); return r }(),
+		"other secret": signed(now, "whsec_unknown_unknown_unknown"),
+		"too old":      signed(now.Add(-2*time.Minute), secretOld),
+		"too new":      signed(now.Add(2*time.Minute), secretOld),
+		"no signature": httptest.NewRequest(http.MethodPost, "/", nil),
+		"no v1":        func() *http.Request { r := signed(now); return r }(),
+		"bad timestamp": func() *http.Request {
+			r := signed(now, secretOld)
+			r.Header.Set("Stripe-Signature", "t=x,v1=00")
+			return r
+		}(),
 	} {
 		require.ErrorIs(t, verify(r, []byte(body)), idemhttp.ErrSignature, name)
 	}
