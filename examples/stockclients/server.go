@@ -92,7 +92,10 @@ func Flow(card *CardNetwork) *idem.Flow[ChargeParams] {
 				return idem.Result{}, err
 			}
 			var cardCharge string
-			err = run.Foreign(ctx, "card", func(ctx context.Context, key string) error {
+			// The card network deduplicates on the downstream key: a
+			// transient failure is retried here, before the client hears
+			// of it (stock clients take a 500 as final).
+			err = run.ForeignRetrying(ctx, "card", idem.ForeignRetry{}, func(ctx context.Context, key string) error {
 				cardCharge, err = card.Charge(ctx, key, run.Input().Metadata["order_id"], run.Input().Amount)
 				return err
 			})
