@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	mrand "math/rand/v2"
 	"net"
@@ -344,7 +345,7 @@ func TestStripeGoDefaults(t *testing.T) {
 			var se *stripe.Error
 			if !errors.As(err, &se) || se.LastResponse == nil || se.LastResponse.IdempotencyKey == "" ||
 				se.HTTPStatusCode < 409 || attempt == 5 {
-				t.Logf("%s reported failed after %d application tries: %v", order, attempt, err)
+				log.Printf("charge %s failed after %d tries: %v", order, attempt, err)
 				return false
 			}
 			// The application's retry: the same key, from the response.
