@@ -10,12 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemhttp"
-	"github.com/go-idem/idem/pgstore"
 )
 
 // The titles are part of the contract (docs/http.md lists them).
@@ -489,17 +487,7 @@ var contractCases = []contractCase{
 	{
 		name: "key store unreachable",
 		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
-			cfg, err := pgxpool.ParseConfig("postgres://postgres@127.0.0.1:1/none?connect_timeout=2")
-			require.NoError(t, err)
-			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-			require.NoError(t, err)
-			t.Cleanup(pool.Close)
-			deadStore, err := pgstore.New(pool, nil)
-			require.NoError(t, err)
-			t.Cleanup(deadStore.Close)
-			dead, err := idem.NewRunner(deadStore, &idem.Config{Flows: []idem.AnyFlow{b.flow}})
-			require.NoError(t, err)
-			return post(b.handlerOn(t, dead, b.flow, nil), "k-1", rideBody)
+			return post(b.handlerOn(t, b.unreachableRunner(t), b.flow, nil), "k-1", rideBody)
 		},
 		status: http.StatusServiceUnavailable, problem: idemhttp.ProblemStoreUnavailable, stripeType: idemhttp.StripeAPIError,
 		header: map[string]string{"Retry-After": "5"},

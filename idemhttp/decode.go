@@ -24,14 +24,10 @@ func (h *Handler[In]) decode(w http.ResponseWriter, r *http.Request, form bool) 
 		return in, nil, p
 	}
 	if form {
-		if body, err := formToJSON(body, reflect.TypeFor[In]()); err != nil {
+		var err error
+		if body, err = formToJSON(body, reflect.TypeFor[In]()); err != nil {
 			return in, nil, h.problem(specMalformedForm, "The request body is not a valid form: "+
 				strings.TrimPrefix(err.Error(), errMalformedForm.Error()+": ")+".")
-		} else if string(body) == "{}" && jsonKind(reflect.TypeFor[In]()) != "object" {
-			return in, nil, h.problem(specInvalidInput, "The request body is an empty form; send a JSON "+jsonKind(reflect.TypeFor[In]())+".")
-		} else {
-			in, p = decodeBody[In](h, body)
-			return in, body, p
 		}
 	}
 	in, p = decodeBody[In](h, body)

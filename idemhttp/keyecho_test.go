@@ -90,17 +90,8 @@ func TestEveryAnswerCarriesTheKey(t *testing.T) {
 			echoes("abandoned", post(sms, "s-1", `{"to": "+15550100"}`), http.StatusGone, "s-1")
 
 			// The key store is unreachable: 503.
-			cfg, err := pgxpool.ParseConfig("postgres://postgres@127.0.0.1:1/none?connect_timeout=2")
-			require.NoError(t, err)
-			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-			require.NoError(t, err)
-			t.Cleanup(pool.Close)
-			deadStore, err := pgstore.New(pool, nil)
-			require.NoError(t, err)
-			t.Cleanup(deadStore.Close)
-			dead, err := idem.NewRunner(deadStore, &idem.Config{Flows: []idem.AnyFlow{b.flow}})
-			require.NoError(t, err)
-			echoes("store unavailable", post(b.handlerOn(t, dead, b.flow, nil), "k-5", rideBody), http.StatusServiceUnavailable, "k-5")
+			echoes("store unavailable", post(b.handlerOn(t, b.unreachableRunner(t), b.flow, nil), "k-5", rideBody),
+				http.StatusServiceUnavailable, "k-5")
 
 			// A request without a valid key has none to carry back.
 			for name, res := range map[string]*httptest.ResponseRecorder{
@@ -113,4 +104,21 @@ func TestEveryAnswerCarriesTheKey(t *testing.T) {
 			}
 		})
 	}
+}
+
+// unreachableRunner is a runner of the bundle's rides flow on a store whose
+// database does not answer.
+func (b *bundle) unreachableRunner(t testing.TB) *idem.Runner {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig("postgres://postgres@127.0.0.1:1/none?connect_timeout=2")
+	require.NoError(t, err)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	deadStore, err := pgstore.New(pool, nil)
+	require.NoError(t, err)
+	t.Cleanup(deadStore.Close)
+	dead, err := idem.NewRunner(deadStore, &idem.Config{Flows: []idem.AnyFlow{b.flow}})
+	require.NoError(t, err)
+	return dead
 }
