@@ -119,6 +119,7 @@ func (r *Runner) Complete(ctx context.Context, config *CompleteConfig) (*Complet
 	if len(r.flows) == 0 {
 		return nil, fmt.Errorf("%w: Config.Flows is empty, so this runner cannot complete any key", ErrUnknownFlow)
 	}
+	r.warnOtherFlows(ctx)
 	var flows []string
 	for _, name := range r.flowNames() {
 		if r.flows[name].redrives() {

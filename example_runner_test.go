@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 
 	"github.com/go-idem/idem"
@@ -93,7 +94,12 @@ func Example() {
 	if _, err := m.Up(ctx); err != nil {
 		log.Fatal(err)
 	}
-	store, err := pgstore.New(pool, nil)
+	store, err := pgstore.New(pool, &pgstore.Config{
+		// A name this process keeps across restarts (a StatefulSet pod's name):
+		// after a crash its restart takes its own keys over at once, instead of
+		// answering 409 until their 90 s leases run out. Never two live processes.
+		Instance: os.Getenv("HOSTNAME"),
+	})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -102,6 +108,17 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	// The reaper, the completer (it finishes requests whose clients gave up)
+	// and reconcile runs. Stop it, and wait for it, before the store closes:
+	// deferred after store.Close, this runs first.
+	maintainer, err := idem.NewMaintainer(runner, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	maintainerCtx, stopMaintainer := context.WithCancel(ctx)
+	maintainerDone := make(chan error, 1)
+	go func() { maintainerDone <- maintainer.Serve(maintainerCtx) }()
+	defer func() { stopMaintainer(); <-maintainerDone }()
 	handler, err := idemhttp.New(runner, createOrder, &idemhttp.Config[OrderParams]{Scope: userFromAuth})
 	if err != nil {
 		log.Fatal(err)

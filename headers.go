@@ -18,6 +18,9 @@ var neverReplayed = map[string]bool{
 	"Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
 	// Per response.
 	"Content-Length": true, "Date": true, "Idempotent-Replayed": true,
+	// The request's own key, which the HTTP adapter sends back on every
+	// answer to it: a replay answers another request, with its own key.
+	"Idempotency-Key": true,
 }
 
 // ReplayableHeader reports whether a response header may be stored with a
@@ -27,8 +30,8 @@ var neverReplayed = map[string]bool{
 // WWW-Authenticate, Proxy-Authenticate, Authentication-Info,
 // Proxy-Authentication-Info, Cookie, Set-Cookie, Set-Cookie2, the
 // hop-by-hop headers (Connection, Keep-Alive, Proxy-Connection, TE,
-// Trailer, Transfer-Encoding, Upgrade), Content-Length, Date and
-// Idempotent-Replayed. name is matched case-insensitively.
+// Trailer, Transfer-Encoding, Upgrade), Content-Length, Date,
+// Idempotent-Replayed and Idempotency-Key. name is matched case-insensitively.
 func ReplayableHeader(name string) bool {
 	return !neverReplayed[http.CanonicalHeaderKey(name)]
 }

@@ -68,10 +68,11 @@ func (h *Handler[In]) admit(w http.ResponseWriter, r *http.Request) (idem.Reques
 			"The Idempotency-Key header is malformed: key is %d characters long, this endpoint requires at least %d.", len(key), h.cfg.MinKeyLength))
 	}
 
-	if p := h.checkContentType(r); p != nil {
+	form, p := h.checkContentType(r)
+	if p != nil {
 		return idem.Request{}, p
 	}
-	in, body, p := h.decode(w, r)
+	in, body, p := h.decode(w, r, form)
 	// The request as a retry of a key made from these very bytes.
 	retry := idem.Request{Scope: scope, Key: key, Method: r.Method, Path: route(r), Payload: body, Target: target(r), RetryOnly: true}
 	if h.cfg.SharedKeys {
@@ -167,33 +168,40 @@ func route(r *http.Request) string {
 }
 
 // checkContentType refuses bodies the handler cannot read: a media type
-// other than JSON (application/json or any +json type, in UTF-8), or a
-// content coding. A request without Content-Type is read as JSON.
-func (h *Handler[In]) checkContentType(r *http.Request) *Problem {
+// other than JSON (application/json or any +json type, in UTF-8), or, in
+// the Stripe profile, a form (application/x-www-form-urlencoded, which it
+// reports), or a content coding. A request without Content-Type is read as
+// JSON.
+func (h *Handler[In]) checkContentType(r *http.Request) (form bool, _ *Problem) {
 	for _, coding := range r.Header.Values("Content-Encoding") {
 		for c := range strings.SplitSeq(coding, ",") {
 			if c = strings.TrimSpace(c); c != "" && !strings.EqualFold(c, "identity") {
 				p := h.problem(specUnsupportedMediaType, fmt.Sprintf("Content-Encoding %q is not supported: send the body uncompressed.", clip(c)))
 				p.Header = http.Header{"Accept-Encoding": {"identity"}}
-				return p
+				return false, p
 			}
 		}
 	}
 	ct := r.Header.Get("Content-Type")
 	if ct == "" {
-		return nil
+		return false, nil
+	}
+	accepted := "application/json"
+	if h.cfg.Profile == ProfileStripe {
+		accepted = "application/json, application/x-www-form-urlencoded"
 	}
 	mediaType, params, err := mime.ParseMediaType(ct)
+	form = mediaType == "application/x-www-form-urlencoded" && h.cfg.Profile == ProfileStripe
 	detail := ""
 	switch {
 	case err != nil:
-		detail = fmt.Sprintf("Content-Type %q cannot be parsed: send application/json.", clip(ct))
-	case mediaType != "application/json" && !strings.HasSuffix(mediaType, "+json"):
-		detail = fmt.Sprintf("Content-Type %s is not supported: send application/json.", clip(mediaType))
+		detail = fmt.Sprintf("Content-Type %q cannot be parsed: send %s.", clip(ct), accepted)
+	case mediaType != "application/json" && !strings.HasSuffix(mediaType, "+json") && !form:
+		detail = fmt.Sprintf("Content-Type %s is not supported: send %s.", clip(mediaType), accepted)
 	case params["charset"] != "" && !strings.EqualFold(params["charset"], "utf-8"):
-		detail = fmt.Sprintf("charset %s is not supported: JSON is sent in UTF-8.", clip(params["charset"]))
+		detail = fmt.Sprintf("charset %s is not supported: the body is read as UTF-8.", clip(params["charset"]))
 	default:
-		return nil
+		return form, nil
 	}
 	p := h.problem(specUnsupportedMediaType, detail)
 	// RFC 5789 and the W3C's Accept-Post tell the client what to send.
@@ -201,8 +209,8 @@ func (h *Handler[In]) checkContentType(r *http.Request) *Problem {
 	if r.Method == http.MethodPatch {
 		accept = "Accept-Patch"
 	}
-	p.Header = http.Header{accept: {"application/json"}}
-	return p
+	p.Header = http.Header{accept: {accepted}}
+	return false, p
 }
 
 // validScope reports whether scope is what the store accepts: 1-255 bytes

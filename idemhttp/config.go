@@ -25,6 +25,12 @@ const (
 	UnavailableRetryAfterDefault = 5 * time.Second
 	// ReconcileRetryAfterDefault is the default Config.ReconcileRetryAfter.
 	ReconcileRetryAfterDefault = 60 * time.Second
+	// DefaultWaitDefault is the default Config.DefaultWait: 5 s, longer
+	// than the requests of a flow that calls a provider take when they
+	// are not failing (docs/http.md, "Waiting for the request in flight",
+	// has the measurement), and well below the write timeouts of servers
+	// and proxies.
+	DefaultWaitDefault = 5 * time.Second
 )
 
 // Config configures a [Handler]. Scope is required; every other field
@@ -156,6 +162,23 @@ type Config[In any] struct {
 	// Prefer: wait is ignored, and a key in flight answers 409 at once.
 	MaxWait time.Duration
 
+	// DefaultWait is how long a request that sends no "Prefer: wait"
+	// waits for another attempt of its key in flight, as if it had sent
+	// "Prefer: wait" for that long (see MaxWait for what it then gets).
+	// Stock clients (the Stripe SDKs, go-retryablehttp) send no Prefer and
+	// take a 409 as final, while the attempt in flight goes on to succeed:
+	// waiting turns their retry's 409 into the request's answer. A request
+	// that sends "Prefer: wait=N" to a handler with MaxWait waits N seconds
+	// (at most MaxWait) instead, so "Prefer: wait=0" opts out. When the
+	// wait runs out, the Stripe profile answers 429 with error code
+	// lock_timeout, which the Stripe SDKs retry, instead of the 409
+	// idempotency_key_in_use they take as final; the IETF profile answers
+	// its 409. Preference-Applied is sent only to a request that sent
+	// Prefer. Keep it below the server's WriteTimeout. Default
+	// DefaultWaitDefault, 5 s; negative: no wait, a key in flight answers
+	// at once.
+	DefaultWait time.Duration
+
 	// Logger receives the handler's logs (panics, misconfiguration; client
 	// errors at debug level). Default: the runner's logger.
 	Logger *slog.Logger
@@ -207,6 +230,10 @@ func (c *Config[In]) apply() (replay []string, err error) {
 	c.ReconcileRetryAfter = wholeSeconds(cmp.Or(c.ReconcileRetryAfter, ReconcileRetryAfterDefault))
 	if c.MaxWait < 0 {
 		errs = append(errs, fmt.Errorf("MaxWait %s is negative", c.MaxWait))
+	}
+	c.DefaultWait = cmp.Or(c.DefaultWait, DefaultWaitDefault)
+	if c.DefaultWait < 0 {
+		c.DefaultWait = 0
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)

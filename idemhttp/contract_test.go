@@ -10,12 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemhttp"
-	"github.com/go-idem/idem/pgstore"
 )
 
 // The titles are part of the contract (docs/http.md lists them).
@@ -125,6 +123,7 @@ func phaseFails(name string, fail func() error) contractCase {
 			return post(b.handler(t, nil), "k-1", rideBody)
 		},
 		status: http.StatusInternalServerError, problem: idemhttp.ProblemRequestFailed, stripeType: idemhttp.StripeAPIError,
+		stripeCode: idemhttp.CodeRequestUnfinished,
 		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
 			row := b.keyRow(t, "k-1")
 			require.Equal(t, idem.StatusRunning, row.Status)
@@ -485,17 +484,7 @@ var contractCases = []contractCase{
 	{
 		name: "key store unreachable",
 		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
-			cfg, err := pgxpool.ParseConfig("postgres://postgres@127.0.0.1:1/none?connect_timeout=2")
-			require.NoError(t, err)
-			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-			require.NoError(t, err)
-			t.Cleanup(pool.Close)
-			deadStore, err := pgstore.New(pool, nil)
-			require.NoError(t, err)
-			t.Cleanup(deadStore.Close)
-			dead, err := idem.NewRunner(deadStore, nil)
-			require.NoError(t, err)
-			return post(b.handlerOn(t, dead, b.flow, nil), "k-1", rideBody)
+			return post(b.handlerOn(t, b.unreachableRunner(t), b.flow, nil), "k-1", rideBody)
 		},
 		status: http.StatusServiceUnavailable, problem: idemhttp.ProblemStoreUnavailable, stripeType: idemhttp.StripeAPIError,
 		header: map[string]string{"Retry-After": "5"},
@@ -522,12 +511,13 @@ var contractCases = []contractCase{
 					return idem.Respond(http.StatusContinue, nil, nil), nil
 				},
 			}}, nil)
-			h := b.handlerOn(t, b.runner, flow, nil)
+			h := b.handlerOn(t, b.runnerWith(t, flow), flow, nil)
 			first := post(h, "k-1", rideBody)
 			require.Equal(t, http.StatusInternalServerError, first.Code, first.Body.String())
 			return post(h, "k-1", rideBody)
 		},
 		status: http.StatusInternalServerError, problem: idemhttp.ProblemRequestFailed, stripeType: idemhttp.StripeAPIError,
+		stripeCode: idemhttp.CodeRequestUnfinished,
 		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
 			row := b.keyRow(t, "k-1")
 			require.Equal(t, idem.StatusRunning, row.Status, "the key did not finish")
@@ -742,7 +732,7 @@ var contractCases = []contractCase{
 					return idem.RespondJSON(http.StatusOK, nil), nil
 				},
 			}}, nil)
-			h, err := idemhttp.New(b.runner, flow, &idemhttp.Config[quote]{Scope: bearerScope, Profile: b.profile})
+			h, err := idemhttp.New(b.runnerWith(t, flow), flow, &idemhttp.Config[quote]{Scope: bearerScope, Profile: b.profile})
 			require.NoError(t, err)
 			for body, want := range map[string]idemhttp.FieldError{
 				`{"scale": 1e39}`:        {Field: "scale", Detail: "must be a number from -3.4028235e+38 to 3.4028235e+38, not 1e39"},
@@ -835,15 +825,14 @@ var contractCases = []contractCase{
 
 	// Bodies the handler cannot read: 415.
 	{
-		name: "a form body",
+		name: "a multipart body",
 		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
-			r := request("k-1", "origin=SFO&amount=20")
-			r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			r := request("k-1", "--x\r\n\r\norigin=SFO\r\n--x--")
+			r.Header.Set("Content-Type", "multipart/form-data; boundary=x")
 			return serve(b.handler(t, nil), r)
 		},
 		status: http.StatusUnsupportedMediaType, problem: idemhttp.ProblemUnsupportedMediaType, stripeType: idemhttp.StripeInvalidRequestError,
-		header: map[string]string{"Accept-Post": "application/json"},
-		check:  nothingWritten,
+		check: nothingWritten,
 	},
 	{
 		name: "a JSON body in Latin-1",

@@ -14,13 +14,21 @@ import (
 )
 
 // decode reads the body, within the size limit, as exactly one JSON value
-// of type In. It returns the body too: the key's fingerprint is taken over
-// it, not over the decoded value.
-func (h *Handler[In]) decode(w http.ResponseWriter, r *http.Request) (In, []byte, *Problem) {
+// of type In, or, for a form (Stripe profile), as the JSON formToJSON makes
+// of it. It returns that JSON too: the key's fingerprint is taken over it,
+// not over the decoded value.
+func (h *Handler[In]) decode(w http.ResponseWriter, r *http.Request, form bool) (In, []byte, *Problem) {
 	var in In
 	body, p := h.readBody(w, r)
 	if p != nil {
 		return in, nil, p
+	}
+	if form {
+		var err error
+		if body, err = formToJSON(body, reflect.TypeFor[In]()); err != nil {
+			return in, nil, h.problem(specMalformedForm, "The request body is not a valid form: "+
+				strings.TrimPrefix(err.Error(), errMalformedForm.Error()+": ")+".")
+		}
 	}
 	in, p = decodeBody[In](h, body)
 	return in, body, p

@@ -25,7 +25,7 @@ import (
 var docSpecs = []problemSpec{
 	specKeyMissing, specKeyMalformed, specKeyReused, specInProgress, specTooManyKeys, specNeedsReconcile,
 	specRequestAbandoned, specStoreUnavailable, specRequestFailed, specUnauthenticated, specMethodNotAllowed,
-	specUnsupportedMediaType, specBodyTooLarge, specMalformedJSON, specInvalidInput, specInternal,
+	specUnsupportedMediaType, specBodyTooLarge, specMalformedJSON, specMalformedForm, specInvalidInput, specInternal,
 	specWebhookSignatureInvalid, specWebhookEventInvalid, specWebhookEventReused, specWebhookEventInProgress,
 }
 
@@ -239,6 +239,7 @@ func TestDocsConfigurationTable(t *testing.T) {
 		"UnavailableRetryAfter": "`UnavailableRetryAfterDefault`, " + seconds(UnavailableRetryAfterDefault),
 		"ReconcileRetryAfter":   "`ReconcileRetryAfterDefault`, " + seconds(ReconcileRetryAfterDefault),
 		"MaxWait":               "0: off",
+		"DefaultWait":           "`DefaultWaitDefault`, " + seconds(DefaultWaitDefault),
 		"Logger":                "the runner's",
 	}
 	rows := firstTable(t, section(t, readDocs(t), "## Configuration"))
@@ -265,6 +266,7 @@ func TestDocsConfigurationTable(t *testing.T) {
 	require.Empty(t, c.ReplayHeaders)
 	require.False(t, c.AllowUnknownFields)
 	require.Zero(t, c.MaxWait)
+	require.Equal(t, DefaultWaitDefault, c.DefaultWait)
 }
 
 // The Retry-After table's defaults.

@@ -43,6 +43,9 @@ func New[In any](runner *idem.Runner, flow *idem.Flow[In], cfg *Config[In]) (*Ha
 	if cfg == nil || cfg.Scope == nil {
 		return nil, errors.New("idemhttp: Config.Scope is required: derive the key's scope (tenant or user) from the authenticated request; there is no global scope")
 	}
+	if err := registered(runner, flow); err != nil {
+		return nil, fmt.Errorf("idemhttp: %w", err)
+	}
 	h := &Handler[In]{runner: runner, flow: flow, cfg: *cfg}
 	replay, err := h.cfg.apply()
 	if err != nil {
@@ -51,6 +54,23 @@ func New[In any](runner *idem.Runner, flow *idem.Flow[In], cfg *Config[In]) (*Ha
 	h.replay = replay
 	h.log = cmp.Or(h.cfg.Logger, runner.Config().Logger)
 	return h, nil
+}
+
+// registered refuses a flow the runner does not know (missing from its
+// idem.Config.Flows, or another flow under its name): its requests would
+// run, but the completer, which claims only the keys of the runner's
+// flows, would never finish one whose client gave up.
+func registered[In any](runner *idem.Runner, flow *idem.Flow[In]) error {
+	known, ok := runner.Flow(flow.Name())
+	switch {
+	case !ok:
+		return fmt.Errorf("flow %q is not in the runner's idem.Config.Flows: its requests would run, "+
+			"but the completer would never finish one whose client gave up; add the flow there", flow.Name())
+	case known != idem.AnyFlow(flow):
+		return fmt.Errorf("the runner's idem.Config.Flows holds another flow named %q: "+
+			"give the runner and the handler the same *idem.Flow", flow.Name())
+	}
+	return nil
 }
 
 // ServeHTTP runs the flow for POST and PATCH. Any other method answers 405
@@ -135,6 +155,7 @@ func (h *Handler[In]) recoverPanic(w http.ResponseWriter, r *http.Request, respo
 func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 	responded := false
 	defer h.recoverPanic(w, r, &responded)
+	echoKey(w.Header(), r.Header)
 
 	req, p := h.admit(w, r)
 	if p != nil && !req.RetryOnly {
@@ -144,8 +165,12 @@ func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 	}
 	// Prefer is read only for a request that is to run (bounded and
 	// without allocating, preferWait), and the wait ends when the client
-	// goes away (WaitContext); the flow itself, once run, does not.
-	wait, _ := preferWait(r.Header, h.cfg.MaxWait)
+	// goes away (WaitContext); the flow itself, once run, does not. A
+	// request that asks nothing waits Config.DefaultWait.
+	wait, asked := preferWait(r.Header, h.cfg.MaxWait)
+	if !asked {
+		wait = h.cfg.DefaultWait
+	}
 	req.Wait, req.WaitContext = wait, r.Context()
 	if p != nil {
 		// A body this release refuses may be the retry of a request an
@@ -153,7 +178,7 @@ func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 		// (a replay, or its resumption); with no such key, the problem.
 		out, err := h.runner.Execute(context.WithoutCancel(r.Context()), h.flow, req)
 		responded = true
-		h.applied(w, out, wait)
+		h.applied(w, out, wait, asked)
 		if errors.Is(err, idem.ErrNotFound) || errors.Is(err, idem.ErrMismatch) || errors.Is(err, idem.ErrNoRedrive) ||
 			errors.Is(err, idem.ErrInvalidRequest) {
 			h.writeProblem(w, p)
@@ -168,15 +193,35 @@ func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 	// the phases.
 	out, err := h.runner.Execute(context.WithoutCancel(r.Context()), h.flow, req)
 	responded = true
-	h.applied(w, out, wait)
+	h.applied(w, out, wait, asked)
 	h.writeOutcome(w, r, req, out, err)
 }
 
+// echoKey sends the request's Idempotency-Key back, as the client sent it,
+// on every answer to a request that carries a valid one: Stripe's
+// convention, which its SDKs read into the response of a failed call, where
+// the application's retry takes it from. Without it such a retry makes a
+// new key, while the completer finishes the first request: a second effect.
+// A missing or malformed key has nothing to echo.
+func echoKey(dst, request http.Header) {
+	values := request.Values("Idempotency-Key")
+	if _, err := ParseKey(values); err != nil {
+		return
+	}
+	for _, v := range values {
+		if v = trimOWS(v); v != "" {
+			dst.Set("Idempotency-Key", v)
+			return
+		}
+	}
+}
+
 // applied answers Preference-Applied: wait=N (the wait the handler granted,
-// Prefer's capped by Config.MaxWait) when the request waited for another
-// attempt of its key, which only a request that asked to wait does.
-func (h *Handler[In]) applied(w http.ResponseWriter, out *idem.Outcome, wait time.Duration) {
-	if out.Waited > 0 {
+// Prefer's capped by Config.MaxWait) when the request asked to wait and
+// waited for another attempt of its key; Config.DefaultWait was asked by
+// no one and is not announced.
+func (h *Handler[In]) applied(w http.ResponseWriter, out *idem.Outcome, wait time.Duration, asked bool) {
+	if asked && out.Waited > 0 {
 		w.Header().Set("Preference-Applied", preferenceApplied(wait))
 	}
 }

@@ -35,6 +35,11 @@ type Problem struct {
 	Instance string
 	// Errors lists the fields at fault, written as the "errors" member.
 	Errors []FieldError
+	// Code is a stable, machine-readable reason within the type, written
+	// as the "code" member (an RFC 9457 extension member) and, in the
+	// Stripe profile, as the code of the "error" member unless Stripe
+	// sets one: CodeRequestUnfinished. Empty for most problems.
+	Code string
 	// Stripe overrides the "error" member of the Stripe profile. Nil derives
 	// it: type api_error for a 5xx status and invalid_request_error
 	// otherwise, Detail (or Title) as message, the first field at fault as
@@ -88,6 +93,7 @@ type problemBody struct {
 	Detail   string       `json:"detail,omitempty"`
 	Instance string       `json:"instance,omitempty"`
 	Errors   []FieldError `json:"errors,omitempty"`
+	Code     string       `json:"code,omitempty"`
 	Error    *StripeError `json:"error,omitempty"`
 }
 
@@ -100,6 +106,7 @@ func (p *Problem) encode(profile Profile) []byte {
 		Detail:   p.Detail,
 		Instance: p.Instance,
 		Errors:   p.Errors,
+		Code:     p.Code,
 	}
 	if body.Type == "" {
 		body.Type = "about:blank"
@@ -119,7 +126,7 @@ func (p *Problem) stripeError() *StripeError {
 	if p.Stripe != nil {
 		return p.Stripe
 	}
-	se := &StripeError{Type: StripeInvalidRequestError, Message: p.Detail}
+	se := &StripeError{Type: StripeInvalidRequestError, Code: p.Code, Message: p.Detail}
 	if p.status() >= 500 {
 		se.Type = StripeAPIError
 	}

@@ -27,7 +27,8 @@ const (
 	// route or flow) or other parameters. 422 (IETF), 400 idempotency_error (Stripe).
 	ProblemKeyReused = "idempotency-key-reused"
 	// ProblemInProgress: another attempt with this key is running. 409 with
-	// Retry-After.
+	// Retry-After; in the Stripe profile, after a wait that ran out
+	// (Config.DefaultWait), 429 with error code lock_timeout.
 	ProblemInProgress = "request-in-progress"
 	// ProblemTooManyKeys: the runner's Config.Admit refused to let the
 	// caller create another key. Nothing was recorded. 429 with Retry-After.
@@ -61,6 +62,11 @@ const (
 	ProblemBodyTooLarge = "body-too-large"
 	// ProblemMalformedJSON: a body that is not one well-formed JSON value. 400.
 	ProblemMalformedJSON = "malformed-json"
+	// ProblemMalformedForm: a form body (Stripe profile) that is not a
+	// well-formed application/x-www-form-urlencoded body in Stripe's
+	// bracket notation (a field given twice, an unclosed bracket, an
+	// array index with a gap). 400.
+	ProblemMalformedForm = "malformed-form"
 	// ProblemInvalidInput: well-formed JSON that does not fit the input: a
 	// field of the wrong type, an unknown field, a failed Config.Validate.
 	// 422 (IETF), 400 invalid_request_error (Stripe), with the fields at
@@ -100,6 +106,24 @@ const (
 	StripeAPIError            = "api_error"
 )
 
+// CodeRequestUnfinished is the "code" of a request-failed problem (and of
+// its Stripe "error" member) for a flow the completer re-drives: the
+// request is unfinished, its key keeps it, and the server finishes it
+// (idem's completer, where an idem.Maintainer runs) unless a retry with the
+// same key does first. Never make it anew under another key: it would
+// happen twice.
+const CodeRequestUnfinished = "request_unfinished"
+
+// Stripe error codes, the "code" of the Stripe profile's "error" member,
+// where the adapter sets one.
+const (
+	// StripeCodeKeyInUse: request-in-progress answered without a wait, 409.
+	StripeCodeKeyInUse = "idempotency_key_in_use"
+	// StripeCodeLockTimeout: request-in-progress after a wait that ran
+	// out, 429; the Stripe SDKs retry it.
+	StripeCodeLockTimeout = "lock_timeout"
+)
+
 // problemSpec is one of the adapter's own problem types: its status in each
 // profile and what the Stripe profile calls it.
 type problemSpec struct {
@@ -119,8 +143,13 @@ var (
 	specKeyReused = problemSpec{ProblemKeyReused, "Idempotency-Key is already used",
 		http.StatusUnprocessableEntity, http.StatusBadRequest, StripeIdempotencyError, ""}
 	specInProgress = problemSpec{ProblemInProgress, "A request is outstanding for this Idempotency-Key",
-		http.StatusConflict, http.StatusConflict, StripeIdempotencyError, "idempotency_key_in_use"}
-	specTooManyKeys = problemSpec{ProblemTooManyKeys, "Too many idempotency keys",
+		http.StatusConflict, http.StatusConflict, StripeIdempotencyError, StripeCodeKeyInUse}
+	// specInProgressWaited is specInProgress after a wait that ran out
+	// (Config.DefaultWait, Prefer: wait): in the Stripe profile a 429
+	// lock_timeout, the one Stripe error the Stripe SDKs retry (their
+	// 409 idempotency_key_in_use they take as final).
+	specInProgressWaited = specInProgress.inStripe(http.StatusTooManyRequests, StripeCodeLockTimeout)
+	specTooManyKeys      = problemSpec{ProblemTooManyKeys, "Too many idempotency keys",
 		http.StatusTooManyRequests, http.StatusTooManyRequests, StripeInvalidRequestError, "rate_limit"}
 	specNeedsReconcile = problemSpec{ProblemNeedsReconcile, "The outcome of this request is being reconciled",
 		http.StatusServiceUnavailable, http.StatusServiceUnavailable, StripeAPIError, ""}
@@ -140,6 +169,8 @@ var (
 		http.StatusRequestEntityTooLarge, http.StatusRequestEntityTooLarge, StripeInvalidRequestError, ""}
 	specMalformedJSON = problemSpec{ProblemMalformedJSON, "Request body is not valid JSON",
 		http.StatusBadRequest, http.StatusBadRequest, StripeInvalidRequestError, ""}
+	specMalformedForm = problemSpec{ProblemMalformedForm, "Request body is not a valid form",
+		http.StatusBadRequest, http.StatusBadRequest, StripeInvalidRequestError, ""}
 	specInvalidInput = problemSpec{ProblemInvalidInput, "Request body is invalid",
 		http.StatusUnprocessableEntity, http.StatusBadRequest, StripeInvalidRequestError, ""}
 	specInternal = problemSpec{ProblemInternal, "Internal server error",
@@ -153,6 +184,13 @@ var (
 	specWebhookEventInProgress = problemSpec{ProblemWebhookEventInProgress, "Webhook event is being processed",
 		http.StatusServiceUnavailable, http.StatusServiceUnavailable, StripeAPIError, ""}
 )
+
+// inStripe is s with another status and error code in the Stripe profile:
+// the same problem type, answered as the Stripe SDKs need to see it.
+func (s problemSpec) inStripe(status int, code string) problemSpec {
+	s.stripeStatus, s.stripeCode = status, code
+	return s
+}
 
 // problem builds the adapter's problem of kind spec in profile.
 func (s problemSpec) problem(base string, profile Profile, detail string) *Problem {

@@ -26,14 +26,14 @@ func (h *Handler[In]) writeOutcome(w http.ResponseWriter, r *http.Request, req i
 	case idem.OutcomeReplayed:
 		h.writeResponse(w, r, out.Response, true)
 	case idem.OutcomeInProgress:
-		p := h.problem(specInProgress, "A request with this Idempotency-Key is still being processed. "+
+		p := h.problem(h.inProgress(req), "A request with this Idempotency-Key is still being processed. "+
 			"Retry after the time in Retry-After to get its result.")
 		p.Header = retryAfter(out.RetryAfter)
 		h.writeProblem(w, p)
 	case idem.OutcomeLockLost:
 		// Another worker took the key over (this one was presumed dead) and
 		// owns the request now: for the client it is in progress.
-		p := h.problem(specInProgress, "Another attempt of this request took it over while this one ran. "+
+		p := h.problem(h.inProgress(req), "Another attempt of this request took it over while this one ran. "+
 			"Retry after the time in Retry-After to get its result.")
 		p.Header = retryAfter(time.Second)
 		h.writeProblem(w, p)
@@ -57,8 +57,18 @@ func (h *Handler[In]) writeOutcome(w http.ResponseWriter, r *http.Request, req i
 		h.writeProblem(w, h.storeUnavailable("The idempotency key store could not be reached, so the request could not be completed. "+
 			"Retry it with the same Idempotency-Key: it resumes where it stopped, and nothing runs twice."))
 	case idem.OutcomeFailed:
-		h.writeProblem(w, h.problem(specRequestFailed, "The request failed before it completed. Its Idempotency-Key stays bound to this request "+
-			"and keeps the steps that completed: retry it with the same key and the same body, and it resumes where it stopped."))
+		p := h.problem(specRequestFailed, "The request failed before it completed. Its Idempotency-Key stays bound to this request "+
+			"and keeps the steps that completed: retry it with the same key and the same body, and it resumes where it stopped.")
+		if h.flow.Redrives() {
+			// The completer finishes it whether the client retries or
+			// not: a client that gives up must not make it anew.
+			p.Code = CodeRequestUnfinished
+			p.Detail += " If you do not retry, the server finishes it."
+			if p.Stripe != nil {
+				p.Stripe.Code, p.Stripe.Message = CodeRequestUnfinished, p.Detail
+			}
+		}
+		h.writeProblem(w, p)
 	case idem.OutcomeCanceled:
 		// The runner's caller went away. The handler runs the flow detached
 		// from the request's cancellation, so this is a runner shared with
@@ -84,6 +94,16 @@ func (h *Handler[In]) writeOutcome(w http.ResponseWriter, r *http.Request, req i
 			"flow", h.flow.Name(), "outcome", out.Kind, "key", req.Key, "err", err)
 		h.writeProblem(w, h.problem(specInternal, internalDetail))
 	}
+}
+
+// inProgress is the problem for a key in flight: after a wait (the
+// request's Wait, Config.DefaultWait or Prefer's) the Stripe profile's 429
+// lock_timeout, which the Stripe SDKs retry; without one, the 409.
+func (h *Handler[In]) inProgress(req idem.Request) problemSpec {
+	if req.Wait > 0 {
+		return specInProgressWaited
+	}
+	return specInProgress
 }
 
 // writeResponse writes a flow's response: the stored status and body, and

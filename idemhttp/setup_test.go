@@ -146,6 +146,9 @@ func (b *bundle) config() *idemhttp.Config[rideInput] {
 		Profile:       b.profile,
 		ReplayHeaders: []string{"Location"},
 		AuthChallenge: `Bearer realm="rides"`,
+		// The tests of a key in flight see its 409 at once; those of
+		// DefaultWait set it.
+		DefaultWait: -1,
 	}
 }
 
@@ -341,6 +344,7 @@ type problemJSON struct {
 	Status int                   `json:"status"`
 	Detail string                `json:"detail"`
 	Errors []idemhttp.FieldError `json:"errors"`
+	Code   string                `json:"code"`
 	Error  *idemhttp.StripeError `json:"error"`
 }
 

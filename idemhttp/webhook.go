@@ -268,6 +268,9 @@ func NewWebhook[In any](runner *idem.Runner, flow *idem.Flow[In], cfg *WebhookCo
 	if cfg == nil {
 		return nil, errors.New("idemhttp: NewWebhook needs a WebhookConfig: Provider, Verify and EventID are required")
 	}
+	if err := registered(runner, flow); err != nil {
+		return nil, fmt.Errorf("idemhttp: %w", err)
+	}
 	wh := &Webhook[In]{cfg: *cfg}
 	wh.cfg.ReplayHeaders = append([]string(nil), cfg.ReplayHeaders...)
 	err := wh.cfg.validate()

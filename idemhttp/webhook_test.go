@@ -368,12 +368,14 @@ func TestNewWebhookConfig(t *testing.T) {
 		Do: func(context.Context, idem.Tx, *idem.Attempt[hookEvent]) (idem.Result, error) {
 			return idem.RespondJSON(http.StatusOK, nil), nil
 		}}}, &idem.FlowConfig[hookEvent]{AbandonAfter: time.Hour})
-	_, err = idemhttp.NewWebhook(b.runner, short, valid())
+	shortRunner, err := idem.NewRunner(b.runner.Store(), &idem.Config{Flows: []idem.AnyFlow{short}})
+	require.NoError(t, err)
+	_, err = idemhttp.NewWebhook(shortRunner, short, valid())
 	require.ErrorContains(t, err, "keeps the flow's finished keys for 24h0m0s, less than RedeliveryWindow 72h0m0s")
 	require.ErrorContains(t, err, "abandons the flow's unfinished keys after 1h0m0s")
 	cfg := valid()
 	cfg.RedeliveryWindow = time.Hour
-	_, err = idemhttp.NewWebhook(b.runner, short, cfg)
+	_, err = idemhttp.NewWebhook(shortRunner, short, cfg)
 	require.NoError(t, err)
 }
 
