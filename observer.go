@@ -110,6 +110,7 @@ const (
 	EventFinished       EventKind = "finished"        // Duration: the whole call, acquisition to response
 	EventHeartbeat      EventKind = "heartbeat"       // a lease was renewed
 	EventReconciled     EventKind = "reconciled"      // a reconcile hook gave a verdict (Err nil) or failed
+	EventResolved       EventKind = "resolved"        // an operator's verdict was applied (Runner.Resolve); Verdict says which
 	EventReaped         EventKind = "reaped"          // Count: expired finished keys deleted
 	EventAbandoned      EventKind = "abandoned"       // Count: unfinished keys past their AbandonAfter deleted
 	EventTooManyKeys    EventKind = "too_many_keys"   // Config.Admit refused a new key
@@ -129,6 +130,7 @@ type Event struct {
 	Duration time.Duration
 	Err      error
 	// Verdict is a reconcile hook's answer on EventReconciled: "done",
-	// "not_done" or "unknown" (Err then says why).
+	// "not_done" or "unknown" (Err then says why); an operator's on
+	// EventResolved: "happened", "not_happened" or "abandon".
 	Verdict string
 }

@@ -50,6 +50,7 @@ func NewRunner(store idemdriver.Store, config *Config) (*Runner, error) {
 	if pa, ok := store.(idemdriver.PhaseAcquirer); ok && pa.AcquiresInPhase() {
 		r.inPhase = pa
 	}
+	r.warnUnkeyedFingerprints()
 	return r, nil
 }
 
@@ -696,6 +697,8 @@ func (r *Runner) phaseBody(h *held) body {
 func (r *Runner) commitFor(h *held, res Result) *idemdriver.CommitParams {
 	cp := &idemdriver.CommitParams{
 		Ref:             h.ref,
+		Flow:            h.rec.Flow,
+		Generation:      h.rec.Generation,
 		RecoveryPoint:   h.phaseName(),
 		Status:          StatusRunning,
 		CheckpointPatch: h.patch,

@@ -68,6 +68,7 @@ type Store interface {
 	GetKey(ctx context.Context, scope, key string) (*KeyRecord, error)
 
 	OperationsStore
+	VerdictStore
 }
 
 // PhaseOptions configure a phase's transaction.
@@ -212,6 +213,10 @@ type CommitParams struct {
 	// finishes it (an operator's resolution says who and why); empty clears
 	// it, as every phase that responds does.
 	LastError string
+	// Flow and Generation are the key's (KeyRecord.Flow, Generation): a
+	// store that seals the response binds it to them.
+	Flow       string
+	Generation int
 	// RenewLease, when positive, renews the key's lease for that long from
 	// the commit, in the commit's transaction: a key acquired in its first
 	// phase's transaction (PhaseAcquirer) has had no heartbeat, and a long

@@ -635,7 +635,7 @@ func (m *Migrator) Script(format Format, dir Direction, version int) (string, er
 // CitusLayoutVersion is the schema version idem's Citus layout
 // (Config.Citus) is written for: the layout is applied on a schema at this
 // version.
-const CitusLayoutVersion = 11
+const CitusLayoutVersion = 12
 
 // ErrNotCitus is returned by Up with Config.Citus on a database without the
 // citus extension.

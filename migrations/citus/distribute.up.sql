@@ -1,4 +1,4 @@
--- idem's Citus layout, for schema version 11: what `migrations.Config{Citus:
+-- idem's Citus layout, for schema version 12: what `migrations.Config{Citus:
 -- true}` (`idem migrate up --citus`) applies on a Citus coordinator, in the
 -- same transaction, after the numbered migrations. See docs/scaling.md,
 -- "Citus".
@@ -41,11 +41,15 @@ DROP TRIGGER idem_keys_ended_v10 ON {{schema}}idem_keys;
 
 SELECT create_distributed_table('{{schema}}idem_keys', 'scope');
 SELECT create_distributed_table('{{schema}}idem_leases', 'scope', colocate_with => '{{schema}}idem_keys');
+-- An operator's verdict is inserted in the transaction of its key's commit:
+-- co-located, it lands on the same worker.
+SELECT create_distributed_table('{{schema}}idem_verdicts', 'scope', colocate_with => '{{schema}}idem_keys');
 -- Distributing copies a table's rows into its shards and leaves the local
 -- copy on the coordinator's disk, invisible and never reaped (stored
 -- params and responses among them): drop it.
 SELECT truncate_local_data_after_distributing_table('{{schema}}idem_leases');
 SELECT truncate_local_data_after_distributing_table('{{schema}}idem_keys');
+SELECT truncate_local_data_after_distributing_table('{{schema}}idem_verdicts');
 -- idem:step
 ALTER TABLE {{schema}}idem_leases ADD CONSTRAINT idem_leases_key_fkey
     FOREIGN KEY (scope, key_id) REFERENCES {{schema}}idem_keys (scope, id) ON DELETE CASCADE;
