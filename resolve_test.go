@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/migrations"
 )
 
 // inDoubt leaves key k in needs_reconcile with the SMS send in doubt: the
@@ -412,6 +413,13 @@ func TestResolveNotHappenedNeedsConfirmingAndIsRecordedForGood(t *testing.T) {
 	_, _, err = r.GetKey(ctx, "user:1", "k1")
 	require.ErrorIs(t, err, idem.ErrNotFound)
 	check("after the reaper")
+
+	// Reverting the migration that holds them refuses while any is kept.
+	m, err := migrations.New(b.pool, &migrations.Config{Schema: b.schema.Name})
+	require.NoError(t, err)
+	_, err = m.Down(ctx, migrations.Latest()-1)
+	require.ErrorIs(t, err, migrations.ErrRefused)
+	check("after a refused revert")
 }
 
 // A verdict with an answer records the answer's status and size (not its
