@@ -456,3 +456,28 @@ func TestResolveRecordsTheAnswerAndOnlyVerdictsThatLand(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, verdicts, 1, "the verdict that did not land left no record")
 }
+
+// On Citus idem_verdicts is distributed by scope next to idem_keys: the
+// verdict's record is inserted in the transaction of the key's commit, on
+// the key's worker, and reads back.
+func TestResolveRecordsTheVerdictOnCitus(t *testing.T) {
+	t.Parallel()
+	b := setupCitus(t)
+	ctx := context.Background()
+	crashing := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charge_created")}})
+	_, err := crashing.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 5}))
+	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	b.clock.Advance(2 * time.Minute)
+	_, err = b.pool.Exec(ctx, `UPDATE idem_keys SET status = 'needs_reconcile' WHERE scope = 'user:1' AND key = 'k1'`)
+	require.NoError(t, err)
+
+	r := b.runner(t, nil)
+	_, err = r.Resolve(ctx, "user:1", "k1", resolution(idem.ResolveAbandon))
+	require.NoError(t, err)
+	verdicts, err := r.Verdicts(ctx, "user:1", "k1")
+	require.NoError(t, err)
+	require.Len(t, verdicts, 1)
+	require.Equal(t, "abandon", verdicts[0].Verdict)
+	_, err = r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 5}))
+	require.ErrorIs(t, err, idem.ErrRequestAbandoned)
+}
