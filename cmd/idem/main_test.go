@@ -254,10 +254,10 @@ func TestBinary(t *testing.T) {
 
 		res = b.run(t, bins.idem, "migrate", "up", "--schema", b.schema.Name)
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
-		require.Equal(t, "applied 0001, 0002, 0003, 0004, 0005, 0006, 0007, 0008, 0009, 0010, 0011: the schema went from version 0 to 11\n", res.stdout)
+		require.Equal(t, "applied 0001, 0002, 0003, 0004, 0005, 0006, 0007, 0008, 0009, 0010, 0011, 0012: the schema went from version 0 to 12\n", res.stdout)
 		res = b.run(t, bins.idem, "--json", "migrate", "up", "--schema", b.schema.Name)
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
-		require.JSONEq(t, `{"from": 11, "to": 11, "applied": []}`, res.stdout)
+		require.JSONEq(t, `{"from": 12, "to": 12, "applied": []}`, res.stdout)
 
 		status := decode[struct {
 			Current, Latest, Pending int
@@ -303,6 +303,9 @@ func TestBinary(t *testing.T) {
 
 		// Down reverts one version by default; the schema's search_path
 		// resolves the tables without --schema too.
+		res = b.run(t, bins.idem, "migrate", "down")
+		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
+		require.Equal(t, "reverted 0012: the schema went from version 12 to 11\n", res.stdout)
 		res = b.run(t, bins.idem, "migrate", "down")
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
 		require.Equal(t, "reverted 0011: the schema went from version 11 to 10\n", res.stdout)
