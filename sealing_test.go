@@ -46,7 +46,7 @@ func TestSealedResponseCannotBeDowngradedOrRelabelled(t *testing.T) {
 		"headers changed":                `UPDATE idem_keys SET response_headers = '{"Content-Type": ["application/json"], "Location": ["/rides/1"]}'`,
 		"flow changed":                   `UPDATE idem_keys SET flow = 'rides.other'`,
 		"generation changed":             `UPDATE idem_keys SET generation = 1`,
-		"abandoned relabelled finished":  `UPDATE idem_keys SET recovery_point = 'abandoned-by-operator'`,
+		"finished relabelled abandoned":  `UPDATE idem_keys SET recovery_point = 'abandoned-by-operator'`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
