@@ -89,7 +89,14 @@ func TestCipherSealsParamsAndResponseAtRest(t *testing.T) {
 	require.NoError(t, err)
 	require.JSONEq(t, `{"origin": "Secret St", "amount": 5}`, string(rec.Params))
 	require.Equal(t, "k1", rec.ParamsKeyID)
+	// A row in the clear is what anyone who can write the table could put in
+	// place of a sealed one: with a keyring it is refused, unless the
+	// keyring accepts rows written before it (AcceptUnsealed).
 	out, err = r.Execute(ctx, b.flow, b.request("clear", rideInput{Origin: "Clear St", Amount: 1}))
+	require.ErrorIs(t, err, pgstore.ErrCannotOpen)
+	require.Nil(t, out.Response)
+	accepting := b.runnerOn(t, b.storeWith(t, &pgstore.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}, AcceptUnsealed: true}), nil)
+	out, err = accepting.Execute(ctx, b.flow, b.request("clear", rideInput{Origin: "Clear St", Amount: 1}))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeReplayed, out.Kind)
 

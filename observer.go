@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 )
@@ -55,12 +56,24 @@ func (r *Runner) logErr(err error, scope, key string) error {
 		return err
 	}
 	text := err.Error()
-	keyless := strings.NewReplacer(fmt.Sprintf("scope %q key %q", scope, key), "the key",
-		fmt.Sprintf("key %q", key), "the key").Replace(text)
-	if keyless == text {
-		return err
+	if keyless := r.keyless(text, scope, key); keyless != text {
+		return &redactedError{text: keyless, err: err}
 	}
-	return &redactedError{text: keyless, err: err}
+	return err
+}
+
+// keyless is text with the key's and the scope's own text replaced, as
+// errors quote them (`scope "..." key "..."`, `key "..."`, `scope
+// "..."`), unless Config.LogKeys.
+func (r *Runner) keyless(text, scope, key string) string {
+	if r.config.LogKeys {
+		return text
+	}
+	pairs := []string{fmt.Sprintf("scope %q key %q", scope, key), "the key", fmt.Sprintf("key %q", key), "the key"}
+	if scope != "" {
+		pairs = append(pairs, fmt.Sprintf("scope %q", scope), "the scope")
+	}
+	return strings.NewReplacer(pairs...).Replace(text)
 }
 
 // errorText is err's text as the runner persists it (last_error).
@@ -69,16 +82,36 @@ func (r *Runner) errorText(err error) string {
 }
 
 // logAttrs are the attributes of a log record about a key: its row id when
-// known (0: not), its scope and key only with Config.LogKeys, then attrs.
+// known (0: not), its scope and key only with Config.LogKeys, then attrs,
+// whose errors and texts (an error, a last error, a reason) go through
+// logErr and keyless: every line about a key applies the policy to all it
+// carries, not only to the attributes that name the key.
 func (r *Runner) logAttrs(scope, key string, id int64, attrs ...any) []any {
 	out := make([]any, 0, len(attrs)+4)
 	if id != 0 {
 		out = append(out, "key_id", id)
 	}
 	if r.config.LogKeys {
-		out = append(out, "scope", scope, "key", key)
+		return append(append(out, "scope", scope, "key", key), attrs...)
 	}
-	return append(out, attrs...)
+	for i := 0; i < len(attrs); i++ {
+		if a, ok := attrs[i].(slog.Attr); ok {
+			out = append(out, a)
+			continue
+		}
+		out = append(out, attrs[i]) // a key; its value follows
+		if i++; i < len(attrs) {
+			switch v := attrs[i].(type) {
+			case error:
+				out = append(out, r.logErr(v, scope, key))
+			case string:
+				out = append(out, r.keyless(v, scope, key))
+			default:
+				out = append(out, v)
+			}
+		}
+	}
+	return out
 }
 
 // Tracer is an optional extension of [Observer]: when the Config.Observer
@@ -110,6 +143,7 @@ const (
 	EventFinished       EventKind = "finished"        // Duration: the whole call, acquisition to response
 	EventHeartbeat      EventKind = "heartbeat"       // a lease was renewed
 	EventReconciled     EventKind = "reconciled"      // a reconcile hook gave a verdict (Err nil) or failed
+	EventResolved       EventKind = "resolved"        // an operator's verdict was applied (Runner.Resolve); Verdict says which
 	EventReaped         EventKind = "reaped"          // Count: expired finished keys deleted
 	EventAbandoned      EventKind = "abandoned"       // Count: unfinished keys past their AbandonAfter deleted
 	EventTooManyKeys    EventKind = "too_many_keys"   // Config.Admit refused a new key
@@ -129,6 +163,7 @@ type Event struct {
 	Duration time.Duration
 	Err      error
 	// Verdict is a reconcile hook's answer on EventReconciled: "done",
-	// "not_done" or "unknown" (Err then says why).
+	// "not_done" or "unknown" (Err then says why); an operator's on
+	// EventResolved: "happened", "not_happened" or "abandon".
 	Verdict string
 }

@@ -52,12 +52,39 @@ type Resolution struct {
 	// should not run. Its Status must be 200-599.
 	Response *Response
 	// Operator and Reason say who gave the verdict and why (a ticket, what
-	// the provider's dashboard showed). Both are required; they are logged
-	// and recorded as the key's last error.
+	// the provider's dashboard showed). Both are required, and Reason must
+	// say something: at least MinReasonWords words and MinReasonChars
+	// characters. They are logged, recorded as the key's last error and, for
+	// good, in the key's verdicts (Runner.Verdicts), with the database role
+	// and client address of the session that applied the verdict.
 	Operator, Reason string
+	// ConfirmRerun acknowledges that ResolveNotHappened on a key whose
+	// not-idempotent call is in doubt makes that call again: if it did
+	// happen after all, it happens twice (a charge is charged twice).
+	// Without it such a verdict is refused with ErrRerunNotConfirmed, the
+	// key unchanged; a dry run says what it would do either way.
+	ConfirmRerun bool
 	// DryRun checks the key and says what would be done, changing nothing.
 	DryRun bool
 }
+
+// MinReasonWords and MinReasonChars are the least a Resolution's Reason
+// must hold (after trimming space): a verdict outlives its key, and "x"
+// tells whoever reads it a year later nothing.
+const (
+	MinReasonWords = 3
+	MinReasonChars = 15
+)
+
+// ErrRerunNotConfirmed is returned by [Runner.Resolve] for
+// ResolveNotHappened on a key whose not-idempotent call is in doubt
+// without Resolution.ConfirmRerun: the call would be made again. Its
+// text says which call.
+var ErrRerunNotConfirmed = errors.New("idem: the verdict not happened makes the call in doubt again; it needs confirming")
+
+// Verdict is an operator's verdict as it is recorded, for good: see
+// [Runner.Verdicts].
+type Verdict = idemdriver.Verdict
 
 // ResolveResult is what [Runner.Resolve] did, or would do.
 type ResolveResult struct {
@@ -111,6 +138,10 @@ func (r *Runner) Resolve(ctx context.Context, scope, key string, res Resolution)
 	if out.Action, err = res.plan(rec, flow); err != nil {
 		return out, err
 	}
+	warning := rerunWarning(res, rec)
+	if warning != "" {
+		out.Action += "; " + warning
+	}
 	if res.DryRun {
 		out.Action = "would " + out.Action
 		if rec.LeaseExpiresAt != nil && rec.LeaseExpiresAt.After(r.localNow()) {
@@ -118,6 +149,9 @@ func (r *Runner) Resolve(ctx context.Context, scope, key string, res Resolution)
 				rec.LeaseExpiresAt.UTC().Format(time.RFC3339))
 		}
 		return out, nil
+	}
+	if warning != "" && !res.ConfirmRerun {
+		return out, fmt.Errorf("%w: %s", ErrRerunNotConfirmed, warning)
 	}
 
 	cctx, cancel := r.storeContext(ctx)
@@ -145,7 +179,8 @@ func (r *Runner) Resolve(ctx context.Context, scope, key string, res Resolution)
 		return out, fmt.Errorf("%w: key %q changed while it was being resolved; look at it again", ErrInProgress, key)
 	}
 	note := fmt.Sprintf("resolved by %s: %s: %s", res.Operator, res.Verdict, res.Reason)
-	if committed, err := r.applyResolution(ctx, h, res, note); err != nil {
+	v := r.verdictRecord(h, flow, res, out.Action)
+	if committed, err := r.applyResolution(ctx, h, res, note, v); err != nil {
 		if !committed && !errors.Is(err, ErrLockLost) {
 			// Back to needs_reconcile, unlocked, with the failure recorded;
 			// a commit whose reply was lost shows in the key.
@@ -161,8 +196,68 @@ func (r *Runner) Resolve(ctx context.Context, scope, key string, res Resolution)
 	}
 	cancel()
 	r.log.WarnContext(ctx, "idem: key resolved by an operator", h.logAttrs("flow", rec.Flow, "verdict", res.Verdict,
-		"operator", res.Operator, "reason", res.Reason, "phase", rec.ForeignMark, "recovery_point", h.rec.RecoveryPoint, "action", out.Action)...)
+		"operator", res.Operator, "reason", res.Reason, "phase", rec.ForeignMark, "recovery_point", h.rec.RecoveryPoint, "action", out.Action,
+		"verdict_id", v.ID)...)
+	r.emit(ctx, Event{Kind: EventResolved, Flow: rec.Flow, Scope: scope, Key: key, Phase: rec.ForeignMark, Verdict: string(res.Verdict)})
 	return out, nil
+}
+
+// rerunWarning says what ResolveNotHappened on rec makes happen when a
+// not-idempotent call is in doubt there; "" for any other verdict or key.
+func rerunWarning(res Resolution, rec *KeyRecord) string {
+	if res.Verdict != ResolveNotHappened || rec.ForeignMark == "" {
+		return ""
+	}
+	return fmt.Sprintf("the call of phase %q will be made again; if it did happen, it happens twice (a charge is charged twice)", rec.ForeignMark)
+}
+
+// verdictRecord is the record of res on the claimed key h, for the
+// transaction that applies it.
+func (r *Runner) verdictRecord(h *held, flow AnyFlow, res Resolution, action string) *Verdict {
+	v := &Verdict{Scope: h.rec.Scope, Key: h.rec.Key, KeyID: h.rec.ID, Generation: h.rec.Generation, Fence: h.rec.Fence,
+		Flow: h.rec.Flow, Verdict: string(res.Verdict), Phase: h.rec.ForeignMark, RecoveryPoint: h.rec.RecoveryPoint,
+		Operator: res.Operator, Reason: res.Reason, Action: action}
+	if h.rec.ForeignMark != "" {
+		// Only a not-idempotent call is marked; the flow says so too when
+		// this binary has it.
+		v.ForeignKind = ForeignNotIdempotent.String()
+		if i, ok := flowPhase(flow, h.rec.ForeignMark); ok {
+			_, kind, _ := flow.phaseMeta(i)
+			v.ForeignKind = kind.String()
+		}
+	}
+	answer := res.Response
+	if res.Verdict == ResolveAbandon {
+		answer = &Response{Status: AbandonedStatus}
+	}
+	if answer != nil {
+		status, n := answer.Status, len(answer.Body)
+		v.AnswerStatus, v.AnswerBytes = &status, &n
+	}
+	return v
+}
+
+// flowPhase is the index of phase in flow, which may be nil.
+func flowPhase(flow AnyFlow, phase string) (int, bool) {
+	if flow == nil {
+		return 0, false
+	}
+	return flow.phaseIndex(phase)
+}
+
+// Verdicts returns the operators' verdicts given on scope and key (see
+// [Runner.Resolve]), oldest first: every one that was applied, over all the
+// rows the key has had, including those the key's finish, its expiry and
+// the reaper made it forget. The reaper never deletes them; see
+// docs/operations.md, "Verdicts", for their retention.
+func (r *Runner) Verdicts(ctx context.Context, scope, key string) ([]Verdict, error) {
+	gctx, cancel := r.storeContext(ctx)
+	defer cancel()
+	vs, err := r.store.Verdicts(gctx, scope, key)
+	if err != nil {
+		return nil, fmt.Errorf("verdicts: %w", r.storeError(ctx, err))
+	}
+	return vs, nil
 }
 
 func (res *Resolution) validate(scope, key string) error {
@@ -173,8 +268,13 @@ func (res *Resolution) validate(scope, key string) error {
 	if _, err := ParseResolveVerdict(string(res.Verdict)); err != nil {
 		problems = append(problems, fmt.Sprintf("verdict %q: want happened, not_happened or abandon", res.Verdict))
 	}
-	if strings.TrimSpace(res.Operator) == "" || strings.TrimSpace(res.Reason) == "" {
+	reason := strings.TrimSpace(res.Reason)
+	switch {
+	case strings.TrimSpace(res.Operator) == "" || reason == "":
 		problems = append(problems, "an operator and a reason are required")
+	case len(strings.Fields(reason)) < MinReasonWords || len([]rune(reason)) < MinReasonChars:
+		problems = append(problems, fmt.Sprintf("the reason %q says too little: give at least %d words and %d characters (a ticket and what the provider showed)",
+			reason, MinReasonWords, MinReasonChars))
 	}
 	switch {
 	case res.Response != nil && res.Verdict != ResolveHappened:
@@ -222,7 +322,7 @@ func (res *Resolution) plan(rec *KeyRecord, flow AnyFlow) (string, error) {
 // reconcile machinery (resolution, commitFor, withdrawMark), in one
 // transaction guarded by the fence, and releases a key left unfinished.
 // committed reports whether the verdict's commit landed.
-func (r *Runner) applyResolution(ctx context.Context, h *held, res Resolution, note string) (committed bool, err error) {
+func (r *Runner) applyResolution(ctx context.Context, h *held, res Resolution, note string, v *Verdict) (committed bool, err error) {
 	var cp *idemdriver.CommitParams
 	switch {
 	case res.Verdict == ResolveAbandon:
@@ -250,7 +350,7 @@ func (r *Runner) applyResolution(ctx context.Context, h *held, res Resolution, n
 	if cp.Status == StatusFinished {
 		cp.LastError = note
 	}
-	if err := r.commitResolution(ctx, cp); err != nil {
+	if err := r.commitResolution(ctx, cp, v); err != nil {
 		return false, err
 	}
 	h.committed(cp)
@@ -268,8 +368,9 @@ func (r *Runner) applyResolution(ctx context.Context, h *held, res Resolution, n
 }
 
 // commitResolution records cp on its key in a transaction of its own: the
-// guarded commit a phase ends with, with nothing before it.
-func (r *Runner) commitResolution(ctx context.Context, cp *idemdriver.CommitParams) error {
+// guarded commit a phase ends with, with the verdict's record v before it,
+// so that the record lands if and only if the verdict does.
+func (r *Runner) commitResolution(ctx context.Context, cp *idemdriver.CommitParams, v *Verdict) error {
 	bctx, cancel := r.storeContext(ctx)
 	tx, err := r.store.BeginPhase(bctx, idemdriver.PhaseOptions{Isolation: r.config.Isolation})
 	cancel()
@@ -278,6 +379,10 @@ func (r *Runner) commitResolution(ctx context.Context, cp *idemdriver.CommitPara
 	}
 	cctx, cancel := r.storeContext(context.WithoutCancel(ctx))
 	defer cancel()
+	if err := r.store.RecordVerdict(cctx, tx, v); err != nil {
+		_ = tx.RollbackPhase(cctx)
+		return r.storeError(ctx, err)
+	}
 	if err := tx.CommitPhase(cctx, *cp); err != nil {
 		_ = tx.RollbackPhase(cctx)
 		return r.storeError(ctx, err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/migrations"
 )
 
 // inDoubt leaves key k in needs_reconcile with the SMS send in doubt: the
@@ -29,8 +30,10 @@ func (b *smsBundle) inDoubt(t *testing.T, k string) *idem.Runner {
 	return r
 }
 
+// resolution is a verdict as an operator gives it, confirming (for not
+// happened) that the call in doubt is made again.
 func resolution(v idem.ResolveVerdict) idem.Resolution {
-	return idem.Resolution{Verdict: v, Operator: "alice", Reason: "INC-42: the gateway's console shows it"}
+	return idem.Resolution{Verdict: v, Operator: "alice", Reason: "INC-42: the gateway's console shows it", ConfirmRerun: true}
 }
 
 // keyRow is the key's progress and lease rows as JSON, to compare whole.
@@ -194,6 +197,9 @@ func TestResolveRefusesOtherStates(t *testing.T) {
 		"unknown verdict":        {Verdict: "maybe", Operator: "alice", Reason: "x"},
 		"answer with abandon":    {Verdict: idem.ResolveAbandon, Operator: "alice", Reason: "x", Response: &idem.Response{Status: 200}},
 		"answer with bad status": {Verdict: idem.ResolveHappened, Operator: "alice", Reason: "x", Response: &idem.Response{Status: 99}},
+		"a one-word reason":      {Verdict: idem.ResolveAbandon, Operator: "alice", Reason: "INC-4242424242"},
+		"a short reason":         {Verdict: idem.ResolveAbandon, Operator: "alice", Reason: "a b c d"},
+		"a one-character reason": {Verdict: idem.ResolveAbandon, Operator: "x", Reason: "x"},
 	} {
 		_, err := r.Resolve(ctx, "user:1", "k1", v)
 		require.ErrorIs(t, err, idem.ErrInvalidRequest, name)
@@ -317,4 +323,161 @@ func TestResolveRaceOneVerdictWins(t *testing.T) {
 	t.Logf("winner %s: key %s at %s; others: %v", verdicts[won], rec.Status, rec.RecoveryPoint, errs)
 	require.Contains(t, rec.LastError, string(verdicts[won]))
 	require.Nil(t, rec.LockedAt)
+}
+
+// Finding 1 of the security review: an operator's verdict that the call in
+// doubt did not happen, when it did, makes it twice. Without ConfirmRerun
+// it is refused, saying so, the key unchanged. Confirmed, it is recorded,
+// in its own transaction, with who gave it, why, from where, on which fence
+// and phase; the record survives the finish that clears last_error and the
+// reaper that deletes the key; a metric counts it.
+func TestResolveNotHappenedNeedsConfirmingAndIsRecordedForGood(t *testing.T) {
+	t.Parallel()
+	b := setupSMS(t)
+	obs := newCountingObserver()
+	var verdictSeen string
+	obs.onEvent = func(e idem.Event) {
+		if e.Kind == idem.EventResolved {
+			verdictSeen = e.Verdict
+		}
+	}
+	r := b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Observer: obs, Retention: time.Hour})
+	ctx := context.Background()
+	// The send went through; its answer was lost with the worker, and the
+	// gateway cannot be asked.
+	b.crashAfterSend(t, "k1")
+	b.gateway.unknown = true
+	b.clock.Advance(2 * time.Minute) // the dead worker's lease lapses
+	_, err := r.Execute(ctx, b.flow, b.req("k1"))
+	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
+	require.Equal(t, 1, b.gateway.times(b.ref(t, "k1")))
+	before := b.keyRow(t, "k1")
+
+	unconfirmed := resolution(idem.ResolveNotHappened)
+	unconfirmed.ConfirmRerun = false
+	out, err := r.Resolve(ctx, "user:1", "k1", unconfirmed)
+	t.Logf("unconfirmed: %v", err)
+	require.ErrorIs(t, err, idem.ErrRerunNotConfirmed)
+	require.Contains(t, err.Error(), `the call of phase "sms_sent" will be made again; if it did happen, it happens twice`)
+	require.Contains(t, out.Action, "will be made again")
+	require.Equal(t, before, b.keyRow(t, "k1"), "refused, unchanged")
+	verdicts, err := r.Verdicts(ctx, "user:1", "k1")
+	require.NoError(t, err)
+	require.Empty(t, verdicts, "a refused verdict leaves no record")
+
+	confirmed := resolution(idem.ResolveNotHappened)
+	res, err := r.Resolve(ctx, "user:1", "k1", confirmed)
+	require.NoError(t, err)
+	t.Logf("confirmed: %s", res.Action)
+	require.Equal(t, 1, obs.n(idem.EventResolved))
+	require.Equal(t, "not_happened", verdictSeen)
+
+	// The operator was wrong: the retry sends a second time, and finishes
+	// the key, which clears its last error.
+	b.gateway.unknown = false
+	_, err = r.Execute(ctx, b.flow, b.req("k1"))
+	require.NoError(t, err)
+	require.Equal(t, 2, b.gateway.times(b.ref(t, "k1")))
+	rec := b.key(t, "k1")
+	require.Equal(t, idem.StatusFinished, rec.Status)
+	require.Empty(t, rec.LastError)
+
+	var sessionUser string
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT session_user`).Scan(&sessionUser))
+	check := func(when string) {
+		t.Helper()
+		verdicts, err := r.Verdicts(ctx, "user:1", "k1")
+		require.NoError(t, err)
+		require.Len(t, verdicts, 1, when)
+		v := verdicts[0]
+		t.Logf("%s: %+v", when, v)
+		require.Equal(t, "not_happened", v.Verdict)
+		require.Equal(t, "sms_sent", v.Phase)
+		require.Equal(t, "not_idempotent", v.ForeignKind)
+		require.Equal(t, "alice", v.Operator)
+		require.Equal(t, confirmed.Reason, v.Reason)
+		require.Equal(t, sessionUser, v.SessionUser)
+		require.Equal(t, rec.ID, v.KeyID)
+		require.Equal(t, res.Record.Fence, v.Fence, "the fence the verdict held the key with")
+		require.Equal(t, "sms.send", v.Flow)
+		require.Contains(t, v.Action, "will be made again")
+		require.Nil(t, v.AnswerStatus)
+		require.False(t, v.CreatedAt.IsZero())
+	}
+	check("after the finish")
+
+	b.clock.Advance(2 * time.Hour)
+	reaped, err := r.Reap(ctx, nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, reaped.Deleted)
+	_, _, err = r.GetKey(ctx, "user:1", "k1")
+	require.ErrorIs(t, err, idem.ErrNotFound)
+	check("after the reaper")
+
+	// Reverting the migration that holds them refuses while any is kept.
+	m, err := migrations.New(b.pool, &migrations.Config{Schema: b.schema.Name})
+	require.NoError(t, err)
+	_, err = m.Down(ctx, migrations.Latest()-1)
+	require.ErrorIs(t, err, migrations.ErrRefused)
+	check("after a refused revert")
+}
+
+// A verdict with an answer records the answer's status and size (not its
+// body); a verdict whose commit does not land (the key's fence moved on)
+// records nothing.
+func TestResolveRecordsTheAnswerAndOnlyVerdictsThatLand(t *testing.T) {
+	t.Parallel()
+	b := setupSMS(t)
+	r := b.inDoubt(t, "k1")
+	ctx := context.Background()
+	v := resolution(idem.ResolveHappened)
+	v.Response = &idem.Response{Status: http.StatusCreated, Body: []byte(`{"message_id":7}`)}
+	_, err := r.Resolve(ctx, "user:1", "k1", v)
+	require.NoError(t, err)
+	verdicts, err := r.Verdicts(ctx, "user:1", "k1")
+	require.NoError(t, err)
+	require.Len(t, verdicts, 1)
+	require.Equal(t, http.StatusCreated, *verdicts[0].AnswerStatus)
+	require.Equal(t, len(`{"message_id":7}`), *verdicts[0].AnswerBytes)
+
+	// The record goes with the commit: a transaction whose fenced commit
+	// fails rolls it back.
+	store := b.storeFor(t)
+	rec := b.key(t, "k1")
+	tx, err := store.BeginPhase(ctx, idemdriver.PhaseOptions{})
+	require.NoError(t, err)
+	lost := &idem.Verdict{Scope: "user:1", Key: "k1", KeyID: rec.ID, Fence: rec.Fence - 1, Flow: rec.Flow, Verdict: "abandon",
+		RecoveryPoint: rec.RecoveryPoint, Operator: "bob", Reason: "a verdict that will not land", Action: "none"}
+	require.NoError(t, store.RecordVerdict(ctx, tx, lost))
+	err = tx.CommitPhase(ctx, idemdriver.CommitParams{Ref: idemdriver.LockRef{ID: rec.ID, Fence: rec.Fence - 1, Scope: "user:1"},
+		RecoveryPoint: "sms_sent", Status: idem.StatusRunning})
+	require.ErrorIs(t, err, idem.ErrLockLost)
+	verdicts, err = r.Verdicts(ctx, "user:1", "k1")
+	require.NoError(t, err)
+	require.Len(t, verdicts, 1, "the verdict that did not land left no record")
+}
+
+// On Citus idem_verdicts is distributed by scope next to idem_keys: the
+// verdict's record is inserted in the transaction of the key's commit, on
+// the key's worker, and reads back.
+func TestResolveRecordsTheVerdictOnCitus(t *testing.T) {
+	t.Parallel()
+	b := setupCitus(t)
+	ctx := context.Background()
+	crashing := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charge_created")}})
+	_, err := crashing.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 5}))
+	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	b.clock.Advance(2 * time.Minute)
+	_, err = b.pool.Exec(ctx, `UPDATE idem_keys SET status = 'needs_reconcile' WHERE scope = 'user:1' AND key = 'k1'`)
+	require.NoError(t, err)
+
+	r := b.runner(t, nil)
+	_, err = r.Resolve(ctx, "user:1", "k1", resolution(idem.ResolveAbandon))
+	require.NoError(t, err)
+	verdicts, err := r.Verdicts(ctx, "user:1", "k1")
+	require.NoError(t, err)
+	require.Len(t, verdicts, 1)
+	require.Equal(t, "abandon", verdicts[0].Verdict)
+	_, err = r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 5}))
+	require.ErrorIs(t, err, idem.ErrRequestAbandoned)
 }

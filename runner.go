@@ -44,6 +44,7 @@ func NewRunner(store idemdriver.Store, config *Config) (*Runner, error) {
 	for _, f := range cfg.Flows {
 		r.flows[f.Name()] = f
 	}
+	r.warnUnkeyedFingerprints()
 	return r, nil
 }
 
@@ -513,6 +514,8 @@ func (r *Runner) phaseBody(h *held) body {
 func (r *Runner) commitFor(h *held, res Result) *idemdriver.CommitParams {
 	cp := &idemdriver.CommitParams{
 		Ref:             h.ref,
+		Flow:            h.rec.Flow,
+		Generation:      h.rec.Generation,
 		RecoveryPoint:   h.phaseName(),
 		Status:          StatusRunning,
 		CheckpointPatch: h.patch,

@@ -232,9 +232,10 @@ var commands = []*command{
 	{
 		name: "keys show", args: "KEY --scope SCOPE | --id ID [--reveal] [flags]", maxArgs: 1, needsDB: true,
 		summary: "show one key: its state, progress and lease",
-		help: "Prints the key's state, progress, lease, attempts and last error. --reveal adds its params,\n" +
-			"checkpoint data and stored response, which may hold personal or payment data. Name the key by\n" +
-			"its scope and key, or by its row id with --id: the key_id of log lines, the ID column of keys list.",
+		help: "Prints the key's state, progress, lease, attempts and last error, and every operator verdict given\n" +
+			"on it (keys resolve), kept after the key itself is gone. --reveal adds its params, checkpoint data,\n" +
+			"stored response and fingerprints, which may hold or betray personal or payment data. Name the key\n" +
+			"by its scope and key, or by its row id with --id: the key_id of log lines, the ID column of keys list.",
 		examples: []string{
 			"PROG keys show 8d3c1a7e-5b7f-4f0e-9d51-3f1c2b6f9a10 --scope user:42",
 			"PROG keys show --id 1234",
@@ -265,13 +266,24 @@ var commands = []*command{
 				if err != nil {
 					return err
 				}
+				if len(list.Keys) == 0 && q.ID > 0 {
+					return fmt.Errorf("%w: no key has id %d", idem.ErrNotFound, q.ID)
+				}
+				if len(list.Keys) > 0 {
+					q.Scope, q.Key = list.Keys[0].Scope, list.Keys[0].Key
+				}
+				verdicts, err := e.runner.Verdicts(ctx, q.Scope, q.Key)
+				if err != nil {
+					return err
+				}
 				if len(list.Keys) == 0 {
-					if q.ID > 0 {
-						return fmt.Errorf("%w: no key has id %d", idem.ErrNotFound, q.ID)
+					// The verdicts outlive the key: show them anyway.
+					if err := e.printVerdictsOfMissingKey(verdicts); err != nil {
+						return err
 					}
 					return fmt.Errorf("%w: scope %q key %q", idem.ErrNotFound, *scope, args[0])
 				}
-				return e.printKey(list.Keys[0], list.Now, *reveal)
+				return e.printKey(list.Keys[0], list.Now, *reveal, verdicts)
 			}
 		},
 	},
@@ -302,7 +314,7 @@ var commands = []*command{
 		},
 	},
 	{
-		name: "keys resolve", args: "KEY --scope SCOPE --verdict happened|not-happened|abandon --operator NAME --reason TEXT [--status N --body @FILE] [--dry-run] [flags]",
+		name: "keys resolve", args: "KEY --scope SCOPE --verdict happened|not-happened|abandon --operator NAME --reason TEXT [--status N --body @FILE] [--confirm] [--dry-run] [flags]",
 		minArgs: 1, maxArgs: 1, needsDB: true,
 		summary: "give an operator's verdict on a needs_reconcile key",
 		help: "For a key in needs_reconcile whose reconcile hook keeps answering unknown, or that has no hook: you\n" +
@@ -312,17 +324,20 @@ var commands = []*command{
 			"                --body), the key is finished with that answer instead, replayed to every retry: needed\n" +
 			"                when the phase is the flow's last, or when this binary does not have the key's flow.\n" +
 			"  not-happened  the call did not take effect: its mark is cleared and the key released, so the phase\n" +
-			"                runs again on the next retry or completer pass.\n" +
+			"                runs again on the next retry or completer pass, making the call again: if it did\n" +
+			"                happen, it happens twice (a charge is charged twice). Needs --confirm.\n" +
 			"  abandon       give the request up: the key is finished, every retry gets the request-abandoned\n" +
 			"                problem (HTTP 410, gRPC FAILED_PRECONDITION) and nothing runs again.\n" +
 			"The key is claimed as a reconcile run claims it (its fence moves on, so a worker that held it can no\n" +
 			"longer commit); a key someone holds, or in any other state, is refused and left as it is. --operator\n" +
-			"and --reason are logged and recorded as the key's last error (keys show). --dry-run checks the key\n" +
-			"and prints what would be done, changing nothing. Runs no phase and no hook.",
+			"and --reason (at least 3 words and 15 characters) are logged, and recorded with the key and, for\n" +
+			"good, in its verdicts (keys show), with the database role and client address that applied it.\n" +
+			"--dry-run checks the key and prints what would be done, changing nothing. Runs no phase and no hook.",
 		examples: []string{
 			"PROG keys resolve order-77 --scope tenant:acme --verdict not-happened --operator alice --reason 'INC-42: no SMS in the gateway log' --dry-run",
+			"PROG keys resolve order-77 --scope tenant:acme --verdict not-happened --operator alice --reason 'INC-42: no SMS in the gateway log' --confirm",
 			"PROG keys resolve order-77 --scope tenant:acme --verdict happened --operator alice --reason 'INC-42: charge ch_123 in the dashboard'",
-			"PROG keys resolve order-77 --scope tenant:acme --verdict happened --status 201 --body @answer.json --operator alice --reason INC-42",
+			"PROG keys resolve order-77 --scope tenant:acme --verdict happened --status 201 --body @answer.json --operator alice --reason 'INC-42: sent by hand'",
 			"PROG keys resolve order-77 --scope tenant:acme --verdict abandon --operator alice --reason 'INC-42: refunded by hand'",
 		},
 		setup: func(fs *flag.FlagSet) runFunc {
@@ -334,12 +349,16 @@ var commands = []*command{
 			body := fs.String("body", "", "with --status: the stored body, as `text` or @FILE")
 			contentType := fs.String("content-type", "application/json", "with --body: the stored Content-Type")
 			dryRun := fs.Bool("dry-run", false, "print what would be done; change nothing")
+			confirm := fs.Bool("confirm", false, "with not-happened on a not-idempotent call in doubt: make the call again, knowing that if it did happen it happens twice")
 			return func(ctx context.Context, e *env, args []string) error {
 				v, err := idem.ParseResolveVerdict(*verdict)
 				if err != nil {
 					return usageError(e.cmd, "--verdict: %q is not happened, not-happened or abandon", *verdict)
 				}
-				res := idem.Resolution{Verdict: v, Operator: *operator, Reason: *reason, DryRun: *dryRun}
+				res := idem.Resolution{Verdict: v, Operator: *operator, Reason: *reason, DryRun: *dryRun, ConfirmRerun: *confirm}
+				// Runner.Resolve checks the rest (a reason that says too
+				// little, say) before it reads the key: ErrInvalidRequest,
+				// a usage error.
 				switch {
 				case strings.TrimSpace(*operator) == "" || strings.TrimSpace(*reason) == "":
 					return usageError(e.cmd, "keys resolve: --operator and --reason are required: they are recorded with the key")
@@ -363,6 +382,9 @@ var commands = []*command{
 					return err
 				}
 				out, err := e.runner.Resolve(ctx, *scope, args[0], res)
+				if errors.Is(err, idem.ErrRerunNotConfirmed) {
+					return fmt.Errorf("keys resolve: %w; nothing changed: if that is what you want, run again with --confirm", err)
+				}
 				if err != nil {
 					return err
 				}

@@ -2,9 +2,11 @@ package idemcli
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"sort"
 	"strconv"
@@ -109,7 +111,8 @@ func (e *env) printMigrationStatus(current int) error {
 }
 
 // keyJSON is a key as the JSON output shows it: the record's metadata plus
-// its state, and its payload (params, checkpoint data, stored response) only
+// its state, and its payload (params, checkpoint data, stored response,
+// fingerprints) only
 // when revealed. The payload fields shadow the record's, so an unrevealed
 // key's are left out rather than shown empty.
 type keyJSON struct {
@@ -119,12 +122,19 @@ type keyJSON struct {
 	Checkpoint      map[string]json.RawMessage `json:"checkpoint,omitempty"`
 	ResponseHeaders http.Header                `json:"response_headers,omitempty"`
 	ResponseBody    []byte                     `json:"response_body,omitempty"`
+	// Fingerprint is shown only when revealed: without a fingerprint key
+	// it is a plain SHA-256 over what the client sent, which a guess at a
+	// small payload (an amount) can be checked against.
+	Fingerprint []byte `json:"fingerprint,omitempty"`
+	// Verdicts are the operators' verdicts on the key (keys show only).
+	Verdicts []idem.Verdict `json:"verdicts,omitempty"`
 }
 
 func newKeyJSON(k *idem.KeyRecord, now time.Time, reveal bool) keyJSON {
 	j := keyJSON{KeyRecord: k, State: k.State(now)}
 	if reveal {
 		j.Params, j.Checkpoint, j.ResponseHeaders, j.ResponseBody = k.Params, k.Checkpoint, k.ResponseHeaders, k.ResponseBody
+		j.Fingerprint = k.Fingerprint
 	}
 	return j
 }
@@ -158,9 +168,11 @@ func (e *env) printKeyList(list *idem.KeyList, reveal, more bool) error {
 	return nil
 }
 
-func (e *env) printKey(k *idem.KeyRecord, now time.Time, reveal bool) error {
+func (e *env) printKey(k *idem.KeyRecord, now time.Time, reveal bool, verdicts []idem.Verdict) error {
 	if e.json {
-		return e.printJSON(newKeyJSON(k, now, reveal))
+		j := newKeyJSON(k, now, reveal)
+		j.Verdicts = verdicts
+		return e.printJSON(j)
 	}
 	tw := e.table()
 	// Every value is escaped: it comes from the database, where a client
@@ -200,8 +212,11 @@ func (e *env) printKey(k *idem.KeyRecord, now time.Time, reveal bool) error {
 	if k.Status == idem.StatusFinished {
 		field("response status", fmt.Sprintf("%d %s", k.ResponseStatus, http.StatusText(k.ResponseStatus)))
 	}
+	if err := e.verdictLines(tw, verdicts); err != nil {
+		return err
+	}
 	if !reveal {
-		fmt.Fprintf(tw, "%s\t%s\n", "payload", "hidden: params, checkpoint data and the stored response (--reveal shows them)")
+		fmt.Fprintf(tw, "%s\t%s\n", "payload", "hidden: params, checkpoint data, the stored response and the fingerprints (--reveal shows them)")
 		return tw.Flush()
 	}
 	field("params", string(escapeJSONText(k.Params)))
@@ -211,6 +226,56 @@ func (e *env) printKey(k *idem.KeyRecord, now time.Time, reveal bool) error {
 		field("response headers", headerLine(k.ResponseHeaders))
 		// printable escapes what it must itself (or shows base64).
 		fmt.Fprintf(tw, "%s\t%s\n", "response body", printable(k.ResponseBody))
+	}
+	return tw.Flush()
+}
+
+// verdictLines adds a line per operator verdict to a key's table.
+func (e *env) verdictLines(tw io.Writer, verdicts []idem.Verdict) error {
+	if len(verdicts) == 0 {
+		_, err := fmt.Fprintf(tw, "%s\t%s\n", "verdicts", "-")
+		return err
+	}
+	for i, v := range verdicts {
+		line := fmt.Sprintf("%s by %s at %s: %s (phase %s%s, fence %d, generation %d, key id %d; database role %s from %s): %s",
+			v.Verdict, v.Operator, v.CreatedAt.UTC().Format(time.RFC3339), v.Reason, orDash(v.Phase), kindNote(v.ForeignKind),
+			v.Fence, v.Generation, v.KeyID, v.SessionUser, cmp.Or(v.ClientAddr, "a local socket"), v.Action)
+		if v.AnswerStatus != nil {
+			line += fmt.Sprintf("; answer: status %d, %d bytes", *v.AnswerStatus, derefInt(v.AnswerBytes))
+		}
+		if _, err := fmt.Fprintf(tw, "%s\t%s\n", fmt.Sprintf("verdict %d", i+1), safe(line)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func kindNote(kind string) string {
+	if kind == "" {
+		return ""
+	}
+	return ", " + kind
+}
+
+func derefInt(p *int) int {
+	if p == nil {
+		return 0
+	}
+	return *p
+}
+
+// printVerdictsOfMissingKey prints the verdicts of a key that is gone.
+func (e *env) printVerdictsOfMissingKey(verdicts []idem.Verdict) error {
+	if len(verdicts) == 0 {
+		return nil
+	}
+	if e.json {
+		return e.printJSON(map[string]any{"key": nil, "verdicts": verdicts})
+	}
+	tw := e.table()
+	fmt.Fprintf(tw, "%s\t%s\n", "key", "gone (expired and reaped, or abandoned); its verdicts are kept")
+	if err := e.verdictLines(tw, verdicts); err != nil {
+		return err
 	}
 	return tw.Flush()
 }

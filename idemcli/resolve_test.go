@@ -94,7 +94,7 @@ func TestKeysResolve(t *testing.T) {
 	resolve := func(cfg *Config, args ...string) (string, string, int) {
 		return runDB(t, f.schema, cfg, append([]string{"keys", "resolve"}, args...)...)
 	}
-	who := []string{"--scope", "s", "--operator", "alice", "--reason", "INC-42"}
+	who := []string{"--scope", "s", "--operator", "alice", "--reason", "INC-42: checked the gateway log"}
 
 	// Usage errors, before any connection.
 	for _, args := range [][]string{
@@ -104,6 +104,7 @@ func TestKeysResolve(t *testing.T) {
 		append([]string{"answered", "--verdict", "happened", "--body", "{}"}, who...),   // a body without a status
 		append([]string{"answered", "--verdict", "happened", "--status", "99"}, who...), // a bad status
 		append([]string{"answered", "--verdict", "happened", "--status", "201", "--body", "@/nonexistent"}, who...),
+		{"answered", "--scope", "s", "--verdict", "abandon", "--operator", "x", "--reason", "x"}, // a reason that says nothing
 	} {
 		_, stderr, code := resolve(nil, args...)
 		require.Equal(t, ExitUsage, code, "%v: %s", args, stderr)
@@ -136,8 +137,16 @@ func TestKeysResolve(t *testing.T) {
 	require.JSONEq(t, `{"sms":"sent by hand"}`, string(out.Response.Body))
 	require.Equal(t, "application/json", out.Response.Header.Get("Content-Type"))
 
-	// not happened: the retry sends.
+	// not happened: refused without --confirm, saying what it would do;
+	// confirmed, the retry sends.
+	before = f.row(t, "again")
 	stdout, stderr, code = resolve(nil, append([]string{"again", "--verdict", "not-happened"}, who...)...)
+	t.Logf("not happened, unconfirmed: exit %d: %s%s", code, stdout, stderr)
+	require.Equal(t, ExitFailure, code)
+	require.Contains(t, stderr, `the call of phase "sent" will be made again; if it did happen, it happens twice`)
+	require.Contains(t, stderr, "--confirm")
+	require.Equal(t, before, f.row(t, "again"))
+	stdout, stderr, code = resolve(nil, append([]string{"again", "--verdict", "not-happened", "--confirm"}, who...)...)
 	t.Logf("not happened: exit %d: %s%s", code, stdout, stderr)
 	require.Equal(t, ExitOK, code, stderr)
 	out, err = f.execute("again")
@@ -162,7 +171,7 @@ func TestKeysResolve(t *testing.T) {
 	require.Equal(t, "abandon", printed.Verdict)
 	require.False(t, printed.DryRun)
 	require.Equal(t, idem.RecoveryPointAbandoned, printed.Key.RecoveryPoint)
-	require.Contains(t, printed.Key.LastError, "resolved by alice: abandon: INC-42")
+	require.Contains(t, printed.Key.LastError, "resolved by alice: abandon: INC-42: checked the gateway log")
 	_, err = f.execute("dropped")
 	require.ErrorIs(t, err, idem.ErrRequestAbandoned)
 

@@ -68,6 +68,7 @@ type Store interface {
 	GetKey(ctx context.Context, scope, key string) (*KeyRecord, error)
 
 	OperationsStore
+	VerdictStore
 }
 
 // PhaseOptions configure a phase's transaction.
@@ -207,7 +208,11 @@ type CommitParams struct {
 	// finishes it (an operator's resolution says who and why); empty clears
 	// it, as every phase that responds does.
 	LastError string
-	Now       *time.Time
+	// Flow and Generation are the key's (KeyRecord.Flow, Generation): a
+	// store that seals the response binds it to them.
+	Flow       string
+	Generation int
+	Now        *time.Time
 }
 
 // OperationsStore is the part of [Store] the operations services stand on:

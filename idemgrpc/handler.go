@@ -510,10 +510,10 @@ func (h *Handler[Req, Resp, In]) handle(ctx context.Context, req Req) (resp Resp
 	}
 	select {
 	case r := <-done:
-		resp, st := h.answer(ctx, key, r.out, r.err)
+		resp, st := h.answer(ctx, scope, key, r.out, r.err)
 		return resp, key, st
 	case <-deadline:
-		h.log.WarnContext(ctx, "idemgrpc: the request did not finish before the call's deadline; it runs on", "method", h.method, "key", key)
+		h.log.WarnContext(ctx, "idemgrpc: the request did not finish before the call's deadline; it runs on", h.runner.LogAttrs(scope, key, nil, "method", h.method)...)
 		return resp, key, unfinished(h.delays.failed)
 	case <-ctx.Done():
 		// The client is gone; nobody reads this answer.
@@ -588,7 +588,7 @@ func (h *core) pushback(ctx context.Context, delay time.Duration) int64 {
 }
 
 // answer maps the runner's outcome to the response or status.
-func (h *Handler[Req, Resp, In]) answer(ctx context.Context, key string, out *idem.Outcome, err error) (Resp, *status.Status) {
+func (h *Handler[Req, Resp, In]) answer(ctx context.Context, scope, key string, out *idem.Outcome, err error) (Resp, *status.Status) {
 	var zero Resp
 	switch out.Kind {
 	case idem.OutcomeReplayed, idem.OutcomeInProgress, idem.OutcomeNeedsReconcile, idem.OutcomeRequestAbandoned:
@@ -606,16 +606,18 @@ func (h *Handler[Req, Resp, In]) answer(ctx context.Context, key string, out *id
 		case idem.OutcomeInvalid:
 			if !errors.Is(err, idem.ErrInvalidParams) {
 				h.log.ErrorContext(ctx, "idemgrpc: the runner refused the request; check Config.Scope and the input type",
-					"method", h.method, "flow", h.flowName, "key", key, "err", err)
+					h.runner.LogAttrs(scope, key, out.Record, "method", h.method, "flow", h.flowName, "err", h.runner.LogError(err, scope, key))...)
 			}
 		case idem.OutcomeFailed, idem.OutcomeStoreUnavailable:
-			h.log.WarnContext(ctx, "idemgrpc: request not completed", "method", h.method, "key", key, "outcome", out.Kind, "err", err)
+			h.log.WarnContext(ctx, "idemgrpc: request not completed",
+				h.runner.LogAttrs(scope, key, out.Record, "method", h.method, "outcome", out.Kind, "err", h.runner.LogError(err, scope, key))...)
 		}
 		return zero, st
 	}
 	resp, st, derr := decodeStored[Resp](out.Response, h.respName)
 	if derr != nil {
-		h.log.ErrorContext(ctx, "idemgrpc: the flow's stored response cannot be answered", "method", h.method, "flow", h.flowName, "key", key, "err", derr)
+		h.log.ErrorContext(ctx, "idemgrpc: the flow's stored response cannot be answered",
+			h.runner.LogAttrs(scope, key, out.Record, "method", h.method, "flow", h.flowName, "err", h.runner.LogError(derr, scope, key))...)
 		return zero, internal()
 	}
 	if out.Kind == idem.OutcomeReplayed {

@@ -467,7 +467,7 @@ var contractCases = []contractCase{
 			require.Equal(t, http.StatusServiceUnavailable, first.Code, first.Body.String())
 			row := b.keyRow(t, "k-1")
 			_, err = b.runner.Resolve(context.Background(), row.Scope, "k-1",
-				idem.Resolution{Verdict: idem.ResolveAbandon, Operator: "alice", Reason: "INC-42"})
+				idem.Resolution{Verdict: idem.ResolveAbandon, Operator: "alice", Reason: "INC-42: refunded by hand"})
 			require.NoError(t, err)
 			return post(h, "k-1", `{"to": "+15550100"}`)
 		},

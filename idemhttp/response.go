@@ -91,7 +91,7 @@ func (h *Handler[In]) writeOutcome(w http.ResponseWriter, r *http.Request, req i
 		fallthrough
 	default: // a scope the runner refuses, or a kind this adapter does not know
 		h.log.ErrorContext(ctx, "idemhttp: the runner refused the request; check Config.Scope and the input type",
-			"flow", h.flow.Name(), "outcome", out.Kind, "key", req.Key, "err", err)
+			h.runner.LogAttrs(req.Scope, req.Key, out.Record, "flow", h.flow.Name(), "outcome", out.Kind, "err", h.runner.LogError(err, req.Scope, req.Key))...)
 		h.writeProblem(w, h.problem(specInternal, internalDetail))
 	}
 }

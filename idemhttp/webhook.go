@@ -462,8 +462,10 @@ func (wh *Webhook[In]) writeOutcome(w http.ResponseWriter, r *http.Request, req 
 		// log line names the event, which the provider will keep
 		// delivering until it gives up, and the runner's error names the
 		// flow, method and route the key was first used with.
+		// The scope carries the account (a Connect account id) and the
+		// key the event id: both only under the runner's LogKeys.
 		h.log.WarnContext(r.Context(), "idemhttp: webhook event delivered again with another body; refused",
-			"flow", h.flow.Name(), "provider", wh.cfg.Provider, "scope", req.Scope, "event_id", req.Key, "err", err)
+			h.runner.LogAttrs(req.Scope, req.Key, out.Record, "flow", h.flow.Name(), "provider", wh.cfg.Provider, "err", h.runner.LogError(err, req.Scope, req.Key))...)
 		h.writeProblem(w, h.problem(specWebhookEventReused, "This event id was first delivered with another body. "+
 			"The delivery was not processed; the event's first delivery stands."))
 	default:

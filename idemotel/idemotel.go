@@ -164,7 +164,7 @@ func (o *Observer) Observe(ctx context.Context, e idem.Event) {
 	if e.Phase != "" {
 		attrs = append(attrs, AttrPhase.String(e.Phase))
 	}
-	if e.Kind == idem.EventReconciled && e.Verdict != "" {
+	if (e.Kind == idem.EventReconciled || e.Kind == idem.EventResolved) && e.Verdict != "" {
 		attrs = append(attrs, AttrVerdict.String(e.Verdict))
 	}
 	o.events.Add(ctx, 1, metric.WithAttributes(attrs...))

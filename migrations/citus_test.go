@@ -36,11 +36,11 @@ func TestCitusUpDistributesOnceAndDownRefuses(t *testing.T) {
 		tables = append(tables, name)
 	}
 	require.NoError(t, rows.Err())
-	require.Equal(t, []string{"idem_keys", "idem_leases"}, tables)
+	require.Equal(t, []string{"idem_keys", "idem_leases", "idem_verdicts"}, tables)
 	var colocated bool
 	require.NoError(t, schema.Pool.QueryRow(ctx, `SELECT count(DISTINCT colocationid) = 1 FROM pg_dist_partition
-		WHERE logicalrelid IN ($1::regclass, $2::regclass)`, schema.Name+".idem_keys", schema.Name+".idem_leases").Scan(&colocated))
-	require.True(t, colocated, "idem_keys and idem_leases are co-located")
+		WHERE logicalrelid IN ($1::regclass, $2::regclass, $3::regclass)`, schema.Name+".idem_keys", schema.Name+".idem_leases", schema.Name+".idem_verdicts").Scan(&colocated))
+	require.True(t, colocated, "idem_keys, idem_leases and idem_verdicts are co-located")
 
 	// Every shard of idem_keys keeps the table's fillfactor, which leaves
 	// room for the HOT updates of phase commits.

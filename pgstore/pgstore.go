@@ -335,7 +335,7 @@ func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemd
 
 // acquireArgs are the arguments of the acquire statement for p.
 func (s *Store) acquireArgs(p idemdriver.AcquireParams) ([]any, error) {
-	params, paramsKeyID, err := s.sealParams(p.Scope, p.Key, p.Params)
+	params, paramsKeyID, err := s.sealParams(p)
 	if err != nil {
 		return nil, err
 	}

@@ -455,7 +455,7 @@ func (t *phaseTx) CommitPhase(ctx context.Context, p idemdriver.CommitParams) er
 	if p.Response != nil && t.seal != nil {
 		resp := *p.Response
 		var err error
-		if bodyKeyID, resp.Body, err = t.seal.seal(resp.Body, bodyAAD(p.Ref.ID)); err != nil {
+		if bodyKeyID, resp.Body, err = t.seal.sealBody(p); err != nil {
 			_ = t.RollbackPhase(ctx)
 			return err
 		}

@@ -360,7 +360,8 @@ func TestTwoProcesses(t *testing.T) {
 		require.Equal(t, http.StatusUnprocessableEntity, got.status, "%s", got.body)
 		require.Equal(t, idemhttp.ProblemWebhookEventReused, got.problem)
 		b.waitOutput(t, "webhook event delivered again with another body")
-		require.Contains(t, b.output.String(), "event_id="+ids[0])
+		// The line names the event (its key) only with the runner's
+		// Config.LogKeys, which this service leaves off.
 		require.Equal(t, before, count(t, schema, `SELECT count(*) FROM ledger`))
 		requireOnceEach(t, schema, "", ids[:1])
 	})

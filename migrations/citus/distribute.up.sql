@@ -34,10 +34,14 @@ DROP TRIGGER idem_keys_ended ON {{schema}}idem_keys;
 
 SELECT create_distributed_table('{{schema}}idem_keys', 'scope');
 SELECT create_distributed_table('{{schema}}idem_leases', 'scope', colocate_with => '{{schema}}idem_keys');
+-- An operator's verdict is inserted in the transaction of its key's commit:
+-- co-located, it lands on the same worker.
+SELECT create_distributed_table('{{schema}}idem_verdicts', 'scope', colocate_with => '{{schema}}idem_keys');
 -- Distributing copies a table's rows into its shards and leaves the local
 -- copy on the coordinator's disk, invisible and never reaped: drop it.
 SELECT truncate_local_data_after_distributing_table('{{schema}}idem_leases');
 SELECT truncate_local_data_after_distributing_table('{{schema}}idem_keys');
+SELECT truncate_local_data_after_distributing_table('{{schema}}idem_verdicts');
 -- idem:step
 ALTER TABLE {{schema}}idem_leases ADD CONSTRAINT idem_leases_key_fkey
     FOREIGN KEY (scope, key_id) REFERENCES {{schema}}idem_keys (scope, id) ON DELETE CASCADE;

@@ -3,6 +3,19 @@
 -- Keys finished under v0.2 stay; a retry of one under v0.1.0 compares
 -- fingerprints of another scheme and is answered 422 (nothing runs) until
 -- the key expires.
+-- Dropping the table would forget every operator's verdict, which idem
+-- keeps for good: refuse while any is recorded (SQLSTATE IDEM1,
+-- migrations.ErrRefused). Export them, delete them, then revert.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM {{schema}}idem_verdicts) THEN
+        RAISE EXCEPTION 'idem: idem_verdicts holds operators'' verdicts, kept for good; reverting 0007 would drop them: export them and delete them first'
+            USING ERRCODE = 'IDEM1';
+    END IF;
+END
+$$;
+DROP TABLE {{schema}}idem_verdicts;
+
 LOCK TABLE {{schema}}idem_keys, {{schema}}idem_leases IN ACCESS EXCLUSIVE MODE;
 
 DO $$
