@@ -85,7 +85,7 @@ func TestEveryAnswerCarriesTheKey(t *testing.T) {
 			echoes("needs reconcile", post(sms, "s-1", `{"to": "+15550100"}`), http.StatusServiceUnavailable, "s-1")
 			echoes("needs reconcile, again", post(sms, "s-1", `{"to": "+15550100"}`), http.StatusServiceUnavailable, "s-1")
 			_, err = b.runner.Resolve(context.Background(), testScope, "s-1",
-				idem.Resolution{Verdict: idem.ResolveAbandon, Operator: "alice", Reason: "INC-42"})
+				idem.Resolution{Verdict: idem.ResolveAbandon, Operator: "alice", Reason: "INC-42: refunded by hand"})
 			require.NoError(t, err)
 			echoes("abandoned", post(sms, "s-1", `{"to": "+15550100"}`), http.StatusGone, "s-1")
 
