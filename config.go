@@ -31,6 +31,15 @@ type Config struct {
 	// wait out a 90 s lease would wait for nothing. Default 2s.
 	MaxRetryAfter time.Duration
 
+	// MaxWaiters bounds how many requests of this runner (make one per
+	// process) wait at once for a key in flight (Request.Wait). A waiter
+	// costs the database nothing while it waits (the store checks each
+	// watched key once per tick, however many wait), but every waiter of a
+	// key acquires it again when its attempt ends; a request beyond the
+	// bound is answered ErrInProgress at once, without waiting, as it would
+	// be without Wait. Default 1000; negative: no bound.
+	MaxWaiters int
+
 	// Retention is how long a finished key is kept and replayed before the
 	// reaper may delete it, unless its flow sets FlowConfig.Retention.
 	// Default 24h.
@@ -243,6 +252,7 @@ const (
 const (
 	LeaseDefault             = 90 * time.Second
 	MaxRetryAfterDefault     = 2 * time.Second
+	MaxWaitersDefault        = 1000
 	RetentionDefault         = 24 * time.Hour
 	AbandonAfterDefault      = 7 * 24 * time.Hour
 	IsolationDefault         = pgx.ReadCommitted
@@ -260,6 +270,7 @@ func (c *Config) WithDefaults() *Config {
 	out.Lease = cmp.Or(out.Lease, LeaseDefault)
 	out.HeartbeatInterval = cmp.Or(out.HeartbeatInterval, out.Lease/3)
 	out.MaxRetryAfter = cmp.Or(out.MaxRetryAfter, MaxRetryAfterDefault)
+	out.MaxWaiters = cmp.Or(out.MaxWaiters, MaxWaitersDefault)
 	out.Retention = cmp.Or(out.Retention, RetentionDefault)
 	out.AbandonAfter = cmp.Or(out.AbandonAfter, AbandonAfterDefault)
 	out.Isolation = cmp.Or(out.Isolation, IsolationDefault)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -29,6 +30,9 @@ type Runner struct {
 	config *Config
 	flows  map[string]AnyFlow
 	log    *slog.Logger
+	// waiting counts the requests waiting for a key in flight now
+	// (Config.MaxWaiters).
+	waiting atomic.Int64
 }
 
 // NewRunner returns a runner on store. A nil config means all defaults.
@@ -121,9 +125,11 @@ type Request struct {
 	// itself, taken over and resumed, when the attempt failed and released
 	// it or its holder died and its lease ran out. ErrInProgress when Wait
 	// (or ctx) ends first. A waiting request holds no database connection:
-	// a pgstore store wakes every waiter of a key in a process with one
-	// notification (idemdriver.KeyWatcher), and a store without that is
-	// polled. Outcome.Waited says how long it waited. Each acquisition
+	// the store watches the key for every waiter of the process at once
+	// (idemdriver.Store.WatchKey: one check per tick, woken by a
+	// notification where they work). Beyond Config.MaxWaiters waiting
+	// requests, one is answered ErrInProgress at once, without waiting.
+	// Outcome.Waited says how long it waited. Each acquisition
 	// reports its event to the Observer (EventInProgress for each that
 	// finds the key still held). When Wait passes, the key is acquired once
 	// more before ErrInProgress is returned, so that an attempt that ended
@@ -193,8 +199,9 @@ func (r *Runner) executeWith(ctx context.Context, flow AnyFlow, req Request, sto
 	started := time.Now()
 	ctx, end := r.startRequest(ctx, flow.Name(), req.Scope)
 	out, err := r.execute(ctx, flow, req, stored)
-	if req.Wait > 0 && errors.Is(err, ErrInProgress) && out.Record != nil {
+	if req.Wait > 0 && errors.Is(err, ErrInProgress) && out.Record != nil && r.enterWait(ctx, req) {
 		out, err = r.waitAndExecute(ctx, flow, req, stored, out, err, started)
+		r.waiting.Add(-1)
 	}
 	err = callerGone(ctx, err)
 	out.settle(err)
@@ -325,30 +332,17 @@ func (r *Runner) waitAndExecute(ctx context.Context, flow AnyFlow, req Request, 
 		defer cancel()
 		defer context.AfterFunc(req.WaitContext, cancel)()
 	}
-	watcher, _ := r.store.(idemdriver.KeyWatcher)
-	poll := 50 * time.Millisecond
 	var waited time.Duration
-	again := false
+	lapsed := false
 	for errors.Is(err, ErrInProgress) && out.Record != nil {
 		left := time.Until(until)
 		if left <= 0 || waitCtx.Err() != nil {
 			break
 		}
-		var woken <-chan struct{}
-		stop := func() {}
-		if watcher != nil && again {
-			// Woken, but the same attempt still holds the key (its
-			// lease looked over by the database's clock and not by the
-			// runner's: a test clock): do not spin on it.
-			left = min(left, poll)
-			poll = min(poll*2, time.Second)
-		} else if watcher != nil {
-			woken, stop = watcher.WatchKey(waitCtx, idemdriver.LockRef{ID: out.Record.ID, Fence: out.Record.Fence, Scope: out.Record.Scope})
-		} else {
-			// No watcher: each waiter polls on its own.
-			left = min(left, poll)
-			poll = min(poll*2, time.Second)
-		}
+		woken, stop := r.store.WatchKey(waitCtx, idemdriver.Watch{
+			Ref:    idemdriver.LockRef{ID: out.Record.ID, Fence: out.Record.Fence, Scope: out.Record.Scope},
+			Lapsed: lapsed,
+		})
 		began := time.Now()
 		timer := time.NewTimer(left)
 		wake := false
@@ -356,8 +350,8 @@ func (r *Runner) waitAndExecute(ctx context.Context, flow AnyFlow, req Request, 
 		case <-woken:
 			wake = true
 		case <-timer.C:
-			// A poll, or the wait's end: either way the key is acquired
-			// (once more), as a retry arriving now would acquire it.
+			// The wait's end: the key is acquired once more, as a retry
+			// arriving now would acquire it.
 			wake = true
 		case <-waitCtx.Done():
 		}
@@ -369,11 +363,27 @@ func (r *Runner) waitAndExecute(ctx context.Context, flow AnyFlow, req Request, 
 		}
 		before := out.Record
 		out, err = r.execute(ctx, flow, req, stored)
-		again = out.Record != nil && out.Record.ID == before.ID && out.Record.Fence == before.Fence &&
+		// Woken, but the same attempt holds the key with the same lease:
+		// it ran out by the store's clock and not by the runner's (a test
+		// clock).
+		lapsed = out.Record != nil && out.Record.ID == before.ID && out.Record.Fence == before.Fence &&
 			out.Record.LeaseExpiresAt != nil && before.LeaseExpiresAt != nil && out.Record.LeaseExpiresAt.Equal(*before.LeaseExpiresAt)
 	}
 	out.Waited = waited
 	return out, err
+}
+
+// enterWait counts req in among the runner's waiters, or reports false when
+// Config.MaxWaiters of them wait already: req is then answered in progress
+// at once.
+func (r *Runner) enterWait(ctx context.Context, req Request) bool {
+	n := r.waiting.Add(1)
+	if max := int64(r.config.MaxWaiters); max > 0 && n > max {
+		r.waiting.Add(-1)
+		r.log.DebugContext(ctx, "idem: too many requests waiting; answered in progress at once", r.logAttrs(req.Scope, req.Key, 0, "max_waiters", max)...)
+		return false
+	}
+	return true
 }
 
 // retryInput is what a RetryOnly request brings: the fingerprint of its

@@ -4,16 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/internal/wirecount"
+	"github.com/go-idem/idem/pgstore"
 )
 
 // waitBench is a ride flow whose first charge blocks until released (and
@@ -106,22 +111,20 @@ func (b *waitBench) executeWaiting(key string, wait time.Duration, waitCtx conte
 	return done
 }
 
-// storeOnly hides the store's KeyWatcher: the runner then polls.
-type storeOnly struct{ idemdriver.Store }
-
 // A request with Wait that finds its key in flight waits for it and gets
-// its stored response, with a store that wakes it and with one the runner
-// polls.
+// its stored response, with a store that listens and with one that polls
+// (pgstore.WaitPoll).
 func TestWaitGetsTheStoredResponse(t *testing.T) {
 	t.Parallel()
-	for _, watched := range []bool{true, false} {
-		t.Run(map[bool]string{true: "watched", false: "polled"}[watched], func(t *testing.T) {
+	for _, mode := range []pgstore.Wait{pgstore.WaitAuto, pgstore.WaitPoll} {
+		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
-			var wrap func(idemdriver.Store) idemdriver.Store
-			if !watched {
-				wrap = func(s idemdriver.Store) idemdriver.Store { return storeOnly{s} }
-			}
-			b := setupWait(t, wrap)
+			tb := setup(t)
+			st, err := pgstore.New(tb.schema.Pool, &pgstore.Config{Schema: tb.schema.Name, Wait: mode})
+			require.NoError(t, err)
+			t.Cleanup(st.Close)
+			tb.store = st
+			b := setupWaitOn(t, tb, nil)
 			first := b.execute("k-1", 0)
 			<-b.entered
 			waiter := b.execute("k-1", time.Minute)
@@ -200,11 +203,11 @@ func TestWaitThroughPgBouncerPolls(t *testing.T) {
 	require.Equal(t, 1, b.provider.Charges())
 }
 
-// deafWatcher is a store whose KeyWatcher never wakes anyone: a wake-up
+// deafWatcher is a store whose WatchKey never wakes anyone: a wake-up
 // lost.
 type deafWatcher struct{ idemdriver.Store }
 
-func (deafWatcher) WatchKey(context.Context, idemdriver.LockRef) (<-chan struct{}, func()) {
+func (deafWatcher) WatchKey(context.Context, idemdriver.Watch) (<-chan struct{}, func()) {
 	return make(chan struct{}), func() {}
 }
 
@@ -338,4 +341,128 @@ func TestNotifyWaitersOnlyForMarkedKeys(t *testing.T) {
 	cancel()
 	_, err = listener.Conn().WaitForNotification(done)
 	require.ErrorIs(t, err, context.Canceled)
+}
+
+// countingWatcher counts the runner's calls of WatchKey: one per waiter
+// that started waiting.
+type countingWatcher struct {
+	idemdriver.Store
+	n atomic.Int64
+}
+
+func (c *countingWatcher) WatchKey(ctx context.Context, w idemdriver.Watch) (<-chan struct{}, func()) {
+	c.n.Add(1)
+	return c.Store.WatchKey(ctx, w)
+}
+
+// Two thousand requests of a process waiting for one key in flight cost its
+// pool one statement per tick of the store's wait loop (one check of every
+// watched key), not one per waiter; a request beyond Config.MaxWaiters is
+// answered in progress at once; and when the attempt ends every waiter gets
+// its response. Another tenant's request while they wait is timed against
+// one without them, and logged: timing targets live in benchmarks.
+func TestTwoThousandWaitersCostOneStatementPerTick(t *testing.T) {
+	t.Parallel()
+	const waiters = 2000
+	tb := setup(t)
+	cfg, err := pgxpool.ParseConfig(tb.schema.URL)
+	require.NoError(t, err)
+	counter := wirecount.Install(cfg.ConnConfig)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	// Polling, the costlier mode: a listening store checks a watched key
+	// only every 5 s and at its lease's expiry. Heartbeats go through an
+	// uncounted control pool.
+	st, err := pgstore.New(pool, &pgstore.Config{Schema: tb.schema.Name, Wait: pgstore.WaitPoll, ControlDB: tb.schema.Pool})
+	require.NoError(t, err)
+	t.Cleanup(st.Close)
+	tb.store = st
+	watching := &countingWatcher{}
+	b := setupWaitWith(t, tb, func(s idemdriver.Store) idemdriver.Store {
+		watching.Store = s
+		return watching
+	}, func(c *idem.Config) {
+		c.MaxWaiters = waiters
+		// When the attempt ends every waiter acquires the key again: 2,000
+		// acquisitions queue for the pool's few connections, which on a
+		// loaded test machine, under the race detector, takes longer than
+		// the default 5 s.
+		c.StatementTimeout = 2 * time.Minute
+	})
+	ctx := context.Background()
+	// otherTenant is the median time of five new keys of another tenant.
+	otherTenant := func(prefix string) time.Duration {
+		var took []time.Duration
+		for i := range 5 {
+			began := time.Now()
+			req := b.request(fmt.Sprint(prefix, i), rideInput{Origin: "there", Amount: 3})
+			req.Scope = "user:2"
+			out, err := b.runner.Execute(ctx, b.flow, req)
+			require.NoError(t, err)
+			require.Equal(t, idem.OutcomeExecuted, out.Kind)
+			took = append(took, time.Since(began))
+		}
+		slices.Sort(took)
+		return took[len(took)/2]
+	}
+	first := b.execute("k-1", 0)
+	<-b.entered
+	// The first request holds k-1 in its charge (the bench's hook pauses
+	// the first charge only): another tenant's request, with nobody waiting.
+	otherTenant("warm-up")
+	alone := otherTenant("alone")
+	began := counter.Position()
+	results := make([]<-chan result, waiters)
+	for i := range results {
+		results[i] = b.execute("k-1", time.Hour)
+	}
+	require.Eventually(t, func() bool { return watching.n.Load() >= waiters }, 5*time.Minute, 10*time.Millisecond, "every waiter found the key in progress and watches it")
+	waiting := counter.Position()
+
+	// One more is answered at once, not kept (the deadline turns a wait
+	// into a failure).
+	var over result
+	select {
+	case over = <-b.execute("k-1", time.Hour):
+	case <-time.After(time.Minute):
+		t.Fatal("a request beyond MaxWaiters waits")
+	}
+	require.ErrorIs(t, over.err, idem.ErrInProgress)
+	require.Zero(t, over.out.Waited, "beyond MaxWaiters a request does not wait")
+
+	// The window runs from a check of the store's loop to the third after
+	// it: every waiter is watching by then.
+	isCheck := func(sql string) bool { return strings.Contains(sql, "unnest(") }
+	checksSince := func(from wirecount.Position) int {
+		n := 0
+		for _, sql := range counter.Between(from, counter.Position()).Statements {
+			if isCheck(sql) {
+				n++
+			}
+		}
+		return n
+	}
+	require.Eventually(t, func() bool { return checksSince(waiting) >= 1 }, time.Minute, 5*time.Millisecond)
+	from := counter.Position()
+	const ticks = 3
+	require.Eventually(t, func() bool { return checksSince(from) >= ticks }, time.Minute, 5*time.Millisecond)
+	to := counter.Position()
+	window := counter.Between(from, to).Statements
+	checks := checksSince(from) // the window's own, and any since
+	require.Equal(t, ticks, len(window), "%d waiters cost one statement per tick: %q", waiters, window)
+	t.Logf("%d waiters on one key: %d statements to find it in progress and start watching, then %d statements over %d ticks of the wait loop (%d checks since)",
+		waiters, counter.Between(began, waiting).RoundTrips, len(window), ticks, checks)
+
+	during := otherTenant("during")
+	t.Logf("another tenant's request (median of 5): %s without waiters, %s with %d waiting (%.2fx)", alone, during, waiters, float64(during)/float64(alone))
+
+	b.open()
+	require.NoError(t, (<-first).err)
+	for _, done := range results {
+		r := <-done
+		require.NoError(t, r.err)
+		require.Equal(t, idem.OutcomeReplayed, r.out.Kind)
+	}
+	require.Equal(t, 1+3*5, b.provider.Charges(), "k-1 and the other tenant's keys, each charged once")
 }

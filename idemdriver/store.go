@@ -67,6 +67,17 @@ type Store interface {
 	// GetKey returns one key, or ErrNotFound.
 	GetKey(ctx context.Context, scope, key string) (*KeyRecord, error)
 
+	// WatchKey returns a channel that is closed when the attempt w watches
+	// may be over: it finished, failed and released the key, was parked for
+	// reconcile or taken over, or its lease ran out. The runner then
+	// acquires the key again, which replays it, reports it parked or in
+	// progress, or takes it over. stop must be called when the caller stops
+	// waiting. The store owns the one loop that finds out, for every waiter
+	// of the process: however many wait, each watched key costs one check
+	// per tick of that loop (woken sooner by notifications where they
+	// work), never one per waiter.
+	WatchKey(ctx context.Context, w Watch) (woken <-chan struct{}, stop func())
+
 	OperationsStore
 	VerdictStore
 }
@@ -397,15 +408,16 @@ type ReapParams struct {
 	Now              *time.Time
 }
 
-// KeyWatcher is implemented by stores that can tell a process when a key
-// its requests wait for (idem.Request.Wait) may be done: the runner then
-// acquires the key again, which replays it, reports it parked or in
-// progress, or takes it over. A store without it is polled by each waiter.
-type KeyWatcher interface {
-	// WatchKey returns a channel that is closed when the attempt that holds
-	// ref (the key's id and the fence it holds it at) may be over: it
-	// finished, failed and released the key, was parked for reconcile or
-	// taken over, or its lease ran out. stop must be called when the caller
-	// stops waiting. Waiters of one key share what it costs the store.
-	WatchKey(ctx context.Context, ref LockRef) (woken <-chan struct{}, stop func())
+// Watch is what a request waiting for a key in flight (idem.Request.Wait)
+// watches: the attempt that holds the key.
+type Watch struct {
+	// Ref is the key's id and scope and the fence its attempt holds it at.
+	Ref LockRef
+	// Lapsed says the waiter, woken, found this very attempt still holding
+	// the key with the lease it had: the lease looked run out to the store
+	// and not to the waiter's clock (a test clock, idem.TestConfig.Now).
+	// The store then wakes it at its next check of the key rather than at
+	// once, so that the waiter acquires again once per check, not in a
+	// loop.
+	Lapsed bool
 }

@@ -66,14 +66,6 @@ type Config struct {
 	// stored in the clear.
 	Cipher *Keyring
 
-	// SessionPooler tells New that the connection pooler in front of
-	// Postgres, if any, gives each client a server connection of its own
-	// for the client's whole session (PgBouncer pool_mode=session), so that
-	// every query exec mode works through it. By default New refuses, behind
-	// a pooler, the exec modes a transaction pooler breaks (see
-	// ErrPoolerExecMode).
-	SessionPooler bool
-
 	// Instance names this process among the application's instances, with a
 	// name it keeps across restarts and no live process shares: a
 	// Kubernetes pod name (a StatefulSet's, or a Deployment's, which keeps
@@ -92,25 +84,9 @@ type Config struct {
 	// run out (Lease) before another takes its keys over.
 	Instance string
 
-	// WaitPolling makes the requests that wait for a key in flight
-	// (idem.Request.Wait, Prefer: wait over HTTP) find out that it is done
-	// by polling it, once per key and process however many of them wait
-	// (every 100ms, backing off to 1s), instead of by a notification. By
-	// default the store LISTENs on its schema's channel (see Channel), on a
-	// connection of its own with db's configuration, opened on the first
-	// wait and closed by Close, and polls only while that connection is
-	// down. It polls anyway behind a connection pooler in transaction mode
-	// (detected, unless SessionPooler is set), where LISTEN does not work,
-	// and when db is not a *pgxpool.Pool (unless ListenConfig is set).
-	// Default false.
-	WaitPolling bool
-
-	// ListenConfig is the connection the store LISTENs on for the keys
-	// requests wait for. Default: db's configuration, when db is a
-	// *pgxpool.Pool, with the pool's BeforeConnect hook run before each
-	// connect. Behind a connection pooler in transaction mode, point
-	// it at Postgres directly to keep notifications rather than polling.
-	ListenConfig *pgx.ConnConfig
+	// Wait says how the store finds out that a key requests wait for is
+	// done: WaitAuto (the default), WaitPoll, or WaitListen.
+	Wait Wait
 
 	// Logger receives the store's own logs: a listener that cannot LISTEN
 	// (logged at warn, at most once a minute; waiting requests poll
@@ -197,7 +173,8 @@ func New(db DB, config *Config) (*Store, error) {
 		st.Close()
 		return nil, err
 	}
-	if !config.SessionPooler {
+	if config.Wait.mode != waitListen || config.Wait.conn != nil {
+		// Unless WaitListen said db's connections keep their session.
 		ctx, cancel := context.WithTimeout(context.Background(), schemaCheckTimeout)
 		defer cancel()
 		// The control pool New opens has db's configuration: db's check

@@ -56,7 +56,7 @@ func (s *Store) checkPooler(ctx context.Context, pool *pgxpool.Pool) error {
 		return nil // no pooler: the client talks to the backend itself
 	}
 	const use = "use default_query_exec_mode=exec (or cache_describe, or simple_protocol) in the URL (pgx.ConnConfig.DefaultQueryExecMode), " +
-		"or set Config.SessionPooler for a pooler in session mode"
+		"or set Config.Wait to WaitListen(nil) for a pooler in session mode"
 	if mode == pgx.QueryExecModeDescribeExec {
 		return fmt.Errorf("%w: describe_exec sends a statement's description and its execution in two synced messages, which a transaction pooler may route to different server connections; %s",
 			ErrPoolerExecMode, use)

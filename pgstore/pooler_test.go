@@ -48,9 +48,10 @@ func TestStoreRefusesCachedStatementsBehindPgBouncer(t *testing.T) {
 		}
 	}
 	// A pooler that gives each client a server connection of its own for
-	// its whole session is trusted with every mode when the config says so.
+	// its whole session is trusted with every mode when the config says so
+	// (WaitListen on its own connections: they keep their session).
 	store, err := New(poolIn(t, bounced.BouncedURL, pgx.QueryExecModeCacheStatement),
-		&Config{Schema: bounced.Name, SessionPooler: true})
+		&Config{Schema: bounced.Name, Wait: WaitListen(nil)})
 	require.NoError(t, err)
 	store.Close()
 }

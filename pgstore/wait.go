@@ -18,7 +18,7 @@ import (
 )
 
 // How a process finds out that a key its requests wait for is done
-// (idemdriver.KeyWatcher; idem.Request.Wait): one watch per key, shared by
+// (idemdriver.Store.WatchKey; idem.Request.Wait): one watch per key, shared by
 // every waiter of the process, one LISTEN connection per store, shared by
 // every watch, and one checker per store, which checks every watched key
 // due at a tick with one statement.
@@ -33,9 +33,10 @@ import (
 // listenRecheck while the listener listens (a notification lost to a
 // reconnect, or missed by a finish at repeatable read whose snapshot
 // predates the mark), and on a polling schedule (pollFirst doubling to
-// pollMax) when there is no listener: Config.WaitPolling, a pooler in
-// transaction mode, a handle that is not a *pgxpool.Pool, or a LISTEN
-// connection that is down. While the listener is down (it failed to
+// pollMax) when there is no listener: WaitPoll, a pooler in transaction
+// mode (WaitAuto), a handle that is not a *pgxpool.Pool, Citus, or a LISTEN
+// connection that is down. This checker is the one loop: the runner has no
+// poller of its own. While the listener is down (it failed to
 // connect, and has not listened since), new watches do not mark their key:
 // nobody would hear the notification; once it listens again, they do.
 //
@@ -50,6 +51,59 @@ const (
 	// listenWarnEvery bounds how often a listener that cannot listen logs.
 	listenWarnEvery = time.Minute
 )
+
+// Wait says how a store finds out that a key its requests wait for
+// (idem.Request.Wait, Prefer: wait over HTTP) is done: Config.Wait. Either
+// way one loop of the store checks every watched key once per tick for all
+// the process's waiters; notifications only wake it sooner. The zero value
+// is WaitAuto.
+type Wait struct {
+	mode waitMode
+	conn *pgx.ConnConfig
+}
+
+type waitMode int
+
+const (
+	waitAuto waitMode = iota
+	waitPoll
+	waitListen
+)
+
+var (
+	// WaitAuto (the default) LISTENs on the schema's channel (see Channel)
+	// on a connection of its own with db's configuration, opened on the
+	// first wait and closed by Close, and checks each watched key every
+	// listenRecheck (5 s) and at its lease's expiry. It polls instead (every
+	// 100 ms, backing off to 1 s) while that connection is down, for good
+	// behind a connection pooler in transaction mode (detected on the first
+	// wait), where LISTEN does not work, when db is not a *pgxpool.Pool,
+	// and on Citus.
+	WaitAuto = Wait{}
+	// WaitPoll never LISTENs: every watched key is checked every 100 ms,
+	// backing off to 1 s, once per process however many requests wait.
+	WaitPoll = Wait{mode: waitPoll}
+)
+
+// WaitListen LISTENs on conn, a connection to Postgres itself (for a db
+// behind a connection pooler in transaction mode, where a LISTEN would be
+// lost), or, with a nil conn, on db's configuration, as WaitAuto does but
+// without looking for a pooler: it says db's connections keep their
+// session (a direct connection, or a pooler in session mode such as
+// PgBouncer pool_mode=session), and New then accepts every query exec mode
+// (see ErrPoolerExecMode). The pool's BeforeConnect hook runs before each
+// connect of db's configuration, not of conn.
+func WaitListen(conn *pgx.ConnConfig) Wait {
+	if conn != nil {
+		conn = conn.Copy()
+	}
+	return Wait{mode: waitListen, conn: conn}
+}
+
+// String names the mode: "auto", "poll" or "listen".
+func (w Wait) String() string {
+	return [...]string{"auto", "poll", "listen"}[w.mode]
+}
 
 // channelPrefix starts the name of every schema's channel.
 const channelPrefix = "idem_finished:"
@@ -79,9 +133,10 @@ type waits struct {
 	// beforeConnect is the pool's BeforeConnect hook, run on conn before
 	// each connect (credentials that rotate, say); nil: none.
 	beforeConnect func(context.Context, *pgx.ConnConfig) error
-	// sessionPooler is Config.SessionPooler: LISTEN works through a pooler.
-	sessionPooler bool
-	log           *slog.Logger
+	// trusted says the listener's connection keeps its session (WaitListen):
+	// it does not look for a pooler.
+	trusted bool
+	log     *slog.Logger
 
 	mu      sync.Mutex
 	watches map[int64]*watch
@@ -119,7 +174,10 @@ type watch struct {
 	// marking says its mark runs; marked that it was made.
 	marking, marked bool
 	// ready says the checker checks it, at next; interval is its polling
-	// interval now.
+	// interval now. lapsed: its waiters found their attempt still holding
+	// the key after its lease looked run out here (idemdriver.Watch.Lapsed):
+	// it is woken at a check, never by its mark, and polls.
+	lapsed   bool
 	ready    bool
 	next     time.Time
 	interval time.Duration
@@ -128,16 +186,16 @@ type watch struct {
 }
 
 func newWaits(st *Store, db DB, config *Config) *waits {
-	w := &waits{st: st, watches: map[int64]*watch{}, sessionPooler: config.SessionPooler,
+	w := &waits{st: st, watches: map[int64]*watch{}, trusted: config.Wait.mode == waitListen,
 		log: config.Logger, kick: make(chan struct{}, 1)}
 	if w.log == nil {
 		w.log = slog.Default()
 	}
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	switch pool, ok := db.(*pgxpool.Pool); {
-	case config.WaitPolling:
-	case config.ListenConfig != nil:
-		w.conn = config.ListenConfig.Copy()
+	case config.Wait.mode == waitPoll:
+	case config.Wait.conn != nil:
+		w.conn = config.Wait.conn.Copy()
 	case ok:
 		pc := pool.Config()
 		w.conn = pc.ConnConfig.Copy()
@@ -146,16 +204,15 @@ func newWaits(st *Store, db DB, config *Config) *waits {
 	return w
 }
 
-var _ idemdriver.KeyWatcher = (*Store)(nil)
-
-// WatchKey implements idemdriver.KeyWatcher: the channel is closed when the
-// attempt that holds ref may be over, which a waiter finds out by acquiring
-// the key again; stop ends the caller's interest. The first waiter of a key
-// in the process marks it (one transaction, at read committed) and starts
-// its watch; the others share it. A ref older than the key's watch (a
-// lower fence) is over already: its channel is closed. After Close, every
-// channel is closed.
-func (s *Store) WatchKey(ctx context.Context, ref idemdriver.LockRef) (<-chan struct{}, func()) {
+// WatchKey implements idemdriver.Store: the channel is closed when the
+// attempt that holds want.Ref may be over, which a waiter finds out by
+// acquiring the key again; stop ends the caller's interest. The first
+// waiter of a key in the process marks it (one transaction, at read
+// committed) and starts its watch; the others share it. A ref older than
+// the key's watch (a lower fence) is over already: its channel is closed.
+// After Close, every channel is closed.
+func (s *Store) WatchKey(ctx context.Context, want idemdriver.Watch) (<-chan struct{}, func()) {
+	ref := want.Ref
 	w := s.waits
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -183,7 +240,7 @@ func (s *Store) WatchKey(ctx context.Context, ref idemdriver.LockRef) (<-chan st
 			// waiters, who find that out.
 			w.wakeLocked(wt)
 		}
-		wt = &watch{ref: ref, woken: make(chan struct{}), interval: pollFirst}
+		wt = &watch{ref: ref, woken: make(chan struct{}), interval: pollFirst, lapsed: want.Lapsed}
 		w.watches[ref.ID] = wt
 		w.markLocked(wt)
 	}
@@ -204,15 +261,15 @@ func (s *Store) WatchKey(ctx context.Context, ref idemdriver.LockRef) (<-chan st
 func (s *Store) Notifications() int64 { return s.waits.notified.Load() }
 
 // Listening reports whether the store's listener LISTENs on its channel
-// now; false: its watches poll (no waiter yet, Config.WaitPolling, a
+// now; false: its watches poll (no waiter yet, WaitPoll, a
 // transaction pooler, or a listener that cannot connect), for tests and
 // metrics.
 func (s *Store) Listening() bool { return s.waits.listening.Load() }
 
 // Polling reports whether the store polls for good, having no way to
-// listen here: Config.WaitPolling, a handle that is not a *pgxpool.Pool
-// (without ListenConfig), or a transaction pooler its listener found (on
-// the first wait), for tests and metrics.
+// listen here: WaitPoll, a handle that is not a *pgxpool.Pool (without
+// WaitListen's connection), or a transaction pooler its listener found (on
+// the first wait, WaitAuto), for tests and metrics.
 func (s *Store) Polling() bool { return s.waits.conn == nil || s.waits.unheard.Load() }
 
 // markLocked starts wt's mark: it marks the key when the listener may hear
@@ -240,7 +297,7 @@ func (w *waits) markLocked(wt *watch) {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		wt.marking = false
-		if err == nil && over {
+		if err == nil && over && !wt.lapsed {
 			w.wakeLocked(wt)
 			return
 		}
@@ -259,12 +316,12 @@ func (w *waits) markLocked(wt *watch) {
 // its holder's lease (left, when known); w.mu is held.
 func (w *waits) scheduleLocked(wt *watch, now time.Time, left time.Duration, known bool) {
 	next := wt.interval
-	if w.listening.Load() && wt.marked {
+	if w.listening.Load() && wt.marked && !wt.lapsed {
 		next = listenRecheck
 	} else {
 		wt.interval = min(wt.interval*2, pollMax)
 	}
-	if known && left > 0 {
+	if known && left > 0 && !wt.lapsed {
 		// A dead holder's lease runs out: wake then, so that a waiter
 		// takes the key over.
 		next = min(next, left+10*time.Millisecond)
@@ -536,7 +593,7 @@ func (w *waits) listenOnce() (bool, error) {
 	err = conn.QueryRow(cctx, `SELECT pg_backend_pid(), (SELECT n.nspname::text FROM pg_catalog.pg_class c
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1))`,
 		pgx.QueryExecModeSimpleProtocol, w.st.q.leases).Scan(&backend, &schema)
-	if err == nil && backend != conn.PgConn().PID() && !w.sessionPooler {
+	if err == nil && backend != conn.PgConn().PID() && !w.trusted {
 		// A pooler hands this session's statements to any server
 		// connection: a LISTEN would be lost with the next one.
 		cancel()

@@ -16,6 +16,7 @@ import (
 	"github.com/go-idem/idem/idemdriver"
 	"github.com/go-idem/idem/internal/pgtest"
 	"github.com/go-idem/idem/internal/testfixture"
+	"github.com/go-idem/idem/internal/wirecount"
 )
 
 // A channel name fits the 63 bytes Postgres allows, and names its schema.
@@ -35,7 +36,7 @@ func TestWatchAndCloseTwice(t *testing.T) {
 	schema := pgtest.NewMigratedSchema(t)
 	st, err := New(schema.Pool, &Config{Schema: schema.Name})
 	require.NoError(t, err)
-	woken, stop := st.WatchKey(t.Context(), idemdriver.LockRef{ID: 999, Fence: 1})
+	woken, stop := st.WatchKey(t.Context(), idemdriver.Watch{Ref: idemdriver.LockRef{ID: 999, Fence: 1}})
 	defer stop()
 	select {
 	case <-woken:
@@ -73,12 +74,12 @@ func TestCloseWakesWaiters(t *testing.T) {
 	st, err := New(schema.Pool, &Config{Schema: schema.Name})
 	require.NoError(t, err)
 	ref := holdKey(t, st, "k")
-	woken, stop := st.WatchKey(t.Context(), ref)
+	woken, stop := st.WatchKey(t.Context(), idemdriver.Watch{Ref: ref})
 	defer stop()
 	require.False(t, closed(woken), "the key is held")
 	st.Close()
 	require.True(t, closed(woken), "Close woke the waiter")
-	after, stop2 := st.WatchKey(t.Context(), ref)
+	after, stop2 := st.WatchKey(t.Context(), idemdriver.Watch{Ref: ref})
 	defer stop2()
 	require.True(t, closed(after), "a watch after Close is woken at once")
 }
@@ -92,13 +93,13 @@ func TestOlderFenceDoesNotEvictTheWatch(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(st.Close)
 	ref := holdKey(t, st, "k")
-	current, stop := st.WatchKey(t.Context(), ref)
+	current, stop := st.WatchKey(t.Context(), idemdriver.Watch{Ref: ref})
 	defer stop()
-	old, stopOld := st.WatchKey(t.Context(), idemdriver.LockRef{ID: ref.ID, Fence: ref.Fence - 1, Scope: ref.Scope})
+	old, stopOld := st.WatchKey(t.Context(), idemdriver.Watch{Ref: idemdriver.LockRef{ID: ref.ID, Fence: ref.Fence - 1, Scope: ref.Scope}})
 	defer stopOld()
 	require.True(t, closed(old), "an older attempt is over")
 	require.False(t, closed(current), "the current watch stays")
-	newer, stopNewer := st.WatchKey(t.Context(), idemdriver.LockRef{ID: ref.ID, Fence: ref.Fence + 1, Scope: ref.Scope})
+	newer, stopNewer := st.WatchKey(t.Context(), idemdriver.Watch{Ref: idemdriver.LockRef{ID: ref.ID, Fence: ref.Fence + 1, Scope: ref.Scope}})
 	defer stopNewer()
 	require.True(t, closed(current), "a newer fence wakes the older watch's waiters")
 	require.False(t, closed(newer))
@@ -157,7 +158,7 @@ func TestWatchesAreCheckedTogetherOnTheMainPool(t *testing.T) {
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	st, err := New(pool, &Config{Schema: schema.Name, WaitPolling: true})
+	st, err := New(pool, &Config{Schema: schema.Name, Wait: WaitPoll})
 	require.NoError(t, err)
 	t.Cleanup(st.Close)
 	const n = 20
@@ -167,7 +168,7 @@ func TestWatchesAreCheckedTogetherOnTheMainPool(t *testing.T) {
 	}
 	controlBefore := st.ownControl.Stat().AcquireCount()
 	for _, ref := range refs {
-		_, stop := st.WatchKey(t.Context(), ref)
+		_, stop := st.WatchKey(t.Context(), idemdriver.Watch{Ref: ref})
 		defer stop()
 	}
 	// Each watch checks its key once as it starts, each on its own
@@ -215,19 +216,19 @@ func TestListenerDownIsLoggedAndPolled(t *testing.T) {
 	require.NoError(t, err)
 	lc.Host, lc.Port = "127.0.0.1", 1 // nothing listens there
 	logs := &testfixture.Buffer{}
-	st, err := New(schema.Pool, &Config{Schema: schema.Name, ListenConfig: lc,
+	st, err := New(schema.Pool, &Config{Schema: schema.Name, Wait: WaitListen(lc),
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	require.NoError(t, err)
 	t.Cleanup(st.Close)
 	first := holdKey(t, st, "first")
-	_, stop := st.WatchKey(t.Context(), first)
+	_, stop := st.WatchKey(t.Context(), idemdriver.Watch{Ref: first})
 	defer stop()
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "cannot LISTEN") }, time.Minute, 5*time.Millisecond)
 	require.Contains(t, logs.String(), "level=WARN")
 	require.False(t, st.Listening())
 
 	ref := holdKey(t, st, "second")
-	woken, stop2 := st.WatchKey(t.Context(), ref)
+	woken, stop2 := st.WatchKey(t.Context(), idemdriver.Watch{Ref: ref})
 	defer stop2()
 	require.NoError(t, st.Release(context.Background(), ref, "failed"))
 	select {
@@ -259,11 +260,62 @@ func TestListenerRunsBeforeConnect(t *testing.T) {
 	st, err := New(pool, &Config{Schema: schema.Name})
 	require.NoError(t, err)
 	t.Cleanup(st.Close)
-	_, stop := st.WatchKey(t.Context(), holdKey(t, st, "k"))
+	_, stop := st.WatchKey(t.Context(), idemdriver.Watch{Ref: holdKey(t, st, "k")})
 	defer stop()
 	require.Eventually(t, st.Listening, time.Minute, 5*time.Millisecond)
 	var app string
 	require.NoError(t, schema.Pool.QueryRow(context.Background(),
 		`SELECT application_name FROM pg_stat_activity WHERE query = 'LISTEN ' || quote_ident($1)`, Channel(schema.Name)).Scan(&app))
 	require.Equal(t, "hooked", app)
+}
+
+// A key whose lease ran out by the database's clock wakes a new watch by
+// its mark, for a waiter to take the key over; a lapsed watch (its waiter
+// found the same attempt still holding the key: the waiter's clock is
+// behind) is woken only at a check of the store's loop, never by its mark,
+// so that its waiter acquires once per tick instead of in a loop.
+func TestLapsedWatchWakesAtTheNextCheck(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.NewMigratedSchema(t)
+	cfg, err := pgxpool.ParseConfig(schema.URL)
+	require.NoError(t, err)
+	counter := wirecount.Install(cfg.ConnConfig)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	st, err := New(pool, &Config{Schema: schema.Name, Wait: WaitPoll})
+	require.NoError(t, err)
+	t.Cleanup(st.Close)
+	past := time.Now().Add(-2 * time.Hour)
+	expired := func(key string) idemdriver.LockRef {
+		res, err := st.Acquire(context.Background(), idemdriver.AcquireParams{Scope: "s", Key: key, Flow: "f", Method: "POST",
+			Path: "/", Fingerprints: [][]byte{make([]byte, 33)}, Params: []byte(`{}`), Lease: time.Hour, Now: &past})
+		require.NoError(t, err)
+		return idemdriver.LockRef{ID: res.Record.ID, Fence: res.Record.Fence, Scope: "s"}
+	}
+	checks := func(from wirecount.Position) int {
+		n := 0
+		for _, sql := range counter.Between(from, counter.Position()).Statements {
+			if strings.Contains(sql, "unnest(") {
+				n++
+			}
+		}
+		return n
+	}
+	for _, lapsed := range []bool{false, true} {
+		ref := expired(fmt.Sprint("k-", lapsed))
+		from := counter.Position()
+		woken, stop := st.WatchKey(t.Context(), idemdriver.Watch{Ref: ref, Lapsed: lapsed})
+		select {
+		case <-woken:
+		case <-time.After(time.Minute):
+			t.Fatalf("lapsed %v: never woken", lapsed)
+		}
+		stop()
+		if lapsed {
+			require.Positive(t, checks(from), "a lapsed watch is woken by a check of the loop")
+		} else {
+			require.Zero(t, checks(from), "a watch of a lease run out is woken by its mark, at once")
+		}
+	}
 }

@@ -400,7 +400,7 @@ func TestFirstRequestKilledMidFlow(t *testing.T) {
 	t.Logf("killed mid-flow: %d waiters, 1 took over and finished, %d replayed its answer", waiters, replayed)
 }
 
-// With LISTEN off (pgstore.Config.WaitPolling), waiters poll, once per key
+// With LISTEN off (pgstore.WaitPoll), waiters poll, once per key
 // and process, and get the same answer; nothing is notified.
 func TestWaitersPoll(t *testing.T) {
 	t.Parallel()

@@ -53,7 +53,7 @@ func run() error {
 	provider := flag.String("provider", "", "the payment provider's base URL")
 	lease := flag.Duration("lease", 3*time.Second, "idem's lease")
 	maxWait := flag.Duration("max-wait", 30*time.Second, "idemhttp.Config.MaxWait")
-	polling := flag.Bool("polling", false, "pgstore.Config.WaitPolling")
+	polling := flag.Bool("polling", false, "pgstore.WaitPoll")
 	flag.Parse()
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, *dbURL)
@@ -61,7 +61,11 @@ func run() error {
 		return err
 	}
 	defer pool.Close()
-	store, err := pgstore.New(pool, &pgstore.Config{Schema: *schema, WaitPolling: *polling})
+	wait := pgstore.WaitAuto
+	if *polling {
+		wait = pgstore.WaitPoll
+	}
+	store, err := pgstore.New(pool, &pgstore.Config{Schema: *schema, Wait: wait})
 	if err != nil {
 		return err
 	}
