@@ -2,7 +2,7 @@
 //
 // All of idem's SQL lives in this package (queries.go), but for the body of
 // the acquisition function idem_acquire, which a migration creates
-// (migrations/sql/0005_acquire_function.up.sql). Every error that comes back
+// (migrations/sql/0007_v02_format.up.sql). Every error that comes back
 // from the driver passes through one function, mapError, which
 // turns connection failures into idemdriver.ErrStoreUnavailable and serialization
 // failures and deadlocks into idemdriver.ErrSerialization. The tables must exist:

@@ -46,10 +46,6 @@ type phaseTx struct {
 	seal *sealer
 	// stmtTimeout bounds each of the phase's own statements (zero: none).
 	stmtTimeout time.Duration
-	// idleTimeout ends the transaction, by ending its session, once it has
-	// sat idle for that long (zero: never): the lease of a key acquired in
-	// it (AcquireInPhase).
-	idleTimeout time.Duration
 	// renew are the arguments of queries.renewLease, sent with the commit
 	// (CommitParams.RenewLease); nil: none.
 	renew []any
@@ -107,14 +103,9 @@ func (t *phaseTx) begin(ctx context.Context) error {
 func (t *phaseTx) beginWith(ctx context.Context, queued []*pgx.QueuedQuery) (pgx.BatchResults, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(t.opts)
-	settings := t.stmtTimeout > 0 || t.idleTimeout > 0
-	switch {
-	case t.stmtTimeout > 0 && t.idleTimeout > 0:
-		b.Queue(t.q.timeouts, millis(t.stmtTimeout), millis(t.idleTimeout))
-	case t.stmtTimeout > 0:
+	settings := t.stmtTimeout > 0
+	if settings {
 		b.Queue(t.q.statementTimeout, millis(t.stmtTimeout))
-	case t.idleTimeout > 0:
-		b.Queue(t.q.idleTimeout, millis(t.idleTimeout))
 	}
 	b.QueuedQueries = append(b.QueuedQueries, queued...)
 	br := t.conn.SendBatch(ctx, b)

@@ -57,8 +57,8 @@ type queries struct {
 	waitMark, waitCheck               string
 	notifyWaiters, waitCheckAll       string
 
-	unlockKey, claimIdle, reap, reapAbandoned, unfinishedKeys, statementTimeout, idleTimeout, timeouts, renewLease, clock string
-	backlog                                                                                                               string
+	unlockKey, claimIdle, reap, reapAbandoned, unfinishedKeys, statementTimeout, renewLease, clock string
+	backlog                                                                                        string
 
 	// citus says the tables are distributed by Citus (New asks): the claim
 	// loops then claim key by key (citus.go), and waits poll.
@@ -667,14 +667,6 @@ ORDER BY 1, 2, 3, 4`)
 	// statementTimeout bounds the statements after it in the same
 	// transaction (milliseconds, as text).
 	q.statementTimeout = `SELECT set_config('statement_timeout', $1, true)`
-	// idleTimeout ends the session, and with it the transaction, once the
-	// transaction has sat idle between statements for $1 milliseconds: the
-	// lease of a key acquired in its first phase's transaction
-	// (AcquireInPhase), which nobody else can see, let alone take over.
-	q.idleTimeout = `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`
-	// timeouts is statementTimeout ($1) and idleTimeout ($2) in one
-	// statement.
-	q.timeouts = `SELECT set_config('statement_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $2, true)`
 
 	q.clock = `SELECT coalesce($1::timestamptz, now()) AS t`
 

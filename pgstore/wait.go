@@ -55,7 +55,7 @@ const (
 const channelPrefix = "idem_finished:"
 
 // Channel returns the notification channel of the keys in schema: what
-// migration 0010's idem_notify_waiters_v10 notifies, "idem_finished:"
+// idem_notify_waiters (migration 0007) notifies, "idem_finished:"
 // followed by the schema's name, or by its md5 in hex when the name would be
 // longer than the 63 bytes a channel name may have.
 func Channel(schema string) string {
