@@ -361,7 +361,11 @@ func fencingStopsATakenOverWorker(t *testing.T, b *testBundle) {
 	// acquired in its first phase's transaction is another story:
 	// TestStalledFirstPhaseEndsWithItsKey.)
 	b.flow = b.rideFlowConfig("rides.create", &idem.FlowConfig[rideInput]{AcquireSeparately: true})
-	staleOut, err := takeOverAPausedWorker(t, b, func(ctx context.Context, tx idem.Tx, _ *idem.Attempt[rideInput]) error {
+	staleOut, err := takeOverAPausedWorker(t, b, func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) error {
+		if b.scoped { // Citus: jobs is distributed by the key's scope
+			_, err := tx.Exec(ctx, `INSERT INTO jobs (scope, ride_id, kind) VALUES ($1, 0, 'stale-worker-write')`, run.Key().Scope)
+			return err
+		}
 		_, err := tx.Exec(ctx, `INSERT INTO jobs (ride_id, kind) VALUES (0, 'stale-worker-write')`)
 		return err
 	})
