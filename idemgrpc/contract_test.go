@@ -429,34 +429,6 @@ func TestInProgress(t *testing.T) {
 	require.Equal(t, 1, b.counts.get()["charged"])
 }
 
-// A new key is created in its first phase's transaction and has no lease
-// until that commits: a duplicate meanwhile is ABORTED with RetryInfo 1 s,
-// whatever the runner's MaxRetryAfter.
-func TestInProgressWhileTheKeyIsBeingCreated(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	client := serveOrders(t, b.handler(t, b.runner, nil), nil)
-	entered, release := b.blockPhase("order_created")
-	open := sync.OnceFunc(func() { close(release) })
-	t.Cleanup(open) // a failing require must not leave the first call blocked
-	done := make(chan error, 1)
-	go func() {
-		_, err, _ := call(t, client, "k-1", orderRequest())
-		done <- err
-	}()
-	<-entered
-
-	_, err, header := call(t, client, "k-1", orderRequest())
-	st := requireStatus(t, err, codes.Aborted, idemgrpc.ReasonInProgress)
-	require.False(t, replayed(header))
-	delay, ok := retryDelay(st)
-	require.True(t, ok, "ABORTED carries RetryInfo")
-	require.Equal(t, time.Second, delay)
-	open()
-	require.NoError(t, <-done)
-	require.Equal(t, map[string]int{"order_created": 1, "charged": 1, "responded": 1}, b.counts.get())
-}
-
 // A phase that answers with an error status stores it: every retry gets the
 // same code, message and details, marked as a replay.
 func TestStoredErrorStatusIsReplayed(t *testing.T) {
