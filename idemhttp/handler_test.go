@@ -143,28 +143,6 @@ func TestRetryAfterIsCappedByDefault(t *testing.T) {
 	require.Equal(t, http.StatusCreated, (<-first).Code)
 }
 
-// A new key is created in its first phase's transaction and has no lease
-// until that commits: a duplicate meanwhile is told 409 with Retry-After: 1,
-// whatever the lease and MaxRetryAfter, and nothing about it is stored.
-func TestRetryAfterWhileTheKeyIsBeingCreated(t *testing.T) {
-	t.Parallel()
-	b := setup(t, idemhttp.ProfileIETF)
-	b.runner = b.newRunner(t, &idem.Config{MaxRetryAfter: 2 * time.Minute})
-	h := b.handler(t, nil)
-	entered, release := b.blockPhase(t, "ride_created")
-	first := make(chan *httptest.ResponseRecorder, 1)
-	go func() { first <- post(h, "k-1", rideBody) }()
-	<-entered
-	res := post(h, "k-1", rideBody)
-	require.Equal(t, http.StatusConflict, res.Code, res.Body.String())
-	require.Equal(t, idemhttp.ProblemTypeBaseDefault+idemhttp.ProblemInProgress, decodeProblem(t, res).Type)
-	require.Equal(t, "1", res.Header().Get("Retry-After"))
-	require.Nil(t, b.keyRow(t, "k-1"), "the key is not committed before its first phase")
-	release()
-	require.Equal(t, http.StatusCreated, (<-first).Code)
-	require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "responded": 1}, b.counts.Get())
-}
-
 // Only Content-Type and Config.ReplayHeaders reach the client, on the first
 // response as on replays; New refuses to replay what belongs to one
 // exchange.
