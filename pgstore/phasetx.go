@@ -480,7 +480,7 @@ func (t *phaseTx) CommitPhase(ctx context.Context, p idemdriver.CommitParams) er
 		return err
 	}
 	if p.RenewLease > 0 {
-		t.renew = t.q.scoped(p.Ref.Scope, p.Ref.ID, p.Ref.Fence, p.Now, p.RenewLease.Microseconds())
+		t.renew = []any{p.Ref.ID, p.Ref.Fence, p.Now, p.RenewLease.Microseconds(), p.Ref.Scope}
 	}
 	if sql == t.q.finishPhase && !t.q.citus && t.opts.IsoLevel != pgx.ReadCommitted && t.opts.IsoLevel != pgx.ReadUncommitted {
 		t.notifyAfter = p.Ref

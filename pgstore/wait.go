@@ -401,8 +401,8 @@ func (s *Store) markWaited(ctx context.Context, ref idemdriver.LockRef) (over bo
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(sctx)) }()
 	b := &pgx.Batch{}
-	b.Queue(s.q.waitMark, s.q.scoped(ref.Scope, ref.ID, ref.Fence)...)
-	b.Queue(s.q.waitCheck, s.q.scoped(ref.Scope, ref.ID, ref.Fence)...)
+	b.Queue(s.q.waitMark, ref.ID, ref.Fence, ref.Scope)
+	b.Queue(s.q.waitCheck, ref.ID, ref.Fence, ref.Scope)
 	br := tx.SendBatch(sctx, b)
 	var marked bool
 	var secs float64
@@ -433,7 +433,7 @@ func (s *Store) checkWaited(ctx context.Context, ref idemdriver.LockRef) (over b
 	sctx, cancel := context.WithTimeout(ctx, beginTimeout)
 	defer cancel()
 	var secs float64
-	if err := s.db.QueryRow(sctx, s.q.waitCheck, s.q.scoped(ref.Scope, ref.ID, ref.Fence)...).Scan(&over, &secs); err != nil {
+	if err := s.db.QueryRow(sctx, s.q.waitCheck, ref.ID, ref.Fence, ref.Scope).Scan(&over, &secs); err != nil {
 		return false, 0, err
 	}
 	return over, time.Duration(secs * float64(time.Second)), nil
