@@ -128,10 +128,10 @@ type Config struct {
 
 	// PreviousFingerprintKeys are fingerprint keys used before
 	// FingerprintKey. A key whose stored fingerprint is the request's
-	// under one of them (in the scheme the key was written with) is that
-	// request: it is replayed or resumed, and
-	// keeps its fingerprint. Each costs a mismatching request one
-	// fingerprint more (a real mismatch, or a retry of a key made before).
+	// under one of them is that request: it is replayed or resumed, and
+	// keeps its fingerprint. The request's fingerprint under each travels
+	// in the one acquisition; each costs every request one HMAC more over
+	// its canonical payload, which is made once.
 	PreviousFingerprintKeys [][]byte
 
 	// AcceptUnkeyedFingerprints is PreviousFingerprintKeys for keys

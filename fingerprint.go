@@ -48,7 +48,7 @@ func fingerprints(keys [][]byte, flow, target string, payload []byte, binary boo
 		buf = append(append(buf, 'b'), payload...)
 	} else {
 		var err error
-		if buf, err = canonical.AppendLoose(append(buf, 'j'), payload); err != nil {
+		if buf, err = canonical.Append(append(buf, 'j'), payload); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidParams, err)
 		}
 	}

@@ -114,3 +114,29 @@ func TestRetryOnlyContinuesTheKeyOfItsPayload(t *testing.T) {
 	_, err = r.Execute(ctx, b.flow, other)
 	require.ErrorIs(t, err, idem.ErrInvalidRequest)
 }
+
+// A key v0.1.0 finished carries v0.1.0's fingerprint (32 bytes, over the
+// decoded input), which this release does not compute: a retry with the
+// same flow, method and path replays it, never 422, while it is retained;
+// another endpoint is still a mismatch.
+func TestKeyFinishedByV01Replays(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	r := b.runner(t, nil)
+	first, err := r.Execute(ctx, b.flow, b.request("v01", rideInput{Origin: "SF", Amount: 5}))
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `UPDATE idem_keys SET fingerprint = $1 WHERE key = 'v01'`, make([]byte, 32))
+	require.NoError(t, err)
+	require.True(t, b.key(t, "v01").FromV01())
+
+	out, err := r.Execute(ctx, b.flow, b.request("v01", rideInput{Origin: "SF", Amount: 5}))
+	require.NoError(t, err)
+	require.Equal(t, idem.OutcomeReplayed, out.Kind)
+	require.Equal(t, first.Response.Body, out.Response.Body)
+	other := b.request("v01", rideInput{Origin: "SF", Amount: 5})
+	other.Path = "/elsewhere"
+	_, err = r.Execute(ctx, b.flow, other)
+	require.ErrorIs(t, err, idem.ErrMismatch)
+	require.Equal(t, 1, b.provider.Charges())
+}

@@ -90,7 +90,7 @@ type Request struct {
 	// bytes matches its first attempt whatever a deploy changed in the
 	// input type in between (a field added, a tag renamed, another value
 	// filled in by the server); other bytes that mean the same JSON
-	// (canonical.AppendLoose) match too. Nil takes the JSON that Params
+	// (internal/canonical) match too. Nil takes the JSON that Params
 	// is, when it is JSON, and otherwise the JSON encoding of the input.
 	Payload []byte
 	// PayloadBinary says Payload is not JSON but bytes compared as they

@@ -336,7 +336,11 @@ func TestFencingStopsATakenOverWorker(t *testing.T) {
 func fencingStopsATakenOverWorker(t *testing.T, b *testBundle) {
 	// The worker pauses in the first phase: its key committed, and leased,
 	// before that phase, for another worker to take it over.
-	staleOut, err := takeOverAPausedWorker(t, b, func(ctx context.Context, tx idem.Tx, _ *idem.Attempt[rideInput]) error {
+	staleOut, err := takeOverAPausedWorker(t, b, func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) error {
+		if b.scoped { // Citus: jobs is distributed by the key's scope
+			_, err := tx.Exec(ctx, `INSERT INTO jobs (scope, ride_id, kind) VALUES ($1, 0, 'stale-worker-write')`, run.Key().Scope)
+			return err
+		}
 		_, err := tx.Exec(ctx, `INSERT INTO jobs (ride_id, kind) VALUES (0, 'stale-worker-write')`)
 		return err
 	})

@@ -394,3 +394,26 @@ func TestDatabaseAheadOfTheBinary(t *testing.T) {
 	_, err = b.migrator.Down(ctx, latest)
 	require.ErrorIs(t, err, migrations.ErrUnknownVersion)
 }
+
+// After Up the schema holds one acquisition function, idem_acquire (beside
+// v0.1.0's signature of it, which only refuses), and no function with a
+// version suffix.
+func TestNoVersionedFunctions(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	_, err := b.migrator.Up(ctx)
+	require.NoError(t, err)
+	rows, err := b.schema.Pool.Query(ctx, `SELECT p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')'
+		FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = $1 ORDER BY 1`, b.schema.Name)
+	require.NoError(t, err)
+	functions, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{
+		"idem_acquire(p_now timestamp with time zone, p_scope text, p_key text, p_flow text, p_method text, p_path text, p_fingerprint bytea, p_params text, p_lease bigint, p_no_create boolean, p_params_key_id text)",
+		"idem_acquire(p_now timestamp with time zone, p_scope text, p_key text, p_flow text, p_method text, p_path text, p_fingerprint bytea, p_params text, p_lease bigint, p_no_create boolean, p_params_key_id text, p_holder_instance text, p_holder_host text, p_holder_pid integer, p_holder_boot text)",
+		"idem_keys_ended()",
+		"idem_leases_unlocked()",
+		"idem_notify_waiters(p_scope text, p_key bigint)",
+	}, functions)
+}

@@ -2,7 +2,7 @@
 //
 // All of idem's SQL lives in this package (queries.go), but for the body of
 // the acquisition function idem_acquire, which a migration creates
-// (migrations/sql/0005_acquire_function.up.sql). Every error that comes back
+// (migrations/sql/0007_v02_format.up.sql). Every error that comes back
 // from the driver passes through one function, mapError, which
 // turns connection failures into idemdriver.ErrStoreUnavailable and serialization
 // failures and deadlocks into idemdriver.ErrSerialization. The tables must exist:
@@ -331,8 +331,8 @@ func (s *Store) takeOverIfAbandoned(ctx context.Context, p idemdriver.AcquirePar
 		(rec.Locked(res.DBNow) && !s.holder.resumes(rec)) {
 		return res, nil
 	}
-	taken, err := s.acquisition(ctx, s.db, s.q.takeOver, s.q.scoped(rec.Scope, append([]any{
-		p.Now, rec.ID, p.Flow, rec.Fingerprint, p.Lease.Microseconds(), p.Method, p.Path}, s.holder.args()...)...)...)
+	taken, err := s.acquisition(ctx, s.db, s.q.takeOver, append(append([]any{
+		p.Now, rec.ID, p.Flow, rec.Fingerprint, p.Lease.Microseconds(), p.Method, p.Path}, s.holder.args()...), rec.Scope)...)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows), errors.Is(mapError(err), idemdriver.ErrSerialization):
 		// Another worker took it (or finished it) first; report the row as
@@ -374,7 +374,7 @@ func (s *Store) acquisition(ctx context.Context, db interface {
 func (s *Store) letGo(ctx context.Context, rec *idemdriver.KeyRecord, unlock string, why error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), beginTimeout)
 	defer cancel()
-	_, _ = s.control.Exec(ctx, unlock, s.q.scoped(rec.Scope, rec.ID, rec.Fence, why.Error())...)
+	_, _ = s.control.Exec(ctx, unlock, rec.ID, rec.Fence, why.Error(), rec.Scope)
 }
 
 // ClaimReconcile implements idemdriver.Store.
@@ -415,7 +415,7 @@ func (s *Store) beginPhase(ctx context.Context, opts idemdriver.PhaseOptions) (*
 // Heartbeat implements idemdriver.Store.
 func (s *Store) Heartbeat(ctx context.Context, ref idemdriver.LockRef, lease time.Duration, now *time.Time) (time.Time, error) {
 	var expires time.Time
-	err := s.control.QueryRow(ctx, s.q.heartbeat, s.q.scoped(ref.Scope, ref.ID, ref.Fence, lease.Microseconds(), now)...).Scan(&expires)
+	err := s.control.QueryRow(ctx, s.q.heartbeat, ref.ID, ref.Fence, lease.Microseconds(), now, ref.Scope).Scan(&expires)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return time.Time{}, fmt.Errorf("%w: heartbeat found fence %d of key %d gone", idemdriver.ErrLockLost, ref.Fence, ref.ID)
 	}
@@ -427,22 +427,22 @@ func (s *Store) Heartbeat(ctx context.Context, ref idemdriver.LockRef, lease tim
 
 // Release implements idemdriver.Store.
 func (s *Store) Release(ctx context.Context, ref idemdriver.LockRef, lastError string) error {
-	return s.guarded(ctx, "release", ref, true, s.q.release, s.q.scoped(ref.Scope, ref.ID, ref.Fence, lastError)...)
+	return s.guarded(ctx, "release", ref, true, s.q.release, ref.ID, ref.Fence, lastError, ref.Scope)
 }
 
 // MarkForeign implements idemdriver.Store.
 func (s *Store) MarkForeign(ctx context.Context, ref idemdriver.LockRef, phase string) error {
-	return s.guarded(ctx, "mark foreign call", ref, false, s.q.markForeign, s.q.scoped(ref.Scope, ref.ID, ref.Fence, phase)...)
+	return s.guarded(ctx, "mark foreign call", ref, false, s.q.markForeign, ref.ID, ref.Fence, phase, ref.Scope)
 }
 
 // ClearForeignMark implements idemdriver.Store.
 func (s *Store) ClearForeignMark(ctx context.Context, ref idemdriver.LockRef) error {
-	return s.guarded(ctx, "clear foreign mark", ref, false, s.q.clearForeignMark, s.q.scoped(ref.Scope, ref.ID, ref.Fence)...)
+	return s.guarded(ctx, "clear foreign mark", ref, false, s.q.clearForeignMark, ref.ID, ref.Fence, ref.Scope)
 }
 
 // SetNeedsReconcile implements idemdriver.Store.
 func (s *Store) SetNeedsReconcile(ctx context.Context, ref idemdriver.LockRef, reason string) error {
-	return s.guarded(ctx, "set needs_reconcile", ref, true, s.q.setNeedsReconcile, s.q.scoped(ref.Scope, ref.ID, ref.Fence, reason)...)
+	return s.guarded(ctx, "set needs_reconcile", ref, true, s.q.setNeedsReconcile, ref.ID, ref.Fence, reason, ref.Scope)
 }
 
 // guardedAttempts bounds the tries of a guarded statement that meets a

@@ -25,7 +25,7 @@ import (
 //
 // Conventions: every statement about one key names its scope, the
 // distribution column on Citus, on every table it reads or writes, as its
-// last parameter (see scoped), so that it runs unchanged on plain
+// last parameter, so that it runs unchanged on plain
 // PostgreSQL and, sent whole to the one worker that holds the scope, on
 // Citus. What Citus refuses, and what the statements do instead, on both:
 //
@@ -124,12 +124,6 @@ func recordDest(rec *idemdriver.KeyRecord) []any {
 // leaves it out.
 func leaseOf(leases, scope string) string {
 	return `LEFT JOIN ` + leases + ` l ON l.scope = ` + scope + ` AND l.key_id = k.id AND k.status <> 'finished'`
-}
-
-// scoped appends the key's scope to a statement's arguments: every
-// statement about one key takes it as its last parameter.
-func (q *queries) scoped(scope string, args ...any) []any {
-	return append(args, scope)
 }
 
 // colsPlaceholder is {cols:k,l}: recordColumns over aliases k and l; and
@@ -701,10 +695,10 @@ func (q *queries) commitStatement(p idemdriver.CommitParams, bodyKeyID string) (
 		if err != nil {
 			return "", nil, fmt.Errorf("pgstore: encode response header: %w", err)
 		}
-		return q.finishPhase, q.scoped(p.Ref.Scope, p.Ref.ID, p.Ref.Fence, json.RawMessage(patch), p.Response.Status, string(headerJSON), body, p.Retention.Microseconds(), p.Now, bodyKeyID,
-			cmp.Or(p.RecoveryPoint, idemdriver.RecoveryPointFinished), p.LastError), nil
+		return q.finishPhase, []any{p.Ref.ID, p.Ref.Fence, json.RawMessage(patch), p.Response.Status, string(headerJSON), body, p.Retention.Microseconds(), p.Now, bodyKeyID,
+			cmp.Or(p.RecoveryPoint, idemdriver.RecoveryPointFinished), p.LastError, p.Ref.Scope}, nil
 	case p.Status == idemdriver.StatusRunning:
-		return q.advancePhase, q.scoped(p.Ref.Scope, p.Ref.ID, p.Ref.Fence, p.RecoveryPoint, json.RawMessage(patch), p.Now), nil
+		return q.advancePhase, []any{p.Ref.ID, p.Ref.Fence, p.RecoveryPoint, json.RawMessage(patch), p.Now, p.Ref.Scope}, nil
 	}
 	return "", nil, fmt.Errorf("pgstore: commit phase: status %q (with a response: %t) is neither an advance nor a finish", p.Status, p.Response != nil)
 }

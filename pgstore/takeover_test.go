@@ -38,8 +38,8 @@ func TestTakeOverNeedsTheSameMethodAndPath(t *testing.T) {
 		require.Equal(t, int64(1), res.Record.Fence)
 
 		// The statement itself refuses, should the check before it be skipped.
-		_, err := store.acquisition(ctx, store.db, store.q.takeOver, store.q.scoped("s", append([]any{nil, res.Record.ID, "f", []byte{1}, time.Minute.Microseconds(), other[0], other[1]},
-			store.holder.args()...)...)...)
+		_, err := store.acquisition(ctx, store.db, store.q.takeOver, append(append([]any{nil, res.Record.ID, "f", []byte{1}, time.Minute.Microseconds(), other[0], other[1]},
+			store.holder.args()...), "s")...)
 		require.ErrorIs(t, err, pgx.ErrNoRows)
 	}
 	res := acquire("POST", "/a")

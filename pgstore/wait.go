@@ -109,7 +109,7 @@ func (w Wait) String() string {
 const channelPrefix = "idem_finished:"
 
 // Channel returns the notification channel of the keys in schema: what
-// migration 0010's idem_notify_waiters_v10 notifies, "idem_finished:"
+// idem_notify_waiters (migration 0007) notifies, "idem_finished:"
 // followed by the schema's name, or by its md5 in hex when the name would be
 // longer than the 63 bytes a channel name may have.
 func Channel(schema string) string {
@@ -458,8 +458,8 @@ func (s *Store) markWaited(ctx context.Context, ref idemdriver.LockRef) (over bo
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(sctx)) }()
 	b := &pgx.Batch{}
-	b.Queue(s.q.waitMark, s.q.scoped(ref.Scope, ref.ID, ref.Fence)...)
-	b.Queue(s.q.waitCheck, s.q.scoped(ref.Scope, ref.ID, ref.Fence)...)
+	b.Queue(s.q.waitMark, ref.ID, ref.Fence, ref.Scope)
+	b.Queue(s.q.waitCheck, ref.ID, ref.Fence, ref.Scope)
 	br := tx.SendBatch(sctx, b)
 	var marked bool
 	var secs float64
@@ -490,7 +490,7 @@ func (s *Store) checkWaited(ctx context.Context, ref idemdriver.LockRef) (over b
 	sctx, cancel := context.WithTimeout(ctx, beginTimeout)
 	defer cancel()
 	var secs float64
-	if err := s.db.QueryRow(sctx, s.q.waitCheck, s.q.scoped(ref.Scope, ref.ID, ref.Fence)...).Scan(&over, &secs); err != nil {
+	if err := s.db.QueryRow(sctx, s.q.waitCheck, ref.ID, ref.Fence, ref.Scope).Scan(&over, &secs); err != nil {
 		return false, 0, err
 	}
 	return over, time.Duration(secs * float64(time.Second)), nil

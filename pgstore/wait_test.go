@@ -121,7 +121,7 @@ func TestMarkSeesAReleaseItWaitedFor(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	var matched int
-	require.NoError(t, tx.QueryRow(ctx, st.q.release, st.q.scoped(ref.Scope, ref.ID, ref.Fence, "failed")...).Scan(&matched))
+	require.NoError(t, tx.QueryRow(ctx, st.q.release, ref.ID, ref.Fence, "failed", ref.Scope).Scan(&matched))
 	require.Equal(t, 1, matched)
 
 	type marked struct {

@@ -21,11 +21,17 @@
 // round-trip form of a double, the result is byte for byte what RFC 8785
 // produces.
 //
-// Anything that is not exactly one JSON value (RFC 8259) in valid UTF-8 is
-// refused with an error wrapping [ErrInvalidJSON], and so are: escaped
-// surrogates that do not form a pair, duplicate member names in one object
-// (compared after unescaping), nesting deeper than 512, and numbers whose
-// normalised exponent exceeds ±1,000,000.
+// It reads what a lenient decoder (Go's encoding/json) accepts, mapped to
+// one canonical form, so that every request a server decoded has a
+// fingerprint: duplicate member names are kept, in their input order after
+// sorting (the decoder's last one wins, and this order says which is last);
+// invalid UTF-8 and escaped surrogates that do not form a pair become
+// U+FFFD, as encoding/json decodes them; nesting may be as deep as
+// encoding/json allows (10000). Refused, with an error wrapping
+// [ErrInvalidJSON]: anything that is not exactly one JSON value (RFC 8259),
+// member names of one object that differ only in case (which the decoder
+// also reads as one field: the sorted order could not say which came last),
+// and numbers whose normalised exponent exceeds ±1,000,000.
 package canonical
 
 import (
@@ -45,12 +51,9 @@ var ErrInvalidJSON = errors.New("invalid JSON")
 
 const (
 	// maxDepth bounds nesting so that a hostile body cannot exhaust the
-	// stack of the recursive scanner. 512 is far deeper than any real request.
-	maxDepth = 512
-
-	// maxDepthLoose is AppendLoose's bound: encoding/json's own, so that
+	// stack of the recursive scanner: encoding/json's own bound, so that
 	// every document it decodes has a canonical form.
-	maxDepthLoose = 10000
+	maxDepth = 10000
 
 	// maxExponent bounds the decimal exponent of a number after
 	// normalisation (the e in d.ddde±X). Numbers are kept exact, never
@@ -96,34 +99,6 @@ func Append(dst, doc []byte) ([]byte, error) {
 	return out, nil
 }
 
-// AppendLoose is Append for a document that a lenient decoder (Go's
-// encoding/json) has already accepted: what Append refuses but such a
-// decoder reads is mapped to one canonical form instead of refused, so that
-// every request a server decoded has a fingerprint. Duplicate member names
-// are kept, in their input order after sorting (the decoder's last one wins,
-// and this order says which is last), but names that differ only in case,
-// which the decoder also reads as one field, are refused (the sorted order
-// could not say which came last); invalid UTF-8 and escaped surrogates
-// that do not form a pair become U+FFFD, as encoding/json decodes them; and
-// nesting may be as deep as encoding/json allows (10000). Anything else
-// (syntax, a number with a huge exponent) is refused as by Append. For a
-// document Append accepts, AppendLoose writes the same bytes, or refuses it
-// for names that differ only in case.
-func AppendLoose(dst, doc []byte) ([]byte, error) {
-	c := get(doc)
-	c.loose = true
-	own := c.out
-	c.out = dst
-	err := c.canonicalize()
-	out := c.out
-	c.out = own
-	put(c)
-	if err != nil {
-		return dst, err
-	}
-	return out, nil
-}
-
 // memberRef is one member of the object being canonicalised: where its
 // unescaped name sits in canonicalizer.names, where its `"name":value` bytes
 // sit in canonicalizer.out, and where it started in the input, for errors.
@@ -151,9 +126,6 @@ type canonicalizer struct {
 	// scratch holds an object's member bytes while they are copied back in
 	// sorted order.
 	scratch []byte
-
-	// loose: AppendLoose's leniency (see there).
-	loose bool
 }
 
 var pool = sync.Pool{New: func() any { return new(canonicalizer) }}
@@ -166,7 +138,6 @@ func get(doc []byte) *canonicalizer {
 	c.members = c.members[:0]
 	c.names = c.names[:0]
 	c.scratch = c.scratch[:0]
-	c.loose = false
 	return c
 }
 
@@ -190,13 +161,6 @@ func (c *canonicalizer) canonicalize() error {
 		return c.errorf("unexpected %s after the top-level value", c.describe())
 	}
 	return nil
-}
-
-func (c *canonicalizer) maxDepth() int {
-	if c.loose {
-		return maxDepthLoose
-	}
-	return maxDepth
 }
 
 func (c *canonicalizer) errorf(format string, args ...any) error {
@@ -260,8 +224,8 @@ func (c *canonicalizer) literal(word string) error {
 }
 
 func (c *canonicalizer) array(depth int) error {
-	if depth > c.maxDepth() {
-		return c.errorf("nesting deeper than %d", c.maxDepth())
+	if depth > maxDepth {
+		return c.errorf("nesting deeper than %d", maxDepth)
 	}
 	c.pos++ // '['
 	c.out = append(c.out, '[')
@@ -295,8 +259,8 @@ func (c *canonicalizer) array(depth int) error {
 }
 
 func (c *canonicalizer) object(depth int) error {
-	if depth > c.maxDepth() {
-		return c.errorf("nesting deeper than %d", c.maxDepth())
+	if depth > maxDepth {
+		return c.errorf("nesting deeper than %d", maxDepth)
 	}
 	c.pos++ // '{'
 	c.out = append(c.out, '{')
@@ -360,10 +324,8 @@ func (c *canonicalizer) object(depth int) error {
 // sortMembers puts the members of one object, whose bytes start at
 // c.out[bodyStart:], in canonical order and refuses duplicate names.
 func (c *canonicalizer) sortMembers(members []memberRef, bodyStart int) error {
-	if c.loose {
-		if err := c.refuseCaseVariants(members); err != nil {
-			return err
-		}
+	if err := c.refuseCaseVariants(members); err != nil {
+		return err
 	}
 	// Documents are usually small objects, often already sorted (a client
 	// that canonicalises, or a retry of one), so check before moving bytes.
@@ -389,15 +351,6 @@ func (c *canonicalizer) sortMembers(members []memberRef, bodyStart int) error {
 	} else {
 		members = c.mergeSort(members)
 	}
-	for i := 1; i < len(members) && !c.loose; i++ {
-		if c.compareNames(&members[i-1], &members[i]) == 0 {
-			// Stability keeps input order among equals, so members[i] is
-			// the later occurrence: that is where the document went wrong.
-			c.pos = members[i].inOffset
-			return c.errorf("duplicate member name %s", quoteName(c.names[members[i].nameStart:members[i].nameEnd]))
-		}
-	}
-
 	c.scratch = append(c.scratch[:0], c.out[bodyStart:]...)
 	c.out = c.out[:bodyStart]
 	for i, m := range members {
@@ -595,9 +548,6 @@ func (c *canonicalizer) string(isName bool) error {
 		default:
 			r, size := utf8.DecodeRune(c.in[c.pos:])
 			if r == utf8.RuneError && size <= 1 {
-				if !c.loose {
-					return c.errorf("invalid UTF-8 in string")
-				}
 				c.appendStringRune(utf8.RuneError, isName)
 				c.pos += size
 				continue
@@ -652,20 +602,8 @@ func (c *canonicalizer) escape() (rune, error) {
 		return 0, c.errorf("invalid \\u escape, expected four hex digits")
 	}
 	switch {
-	case c.loose && r >= 0xD800 && r <= 0xDFFF:
+	case r >= 0xD800 && r <= 0xDFFF:
 		return c.looseSurrogate(r), nil
-	case r >= 0xDC00 && r <= 0xDFFF:
-		return 0, c.errorf("lone low surrogate \\u%04x", r)
-	case r >= 0xD800 && r <= 0xDBFF:
-		low, ok := rune(0), false
-		if rest := c.in[c.pos+6:]; len(rest) >= 2 && rest[0] == '\\' && rest[1] == 'u' {
-			low, ok = canonHex4(rest[2:])
-		}
-		if !ok || low < 0xDC00 || low > 0xDFFF {
-			return 0, c.errorf("high surrogate \\u%04x not followed by a low surrogate escape", r)
-		}
-		c.pos += 12
-		return utf16.DecodeRune(r, low), nil
 	default:
 		c.pos += 6
 		return r, nil

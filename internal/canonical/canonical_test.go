@@ -171,36 +171,16 @@ func TestCanonicalJSONRejects(t *testing.T) {
 		{"EscapeAtEnd", `"\`, "unterminated escape sequence at offset 1"},
 		{"ShortUnicodeEscape", `"\u12"`, `invalid \u escape, expected four hex digits at offset 1`},
 		{"NonHexUnicodeEscape", `"\u12g4"`, `invalid \u escape`},
-		{"LoneHighSurrogate", `"\ud83d"`, `high surrogate \ud83d not followed by a low surrogate escape at offset 1`},
-		{"HighSurrogateThenText", `"\ud83dabcdef"`, `high surrogate \ud83d not followed`},
-		{"HighSurrogateThenBMPEscape", `"\ud83d\u0041"`, `high surrogate \ud83d not followed`},
-		{"HighSurrogateThenHighSurrogate", `"\ud83d\ud83d"`, `high surrogate \ud83d not followed`},
-		{"HighSurrogateThenShortEscape", `"\ud83d\n"`, `high surrogate \ud83d not followed`},
-		{"LoneLowSurrogate", `"\ude00"`, `lone low surrogate \ude00 at offset 1`},
-		{"SwappedSurrogates", `"\ude00\ud83d"`, `lone low surrogate \ude00`},
-		{"InvalidUTF8", "\"\xff\"", "invalid UTF-8 in string at offset 1"},
-		{"InvalidUTF8Continuation", "\"\x80\"", "invalid UTF-8 in string"},
-		{"TruncatedUTF8", "\"\xe2\x82\"", "invalid UTF-8 in string"},
-		{"OverlongUTF8", "\"\xc0\x80\"", "invalid UTF-8 in string"},
-		{"UTF8EncodedSurrogate", "\"\xed\xa0\x80\"", "invalid UTF-8 in string"},
-		{"InvalidUTF8InName", "{\"\xff\":1}", "invalid UTF-8 in string at offset 2"},
 		{"InvalidUTF8OutsideString", "[\xff]", "unexpected byte 0xff, expected a value at offset 1"},
 
-		// Duplicates, compared after unescaping.
-		{"Duplicate", `{"a":1,"a":2}`, `duplicate member name "a" at offset 7`},
-		{"DuplicateSameValue", `{"a":1,"b":0,"a":1}`, `duplicate member name "a" at offset 13`},
-		{"DuplicateAfterUnescape", `{"a":1,"\u0061":2}`, `duplicate member name "a" at offset 7`},
-		{"DuplicateSolidus", `{"/":1,"\/":2}`, `duplicate member name "/"`},
-		{"DuplicateSurrogatePair", `{"😀":1,"\ud83d\ude00":2}`, `duplicate member name "😀"`},
-		{"DuplicateNested", `{"x":[{"k":1,"j":2,"k":3}]}`, `duplicate member name "k" at offset 19`},
-		{"DuplicateEmptyName", `{"":1,"":2}`, `duplicate member name ""`},
-		{"DuplicateLongNameShortened", `{"` + strings.Repeat("n", 100) + `":1,"` + strings.Repeat("n", 100) + `":2}`,
-			`duplicate member name "` + strings.Repeat("n", 64) + `"... at offset`},
+		// Names that differ only in case (encoding/json reads them as one
+		// field; the canonical order could not say which came last).
+		{"CaseVariants", `{"a":1,"A":2}`, `differ only in case`},
 
 		// Depth.
-		{"TooDeepArrays", strings.Repeat("[", 513) + strings.Repeat("]", 513), "nesting deeper than 512 at offset 512"},
-		{"TooDeepObjects", strings.Repeat(`{"a":`, 513) + "1" + strings.Repeat("}", 513), "nesting deeper than 512 at offset 2560"},
-		{"TooDeepUnclosed", strings.Repeat("[", 100_000), "nesting deeper than 512"},
+		{"TooDeepArrays", strings.Repeat("[", 10001) + strings.Repeat("]", 10001), "nesting deeper than 10000 at offset 10000"},
+		{"TooDeepObjects", strings.Repeat(`{"a":`, 10001) + "1" + strings.Repeat("}", 10001), "nesting deeper than 10000 at offset 50000"},
+		{"TooDeepUnclosed", strings.Repeat("[", 100_000), "nesting deeper than 10000"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -328,11 +308,11 @@ func TestCanonicalJSONMemberOrder(t *testing.T) {
 			})
 			require.Equal(t, want, order, "size %d", size)
 
-			// A duplicate anywhere in a large object is found too.
+			// A duplicate anywhere in a large object is kept, after the
+			// first, as encoding/json reads the last one.
 			dup := doc.String()[:doc.Len()-1] + ", " + canonQuote(names[size/2]) + ": 0}"
 			_, err = canonical.JSON([]byte(dup))
-			require.ErrorIs(t, err, canonical.ErrInvalidJSON)
-			require.ErrorContains(t, err, "duplicate member name")
+			require.NoError(t, err)
 		}
 	})
 }
@@ -599,7 +579,6 @@ func FuzzCanonicalJSON(f *testing.F) {
 			return
 		}
 		require.True(t, json.Valid(data), "accepted invalid JSON")
-		require.True(t, utf8.Valid(data), "accepted invalid UTF-8")
 
 		require.True(t, json.Valid(got), "output is not JSON: %q", got)
 		var compact bytes.Buffer
@@ -616,11 +595,13 @@ func FuzzCanonicalJSON(f *testing.F) {
 		require.NoError(t, err)
 		require.Equal(t, "flow\x00"+string(got), string(appended))
 
+		// The reference decoder is strict: what it refuses (duplicate
+		// names, invalid UTF-8, lone surrogates) FuzzCanonicalLoose checks
+		// against encoding/json instead.
 		want, err := canonRefDecode(data)
-		if errors.Is(err, errCanonRefUnrepresentable) {
+		if err != nil {
 			return
 		}
-		require.NoError(t, err, "reference decoder rejects what JSON accepts")
 		back, err := canonRefDecode(got)
 		require.NoError(t, err)
 		require.True(t, canonRefEqual(want, back), "value changed: %q became %q", data, got)
@@ -637,13 +618,9 @@ func canonCheckRejection(t *testing.T, data []byte, err error) {
 	}
 	msg := err.Error()
 	switch {
-	case strings.Contains(msg, "duplicate member name"):
-		_, refErr := canonRefDecode(data)
-		require.ErrorIs(t, refErr, errCanonRefDuplicate, "%q: %v", data, err)
-	case strings.Contains(msg, "surrogate"):
-		require.Contains(t, string(data), `\u`)
+	case strings.Contains(msg, "differ only in case"):
 	case strings.Contains(msg, "nesting deeper than"):
-		require.Greater(t, bytes.Count(data, []byte("["))+bytes.Count(data, []byte("{")), 512)
+		require.Greater(t, bytes.Count(data, []byte("["))+bytes.Count(data, []byte("{")), 10000)
 	case strings.Contains(msg, "number out of range"):
 		// Only an exponent, or a million digits, can get there.
 		require.True(t, bytes.ContainsAny(data, "eE") || len(data) > 1_000_000, "%q: %v", data, err)
@@ -665,16 +642,16 @@ func FuzzCanonicalEqual(f *testing.F) {
 		if err != nil {
 			return
 		}
+		// Documents the strict reference decoder refuses (duplicate
+		// names, invalid UTF-8) are left to FuzzCanonicalLoose.
 		refA, err := canonRefDecode(a)
-		if errors.Is(err, errCanonRefUnrepresentable) {
+		if err != nil {
 			return
 		}
-		require.NoError(t, err)
 		refB, err := canonRefDecode(b)
-		if errors.Is(err, errCanonRefUnrepresentable) {
+		if err != nil {
 			return
 		}
-		require.NoError(t, err)
 
 		require.Equal(t, canonRefEqual(refA, refB), bytes.Equal(canonA, canonB),
 			"%q -> %q\n%q -> %q", a, canonA, b, canonB)
@@ -833,24 +810,18 @@ func BenchmarkCanonicalJSON(b *testing.B) {
 	})
 }
 
-// FuzzCanonicalLoose checks AppendLoose against encoding/json, the decoder
-// whose leniency it mirrors: every document json.Unmarshal reads has a
-// loose canonical form (bar numbers with huge exponents), that form is
-// idempotent and decodes to the same value, and where Append accepts a
-// document AppendLoose writes the same bytes.
+// FuzzCanonicalLoose checks Append against encoding/json, the decoder whose
+// leniency it mirrors: every document json.Unmarshal reads has a canonical
+// form (bar numbers with huge exponents and names that differ only in
+// case), that form is idempotent and decodes to the same value.
 func FuzzCanonicalLoose(f *testing.F) {
 	f.Add([]byte(`{"b":[1,2.50,"\u00e9"],"a":{"y":null,"x":true}}`))
 	f.Add([]byte(`{"a":1,"a":2}`))
 	f.Add([]byte(`{"quantity":1,"QUANTITY":5}`))
 	f.Add([]byte("\"\xff\\ud800\\udc00\\udc00\""))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		loose, err := canonical.AppendLoose([]byte("p"), data)
-		strict, serr := canonical.Append([]byte("p"), data)
+		loose, err := canonical.Append([]byte("p"), data)
 		caseVariants := err != nil && strings.Contains(err.Error(), "differ only in case")
-		if serr == nil && !caseVariants {
-			require.NoError(t, err, "AppendLoose refuses what Append accepts")
-			require.Equal(t, string(strict), string(loose))
-		}
 		if err != nil {
 			require.ErrorIs(t, err, canonical.ErrInvalidJSON)
 			require.Equal(t, "p", string(loose), "an error leaves dst as it was")
@@ -861,7 +832,7 @@ func FuzzCanonicalLoose(f *testing.F) {
 		}
 		require.True(t, json.Valid(data), "accepted what encoding/json refuses")
 		got := loose[1:]
-		again, err := canonical.AppendLoose(nil, got)
+		again, err := canonical.Append(nil, got)
 		require.NoError(t, err)
 		require.Equal(t, string(got), string(again), "not idempotent")
 		var v, back any
@@ -872,7 +843,7 @@ func FuzzCanonicalLoose(f *testing.F) {
 	})
 }
 
-func TestAppendLoose(t *testing.T) {
+func TestAppendIsLenient(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct{ in, want string }{
 		{`{"b":1, "a":2}`, `{"a":2,"b":1}`},
@@ -881,22 +852,20 @@ func TestAppendLoose(t *testing.T) {
 		{`"\ud800x"`, "\"\uFFFDx\""},
 		{`"\udc00\ud83d\ude00"`, "\"\uFFFD\U0001F600\""},
 	} {
-		got, err := canonical.AppendLoose(nil, []byte(tt.in))
+		got, err := canonical.Append(nil, []byte(tt.in))
 		require.NoError(t, err, tt.in)
 		require.Equal(t, tt.want, string(got), tt.in)
 	}
 	deep := strings.Repeat("[", 600) + strings.Repeat("]", 600)
-	_, err := canonical.AppendLoose(nil, []byte(deep))
+	_, err := canonical.Append(nil, []byte(deep))
 	require.NoError(t, err, "as deep as encoding/json reads")
-	_, err = canonical.Append(nil, []byte(deep))
-	require.Error(t, err)
-	_, err = canonical.AppendLoose(nil, []byte(`{"a":1`))
+	_, err = canonical.Append(nil, []byte(`{"a":1`))
 	require.ErrorIs(t, err, canonical.ErrInvalidJSON)
 }
 
 // Two documents that a decoder reads differently must not share a canonical
 // form: names that differ only in case are refused, whatever their order.
-func TestAppendLooseRefusesCaseVariants(t *testing.T) {
+func TestAppendRefusesCaseVariants(t *testing.T) {
 	t.Parallel()
 	for _, doc := range []string{
 		`{"sku":"A-1","quantity":1,"QUANTITY":5}`,
@@ -904,12 +873,12 @@ func TestAppendLooseRefusesCaseVariants(t *testing.T) {
 		`{"a":{"Note":"x","note":"y"}}`,
 		`{"ÉTÉ":1,"été":2}`,
 	} {
-		_, err := canonical.AppendLoose(nil, []byte(doc))
+		_, err := canonical.Append(nil, []byte(doc))
 		require.ErrorIs(t, err, canonical.ErrInvalidJSON, doc)
 		require.ErrorContains(t, err, "differ only in case", doc)
 	}
 	// Exact duplicates keep their order, and a large object is checked too.
-	_, err := canonical.AppendLoose(nil, []byte(`{"a":1,"a":2}`))
+	_, err := canonical.Append(nil, []byte(`{"a":1,"a":2}`))
 	require.NoError(t, err)
 	var big strings.Builder
 	big.WriteString(`{`)
@@ -917,6 +886,6 @@ func TestAppendLooseRefusesCaseVariants(t *testing.T) {
 		fmt.Fprintf(&big, `"k%d":%d,`, i, i)
 	}
 	big.WriteString(`"K7":0}`)
-	_, err = canonical.AppendLoose(nil, []byte(big.String()))
+	_, err = canonical.Append(nil, []byte(big.String()))
 	require.ErrorContains(t, err, `"k7" and "K7" differ only in case`)
 }
