@@ -434,11 +434,12 @@ func TestInProgress(t *testing.T) {
 // A new key commits, leased, before its first phase runs: a duplicate
 // during that phase is ABORTED at once, with RetryInfo from the lease
 // (capped by the runner's MaxRetryAfter, 2 s), and another request under
-// the key is refused as reused then as at every moment.
+// the key is refused as reused then as at every moment. (Without the
+// server's default wait: with it, the duplicate would wait for the first.)
 func TestInProgressDuringTheFirstPhase(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	client := serveOrders(t, b.handler(t, b.runner, nil), nil)
+	client := serveOrders(t, b.handler(t, b.runner, func(c *orderConfig) { c.DefaultWait = -1 }), nil)
 	entered, release := b.blockPhase("order_created")
 	open := sync.OnceFunc(func() { close(release) })
 	t.Cleanup(open) // a failing require must not leave the first call blocked
