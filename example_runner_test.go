@@ -95,10 +95,12 @@ func Example() {
 		log.Fatal(err)
 	}
 	store, err := pgstore.New(pool, &pgstore.Config{
-		// A name this process keeps across restarts (a StatefulSet pod's name):
-		// after a crash its restart takes its own keys over at once, instead of
-		// answering 409 until their 90 s leases run out. Never two live processes.
-		Instance: os.Getenv("HOSTNAME"),
+		// A name this process alone keeps across restarts (a StatefulSet pod's
+		// name, set as IDEM_INSTANCE): after a crash its restart takes its own
+		// keys over at once, instead of answering 409 until their 90 s leases
+		// run out. Never the same name for two live processes (several workers
+		// on one host, a reload that overlaps): leave it empty if unsure.
+		Instance: os.Getenv("IDEM_INSTANCE"),
 	})
 	if err != nil {
 		log.Fatal(err)

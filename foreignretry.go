@@ -38,7 +38,8 @@ type ForeignRetry struct {
 	Attempts int
 	// Backoff is the wait before the second try, doubled before each
 	// next one up to MaxBackoff. Defaults ForeignRetryBackoffDefault
-	// (100 ms) and ForeignRetryMaxBackoffDefault (2 s).
+	// (100 ms) and ForeignRetryMaxBackoffDefault (2 s); a negative value
+	// counts as its default, so tries are never sent back to back.
 	Backoff, MaxBackoff time.Duration
 	// Retryable says which failures of a call to a provider that
 	// deduplicates (a ForeignIdempotent phase) to retry. Nil retries every
@@ -53,8 +54,8 @@ type ForeignRetry struct {
 func (r *Attempt[In]) ForeignRetrying(ctx context.Context, name string, policy ForeignRetry,
 	call func(ctx context.Context, idempotencyKey string) error) error {
 	attempts := cmp.Or(policy.Attempts, ForeignRetryAttemptsDefault)
-	wait := cmp.Or(policy.Backoff, ForeignRetryBackoffDefault)
-	maxWait := cmp.Or(policy.MaxBackoff, ForeignRetryMaxBackoffDefault)
+	wait := cmp.Or(max(policy.Backoff, 0), ForeignRetryBackoffDefault)
+	maxWait := cmp.Or(max(policy.MaxBackoff, 0), ForeignRetryMaxBackoffDefault)
 	_, kind, _ := r.h.flow.phaseMeta(r.h.phase)
 	retryable := func(err error) bool {
 		switch {

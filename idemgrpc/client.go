@@ -105,8 +105,10 @@ const (
 // ServiceConfig returns the service config (JSON, for
 // grpc.WithDefaultServiceConfig) recommended for calling methods served by
 // idemgrpc with grpc-go's own retries. names are services
-// ("rides.v1.Rides") or full method names ("/rides.v1.Rides/CreateRide");
-// none: every method of the channel.
+// ("rides.v1.Rides") or full method names ("/rides.v1.Rides/CreateRide"),
+// and only ones idemgrpc serves: at least one is required. A retry policy
+// for every method of the channel would also retry ABORTED and UNAVAILABLE
+// answers of methods without idem, where a retry may repeat an effect.
 //
 // It retries UNAVAILABLE and ABORTED, the codes of the adapter's answers
 // that invite a retry (in progress, a failed phase, a store that is down,
@@ -144,7 +146,7 @@ func ServiceConfig(names ...string) (string, error) {
 		ns = append(ns, name{Service: n})
 	}
 	if len(ns) == 0 {
-		ns = []name{{}} // every method
+		return "", errors.New("idemgrpc: ServiceConfig: name the services or methods idemgrpc serves: a policy for every method of the channel would retry methods without idem too")
 	}
 	sc := map[string]any{"methodConfig": []any{map[string]any{
 		"name":         ns,

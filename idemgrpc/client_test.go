@@ -121,7 +121,7 @@ func TestUnaryClientInterceptorMethods(t *testing.T) {
 
 func TestServiceConfig(t *testing.T) {
 	t.Parallel()
-	for _, names := range [][]string{nil, {"rides.v1.Rides"}, {"rides.v1.Rides", "/orders.v1.Orders/Create"}} {
+	for _, names := range [][]string{{"rides.v1.Rides"}, {"rides.v1.Rides", "/orders.v1.Orders/Create"}} {
 		sc, err := idemgrpc.ServiceConfig(names...)
 		require.NoError(t, err)
 		var parsed struct {
@@ -137,7 +137,7 @@ func TestServiceConfig(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(sc), &parsed))
 		require.Len(t, parsed.MethodConfig, 1)
 		mc := parsed.MethodConfig[0]
-		require.Equal(t, max(len(names), 1), len(mc.Name))
+		require.Equal(t, len(names), len(mc.Name))
 		require.True(t, mc.WaitForReady)
 		require.Equal(t, 5, mc.RetryPolicy.MaxAttempts)
 		require.Equal(t, []string{"UNAVAILABLE", "ABORTED"}, mc.RetryPolicy.Codes)
@@ -151,4 +151,9 @@ func TestServiceConfig(t *testing.T) {
 		_, err := idemgrpc.ServiceConfig(bad)
 		require.Error(t, err, bad)
 	}
+	// No names would retry ABORTED and UNAVAILABLE on every method of the
+	// channel, methods idemgrpc does not serve included, where an ABORTED
+	// after an effect retried is a second effect.
+	_, err := idemgrpc.ServiceConfig()
+	require.ErrorContains(t, err, "name the services")
 }
