@@ -305,6 +305,13 @@ func (m *Migrator) inTx(ctx context.Context, fn func(pgx.Tx) (*Result, error)) (
 		return nil, fmt.Errorf("migrations: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
+	// Read committed whatever the server's default: a migration that checks
+	// for keys in flight after locking the tables must see the rows committed
+	// while it waited for the lock, which a snapshot taken before the lock
+	// (repeatable read, serializable) would hide.
+	if _, err := tx.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"); err != nil {
+		return nil, fmt.Errorf("migrations: begin: %w", err)
+	}
 	res, err := fn(tx)
 	if err != nil {
 		return nil, err

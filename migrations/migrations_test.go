@@ -417,3 +417,65 @@ func TestNoVersionedFunctions(t *testing.T) {
 		"idem_notify_waiters(p_scope text, p_key bigint)",
 	}, functions)
 }
+
+// A business table partitioned by range whose rows reference a key: 0007
+// moves its foreign key onto idem_keys (id) and back, the partitions' copies
+// with it, instead of failing on a partition's inherited constraint.
+func TestVersion7MovesPartitionedBusinessForeignKeys(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	_, err := b.migrator.Down(ctx, 6)
+	require.NoError(t, err)
+	_, err = b.migrator.Up(ctx)
+	require.NoError(t, err)
+	_, err = b.migrator.Down(ctx, 6)
+	require.NoError(t, err)
+	s := b.schema.Name
+	_, err = b.schema.Pool.Exec(ctx, `
+CREATE TABLE `+s+`.orders (id bigint, key_id bigint REFERENCES `+s+`.idem_keys (id) ON DELETE SET NULL) PARTITION BY RANGE (id);
+CREATE TABLE `+s+`.orders_1 PARTITION OF `+s+`.orders FOR VALUES FROM (0) TO (1000);
+CREATE TABLE `+s+`.orders_2 PARTITION OF `+s+`.orders FOR VALUES FROM (1000) TO (2000)`)
+	require.NoError(t, err)
+	fks := func() int {
+		var n int
+		require.NoError(t, b.schema.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_constraint WHERE contype = 'f' AND confrelid = $1::regclass AND conrelid::regclass::text LIKE '%orders%'`, s+".idem_keys").Scan(&n))
+		return n
+	}
+	require.Equal(t, 3, fks(), "the parent's and each partition's")
+	_, err = b.migrator.Up(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 3, fks())
+	_, err = b.migrator.Down(ctx, 6)
+	require.NoError(t, err)
+	require.Equal(t, 3, fks())
+}
+
+// A server whose default isolation is repeatable read: Up still runs 0007
+// at read committed, so its check for keys in flight sees what committed
+// while it waited for its lock; run in a transaction at repeatable read
+// (UpTx), 0007 refuses.
+func TestVersion7RunsAtReadCommitted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	_, err := b.migrator.Down(ctx, 6)
+	require.NoError(t, err)
+	tx, err := b.schema.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	_, err = b.migrator.UpTx(ctx, tx)
+	require.ErrorIs(t, err, migrations.ErrRefused)
+	require.ErrorContains(t, err, "read committed")
+	require.NoError(t, tx.Rollback(ctx))
+
+	cfg := b.schema.Pool.Config()
+	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	m, err := migrations.New(pool, &migrations.Config{Schema: b.schema.Name})
+	require.NoError(t, err)
+	res, err := m.Up(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 7, res.To)
+}

@@ -5,7 +5,21 @@
 -- the key expires.
 -- Dropping the table would forget every operator's verdict, which idem
 -- keeps for good: refuse while any is recorded (SQLSTATE IDEM1,
--- migrations.ErrRefused). Export them, delete them, then revert.
+-- migrations.ErrRefused). Export them, delete them, then revert. The table
+-- is locked first, so that no verdict commits between the check and the
+-- drop.
+DO $$
+BEGIN
+    -- The check for keys in flight below must see what was committed while
+    -- LOCK TABLE waited: a snapshot taken before it would not.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'idem: migration 0007 must run at read committed (it runs at %): its check for keys in flight would miss keys committed while it waited for its lock', current_setting('transaction_isolation')
+            USING ERRCODE = 'IDEM1';
+    END IF;
+END
+$$;
+
+LOCK TABLE {{schema}}idem_verdicts IN ACCESS EXCLUSIVE MODE;
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM {{schema}}idem_verdicts) THEN
@@ -49,7 +63,8 @@ DECLARE
 BEGIN
     FOR fk IN SELECT conrelid::regclass AS tbl, conname, pg_get_constraintdef(oid) AS def
               FROM pg_catalog.pg_constraint
-              WHERE contype = 'f' AND confrelid = '{{schema}}idem_keys'::regclass LOOP
+              WHERE contype = 'f' AND confrelid = '{{schema}}idem_keys'::regclass
+                AND conparentid = 0 LOOP
         again := again || format('ALTER TABLE %s ADD CONSTRAINT %I %s', fk.tbl, fk.conname, fk.def);
         EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', fk.tbl, fk.conname);
     END LOOP;

@@ -26,6 +26,17 @@
 -- A v0.1.0 process still running afterwards calls idem_acquire with
 -- v0.1.0's arguments, which now refuses with SQLSTATE 57P03 (cannot connect
 -- now): v0.1.0 reports the store unavailable (503) and runs nothing.
+DO $$
+BEGIN
+    -- The check for keys in flight below must see what was committed while
+    -- LOCK TABLE waited: a snapshot taken before it would not.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'idem: migration 0007 must run at read committed (it runs at %): its check for keys in flight would miss keys committed while it waited for its lock', current_setting('transaction_isolation')
+            USING ERRCODE = 'IDEM1';
+    END IF;
+END
+$$;
+
 LOCK TABLE {{schema}}idem_keys, {{schema}}idem_leases IN ACCESS EXCLUSIVE MODE;
 
 DO $$
@@ -73,7 +84,8 @@ DECLARE
 BEGIN
     FOR fk IN SELECT conrelid::regclass AS tbl, conname, pg_get_constraintdef(oid) AS def
               FROM pg_catalog.pg_constraint
-              WHERE contype = 'f' AND confrelid = '{{schema}}idem_keys'::regclass LOOP
+              WHERE contype = 'f' AND confrelid = '{{schema}}idem_keys'::regclass
+                AND conparentid = 0 LOOP
         again := again || format('ALTER TABLE %s ADD CONSTRAINT %I %s', fk.tbl, fk.conname, fk.def);
         EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', fk.tbl, fk.conname);
     END LOOP;
