@@ -80,8 +80,12 @@ func (r *Runner) executeWith(ctx context.Context, flow AnyFlow, req Request, sto
 	ctx, end := r.startRequest(ctx, flow.Name(), req.Scope)
 	out, err := r.execute(ctx, flow, req, stored)
 	if req.Wait > 0 && errors.Is(err, ErrInProgress) && out.Record != nil && r.enterWait(ctx, req) {
-		out, err = r.waitAndExecute(ctx, flow, req, stored, out, err, started)
-		r.waiting.Add(-1)
+		func() {
+			// Deferred: a panic that leaves the wait must not keep it
+			// counted against Config.MaxWaiters for good.
+			defer r.waiting.Add(-1)
+			out, err = r.waitAndExecute(ctx, flow, req, stored, out, err, started)
+		}()
 	}
 	err = callerGone(ctx, err)
 	out.settle(err)
