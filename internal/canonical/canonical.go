@@ -1,7 +1,7 @@
 // Package canonical writes the canonical form of a JSON document (RFC 8785
 // style), so that two documents that mean the same thing have the same bytes
-// and therefore the same request fingerprint (idem.Fingerprint and the
-// runner's fingerprint of what a client sent, its only users):
+// and therefore the same request fingerprint (the runner's fingerprint of
+// what a client sent, its only user):
 //
 //   - no insignificant whitespace;
 //   - object members sorted by the UTF-16 code units of their names, as RFC

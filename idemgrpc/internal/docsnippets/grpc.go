@@ -75,7 +75,7 @@ func retry(ctx context.Context, client ridespb.RidesClient, req *ridespb.CreateR
 // retryPolicy holds "gRPC's own retries": the service config and the
 // client interceptor.
 func retryPolicy(target string, creds grpc.DialOption) (*grpc.ClientConn, error) {
-	serviceConfig, err := idemgrpc.ServiceConfig("rides.v1.Rides") // services or full method names; none: every method
+	serviceConfig, err := idemgrpc.ServiceConfig("rides.v1.Rides") // the services or full method names idemgrpc serves, and only those
 	if err != nil {
 		return nil, err
 	}
