@@ -319,8 +319,9 @@ func (res *Resolution) plan(rec *KeyRecord, flow AnyFlow) (string, error) {
 }
 
 // applyResolution records the verdict on the claimed key h with the
-// reconcile machinery (resolution, commitFor, withdrawMark), in one
-// transaction guarded by the fence, and releases a key left unfinished.
+// reconcile machinery (resolution, commitFor), in one transaction guarded by
+// the fence that also withdraws the mark of a call that did not happen, and
+// releases a key left unfinished.
 // committed reports whether the verdict's commit landed.
 func (r *Runner) applyResolution(ctx context.Context, h *held, res Resolution, note string, v *Verdict) (committed bool, err error) {
 	var cp *idemdriver.CommitParams
@@ -337,11 +338,13 @@ func (r *Runner) applyResolution(ctx context.Context, h *held, res Resolution, n
 		h.enterPhase(i)
 		_, cp, err = r.resolution(h, ReconcileDone(Result{}))
 	default: // not happened, or nothing in doubt
-		if h.rec.ForeignMark != "" {
-			err = r.withdrawMark(ctx, h)
-		}
-		if err == nil {
-			_, cp, err = r.resolution(h, ReconcileNotDone())
+		if _, cp, err = r.resolution(h, ReconcileNotDone()); err == nil {
+			// The recovery point stays, so the commit does not retire the
+			// mark: it withdraws it, in the verdict's transaction. Cleared
+			// before, on its own, a verdict that then failed to land would
+			// leave the call out of doubt, unrecorded, for any later
+			// verdict to re-run unconfirmed.
+			cp.ClearForeignMark = h.rec.ForeignMark != ""
 		}
 	}
 	if err != nil {

@@ -457,6 +457,55 @@ func TestResolveRecordsTheAnswerAndOnlyVerdictsThatLand(t *testing.T) {
 	require.Len(t, verdicts, 1, "the verdict that did not land left no record")
 }
 
+// The verdict's record lands if and only if the verdict does, and with it
+// the withdrawal of the mark: a verdict whose record cannot be written
+// (here a trigger refuses it) changes nothing of the key. Above all not
+// happened keeps the call in doubt: its mark stays, so nothing resumes the
+// key (and re-runs the call) without another confirmed verdict.
+func TestResolveVerdictThatCannotBeRecordedKeepsTheCallInDoubt(t *testing.T) {
+	t.Parallel()
+	b := setupSMS(t)
+	ctx := context.Background()
+	_, err := b.pool.Exec(ctx, `
+		CREATE FUNCTION refuse_verdict() RETURNS trigger LANGUAGE plpgsql AS
+		$$ BEGIN RAISE EXCEPTION 'the verdicts table refuses the row'; END $$;
+		CREATE TRIGGER refuse_verdict BEFORE INSERT ON idem_verdicts FOR EACH ROW EXECUTE FUNCTION refuse_verdict()`)
+	require.NoError(t, err)
+	answered := resolution(idem.ResolveHappened)
+	answered.Response = &idem.Response{Status: http.StatusCreated, Body: []byte(`{"message_id":7}`)}
+	for k, v := range map[string]idem.Resolution{
+		"not-happened": resolution(idem.ResolveNotHappened),
+		"happened":     resolution(idem.ResolveHappened),
+		"answered":     answered,
+		"abandon":      resolution(idem.ResolveAbandon),
+	} {
+		r := b.inDoubt(t, k)
+		_, err := r.Resolve(ctx, "user:1", k, v)
+		require.ErrorContains(t, err, "the verdicts table refuses the row", k)
+		rec := b.key(t, k)
+		require.Equal(t, idem.StatusNeedsReconcile, rec.Status, k)
+		require.Equal(t, "sms_sent", rec.ForeignMark, "%s: the call is still in doubt", k)
+		require.Equal(t, "message_saved", rec.RecoveryPoint, k)
+		require.Nil(t, rec.LockedAt, k)
+	}
+	_, err = b.pool.Exec(ctx, `DROP TRIGGER refuse_verdict ON idem_verdicts`)
+	require.NoError(t, err)
+
+	r := b.runner(t, nil)
+	verdicts, err := r.Verdicts(ctx, "user:1", "not-happened")
+	require.NoError(t, err)
+	require.Empty(t, verdicts)
+	unconfirmed := resolution(idem.ResolveNotHappened)
+	unconfirmed.ConfirmRerun = false
+	_, err = r.Resolve(ctx, "user:1", "not-happened", unconfirmed)
+	require.ErrorIs(t, err, idem.ErrRerunNotConfirmed, "the re-run still needs confirming")
+	dry := resolution(idem.ResolveHappened)
+	dry.DryRun = true
+	out, err := r.Resolve(ctx, "user:1", "not-happened", dry)
+	require.NoError(t, err)
+	require.Contains(t, out.Action, `commit phase "sms_sent" as done`, "a later happened commits the phase, not re-runs it")
+}
+
 // On Citus idem_verdicts is distributed by scope next to idem_keys: the
 // verdict's record is inserted in the transaction of the key's commit, on
 // the key's worker, and reads back.

@@ -219,6 +219,13 @@ type CommitParams struct {
 	// finishes it (an operator's resolution says who and why); empty clears
 	// it, as every phase that responds does.
 	LastError string
+	// ClearForeignMark withdraws the key's foreign mark in the commit,
+	// under its fence, with StatusRunning: an operator's verdict that the
+	// call in doubt did not happen leaves the recovery point where it is,
+	// so the commit does not retire the mark, and the mark must go if and
+	// only if the verdict (and its record) lands. It writes the lease row,
+	// which heartbeats write: only for a commit no heartbeat runs beside.
+	ClearForeignMark bool
 	// Flow and Generation are the key's (KeyRecord.Flow, Generation): a
 	// store that seals the response binds it to them.
 	Flow       string

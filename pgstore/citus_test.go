@@ -60,6 +60,7 @@ func TestCitusKeyStatementsAreSingleTasks(t *testing.T) {
 		"takeOver":          append(append([]any{nil, rec.ID, "f", rec.Fingerprint, int64(1), "POST", "/x"}, holder...), "user:7"),
 		"claimReconcile":    append([]any{nil, "user:7", "k", int64(1)}, holder...),
 		"advancePhase":      {rec.ID, rec.Fence, "p", `{}`, nil, "user:7"},
+		"withdrawPhase":     {rec.ID, rec.Fence, "p", `{}`, nil, "user:7"},
 		"finishPhase":       {rec.ID, rec.Fence, `{}`, 201, `{}`, []byte{}, int64(1), nil, "", "finished", "", "user:7"},
 		"heartbeat":         {rec.ID, rec.Fence, int64(1), nil, "user:7"},
 		"release":           {rec.ID, rec.Fence, "e", "user:7"},
@@ -74,7 +75,7 @@ func TestCitusKeyStatementsAreSingleTasks(t *testing.T) {
 	}
 	sql := map[string]string{
 		"acquire": q.acquire, "takeOver": q.takeOver, "claimReconcile": q.claimReconcile,
-		"advancePhase": q.advancePhase, "finishPhase": q.finishPhase, "heartbeat": q.heartbeat,
+		"advancePhase": q.advancePhase, "withdrawPhase": q.withdrawPhase, "finishPhase": q.finishPhase, "heartbeat": q.heartbeat,
 		"release": q.release, "setNeedsReconcile": q.setNeedsReconcile, "markForeign": q.markForeign,
 		"clearForeignMark": q.clearForeignMark, "getKey": q.getKey, "unlockKey": q.unlockKey,
 		"waitCheck": q.waitCheck, "claimIdleOne": q.claimIdleOne, "reapAbandonedOne": q.reapAbandonedOne,

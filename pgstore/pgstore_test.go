@@ -55,7 +55,7 @@ func TestQueriesAreFullyRendered(t *testing.T) {
 	t.Parallel()
 	for _, prefix := range []string{"", `"Billing".`} {
 		q := newQueries(prefix)
-		for _, sql := range []string{q.acquire, q.claimReconcile, q.takeOver, q.advancePhase, q.finishPhase, q.heartbeat, q.release,
+		for _, sql := range []string{q.acquire, q.claimReconcile, q.takeOver, q.advancePhase, q.withdrawPhase, q.finishPhase, q.heartbeat, q.release,
 			q.markForeign, q.clearForeignMark, q.setNeedsReconcile, q.getKey, q.unlockKey, q.claimIdle, q.reap} {
 			for _, placeholder := range []string{"{t}", "{l}", "{k}", "{cols", "{leaseOf", "$LEASE"} {
 				require.NotContains(t, sql, placeholder)
@@ -77,6 +77,9 @@ func TestQueriesAreFullyRendered(t *testing.T) {
 		for _, sql := range []string{q.advancePhase, q.finishPhase} {
 			require.NotContains(t, sql, "idem_leases")
 		}
+		// but a resolve's commit of not happened, which no heartbeat runs
+		// beside, withdraws the mark with it.
+		require.Regexp(t, `UPDATE `+regexp.QuoteMeta(prefix+"idem_keys")+`(.|\n)*UPDATE `+regexp.QuoteMeta(prefix+"idem_leases"), q.withdrawPhase)
 	}
 }
 

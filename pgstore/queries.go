@@ -51,6 +51,7 @@ type queries struct {
 
 	acquire, takeOver, claimReconcile string
 	advancePhase, finishPhase         string
+	withdrawPhase                     string
 	heartbeat, release                string
 	markForeign, clearForeignMark     string
 	setNeedsReconcile, getKey         string
@@ -261,7 +262,8 @@ WHERE k.scope = $2 AND k.key = $3::text AND NOT EXISTS (SELECT 1 FROM taken WHER
 	// rows raises division_by_zero (22012) exactly when the guard matched
 	// nothing, and nothing else in the statements can divide.
 	//
-	// They update the progress row only. Its newest version is the one this
+	// They update the progress row only (withdrawPhase, below, the lease
+	// row too, for a resolve, which no heartbeat runs beside). Its newest version is the one this
 	// worker's acquisition or previous commit wrote, unless a takeover or a
 	// forced unlock moved the fence since; so at repeatable read and
 	// serializable the update conflicts exactly when the fence moved, and
@@ -277,7 +279,10 @@ WHERE k.scope = $2 AND k.key = $3::text AND NOT EXISTS (SELECT 1 FROM taken WHER
 	// (migrations/sql/0007_v02_format.up.sql) wake the key's waiters, on
 	// every instance, when a waiter marked it (waitMark), at commit. The
 	// statements do not name them.
-	q.advancePhase = render(`
+	// withdrawPhase is advancePhase that also withdraws the foreign mark,
+	// progress row first, for a commit that leaves the recovery point
+	// where the mark was made (CommitParams.ClearForeignMark).
+	advance := `
 WITH clock AS (
     SELECT coalesce($5::timestamptz, statement_timestamp()) AS t
 ), guarded AS (
@@ -288,9 +293,14 @@ SET status           = 'running',
     last_run_at      = clock.t
 FROM clock
 WHERE k.scope = $6::text AND k.id = $1 AND k.fence = $2
-RETURNING 1
-)
-SELECT 1 / count(*)::int FROM guarded`)
+RETURNING k.id
+)%s
+SELECT 1 / count(*)::int FROM guarded`
+	q.advancePhase = render(fmt.Sprintf(advance, ""))
+	q.withdrawPhase = render(fmt.Sprintf(advance, `, withdrawn AS (
+    UPDATE {l} l SET foreign_mark = NULL, foreign_mark_after = NULL
+    FROM guarded WHERE l.scope = $6::text AND l.key_id = guarded.id AND l.fence = $2
+)`))
 
 	q.finishPhase = render(`
 WITH clock AS (
@@ -698,7 +708,11 @@ func (q *queries) commitStatement(p idemdriver.CommitParams, bodyKeyID string) (
 		return q.finishPhase, []any{p.Ref.ID, p.Ref.Fence, json.RawMessage(patch), p.Response.Status, string(headerJSON), body, p.Retention.Microseconds(), p.Now, bodyKeyID,
 			cmp.Or(p.RecoveryPoint, idemdriver.RecoveryPointFinished), p.LastError, p.Ref.Scope}, nil
 	case p.Status == idemdriver.StatusRunning:
-		return q.advancePhase, []any{p.Ref.ID, p.Ref.Fence, p.RecoveryPoint, json.RawMessage(patch), p.Now, p.Ref.Scope}, nil
+		sql := q.advancePhase
+		if p.ClearForeignMark {
+			sql = q.withdrawPhase
+		}
+		return sql, []any{p.Ref.ID, p.Ref.Fence, p.RecoveryPoint, json.RawMessage(patch), p.Now, p.Ref.Scope}, nil
 	}
 	return "", nil, fmt.Errorf("pgstore: commit phase: status %q (with a response: %t) is neither an advance nor a finish", p.Status, p.Response != nil)
 }
