@@ -155,7 +155,7 @@ func (h *Handler[In]) recoverPanic(w http.ResponseWriter, r *http.Request, respo
 func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 	responded := false
 	defer h.recoverPanic(w, r, &responded)
-	echoKey(w.Header(), r.Header)
+	echoKey(w.Header(), r.Header, h.cfg.MinKeyLength)
 
 	req, p := h.admit(w, r)
 	if p != nil && !req.RetryOnly {
@@ -202,10 +202,11 @@ func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 // convention, which its SDKs read into the response of a failed call, where
 // the application's retry takes it from. Without it such a retry makes a
 // new key, while the completer finishes the first request: a second effect.
-// A missing or malformed key has nothing to echo.
-func echoKey(dst, request http.Header) {
+// A missing or malformed key (as admit refuses it: one ParseKey refuses,
+// or one shorter than Config.MinKeyLength) has nothing to echo.
+func echoKey(dst, request http.Header, minLength int) {
 	values := request.Values("Idempotency-Key")
-	if _, err := ParseKey(values); err != nil {
+	if key, err := ParseKey(values); err != nil || len(key) < minLength {
 		return
 	}
 	for _, v := range values {
