@@ -238,7 +238,7 @@ func TestDocsConfigurationTable(t *testing.T) {
 		"AuthChallenge":         "none",
 		"UnavailableRetryAfter": "`UnavailableRetryAfterDefault`, " + seconds(UnavailableRetryAfterDefault),
 		"ReconcileRetryAfter":   "`ReconcileRetryAfterDefault`, " + seconds(ReconcileRetryAfterDefault),
-		"MaxWait":               "0: off",
+		"MaxWait":               "0: `DefaultWait`",
 		"DefaultWait":           "`DefaultWaitDefault`, " + seconds(DefaultWaitDefault),
 		"Logger":                "the runner's",
 	}

@@ -166,11 +166,8 @@ func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 	// Prefer is read only for a request that is to run (bounded and
 	// without allocating, preferWait), and the wait ends when the client
 	// goes away (WaitContext); the flow itself, once run, does not. A
-	// request that asks nothing waits Config.DefaultWait.
-	wait, asked := preferWait(r.Header, h.cfg.MaxWait)
-	if !asked {
-		wait = h.cfg.DefaultWait
-	}
+	// request that asks nothing waits Config.DefaultWait (requestWait).
+	wait, asked := requestWait(r.Header, h.cfg.MaxWait, h.cfg.DefaultWait)
 	req.Wait, req.WaitContext = wait, r.Context()
 	if p != nil {
 		// A body this release refuses may be the retry of a request an
@@ -218,7 +215,7 @@ func echoKey(dst, request http.Header, minLength int) {
 }
 
 // applied answers Preference-Applied: wait=N (the wait the handler granted,
-// Prefer's capped by Config.MaxWait) when the request asked to wait and
+// Prefer's capped by Config.MaxWait, or Config.DefaultWait where MaxWait is 0) when the request asked to wait and
 // waited for another attempt of its key; Config.DefaultWait was asked by
 // no one and is not announced.
 func (h *Handler[In]) applied(w http.ResponseWriter, out *idem.Outcome, wait time.Duration, asked bool) {
