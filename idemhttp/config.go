@@ -25,12 +25,12 @@ const (
 	UnavailableRetryAfterDefault = 5 * time.Second
 	// ReconcileRetryAfterDefault is the default Config.ReconcileRetryAfter.
 	ReconcileRetryAfterDefault = 60 * time.Second
-	// DefaultWaitDefault is the default Config.DefaultWait: 5 s, longer
+	// DefaultWaitTime is the default Config.DefaultWait: 5 s, longer
 	// than the requests of a flow that calls a provider take when they
 	// are not failing (docs/http.md, "Waiting for the request in flight",
 	// has the measurement), and well below the write timeouts of servers
 	// and proxies.
-	DefaultWaitDefault = 5 * time.Second
+	DefaultWaitTime = 5 * time.Second
 )
 
 // Config configures a [Handler]. Scope is required; every other field
@@ -179,7 +179,7 @@ type Config[In any] struct {
 	// idempotency_key_in_use they take as final; the IETF profile answers
 	// its 409. Preference-Applied is sent only to a request that sent
 	// Prefer. Keep it below the server's WriteTimeout. Default
-	// DefaultWaitDefault, 5 s; negative: no wait, a key in flight answers
+	// DefaultWaitTime, 5 s; negative: no wait, a key in flight answers
 	// at once.
 	DefaultWait time.Duration
 
@@ -235,7 +235,7 @@ func (c *Config[In]) apply() (replay []string, err error) {
 	if c.MaxWait < 0 {
 		errs = append(errs, fmt.Errorf("MaxWait %s is negative", c.MaxWait))
 	}
-	c.DefaultWait = cmp.Or(c.DefaultWait, DefaultWaitDefault)
+	c.DefaultWait = cmp.Or(c.DefaultWait, DefaultWaitTime)
 	if c.DefaultWait < 0 {
 		c.DefaultWait = 0
 	}
