@@ -25,12 +25,12 @@ const (
 	UnavailableRetryAfterDefault = 5 * time.Second
 	// ReconcileRetryAfterDefault is the default Config.ReconcileRetryAfter.
 	ReconcileRetryAfterDefault = 60 * time.Second
-	// DefaultWaitDefault is the default Config.DefaultWait: 5 s, longer
+	// DefaultWaitTime is the default Config.DefaultWait: 5 s, longer
 	// than the requests of a flow that calls a provider take when they
 	// are not failing (docs/http.md, "Waiting for the request in flight",
 	// has the measurement), and well below the write timeouts of servers
 	// and proxies.
-	DefaultWaitDefault = 5 * time.Second
+	DefaultWaitTime = 5 * time.Second
 )
 
 // Config configures a [Handler]. Scope is required; every other field
@@ -158,8 +158,11 @@ type Config[In any] struct {
 	// no database connection (idem.Request.Wait), and ends when the client
 	// goes away (a flow the request took over runs on). Prefer is read
 	// only for a request that is to run, within its first 4096 bytes and
-	// 32 preferences. Keep it below the server's WriteTimeout. Default 0:
-	// Prefer: wait is ignored, and a key in flight answers 409 at once.
+	// 32 preferences. It also caps DefaultWait. Keep it below the server's
+	// WriteTimeout. Default 0: the longest wait is DefaultWait, so
+	// "Prefer: wait=N" is honoured up to DefaultWait (and wait=0 still
+	// answers 409 at once); with DefaultWait off as well, Prefer: wait is
+	// ignored and a key in flight answers 409 at once.
 	MaxWait time.Duration
 
 	// DefaultWait is how long a request that sends no "Prefer: wait"
@@ -167,15 +170,16 @@ type Config[In any] struct {
 	// "Prefer: wait" for that long (see MaxWait for what it then gets).
 	// Stock clients (the Stripe SDKs, go-retryablehttp) send no Prefer and
 	// take a 409 as final, while the attempt in flight goes on to succeed:
-	// waiting turns their retry's 409 into the request's answer. A request
-	// that sends "Prefer: wait=N" to a handler with MaxWait waits N seconds
-	// (at most MaxWait) instead, so "Prefer: wait=0" opts out. When the
+	// waiting turns their retry's 409 into the request's answer; at most
+	// MaxWait, where MaxWait is set. A request that sends "Prefer: wait=N"
+	// waits N seconds instead (at most MaxWait, or DefaultWait where
+	// MaxWait is 0), so "Prefer: wait=0" opts out. When the
 	// wait runs out, the Stripe profile answers 429 with error code
 	// lock_timeout, which the Stripe SDKs retry, instead of the 409
 	// idempotency_key_in_use they take as final; the IETF profile answers
 	// its 409. Preference-Applied is sent only to a request that sent
 	// Prefer. Keep it below the server's WriteTimeout. Default
-	// DefaultWaitDefault, 5 s; negative: no wait, a key in flight answers
+	// DefaultWaitTime, 5 s; negative: no wait, a key in flight answers
 	// at once.
 	DefaultWait time.Duration
 
@@ -231,7 +235,7 @@ func (c *Config[In]) apply() (replay []string, err error) {
 	if c.MaxWait < 0 {
 		errs = append(errs, fmt.Errorf("MaxWait %s is negative", c.MaxWait))
 	}
-	c.DefaultWait = cmp.Or(c.DefaultWait, DefaultWaitDefault)
+	c.DefaultWait = cmp.Or(c.DefaultWait, DefaultWaitTime)
 	if c.DefaultWait < 0 {
 		c.DefaultWait = 0
 	}

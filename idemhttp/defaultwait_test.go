@@ -109,3 +109,35 @@ func TestDefaultWaitRunsOut(t *testing.T) {
 		})
 	}
 }
+
+// Without MaxWait, Prefer: wait is still read, within DefaultWait: wait=0
+// answers at once (in the Stripe profile the 409 idempotency_key_in_use,
+// not the 429 of a wait that ran out), and wait=N waits, at most
+// DefaultWait, and says so with Preference-Applied.
+func TestPreferWaitWithoutMaxWait(t *testing.T) {
+	t.Parallel()
+	b := setup(t, idemhttp.ProfileStripe)
+	b.runner = b.newRunner(t, &idem.Config{Test: idem.TestConfig{Now: time.Now}})
+	h := b.handler(t, func(c *idemhttp.Config[rideInput]) { c.DefaultWait = time.Minute })
+	release, first := heldKey(t, b, h, "k-1")
+
+	r := request("k-1", rideBody)
+	r.Header.Set("Prefer", "wait=0")
+	res := serve(h, r)
+	require.Equal(t, http.StatusConflict, res.Code, res.Body.String())
+	require.Equal(t, idemhttp.StripeCodeKeyInUse, decodeProblem(t, res).Error.Code)
+
+	retry := make(chan *httptest.ResponseRecorder, 1)
+	go func() {
+		r := request("k-1", rideBody)
+		r.Header.Set("Prefer", "wait=3600")
+		retry <- serve(h, r)
+	}()
+	b.waitingOn(t)
+	release()
+	require.Equal(t, http.StatusCreated, (<-first).Code)
+	res = <-retry
+	require.Equal(t, http.StatusCreated, res.Code, res.Body.String())
+	require.Equal(t, "true", res.Header().Get("Idempotent-Replayed"))
+	require.Equal(t, "wait=60", res.Header().Get("Preference-Applied"), "granted at most DefaultWait")
+}

@@ -60,8 +60,8 @@
 //	executed           the flow's response: status, body, allowed headers
 //	replayed           the stored response, byte for byte, and Idempotent-Replayed: true
 //	in progress        409 + Retry-After: the time left on the holder's lease, capped by the runner's MaxRetryAfter (2 s),
-//	                   after waiting Config.DefaultWait (5 s) for the attempt to end, or, with Prefer: wait=N and
-//	                   Config.MaxWait, that long (Preference-Applied: wait=N); an attempt that does end answers as
+//	                   after waiting Config.DefaultWait (5 s) for the attempt to end, or, with Prefer: wait=N, that
+//	                   long, at most Config.MaxWait or DefaultWait (Preference-Applied: wait=N); an attempt that does end answers as
 //	                   a retry then would; in the Stripe profile 429 lock_timeout after a wait, which the Stripe SDKs retry
 //	lock lost          409 + Retry-After: 1; another worker took the request over and owns it now
 //	mismatch           422 (Stripe: 400 idempotency_error): the key was used for another request

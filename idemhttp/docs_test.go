@@ -238,8 +238,8 @@ func TestDocsConfigurationTable(t *testing.T) {
 		"AuthChallenge":         "none",
 		"UnavailableRetryAfter": "`UnavailableRetryAfterDefault`, " + seconds(UnavailableRetryAfterDefault),
 		"ReconcileRetryAfter":   "`ReconcileRetryAfterDefault`, " + seconds(ReconcileRetryAfterDefault),
-		"MaxWait":               "0: off",
-		"DefaultWait":           "`DefaultWaitDefault`, " + seconds(DefaultWaitDefault),
+		"MaxWait":               "0: `DefaultWait`",
+		"DefaultWait":           "`DefaultWaitTime`, " + seconds(DefaultWaitTime),
 		"Logger":                "the runner's",
 	}
 	rows := firstTable(t, section(t, readDocs(t), "## Configuration"))
@@ -266,7 +266,7 @@ func TestDocsConfigurationTable(t *testing.T) {
 	require.Empty(t, c.ReplayHeaders)
 	require.False(t, c.AllowUnknownFields)
 	require.Zero(t, c.MaxWait)
-	require.Equal(t, DefaultWaitDefault, c.DefaultWait)
+	require.Equal(t, DefaultWaitTime, c.DefaultWait)
 }
 
 // The Retry-After table's defaults.

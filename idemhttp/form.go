@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Bounds of a form body in Stripe's bracket notation: a request cannot make
@@ -38,8 +39,15 @@ type (
 // one, a string otherwise). Members are written in sorted order, so the
 // JSON, over which the key's fingerprint is taken, does not depend on the
 // order of the form's fields; an array keeps its order.
+//
+// The arrays' slots are bounded by the body's length: a gapless form fills
+// each slot from a field of its own, and each of its index segments takes
+// at least two bytes ("[]"), so only a form with gaps, refused anyway,
+// exceeds the bound; without it, short fields each indexing 999
+// (a0[999]=x&a1[999]=x&...) would allocate 16 KB apiece.
 func formToJSON(body []byte, t reflect.Type) ([]byte, error) {
 	root := formObject{}
+	slots := len(body)
 	for pair := range strings.SplitSeq(string(body), "&") {
 		if pair == "" {
 			continue
@@ -53,11 +61,19 @@ func formToJSON(body []byte, t reflect.Type) ([]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: value of %s: %v", errMalformedForm, clip(key), err)
 		}
+		// JSON would write invalid UTF-8 as U+FFFD: two different names
+		// or values would fingerprint the same, or make one member twice.
+		if !utf8.ValidString(key) {
+			return nil, fmt.Errorf("%w: field name %q is not UTF-8", errMalformedForm, clip(key))
+		}
+		if !utf8.ValidString(value) {
+			return nil, fmt.Errorf("%w: value of %s is not UTF-8", errMalformedForm, clip(key))
+		}
 		path, err := formPath(key)
 		if err != nil {
 			return nil, err
 		}
-		if err := formSet(root, path, key, value); err != nil {
+		if err := formSet(root, path, key, value, &slots); err != nil {
 			return nil, err
 		}
 	}
@@ -136,8 +152,9 @@ func newFormContainer(next string) any {
 }
 
 // formSet stores value at path under container, refusing a field given
-// twice or given both a value and members.
-func formSet(root formObject, path []string, key, value string) error {
+// twice or given both a value and members, and an array slot beyond the
+// *slots formToJSON still allows.
+func formSet(root formObject, path []string, key, value string, slots *int) error {
 	twice := func() error {
 		return fmt.Errorf("%w: field %s is given twice, or both as a value and with members", errMalformedForm, clip(key))
 	}
@@ -179,6 +196,9 @@ func formSet(root formObject, path []string, key, value string) error {
 			if n >= len(c) {
 				if len(c) >= formMaxIndex {
 					return fmt.Errorf("%w: field %s has more than %d elements", errMalformedForm, clip(key), formMaxIndex)
+				}
+				if *slots -= n + 1 - len(c); *slots < 0 {
+					return fmt.Errorf("%w: field %s leaves indexes out: they must run from 0 without gaps", errMalformedForm, clip(key))
 				}
 				c = append(c, make([]any, n+1-len(c))...)
 				set(c)

@@ -36,6 +36,9 @@ func FuzzFormToJSON(f *testing.F) {
 		"items[1]=x",
 		"a[0][b][]=1&a[0][b][]=2",
 		"=&&=x",
+		"name=%FF",
+		"m[%FF]=1&m[%FE]=2",
+		"a0[999]=x&a1[999]=x&a2[999]=x",
 	} {
 		f.Add(seed)
 	}

@@ -108,6 +108,9 @@ func TestMalformedForms(t *testing.T) {
 		"items[0]=a&items[a]=b",
 		"items[99999]=a",
 		"origin=%zz",
+		"origin=%FF",
+		"metadata[%FF]=1&metadata[%FE]=2",
+		"a0[999]=x&a1[999]=x&a2[999]=x&a3[999]=x",
 		"a" + repeat("[a]", 40) + "=1",
 	} {
 		res := serve(h, formRequest("k-1", body))

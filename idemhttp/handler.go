@@ -155,7 +155,7 @@ func (h *Handler[In]) recoverPanic(w http.ResponseWriter, r *http.Request, respo
 func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 	responded := false
 	defer h.recoverPanic(w, r, &responded)
-	echoKey(w.Header(), r.Header)
+	echoKey(w.Header(), r.Header, h.cfg.MinKeyLength)
 
 	req, p := h.admit(w, r)
 	if p != nil && !req.RetryOnly {
@@ -166,11 +166,8 @@ func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 	// Prefer is read only for a request that is to run (bounded and
 	// without allocating, preferWait), and the wait ends when the client
 	// goes away (WaitContext); the flow itself, once run, does not. A
-	// request that asks nothing waits Config.DefaultWait.
-	wait, asked := preferWait(r.Header, h.cfg.MaxWait)
-	if !asked {
-		wait = h.cfg.DefaultWait
-	}
+	// request that asks nothing waits Config.DefaultWait (requestWait).
+	wait, asked := requestWait(r.Header, h.cfg.MaxWait, h.cfg.DefaultWait)
 	req.Wait, req.WaitContext = wait, r.Context()
 	if p != nil {
 		// A body this release refuses may be the retry of a request an
@@ -202,10 +199,11 @@ func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 // convention, which its SDKs read into the response of a failed call, where
 // the application's retry takes it from. Without it such a retry makes a
 // new key, while the completer finishes the first request: a second effect.
-// A missing or malformed key has nothing to echo.
-func echoKey(dst, request http.Header) {
+// A missing or malformed key (as admit refuses it: one ParseKey refuses,
+// or one shorter than Config.MinKeyLength) has nothing to echo.
+func echoKey(dst, request http.Header, minLength int) {
 	values := request.Values("Idempotency-Key")
-	if _, err := ParseKey(values); err != nil {
+	if key, err := ParseKey(values); err != nil || len(key) < minLength {
 		return
 	}
 	for _, v := range values {
@@ -217,7 +215,7 @@ func echoKey(dst, request http.Header) {
 }
 
 // applied answers Preference-Applied: wait=N (the wait the handler granted,
-// Prefer's capped by Config.MaxWait) when the request asked to wait and
+// Prefer's capped by Config.MaxWait, or Config.DefaultWait where MaxWait is 0) when the request asked to wait and
 // waited for another attempt of its key; Config.DefaultWait was asked by
 // no one and is not announced.
 func (h *Handler[In]) applied(w http.ResponseWriter, out *idem.Outcome, wait time.Duration, asked bool) {

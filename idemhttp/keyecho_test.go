@@ -94,9 +94,11 @@ func TestEveryAnswerCarriesTheKey(t *testing.T) {
 				http.StatusServiceUnavailable, "k-5")
 
 			// A request without a valid key has none to carry back.
+			strict := b.handler(t, func(c *idemhttp.Config[rideInput]) { c.MinKeyLength = 16 })
 			for name, res := range map[string]*httptest.ResponseRecorder{
 				"missing":   post(h, "", rideBody),
 				"malformed": post(h, "k\x01", rideBody),
+				"too short": post(strict, "k-6", rideBody),
 				"too many":  serve(h, func() *http.Request { r := request("a", rideBody); r.Header.Add("Idempotency-Key", "b"); return r }()),
 			} {
 				require.Equal(t, http.StatusBadRequest, res.Code, name)

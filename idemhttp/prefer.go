@@ -109,3 +109,20 @@ func nextOutsideQuotes(s string, sep byte) (string, string) {
 func preferenceApplied(w time.Duration) string {
 	return "wait=" + strconv.FormatInt(int64(w/time.Second), 10)
 }
+
+// requestWait is the wait a request gets for another attempt of its key in
+// flight, and whether it asked for it with Prefer: wait. The longest is
+// maxWait, or defaultWait where maxWait is 0; within it, a request that
+// asks nothing waits defaultWait, and one that sends Prefer: wait=N waits
+// N seconds, so wait=0 opts out. idemgrpc caps its default wait the same
+// way.
+func requestWait(header http.Header, maxWait, defaultWait time.Duration) (time.Duration, bool) {
+	limit := maxWait
+	if limit == 0 {
+		limit = defaultWait
+	}
+	if wait, asked := preferWait(header, limit); asked {
+		return wait, true
+	}
+	return min(defaultWait, limit), false
+}

@@ -47,6 +47,42 @@ func TestPreferWait(t *testing.T) {
 	require.Equal(t, "wait=1", preferenceApplied(1500*time.Millisecond), "never more than was applied")
 }
 
+// The wait a request gets, for every combination of Prefer, MaxWait and
+// DefaultWait: the longest is MaxWait, or DefaultWait where MaxWait is 0;
+// a request without Prefer waits DefaultWait within it; Prefer: wait=N
+// asks for N within it, so wait=0 opts out.
+func TestRequestWait(t *testing.T) {
+	t.Parallel()
+	const s = time.Second
+	for _, tc := range []struct {
+		name             string
+		prefer           string
+		maxWait, defWait time.Duration
+		want             time.Duration
+		asked            bool
+	}{
+		{"no Prefer, MaxWait 0", "", 0, 5 * s, 5 * s, false},
+		{"no Prefer, MaxWait above DefaultWait", "", 60 * s, 5 * s, 5 * s, false},
+		{"no Prefer, MaxWait below DefaultWait", "", 2 * s, 5 * s, 2 * s, false},
+		{"no Prefer, DefaultWait off", "", 60 * s, 0, 0, false},
+		{"wait=0, MaxWait 0", "wait=0", 0, 5 * s, 0, true},
+		{"wait=0, MaxWait set", "wait=0", 60 * s, 5 * s, 0, true},
+		{"wait=3, MaxWait 0", "wait=3", 0, 5 * s, 3 * s, true},
+		{"wait=30, MaxWait 0: at most DefaultWait", "wait=30", 0, 5 * s, 5 * s, true},
+		{"wait=30, MaxWait set", "wait=30", 60 * s, 5 * s, 30 * s, true},
+		{"wait=90, MaxWait set: at most MaxWait", "wait=90", 60 * s, 5 * s, 60 * s, true},
+		{"wait=3, both off: ignored", "wait=3", 0, 0, 0, false},
+	} {
+		h := http.Header{}
+		if tc.prefer != "" {
+			h.Set("Prefer", tc.prefer)
+		}
+		got, asked := requestWait(h, tc.maxWait, tc.defWait)
+		require.Equal(t, tc.want, got, tc.name)
+		require.Equal(t, tc.asked, asked, tc.name)
+	}
+}
+
 // A Prefer header as large as the server accepts costs what a small one
 // does: preferWait allocates nothing and stops at preferScanMax bytes and
 // preferMax preferences, and a wait past them is ignored. Not parallel:
