@@ -20,6 +20,12 @@ func TestDemoThroughPgBouncer(t *testing.T) {
 	for _, mode := range []string{"exec", "cache_describe", "simple_protocol"} {
 		t.Run(mode, func(t *testing.T) {
 			bounced := pgtest.NewBouncedSchema(t)
+			t.Cleanup(func() {
+				if t.Failed() {
+					// Whether the bouncer itself went away, and what it said.
+					t.Logf("pgbouncer alive: %v; its log:\n%s", bounced.Bouncer.Alive(), bounced.Bouncer.Log())
+				}
+			})
 			out, _ := runDemoWithKills(t, "5s", "DATABASE_URL="+bounced.BouncedURL+"&default_query_exec_mode="+mode)
 			require.True(t, bounced.Bouncer.Alive(), "pgbouncer exited:\n%s", bounced.Bouncer.Log())
 			t.Logf("demo through pgbouncer, %s:\n%s", mode, out[strings.Index(out, "server kills:"):])
