@@ -172,7 +172,7 @@ func (p *dropProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		panic(http.ErrAbortHandler)
 	}
 	out.Header = r.Header.Clone()
-	res, err := p.transport.RoundTrip(out)
+	res, err := p.roundTrip(out, body)
 	if err != nil {
 		panic(http.ErrAbortHandler)
 	}
@@ -187,6 +187,31 @@ func (p *dropProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(res.StatusCode)
 	_, _ = w.Write(answer)
+}
+
+// roundTrip forwards out, and while the server refuses connections (killed,
+// its replacement starting) connects again, as a load balancer in front of
+// a restarting instance does, for up to a minute: a refused connection
+// delivered nothing, so nothing is sent twice. How long a restart takes on
+// a loaded machine is then no part of what the clients see, but the
+// answers lost with the killed process are.
+func (p *dropProxy) roundTrip(out *http.Request, body []byte) (*http.Response, error) {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		res, err := p.transport.RoundTrip(out)
+		if err == nil || !errors.Is(err, syscall.ECONNREFUSED) || time.Now().After(deadline) {
+			return res, err
+		}
+		t := time.NewTimer(20 * time.Millisecond)
+		select {
+		case <-out.Context().Done():
+			t.Stop()
+			return nil, out.Context().Err()
+		case <-t.C:
+		}
+		out = out.Clone(out.Context())
+		out.Body = io.NopCloser(bytes.NewReader(body))
+	}
 }
 
 // env is a server process behind the drop proxy, with its card network.
