@@ -122,7 +122,7 @@ func (r *Runner) Complete(ctx context.Context, config *CompleteConfig) (*Complet
 	r.warnOtherFlows(ctx)
 	var flows []string
 	for _, name := range r.flowNames() {
-		if r.flows[name].redrives() {
+		if r.flows[name].Redrives() {
 			flows = append(flows, name)
 		}
 	}

@@ -75,7 +75,7 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request, stored 
 			"recovery_point", rec.RecoveryPoint, "attempts", rec.Attempts, "last_error", rec.LastError)...)
 		h := r.hold(flow, rec, p.input, true, sent)
 		if p.fromKey {
-			if req.RetryOnly && !flow.redrives() {
+			if req.RetryOnly && !flow.Redrives() {
 				// Not the completer (which never takes such a flow's
 				// keys): a retry whose input cannot drive the phases.
 				return r.fail(ctx, h, fmt.Errorf("%w: flow %q cannot resume key %q from the input stored with it, and this retry's payload no longer makes one", ErrNoRedrive, flow.Name(), req.Key))

@@ -257,7 +257,7 @@ type AnyFlow interface {
 	// decodeStored decodes a key's stored params into today's input type,
 	// tolerantly; an error wraps ErrUndecodableParams.
 	decodeStored(stored []byte) (any, error)
-	redrives() bool
+	Redrives() bool
 	callDo(ctx context.Context, tx Tx, h *held) (Result, error)
 	callReconcile(ctx context.Context, tx Tx, h *held) (Reconciliation, error)
 	// reconcilable reports whether phase i has a Reconcile hook.
@@ -278,7 +278,11 @@ func (f *Flow[In]) abandonAfterOr(d time.Duration) time.Duration {
 	return d
 }
 
-func (f *Flow[In]) redrives() bool { return !f.noRedrive }
+// Redrives reports whether the completer finishes this flow's requests
+// server-side when their clients give up: true unless FlowConfig.NoRedrive.
+// An HTTP adapter says so in the 500 of a failed request, whose client must
+// then not make the request anew under another key.
+func (f *Flow[In]) Redrives() bool { return !f.noRedrive }
 
 func (f *Flow[In]) phaseIndex(name string) (int, bool) {
 	i, ok := f.index[name]

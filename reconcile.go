@@ -112,7 +112,7 @@ func (r *Runner) reconcile(ctx context.Context, scope, key string) (*Outcome, er
 	h.reconciling = false
 	r.log.InfoContext(ctx, "idem: reconciled", h.logAttrs("flow", flow.Name(), "phase", h.phaseName(), "verdict", verdict.verdict)...)
 	switch {
-	case !result.Responds() && !flow.redrives():
+	case !result.Responds() && !flow.Redrives():
 		return r.handBack(ctx, h)
 	case verdict.verdict == verdictNotDone:
 		return r.drive(ctx, h, phase)
@@ -269,7 +269,7 @@ func (r *Runner) resumeUnmarked(ctx context.Context, h *held) (*Outcome, error) 
 		return r.leaveUnreconciled(ctx, h, err)
 	}
 	h.reconciling = false
-	if !h.flow.redrives() {
+	if !h.flow.Redrives() {
 		return r.handBack(ctx, h)
 	}
 	r.log.InfoContext(ctx, "idem: resumed a needs_reconcile key with no call in doubt", h.logAttrs("flow", h.flow.Name(), "recovery_point", h.rec.RecoveryPoint)...)
