@@ -34,6 +34,8 @@ type Runner struct {
 	waiting atomic.Int64
 	// shares are what the waiters of one attempt share when it ends.
 	shares waitShares
+	// services are what Start started (start.go).
+	services services
 }
 
 // NewRunner returns a runner on store. A nil config means all defaults.
