@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"image"
 	"image/color"
 	"image/png"
 	"io"
@@ -64,51 +63,6 @@ func TestClosedLoopCountsOnlyAfterWarmupAndStopsOnError(t *testing.T) {
 	require.ErrorIs(t, err, io.ErrUnexpectedEOF)
 }
 
-func TestNiceScale(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		max, step, top float64
-	}{
-		{4000, 1000, 4000},
-		{3210, 1000, 4000},
-		{11.6, 2.5, 12.5},
-		{0.37, 0.1, 0.4},
-		{0, 1, 5},
-	} {
-		step, top := niceScale(tc.max, 5)
-		require.InDelta(t, tc.step, step, 1e-9, "max %g", tc.max)
-		require.InDelta(t, tc.top, top, 1e-9, "max %g", tc.max)
-	}
-	require.Equal(t, "2.5", formatTick(2.5, 2.5))
-	require.Equal(t, "3000", formatTick(3000, 1000))
-	require.Equal(t, "0.30", formatTick(0.3, 0.05))
-}
-
-func TestDrawTextSetsTheGlyphsPixels(t *testing.T) {
-	t.Parallel()
-	img := image.NewRGBA(image.Rect(0, 0, 40, 20))
-	end := drawText(img, 1, 1, 1, "1", color.Black)
-	require.Equal(t, 1+glyphW+1, end)
-	want := 0
-	for _, col := range glyphs['1'-firstGlyph] {
-		for row := range glyphH {
-			if col&(1<<row) != 0 {
-				want++
-			}
-		}
-	}
-	got := 0
-	for y := range 20 {
-		for x := range 40 {
-			if _, _, _, a := img.At(x, y).RGBA(); a != 0 {
-				got++
-			}
-		}
-	}
-	require.Equal(t, want, got)
-	require.Equal(t, 2*(glyphW+1)*2-2, textWidth("ab", 2))
-}
-
 func TestWritePlotWritesALabelledPNG(t *testing.T) {
 	t.Parallel()
 	var points []*loadPoint
@@ -120,14 +74,14 @@ func TestWritePlotWritesALabelledPNG(t *testing.T) {
 		points = append(points, &loadPoint{Concurrency: c, Stats: map[string]*stats{
 			"runner": mk(500), "runner-joined": mk(550), "runner-onetx": mk(580), "baseline": mk(600), "single": mk(700), "plain": mk(400), "commit": mk(3000)}})
 	}
-	path := filepath.Join(t.TempDir(), "docs", "performance.png")
+	path := filepath.Join(t.TempDir(), "report", "performance.png")
 	require.NoError(t, writePlot(path, points))
 	raw, err := os.ReadFile(path)
 	require.NoError(t, err)
 	img, err := png.Decode(bytes.NewReader(raw))
 	require.NoError(t, err)
 	require.Equal(t, 1400, img.Bounds().Dx())
-	require.GreaterOrEqual(t, img.Bounds().Dy(), 680)
+	require.Equal(t, 720, img.Bounds().Dy())
 	seen := map[color.RGBA]bool{}
 	b := img.Bounds()
 	for y := b.Min.Y; y < b.Max.Y; y++ {
@@ -136,9 +90,12 @@ func TestWritePlotWritesALabelledPNG(t *testing.T) {
 			seen[color.RGBA{uint8(r >> 8), uint8(g >> 8), uint8(bl >> 8), uint8(a >> 8)}] = true
 		}
 	}
-	for _, c := range []color.RGBA{colRunner, colBaseline, colSingle, colPlain, colCommit, colText} {
-		require.True(t, seen[c], "colour %v is drawn", c)
+	// Every flow's line, and the commit ceiling's, in its own colour.
+	for i, w := range workloadsOf(kindFlow) {
+		r, g, bl, a := flowColor(i).RGBA()
+		require.True(t, seen[color.RGBA{uint8(r >> 8), uint8(g >> 8), uint8(bl >> 8), uint8(a >> 8)}], "%s is drawn", w.label)
 	}
+	require.True(t, seen[commitCeilingColor], "the commit ceiling is drawn")
 
 	require.Error(t, writePlot(path, nil))
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"image/color"
 	"math/rand/v2"
 	"strconv"
 	"sync/atomic"
@@ -41,26 +40,23 @@ type workload struct {
 	runner bool
 	// commits is a flow's commits per request, for the commit ceiling.
 	commits int
-	// color is its colour in the plot; a flow without one gets one from
-	// plotPalette.
-	color color.RGBA
 	// op builds the request the workload's workers send.
 	op func(d *loadDeps) op
 }
 
 // workloads are the load section's workloads, in the report's order.
 var workloads = []workload{
-	{name: "runner", label: "runner", runner: true, commits: 4, color: colRunner,
+	{name: "runner", label: "runner", runner: true, commits: 4,
 		op: func(d *loadDeps) op { return d.runnerOp("r", newRunnerFlow()) }},
 	{name: "runner-joined", label: "runner, receipt joined", runner: true, commits: 3,
 		op: func(d *loadDeps) op { return d.runnerOp("rj", newRidesFlow(joinReceipt)) }},
 	{name: "runner-onetx", label: "runner, all joined", runner: true, commits: 2,
 		op: func(d *loadDeps) op { return d.runnerOp("r1", newRidesFlow(joinAll)) }},
-	{name: "baseline", label: "baseline", commits: 4, color: colBaseline,
+	{name: "baseline", label: "baseline", commits: 4,
 		op: func(d *loadDeps) op { return d.baselineOp("b", (&baseline{pool: d.pool, pipelined: true}).run) }},
-	{name: "single", label: "single tx", commits: 2, color: colSingle,
+	{name: "single", label: "single tx", commits: 2,
 		op: func(d *loadDeps) op { return d.baselineOp("s", (&single{pool: d.pool}).run) }},
-	{name: "plain", label: "plain tx", commits: 4, color: colPlain,
+	{name: "plain", label: "plain tx", commits: 4,
 		op: func(d *loadDeps) op { return d.baselineOp("p", (&baseline{pool: d.pool}).run) }},
 	{name: "replay", label: "replay", kind: kindReplay, op: (*loadDeps).replayOp},
 	{name: "baseline-replay", label: "baseline replay", kind: kindReplay, op: (*loadDeps).baselineReplayOp},
