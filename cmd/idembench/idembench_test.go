@@ -109,6 +109,8 @@ func TestParseFlags(t *testing.T) {
 	require.Equal(t, 10_000_000, o.Scale.Large)
 	require.Equal(t, 104, o.MaxConns, "room for the storm")
 	require.Len(t, o.Sections, len(allSections))
+	require.Equal(t, "idembench-report", o.ReportDir)
+	require.Empty(t, o.Plot, "the plot goes into the report directory, not docs/")
 
 	require.Equal(t, steadyConfig{Window: time.Second, MaxWindows: 30}, o.Scale.Steady)
 
@@ -157,7 +159,7 @@ func TestQuickRun(t *testing.T) {
 	dir := t.TempDir()
 	o, err := parseFlags([]string{"-quick", "-concurrency", "1,4", "-duration", "100ms", "-storm-size", "20", "-storm-rounds", "2",
 		"-scale-small", "500", "-scale-large", "5000", "-scale-expired", "1000", "-replay-keys", "20", "-steady-window", "50ms",
-		"-plot", filepath.Join(dir, "perf.png"), "-out", filepath.Join(dir, "perf.md")}, io.Discard)
+		"-report-dir", filepath.Join(dir, "report"), "-plot", filepath.Join(dir, "perf.png"), "-out", filepath.Join(dir, "perf.md")}, io.Discard)
 	require.NoError(t, err)
 	o.ReferenceAt = 4
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
@@ -193,14 +195,19 @@ func TestQuickRun(t *testing.T) {
 		require.Contains(t, report, "The run's keys on Citus, warm-up included: ")
 	}
 
-	written, err := os.ReadFile(filepath.Join(dir, "perf.md"))
-	require.NoError(t, err)
-	require.Equal(t, report, string(written))
-	f, err := os.Open(filepath.Join(dir, "perf.png"))
-	require.NoError(t, err)
-	defer f.Close()
-	_, err = png.Decode(f)
-	require.NoError(t, err)
+	// The report and the plot, in the report directory and where -out and
+	// -plot said.
+	for _, path := range []string{filepath.Join(dir, "report", reportFile), filepath.Join(dir, "perf.md")} {
+		written, err := os.ReadFile(path)
+		require.NoError(t, err)
+		require.Equal(t, report, string(written), path)
+	}
+	for _, path := range []string{filepath.Join(dir, "report", plotFile), filepath.Join(dir, "perf.png")} {
+		raw, err := os.ReadFile(path)
+		require.NoError(t, err)
+		_, err = png.Decode(bytes.NewReader(raw))
+		require.NoError(t, err, path)
+	}
 }
 
 // testEnv opens a benchmark environment for a test, the way a run does

@@ -25,8 +25,11 @@
 //     machine) against the plain server, when Citus is installed: an
 //     indication on one box.
 //
-// It prints a markdown report with the targets met or missed, and writes a
-// PNG plot of throughput and latency against client concurrency.
+// It prints a markdown report with the targets met or missed, and writes it
+// with a PNG plot of throughput and latency against client concurrency into
+// a directory (-report-dir, default idembench-report: report.md and
+// performance.png). docs/performance.md quotes a run's figures; it is not
+// generated.
 //
 //	go run ./cmd/idembench                # the full run, a few minutes
 //	go run ./cmd/idembench -quick         # a smoke test
@@ -49,6 +52,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -68,6 +72,8 @@ type options struct {
 	Sections    map[string]bool
 	Plot        string
 	Out         string
+	// ReportDir receives report.md and performance.png; empty: neither.
+	ReportDir   string
 	Quick       bool
 	StormSize   int
 	StormRounds int
@@ -103,7 +109,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&conc, "concurrency", "1,4,16,64", "client concurrencies, comma-separated")
 	fs.StringVar(&sections, "sections", strings.Join(allSections, ","), "sections to run: load (overhead, replay, commit ceiling), roundtrips, storm, scale, profile (server and client CPU per round trip), citus (the flow on a Citus cluster against the plain server, on this machine)")
 	fs.StringVar(&workloads, "workloads", strings.Join(allWorkloads, ","), "load workloads to run (for profiling one alone); the report and plot need them all")
-	fs.StringVar(&o.Plot, "plot", "docs/performance.png", "where to write the PNG plot (empty: none)")
+	fs.StringVar(&o.ReportDir, "report-dir", "idembench-report", "directory to write the run's "+reportFile+" and "+plotFile+" into, made if missing (empty: none)")
+	fs.StringVar(&o.Plot, "plot", "", "also write the PNG plot to this file")
 	fs.StringVar(&o.Out, "out", "", "also write the markdown report to this file")
 	fs.BoolVar(&o.Quick, "quick", false, "smoke test: short points, a small scale table")
 	fs.IntVar(&o.StormSize, "storm-size", 100, "identical requests per storm round")
@@ -328,16 +335,46 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	if _, err := io.WriteString(stdout, report); err != nil {
 		return err
 	}
-	if o.Out != "" {
-		if err := os.WriteFile(o.Out, []byte(report), 0o644); err != nil {
+	return writeFiles(o, res.Load, report, logf)
+}
+
+// The files of -report-dir.
+const (
+	reportFile = "report.md"
+	plotFile   = "performance.png"
+)
+
+// writeFiles writes the report and the plot where the flags say: into
+// -report-dir, and to -out and -plot.
+func writeFiles(o *options, load []*loadPoint, report string, logf func(string, ...any)) error {
+	reports, plots := []string{}, []string{}
+	if o.ReportDir != "" {
+		if err := os.MkdirAll(o.ReportDir, 0o755); err != nil {
 			return err
 		}
+		reports = append(reports, filepath.Join(o.ReportDir, reportFile))
+		plots = append(plots, filepath.Join(o.ReportDir, plotFile))
 	}
-	if o.Plot != "" && len(res.Load) > 0 && len(o.Workloads) == len(allWorkloads) {
-		if err := writePlot(o.Plot, res.Load); err != nil {
+	if o.Out != "" {
+		reports = append(reports, o.Out)
+	}
+	if o.Plot != "" {
+		plots = append(plots, o.Plot)
+	}
+	for _, path := range reports {
+		if err := os.WriteFile(path, []byte(report), 0o644); err != nil {
+			return err
+		}
+		logf("idembench: wrote %s", path)
+	}
+	if len(load) == 0 {
+		return nil // no load section: nothing to plot
+	}
+	for _, path := range plots {
+		if err := writePlot(path, load); err != nil {
 			return fmt.Errorf("plot: %w", err)
 		}
-		logf("idembench: wrote %s", o.Plot)
+		logf("idembench: wrote %s", path)
 	}
 	return nil
 }
