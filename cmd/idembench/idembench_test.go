@@ -97,6 +97,11 @@ func TestWritePlotWritesALabelledPNG(t *testing.T) {
 	}
 	require.True(t, seen[commitCeilingColor], "the commit ceiling is drawn")
 
+	// A point whose window measured no request has no latency to put on
+	// the log scale: it is left out, not a panic.
+	points[0].Stats["runner"] = &stats{}
+	require.NoError(t, writePlot(path, points))
+
 	require.Error(t, writePlot(path, nil))
 }
 

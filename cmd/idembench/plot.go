@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
@@ -155,13 +156,21 @@ func writePlot(path string, points []*loadPoint) error {
 		if name == "plain" {
 			continue // the baseline's code, shown by its throughput
 		}
-		p50 := series(func(p *loadPoint) float64 { return ms64(p.workload(name).P50) })
-		p99 := series(func(p *loadPoint) float64 { return ms64(p.workload(name).P99) })
-		for i := range p50 {
-			if p50[i].Y > 0 {
-				fastest = min(fastest, p50[i].Y)
-			}
-			slowest = max(slowest, p99[i].Y)
+		// A point that measured no request (a window shorter than one) has
+		// no latency, and a log scale no zero.
+		measured := func(xys plotter.XYs) plotter.XYs {
+			return slices.DeleteFunc(xys, func(xy plotter.XY) bool { return xy.Y <= 0 })
+		}
+		p50 := measured(series(func(p *loadPoint) float64 { return ms64(p.workload(name).P50) }))
+		p99 := measured(series(func(p *loadPoint) float64 { return ms64(p.workload(name).P99) }))
+		if len(p50) == 0 || len(p99) == 0 {
+			continue
+		}
+		for _, xy := range p50 {
+			fastest = min(fastest, xy.Y)
+		}
+		for _, xy := range p99 {
+			slowest = max(slowest, xy.Y)
 		}
 		if err := errors.Join(addLine(latency, w.label, p50, c, false), addLine(latency, "", p99, c, true)); err != nil {
 			return err
