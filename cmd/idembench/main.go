@@ -59,6 +59,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/pgstore"
 )
@@ -381,15 +383,11 @@ func writeFiles(o *options, load []*loadPoint, report string, logf func(string, 
 
 // measureLoad runs the side-by-side workloads at every concurrency.
 func measureLoad(ctx context.Context, e *env, o *options, logf func(string, ...any)) ([]*loadPoint, error) {
-	store, err := pgstore.New(e.pool, &pgstore.Config{Schema: e.schema})
+	runner, store, err := newRunner(e.pool, e.schema, idem.Config{})
 	if err != nil {
 		return nil, err
 	}
 	defer store.Close()
-	runner, err := idem.NewRunner(store, &idem.Config{Logger: quietLogger()})
-	if err != nil {
-		return nil, err
-	}
 	deps := &loadDeps{pool: e.pool, runner: runner, run: randomHex(4)}
 
 	// The replay workloads pick from finished keys made beforehand.
@@ -443,23 +441,16 @@ func measureLoad(ctx context.Context, e *env, o *options, logf func(string, ...a
 			variants = append(variants, variant{w.name, w.op(deps)})
 		}
 	}
-	// Warm every connection the measurements will use before any of them:
-	// pgx prepares each statement once per connection, and Postgres plans
-	// a prepared statement afresh for its first five runs on each (the
-	// acquisition statement takes milliseconds to plan). That cold start
-	// is real but happens once per connection, and would otherwise land on
-	// whichever point first uses more connections than the ones before.
+	// Warm every connection the measurements will use before any of them.
 	poolWarmup := min(2*time.Second, o.Duration)
 	logf("idembench: warming the pool: each workload at concurrency %d for %s", slices.Max(o.Concurrency), poolWarmup)
-	for _, v := range variants {
-		if _, err := closedLoop(ctx, slices.Max(o.Concurrency), 0, poolWarmup, v.op); err != nil {
-			return nil, fmt.Errorf("warm up %s: %w", v.name, err)
-		}
+	if err := warmPool(ctx, slices.Max(o.Concurrency), poolWarmup, variants); err != nil {
+		return nil, err
 	}
 	var points []*loadPoint
 	for _, c := range o.Concurrency {
 		logf("idembench: concurrency %d: %d workloads, %s each", c, len(variants), o.Duration)
-		got, err := interleaved(ctx, c, o.Rounds, o.Warmup, o.Duration, variants, walPosition(e), cpu)
+		got, err := interleaved(ctx, c, o.Rounds, o.Warmup, o.Duration, variants, loadMeter(e, cpu))
 		if err != nil {
 			return nil, err
 		}
@@ -474,12 +465,31 @@ func measureLoad(ctx context.Context, e *env, o *options, logf func(string, ...a
 	return points, nil
 }
 
-// walPosition reads the server's current WAL position in bytes.
-func walPosition(e *env) func(context.Context) (int64, error) {
-	return func(ctx context.Context) (int64, error) {
+// loadMeter measures the WAL the server wrote during each run (from its
+// WAL position around it) and the CPU time this process and the pool's
+// backends spent.
+func loadMeter(e *env, cpu *cpuMeter) runMeter {
+	walPosition := func(ctx context.Context) (int64, error) {
 		var pos int64
 		err := e.pool.QueryRow(ctx, "SELECT (pg_current_wal_lsn() - '0/0')::bigint").Scan(&pos)
 		return pos, err
+	}
+	return func(ctx context.Context, _ variant) (func(*stats) error, error) {
+		walBefore, err := walPosition(ctx)
+		if err != nil {
+			return nil, err
+		}
+		cpuBefore := cpu.sample()
+		return func(s *stats) error {
+			cpuAfter := cpu.sample()
+			s.clientCPU, s.serverCPU = cpuAfter.client-cpuBefore.client, -1
+			if cpuBefore.server >= 0 && cpuAfter.server >= 0 {
+				s.serverCPU = cpuAfter.server - cpuBefore.server
+			}
+			walAfter, err := walPosition(ctx)
+			s.walBytes = walAfter - walBefore
+			return err
+		}, nil
 	}
 }
 
@@ -517,6 +527,25 @@ func ratio(a, b float64) float64 {
 		return 0
 	}
 	return a / b
+}
+
+// newRunner opens a store on pool in schema and a runner on it with cfg,
+// logging quietly unless cfg has a logger of its own. The caller closes the
+// store.
+func newRunner(pool *pgxpool.Pool, schema string, cfg idem.Config) (*idem.Runner, *pgstore.Store, error) {
+	store, err := pgstore.New(pool, &pgstore.Config{Schema: schema})
+	if err != nil {
+		return nil, nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = quietLogger()
+	}
+	runner, err := idem.NewRunner(store, &cfg)
+	if err != nil {
+		store.Close()
+		return nil, nil, err
+	}
+	return runner, store, nil
 }
 
 // quietLogger keeps the runner's logs out of the report; warnings still go

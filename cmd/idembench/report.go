@@ -487,14 +487,16 @@ func ms(d time.Duration) string {
 	return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
 }
 
-// cpuCell is "client / server" CPU per operation in microseconds.
-func cpuCell(s *stats) string {
-	server := "-"
-	if s.ServerCPU >= 0 {
-		server = fmt.Sprintf("%.0f", float64(s.ServerCPU)/float64(time.Microsecond))
+// micros is d in whole microseconds, "-" when negative (not measured).
+func micros(d time.Duration) string {
+	if d < 0 {
+		return "-"
 	}
-	return fmt.Sprintf("%.0f / %s", float64(s.ClientCPU)/float64(time.Microsecond), server)
+	return fmt.Sprintf("%.0f", float64(d)/float64(time.Microsecond))
 }
+
+// cpuCell is "client / server" CPU per operation in microseconds.
+func cpuCell(s *stats) string { return micros(s.ClientCPU) + " / " + micros(s.ServerCPU) }
 
 func ratioD(a, b time.Duration) float64 {
 	if b == 0 {
@@ -507,12 +509,6 @@ func ratioD(a, b time.Duration) float64 {
 func renderProfile(pr *profileReport) string {
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
-	us := func(d time.Duration) string {
-		if d < 0 {
-			return "not measured"
-		}
-		return fmt.Sprintf("%.0f", float64(d)/float64(time.Microsecond))
-	}
 	p("## 7. Where the time goes\n\n")
 	p("One request at a time on one connection (a pool of one, warm statement cache), each path %d times after %d unmeasured requests, twice. ", pr.N, pr.Warmup)
 	p("The traced pass reads the connection's backend's `/proc/<pid>/schedstat` (nanoseconds on the CPU, kept by the scheduler) when pgx's QueryTracer or BatchTracer starts and ends each query or batch: the difference is what that round trip cost the server. ")
@@ -526,16 +522,16 @@ func renderProfile(pr *profileReport) string {
 	p("| path | round trip | per request | server CPU µs | wall µs |\n|---|---|---:|---:|---:|\n")
 	for _, pp := range pr.Paths {
 		for _, r := range pp.Rows {
-			p("| %s | %s | %.3g | %s | %s |\n", pp.Name, r.Label, r.PerRequest, us(r.Server), us(r.Wall))
+			p("| %s | %s | %.3g | %s | %s |\n", pp.Name, r.Label, r.PerRequest, micros(r.Server), micros(r.Wall))
 		}
 		if pp.Between >= 0 {
-			p("| %s | *between round trips* | | %s | |\n", pp.Name, us(pp.Between))
+			p("| %s | *between round trips* | | %s | |\n", pp.Name, micros(pp.Between))
 		}
 	}
 	p("\nPer request (untraced pass):\n\n")
 	p("| path | server CPU µs | client CPU µs | wall µs |\n|---|---:|---:|---:|\n")
 	for _, pp := range pr.Paths {
-		p("| %s | %s | %s | %s |\n", pp.Name, us(pp.Server), us(pp.Client), us(pp.Wall))
+		p("| %s | %s | %s | %s |\n", pp.Name, micros(pp.Server), micros(pp.Client), micros(pp.Wall))
 	}
 	p("\n")
 	return b.String()

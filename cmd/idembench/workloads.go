@@ -108,16 +108,22 @@ func requestInput(w, i int) rideInput {
 
 func replayKey(i int) string { return "replay-" + strconv.Itoa(i) }
 
+// execute sends a rides request for scope and key through runner; any
+// outcome but want is an error.
+func execute(ctx context.Context, runner *idem.Runner, flow *idem.Flow[rideInput], scope, key string, in rideInput, want idem.OutcomeKind) error {
+	out, err := runner.Execute(ctx, flow, idem.Request{Scope: scope, Key: key, Path: "/rides", Params: in})
+	if err == nil && out.Kind != want {
+		err = fmt.Errorf("outcome %s, want %s", out.Kind, want)
+	}
+	return err
+}
+
 // runnerOp runs flow through the runner with a new key (prefixed with
 // prefix) per request; any outcome but executed is an error.
 func (d *loadDeps) runnerOp(prefix string, flow *idem.Flow[rideInput]) op {
 	return func(ctx context.Context, w, i int) error {
 		scope, key := d.newKey(prefix, w)
-		out, err := d.runner.Execute(ctx, flow, idem.Request{Scope: scope, Key: key, Path: "/rides", Params: requestInput(w, i)})
-		if err == nil && out.Kind != idem.OutcomeExecuted {
-			err = fmt.Errorf("outcome %s, want executed", out.Kind)
-		}
-		return err
+		return execute(ctx, d.runner, flow, scope, key, requestInput(w, i), idem.OutcomeExecuted)
 	}
 }
 
