@@ -181,12 +181,15 @@ func writePlot(path string, points []*loadPoint) error {
 	if points[0].workload("commit") != nil {
 		runner := workloadNamed("runner")
 		ceiling := series(func(p *loadPoint) float64 { return p.workload("commit").Throughput() / float64(runner.commits) })
+		for _, xy := range ceiling {
+			top = max(top, xy.Y)
+		}
 		if err := addLine(through, fmt.Sprintf("INSERT+commit / %d", runner.commits), ceiling, commitCeilingColor, true); err != nil {
 			return err
 		}
 	}
 	// Room above the lines for the legends.
-	through.Y.Min, through.Y.Max = 0, 1.4*top
+	through.Y.Min, through.Y.Max = 0, 1.5*top
 	if fastest <= slowest {
 		latency.Y.Min, latency.Y.Max = math.Pow10(int(math.Floor(math.Log10(fastest)))), 4*slowest
 	}
