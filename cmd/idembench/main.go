@@ -170,21 +170,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	slices.Sort(o.Concurrency)
 	o.Concurrency = slices.Compact(o.Concurrency)
-	o.Sections = map[string]bool{}
-	for _, s := range strings.Split(sections, ",") {
-		s = strings.TrimSpace(s)
-		if !slices.Contains(allSections, s) {
-			return nil, fmt.Errorf("-sections: unknown section %q (have %s)", s, strings.Join(allSections, ", "))
-		}
-		o.Sections[s] = true
+	var err error
+	if o.Sections, err = nameSet("-sections", "section", sections, allSections); err != nil {
+		return nil, err
 	}
-	o.Workloads = map[string]bool{}
-	for _, w := range strings.Split(workloads, ",") {
-		w = strings.TrimSpace(w)
-		if !slices.Contains(allWorkloads, w) {
-			return nil, fmt.Errorf("-workloads: unknown workload %q (have %s)", w, strings.Join(allWorkloads, ", "))
-		}
-		o.Workloads[w] = true
+	if o.Workloads, err = nameSet("-workloads", "workload", workloads, allWorkloads); err != nil {
+		return nil, err
 	}
 	switch {
 	case o.Duration <= 0 || o.Warmup < 0:
@@ -211,6 +202,19 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		o.MaxConns = max(slices.Max(o.Concurrency), o.StormSize, o.Scale.Concurrency) + 4
 	}
 	return o, nil
+}
+
+// nameSet parses flag's comma-separated list of names, each one of known.
+func nameSet(flag, what, list string, known []string) (map[string]bool, error) {
+	set := map[string]bool{}
+	for _, name := range strings.Split(list, ",") {
+		name = strings.TrimSpace(name)
+		if !slices.Contains(known, name) {
+			return nil, fmt.Errorf("%s: unknown %s %q (have %s)", flag, what, name, strings.Join(known, ", "))
+		}
+		set[name] = true
+	}
+	return set, nil
 }
 
 func main() {
