@@ -180,6 +180,8 @@ type env struct {
 	verbose bool
 	// citus is migrate up's --citus: distribute idem's tables by scope.
 	citus bool
+	// lockTimeout is migrate's --lock-timeout.
+	lockTimeout time.Duration
 
 	// cmd is the command being run.
 	cmd *command
@@ -350,7 +352,7 @@ func (e *env) migrator() (*migrations.Migrator, error) {
 	if e.pool != nil {
 		db = e.pool
 	}
-	m, err := migrations.New(db, &migrations.Config{Schema: e.schema, Citus: e.citus})
+	m, err := migrations.New(db, &migrations.Config{Schema: e.schema, Citus: e.citus, LockTimeout: e.lockTimeout})
 	if err != nil {
 		return nil, &exitError{code: ExitUsage, err: fmt.Errorf("--schema: %w", err)}
 	}

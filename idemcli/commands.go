@@ -49,8 +49,9 @@ var commands = []*command{
 			"PROG migrate up --citus   # on a Citus coordinator"},
 		setup: func(fs *flag.FlagSet) runFunc {
 			citus := fs.Bool("citus", false, "distribute idem's tables by scope on a Citus coordinator (the citus extension must be installed)")
+			lockTimeout := lockTimeoutFlag(fs)
 			return func(ctx context.Context, e *env, _ []string) error {
-				e.citus = *citus
+				e.citus, e.lockTimeout = *citus, *lockTimeout
 				m, err := e.connectedMigrator(ctx)
 				if err != nil {
 					return err
@@ -73,7 +74,9 @@ var commands = []*command{
 		setup: func(fs *flag.FlagSet) runFunc {
 			to := fs.Int("to", -1, "revert down to `version` (default: one below the current)")
 			yes := fs.Bool("yes", false, "confirm going below version 1, which drops idem_keys and every key in it")
+			lockTimeout := lockTimeoutFlag(fs)
 			return func(ctx context.Context, e *env, _ []string) error {
+				e.lockTimeout = *lockTimeout
 				m, err := e.connectedMigrator(ctx)
 				if err != nil {
 					return err
@@ -728,4 +731,10 @@ func (e *env) writeMigrationFiles(m *migrations.Migrator, format migrations.Form
 		}
 	}
 	return nil
+}
+
+// lockTimeoutFlag is migrate's --lock-timeout (migrations.Config.LockTimeout).
+func lockTimeoutFlag(fs *flag.FlagSet) *time.Duration {
+	return fs.Duration("lock-timeout", migrations.LockTimeoutDefault,
+		"give up, applying nothing, after waiting this long for a lock another transaction holds on idem's tables (negative: no limit)")
 }

@@ -25,6 +25,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -164,7 +165,26 @@ type Config struct {
 	// Default false: plain PostgreSQL, tables as the migrations create
 	// them.
 	Citus bool
+
+	// LockTimeout bounds how long Up and Down wait for a lock on one of
+	// idem's tables (lock_timeout, in their transaction). A migration that
+	// alters a table asks for its ACCESS EXCLUSIVE lock, and while it waits
+	// behind a long transaction every statement on that table queues behind
+	// it: the application stalls. Past the timeout the migration gives up
+	// with ErrLockTimeout, nothing applied, to be run again when the
+	// transaction has ended. Default LockTimeoutDefault (10s); negative: no
+	// limit (the server's own lock_timeout). UpTx and DownTx run in the
+	// caller's transaction and leave its settings alone.
+	LockTimeout time.Duration
 }
+
+// LockTimeoutDefault is Config.LockTimeout's default.
+const LockTimeoutDefault = 10 * time.Second
+
+// ErrLockTimeout is returned by Up and Down when a migration waited
+// Config.LockTimeout for a lock another transaction holds on one of idem's
+// tables.
+var ErrLockTimeout = errors.New("migrations: gave up waiting for a table lock")
 
 // Migrator applies and reverts the embedded migrations in one schema.
 type Migrator struct {
@@ -172,6 +192,8 @@ type Migrator struct {
 	schema string
 	prefix string // quoted schema and a dot, or empty
 	citus  bool
+	// lockTimeout is Config.LockTimeout with its default; <= 0: none.
+	lockTimeout time.Duration
 }
 
 var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]{0,62}$`)
@@ -198,7 +220,11 @@ func New(db DB, cfg *Config) (*Migrator, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Migrator{db: db, schema: cfg.Schema, prefix: prefix, citus: cfg.Citus}, nil
+	lockTimeout := cfg.LockTimeout
+	if lockTimeout == 0 {
+		lockTimeout = LockTimeoutDefault
+	}
+	return &Migrator{db: db, schema: cfg.Schema, prefix: prefix, citus: cfg.Citus, lockTimeout: lockTimeout}, nil
 }
 
 func (m *Migrator) render(sql string) string {
@@ -312,7 +338,16 @@ func (m *Migrator) inTx(ctx context.Context, fn func(pgx.Tx) (*Result, error)) (
 	if _, err := tx.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"); err != nil {
 		return nil, fmt.Errorf("migrations: begin: %w", err)
 	}
+	if m.lockTimeout > 0 {
+		if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", fmt.Sprintf("%dms", m.lockTimeout.Milliseconds())); err != nil {
+			return nil, fmt.Errorf("migrations: begin: %w", err)
+		}
+	}
 	res, err := fn(tx)
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+		return nil, fmt.Errorf("%w after %s: another transaction holds a lock on one of idem's tables (a long query or an open transaction); nothing was applied: run the migration again once it has ended: %w",
+			ErrLockTimeout, m.lockTimeout, err)
+	}
 	if err != nil {
 		return nil, err
 	}

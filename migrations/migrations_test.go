@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -478,4 +479,36 @@ func TestVersion7RunsAtReadCommitted(t *testing.T) {
 	res, err := m.Up(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 7, res.To)
+}
+
+// A migration that cannot get a table's lock (a long transaction reads
+// idem_keys) gives up after Config.LockTimeout with ErrLockTimeout, rather
+// than queueing every statement of the application behind its ACCESS
+// EXCLUSIVE request for as long as that transaction runs; nothing of it is
+// applied.
+func TestMigrationGivesUpWaitingForALock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	_, err := b.migrator.Up(ctx)
+	require.NoError(t, err)
+	m, err := migrations.New(b.schema.Pool, &migrations.Config{Schema: b.schema.Name, LockTimeout: 200 * time.Millisecond})
+	require.NoError(t, err)
+
+	reader, err := b.schema.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = reader.Rollback(ctx) }()
+	_, err = reader.Exec(ctx, `SELECT count(*) FROM idem_keys`)
+	require.NoError(t, err)
+
+	_, err = m.Down(ctx, 6)
+	require.ErrorIs(t, err, migrations.ErrLockTimeout)
+	require.Contains(t, err.Error(), "another transaction")
+	version, err := m.Version(ctx)
+	require.NoError(t, err)
+	require.Equal(t, migrations.Latest(), version, "nothing reverted")
+
+	require.NoError(t, reader.Rollback(ctx))
+	_, err = m.Down(ctx, 6)
+	require.NoError(t, err, "with the reader gone the migration runs")
 }
