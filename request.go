@@ -127,8 +127,8 @@ func (q *Request) normalise() error {
 // key.
 func (q *Request) acquired(rec *KeyRecord) {
 	if q.Acquired != nil {
-		held := *rec // the runner goes on changing its own as phases commit
-		q.Acquired(&held)
+		// A copy: the runner goes on changing its own as phases commit.
+		q.Acquired(rec.Clone())
 	}
 }
 
