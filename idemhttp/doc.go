@@ -95,6 +95,18 @@
 // that the same key is a new request, whether or not the reaper has deleted
 // the expired key yet.
 //
+// # Long requests
+//
+// With Config.RespondAsync, a request sent with "Prefer: respond-async"
+// (RFC 7240) is answered 202 Accepted once its key is held, with the
+// Location of the handler's status monitor ([Handler.Monitor], mounted by
+// the application at Config.MonitorURL behind its own authentication),
+// and its flow goes on without the client. The monitor answers 202 while
+// the request runs, then its stored response; a key of another scope is
+// 404. Runs without a client (answered 202, or whose client went away) are
+// bounded per process by a [DetachedRuns]. docs/http.md, "Long requests",
+// has the states and the client's recipe.
+//
 // # Webhooks
 //
 // [NewWebhook] serves a flow the other way round, as the receiver of a
