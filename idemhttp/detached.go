@@ -24,7 +24,8 @@ var DefaultDetachedRuns = NewDetachedRuns(DetachedLimitDefault)
 // leave it, for the client's retry or for the completer
 // (idem.Maintainer) to finish.
 //
-// Running is the gauge to export (idemotel.Observer.ObserveDetached does).
+// Running is the gauge to export (idemotel's Observer.ObserveDetached
+// registers it).
 // A DetachedRuns is safe for concurrent use; share one between every
 // Handler of a process, through Config.Detached, or let them share
 // DefaultDetachedRuns.
