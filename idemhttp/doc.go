@@ -63,6 +63,8 @@
 //	                   after waiting Config.DefaultWait (5 s) for the attempt to end, or, with Prefer: wait=N, that
 //	                   long, at most Config.MaxWait or DefaultWait (Preference-Applied: wait=N); an attempt that does end answers as
 //	                   a retry then would; in the Stripe profile 429 lock_timeout after a wait, which the Stripe SDKs retry
+//	                   (202 Accepted + Retry-After instead with Config.InProgress InProgressAccepted, or to a request that
+//	                   preferred respond-async: see Long requests below)
 //	lock lost          409 + Retry-After: 1; another worker took the request over and owns it now
 //	mismatch           422 (Stripe: 400 idempotency_error): the key was used for another request
 //	too many keys      429 + Retry-After: the runner's Config.Admit refused a new key; nothing stored
