@@ -3,6 +3,7 @@ package idemhttp_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -276,6 +277,25 @@ func TestMonitorStates(t *testing.T) {
 	requireProblem(get("/sms/requests?key=nope", testAuth), http.StatusNotFound, idemhttp.ProblemRequestNotFound)
 	b.clock.Advance(25 * time.Hour) // past the default retention
 	requireProblem(poll(rides, monitorURL+"?key=r-1", testAuth), http.StatusNotFound, idemhttp.ProblemRequestNotFound)
+
+	// A request whose attempt failed waits, unlocked, for its retry or the
+	// completer: running, for its client.
+	failed := false
+	b.setHook("charge_created", func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
+		if failed {
+			return nil
+		}
+		failed = true
+		return errors.New("provider timed out")
+	})
+	require.Equal(t, http.StatusInternalServerError, post(rides, "r-2", rideBody).Code)
+	require.Nil(t, b.keyRow(t, "r-2").LockedAt)
+	stale := poll(rides, monitorURL+"?key=r-2", testAuth)
+	require.Equal(t, http.StatusAccepted, stale.Code, stale.Body.String())
+	require.Equal(t, "1", stale.Header().Get("Retry-After"))
+	require.Equal(t, "running", decodeStatus(t, stale).Status)
+	head := requestTo(http.MethodHead, monitorURL+"?key=r-2", "", "")
+	require.Equal(t, http.StatusAccepted, serve(rides.Monitor(), head).Code, "HEAD as GET")
 
 	requireProblem(get("/sms/requests", testAuth), http.StatusBadRequest, idemhttp.ProblemKeyMissing)
 	requireProblem(get("/sms/requests?key=a&key=b", testAuth), http.StatusBadRequest, idemhttp.ProblemKeyMalformed)
