@@ -10,5 +10,5 @@ demo: ## the rides demo against a throwaway Postgres
 fuzz: ## run every fuzzer for FUZZTIME (default 60s)
 	bash scripts/fuzz
 
-bench: ## the benchmark suite: prints a markdown report, writes docs/performance.png (~6 min)
+bench: ## the benchmark suite: prints a markdown report, writes it and a plot into idembench-report/ (~6 min)
 	go run ./cmd/idembench

@@ -143,6 +143,11 @@ type Config struct {
 	// the stored key to go on. Execute works with unregistered flows too.
 	Flows []AnyFlow
 
+	// Maintenance configures the services Runner.Start runs in the
+	// background: the reaper, the completer and reconcile runs (see
+	// [Maintainer]). Default nil: every service with its defaults.
+	Maintenance *MaintainerConfig
+
 	// Logger receives the runner's structured logs. Default slog.Default().
 	Logger *slog.Logger
 

@@ -95,7 +95,7 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request, stored 
 
 	// Nothing was locked: report what is there. The mismatch check comes
 	// first, so a different request learns nothing about this key's state.
-	if rec.Flow != flow.Name() || rec.Method != req.Method || rec.Path != req.Path || (!rec.SameRequest(p.fingerprints) && !rec.FromV01()) {
+	if !sameRequest(rec, flow, req, p) {
 		ev.Kind = EventMismatch
 		r.emit(ctx, ev)
 		return &Outcome{}, fmt.Errorf("%w: key %q was first used by flow %q at %s %s, with its own params", ErrMismatch, req.Key, rec.Flow, rec.Method, rec.Path)
@@ -174,4 +174,12 @@ func retryAfter(rec *KeyRecord, now time.Time, limit time.Duration) time.Duratio
 	left := min(rec.LeaseExpiresAt.Sub(now), limit)
 	secs := (left + time.Second - 1) / time.Second
 	return max(secs, 1) * time.Second
+}
+
+// sameRequest reports whether req (prepared as p) is the request rec was
+// first used for: the same flow, method, path and payload fingerprint (a
+// key v0.1.0 finished is replayed to any payload, having no fingerprint of
+// today's scheme).
+func sameRequest(rec *KeyRecord, flow AnyFlow, req Request, p *prepared) bool {
+	return rec.Flow == flow.Name() && rec.Method == req.Method && rec.Path == req.Path && (rec.SameRequest(p.fingerprints) || rec.FromV01())
 }

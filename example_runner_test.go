@@ -111,16 +111,12 @@ func Example() {
 		log.Fatal(err)
 	}
 	// The reaper, the completer (it finishes requests whose clients gave up)
-	// and reconcile runs. Stop it, and wait for it, before the store closes:
-	// deferred after store.Close, this runs first.
-	maintainer, err := idem.NewMaintainer(runner, nil)
-	if err != nil {
+	// and reconcile runs, in the background (Config.Maintenance tunes them).
+	// Stop waits for them; deferred after store.Close, it runs first.
+	if err := runner.Start(ctx); err != nil {
 		log.Fatal(err)
 	}
-	maintainerCtx, stopMaintainer := context.WithCancel(ctx)
-	maintainerDone := make(chan error, 1)
-	go func() { maintainerDone <- maintainer.Serve(maintainerCtx) }()
-	defer func() { stopMaintainer(); <-maintainerDone }()
+	defer runner.Stop(context.Background())
 	handler, err := idemhttp.New(runner, createOrder, &idemhttp.Config[OrderParams]{Scope: userFromAuth})
 	if err != nil {
 		log.Fatal(err)

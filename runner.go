@@ -32,6 +32,10 @@ type Runner struct {
 	// waiting counts the requests waiting for a key in flight now
 	// (Config.MaxWaiters).
 	waiting atomic.Int64
+	// shares are what the waiters of one attempt share when it ends.
+	shares waitShares
+	// services are what Start started (start.go).
+	services services
 }
 
 // NewRunner returns a runner on store. A nil config means all defaults.

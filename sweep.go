@@ -54,12 +54,8 @@ func (r *Runner) sweep(ctx context.Context, status Status, flows []string, idleF
 			Status: status, Flows: flows, IdleFor: idleFor, MaxAttempts: maxAttempts, Limit: limit, Now: r.now(),
 		})
 		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return context.Cause(ctx)
-			}
-			r.emit(ctx, Event{Kind: EventStoreError, Err: err})
-			return err // the store's error names the claim
+		if err != nil && ctx.Err() != nil {
+			return context.Cause(ctx)
 		}
 		fresh := 0
 		for _, rec := range recs {
@@ -74,6 +70,11 @@ func (r *Runner) sweep(ctx context.Context, status Status, flows []string, idleF
 				return context.Cause(ctx)
 			}
 			handle(rec)
+		}
+		if err != nil {
+			// The keys claimed before the error were run above.
+			r.emit(ctx, Event{Kind: EventStoreError, Err: err})
+			return err // the store's error names the claim
 		}
 		if len(recs) < limit || fresh == 0 {
 			return nil

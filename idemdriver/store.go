@@ -256,7 +256,10 @@ type OperationsStore interface {
 	// records carry no payload (Params, Checkpoint, response headers and
 	// body): the caller reads the keys it runs. A store that knows its
 	// process's predecessors (pgstore.Config.Instance) also claims, at once,
-	// the keys a dead predecessor held, idle or not.
+	// the keys a dead predecessor held, idle or not. A store that claims in
+	// several statements returns, with its error, the keys it claimed
+	// before it: they are marked as just run and would otherwise wait
+	// IdleFor again.
 	ClaimIdle(ctx context.Context, p ClaimIdleParams) ([]*KeyRecord, error)
 
 	// Reap deletes one batch of at most p.Limit finished keys whose

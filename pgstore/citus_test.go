@@ -275,3 +275,40 @@ func TestCitusOneFailingWaitCheckDoesNotHoldUpTheOthers(t *testing.T) {
 	_, err = store.checkAllWaitedCitus(ctx, []idemdriver.LockRef{bad})
 	require.Error(t, err, "with no key answered, the error")
 }
+
+// On Citus the completer's claim takes its candidates key by key: a
+// candidate whose row another transaction holds locked (a phase commit, a
+// heartbeat, another claimer) is passed over, as SKIP LOCKED passes over it
+// on plain PostgreSQL, instead of blocking the whole batch behind it until
+// the store's timeout ends the claim and loses the keys already claimed.
+func TestCitusClaimPassesOverALockedCandidate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store, schema := citusStore(t)
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	var ids []int64
+	for i := range 3 {
+		rec := citusAcquire(t, store, fmt.Sprintf("user:%d", i), "k", now.Add(time.Duration(i)*time.Second)).Record
+		require.NoError(t, store.Release(ctx, idemdriver.LockRef{ID: rec.ID, Fence: rec.Fence, Scope: rec.Scope}, "gave up"))
+		ids = append(ids, rec.ID)
+	}
+
+	// The oldest candidate's row is locked by a transaction that stays open.
+	holder, err := schema.Pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = holder.Rollback(ctx) })
+	_, err = holder.Exec(ctx, `SELECT 1 FROM idem_keys WHERE scope = 'user:0' AND id = $1 FOR UPDATE`, ids[0])
+	require.NoError(t, err)
+
+	later := now.Add(time.Hour)
+	claimCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	recs, err := store.ClaimIdle(claimCtx, idemdriver.ClaimIdleParams{
+		Status: idemdriver.StatusRunning, Flows: []string{"f"}, IdleFor: time.Minute, Limit: 3, Now: &later})
+	require.NoError(t, err)
+	var claimed []int64
+	for _, rec := range recs {
+		claimed = append(claimed, rec.ID)
+	}
+	require.Equal(t, ids[1:], claimed, "the two unlocked candidates are claimed, the locked one passed over")
+}

@@ -561,9 +561,11 @@ SELECT (SELECT count(*) FROM deleted), (SELECT count(*) FROM parked)`)
 	// claimIdleCandidates is claimIdle's read, over every shard and without
 	// a lock; claimIdleOne claims one candidate (scope $1, id $2) if it is
 	// still as read: the same fence ($3) and the same last run ($4), which
-	// every phase commit, takeover and claim moves. The update re-checks
-	// them on the row's newest version under its lock, so of two claimers
-	// one gets the key, the other no row.
+	// every phase commit, takeover and claim moves. The locking read
+	// re-checks them on the row's newest version, so of two claimers one
+	// gets the key, the other no row; SKIP LOCKED passes over a row another
+	// transaction holds, as claimIdle does, so one busy key never holds up
+	// the batch behind it.
 	q.claimIdleCandidates = render(`
 WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
@@ -579,11 +581,16 @@ WHERE k.status <> 'finished' AND k.status = $2::text AND k.flow = ANY($3::text[]
 ORDER BY k.last_run_at
 LIMIT $6`)
 	q.claimIdleOne = render(`
-WITH claimed AS (
-    UPDATE {t} k
-    SET last_run_at = $5::timestamptz
+WITH candidate AS (
+    SELECT k.id FROM {t} k
     WHERE k.scope = $1::text AND k.id = $2 AND k.fence = $3 AND k.last_run_at = $4::timestamptz
       AND k.status <> 'finished'
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE {t} k
+    SET last_run_at = $5::timestamptz
+    FROM candidate
+    WHERE k.scope = $1::text AND k.id = candidate.id
     RETURNING k.*
 )
 SELECT {meta:claimed,l} FROM claimed LEFT JOIN {l} l ON l.scope = $1::text AND l.key_id = claimed.id`)

@@ -181,8 +181,6 @@ type watch struct {
 	ready    bool
 	next     time.Time
 	interval time.Duration
-	// stop ends its mark.
-	stop context.CancelFunc
 }
 
 func newWaits(st *Store, db DB, config *Config) *waits {
@@ -251,7 +249,6 @@ func (s *Store) WatchKey(ctx context.Context, want idemdriver.Watch) (<-chan str
 		wt.waiters--
 		if wt.waiters == 0 && w.watches[ref.ID] == wt {
 			delete(w.watches, ref.ID)
-			wt.stop()
 		}
 	}
 }
@@ -274,11 +271,15 @@ func (s *Store) Polling() bool { return s.waits.conn == nil || s.waits.unheard.L
 
 // markLocked starts wt's mark: it marks the key when the listener may hear
 // the notification, checks it either way, and hands the watch to the
-// checker; w.mu is held.
+// checker; w.mu is held. Only Close cancels a mark: a watch woken, or left
+// by its waiters, meanwhile lets it finish (a round trip, bounded by
+// beginTimeout), since cancelling a statement sends a cancel request, a
+// connection of its own to the server (through a pooler, one of its server
+// connections), which PgBouncer 1.18 exits on when the cancel's client
+// hangs up before it was forwarded, as pgx's does once the statement it
+// cancels returns.
 func (w *waits) markLocked(wt *watch) {
 	mark := w.conn != nil && !w.unheard.Load() && !w.down.Load()
-	var ctx context.Context
-	ctx, wt.stop = context.WithCancel(w.ctx)
 	wt.marking = true
 	w.wg.Add(1)
 	go func() {
@@ -287,9 +288,9 @@ func (w *waits) markLocked(wt *watch) {
 		var left time.Duration
 		var err error
 		if mark {
-			over, left, err = w.st.markWaited(ctx, wt.ref)
+			over, left, err = w.st.markWaited(w.ctx, wt.ref)
 		} else {
-			over, left, err = w.st.checkWaited(ctx, wt.ref)
+			over, left, err = w.st.checkWaited(w.ctx, wt.ref)
 		}
 		if errors.Is(err, pgx.ErrNoRows) {
 			over, err = true, nil
@@ -297,6 +298,9 @@ func (w *waits) markLocked(wt *watch) {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		wt.marking = false
+		if w.watches[wt.ref.ID] != wt {
+			return // woken, left by its waiters, or replaced meanwhile
+		}
 		if err == nil && over && !wt.lapsed {
 			w.wakeLocked(wt)
 			return
@@ -338,9 +342,6 @@ func (w *waits) wakeLocked(wt *watch) {
 	case <-wt.woken:
 	default:
 		close(wt.woken)
-	}
-	if wt.stop != nil {
-		wt.stop()
 	}
 }
 

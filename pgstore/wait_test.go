@@ -2,10 +2,13 @@ package pgstore
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -318,4 +321,81 @@ func TestLapsedWatchWakesAtTheNextCheck(t *testing.T) {
 			require.Zero(t, checks(from), "a watch of a lease run out is woken by its mark, at once")
 		}
 	}
+}
+
+// A watch woken, or left by its waiters, while its mark runs lets the mark
+// finish: cancelling it would send a cancel request, a connection of its
+// own to the server (through a pooler, a server connection) to stop a
+// statement that takes a round trip, and PgBouncer 1.18 exits (FATAL
+// "bad client state") when a cancel's client hangs up before the cancel
+// was forwarded, which pgx does once the statement it cancels returns.
+func TestLeavingAWatchSendsNoCancelRequest(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.NewMigratedSchema(t)
+	cfg, err := pgxpool.ParseConfig(schema.URL)
+	require.NoError(t, err)
+	cancels := countCancelRequests(cfg.ConnConfig)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	st, err := New(pool, &Config{Schema: schema.Name})
+	require.NoError(t, err)
+	t.Cleanup(st.Close)
+	ref := holdKey(t, st, "k")
+
+	// A release, not committed yet, holds the progress row the mark updates.
+	tx, err := schema.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	var matched int
+	require.NoError(t, tx.QueryRow(ctx, st.q.release, ref.ID, ref.Fence, "failed", ref.Scope).Scan(&matched))
+	require.Equal(t, 1, matched)
+
+	_, stop := st.WatchKey(t.Context(), idemdriver.Watch{Ref: ref})
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := schema.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%waited_at = now()%' AND strpos(query, $1) > 0)`, st.q.leases).Scan(&waiting)
+		return err == nil && waiting
+	}, time.Minute, 5*time.Millisecond, "the mark waits for the release's lock")
+	stop() // its only waiter leaves
+	require.NoError(t, tx.Commit(ctx))
+	require.Eventually(t, func() bool {
+		var running bool
+		err := schema.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE state = 'active' AND query LIKE '%waited_at = now()%' AND strpos(query, $1) > 0)`, st.q.leases).Scan(&running)
+		return err == nil && !running
+	}, time.Minute, 5*time.Millisecond, "the mark finished")
+	require.Zero(t, cancels.Load(), "no cancel request for the mark of a watch nobody waits on")
+}
+
+// countCancelRequests makes cfg's connections count the cancel requests
+// they send: a connection whose first write is a CancelRequest packet.
+func countCancelRequests(cfg *pgx.ConnConfig) *atomic.Int64 {
+	var n atomic.Int64
+	dial := cfg.DialFunc
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &cancelSpotter{Conn: conn, count: &n}, nil
+	}
+	return &n
+}
+
+type cancelSpotter struct {
+	net.Conn
+	count *atomic.Int64
+	wrote bool
+}
+
+func (c *cancelSpotter) Write(p []byte) (int, error) {
+	// CancelRequest: length 16, then the code 80877102.
+	if !c.wrote && len(p) >= 8 && binary.BigEndian.Uint32(p) == 16 && binary.BigEndian.Uint32(p[4:]) == 80877102 {
+		c.count.Add(1)
+	}
+	c.wrote = true
+	return c.Conn.Write(p)
 }

@@ -18,7 +18,6 @@ import (
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/internal/pgtest"
 	"github.com/go-idem/idem/migrations"
-	"github.com/go-idem/idem/pgstore"
 )
 
 // The Citus point: the three-phase rides flow through the runner with keys
@@ -159,62 +158,38 @@ func measureCitus(ctx context.Context, e *env, o *options, logf func(string, ...
 			n := seq.Add(1)
 			scope := "user:" + strconv.FormatInt(n%citusScopes, 10)
 			key := "c-" + run + "-" + strconv.FormatInt(n, 10)
-			out, err := s.runner.Execute(ctx, flow, idem.Request{Scope: scope, Key: key, Path: "/rides", Params: requestInput(w, i)})
-			if err == nil && out.Kind != idem.OutcomeExecuted {
-				err = fmt.Errorf("outcome %s, want executed", out.Kind)
-			}
-			return err
+			return execute(ctx, s.runner, flow, scope, key, requestInput(w, i), idem.OutcomeExecuted)
 		}
 	}
 	sides := []*citusSide{plain, distributed}
-	ops := map[string]op{plain.name: sideOp(plain), distributed.name: sideOp(distributed)}
-
-	// Warm every connection of both pools first, as the load section does:
-	// the first runs of each prepared statement on each connection are
-	// planned afresh.
-	warm := min(2*time.Second, o.Duration)
-	for _, s := range sides {
-		if _, err := closedLoop(ctx, slices.Max(o.Concurrency), 0, warm, ops[s.name]); err != nil {
-			return nil, fmt.Errorf("citus: warm up %s: %w", s.name, err)
-		}
+	variants := []variant{{plain.name, sideOp(plain)}, {distributed.name, sideOp(distributed)}}
+	// Warm every connection of both pools first, as the load section does.
+	if err := warmPool(ctx, slices.Max(o.Concurrency), min(2*time.Second, o.Duration), variants); err != nil {
+		return nil, fmt.Errorf("citus: %w", err)
 	}
-	per := o.Duration / time.Duration(o.Rounds)
 	for _, c := range o.Concurrency {
 		logf("idembench: citus: concurrency %d, plain and Citus, %s each", c, o.Duration)
-		point := &loadPoint{Concurrency: c, Stats: map[string]*stats{}}
-		cpuSpent := map[string]time.Duration{}
-		opsDone := map[string]int64{}
-		for r := range o.Rounds {
-			order := sides
-			if r%2 == 1 {
-				order = []*citusSide{distributed, plain}
-			}
-			for _, s := range order {
-				var n atomic.Int64
-				counted := func(ctx context.Context, w, i int) error {
-					n.Add(1)
-					return ops[s.name](ctx, w, i)
-				}
-				before := nodeCPU(s.nodes)
-				st, err := closedLoop(ctx, c, o.Warmup, per, counted)
-				if err != nil {
-					return nil, fmt.Errorf("citus: %s at concurrency %d: %w", s.name, c, err)
-				}
-				after := nodeCPU(s.nodes)
-				for name, d := range after {
+		// The servers' CPU, by node group, and the requests, by side, over
+		// the point's rounds; negative CPU when unknown.
+		cpuSpent, opsDone := map[string]time.Duration{}, map[string]int64{}
+		meter := func(_ context.Context, v variant) (func(*stats) error, error) {
+			side := sides[slices.IndexFunc(sides, func(s *citusSide) bool { return s.name == v.name })]
+			before := nodeCPU(side.nodes)
+			return func(s *stats) error {
+				for name, d := range nodeCPU(side.nodes) {
 					if b, ok := before[name]; ok && b >= 0 && d >= 0 && cpuSpent[name] >= 0 {
 						cpuSpent[name] += d - b
 					} else {
 						cpuSpent[name] = -1
 					}
 				}
-				opsDone[s.name] += n.Load()
-				if point.Stats[s.name] == nil {
-					point.Stats[s.name] = st
-				} else {
-					point.Stats[s.name].merge(st)
-				}
-			}
+				opsDone[v.name] += s.allOps
+				return nil
+			}, nil
+		}
+		got, err := interleaved(ctx, c, o.Rounds, o.Warmup, o.Duration, variants, meter)
+		if err != nil {
+			return nil, fmt.Errorf("citus: %w", err)
 		}
 		perRequest := map[string]time.Duration{}
 		for _, s := range sides {
@@ -225,6 +200,7 @@ func measureCitus(ctx context.Context, e *env, o *options, logf func(string, ...
 				}
 			}
 		}
+		point := &loadPoint{Concurrency: c, Stats: got}
 		logf("idembench:   plain %.0f/s, Citus %.0f/s", point.Stats["plain"].Throughput(), point.Stats["citus"].Throughput())
 		rep.Points = append(rep.Points, point)
 		rep.CPU = append(rep.CPU, perRequest)
@@ -241,11 +217,9 @@ func plainSide(ctx context.Context, e *env) (*citusSide, error) {
 	if _, err := e.pool.Exec(ctx, scopedTables); err != nil {
 		return nil, fmt.Errorf("citus: the plain side's tables: %w", err)
 	}
-	store, err := pgstore.New(e.pool, &pgstore.Config{Schema: e.schema})
-	if err != nil {
-		return nil, err
-	}
-	runner, err := idem.NewRunner(store, &idem.Config{Logger: quietLogger()})
+	// The store stays open for the run: its pool is the run's, closed at the
+	// end.
+	runner, _, err := newRunner(e.pool, e.schema, idem.Config{})
 	if err != nil {
 		return nil, err
 	}
@@ -300,16 +274,12 @@ func distributedSide(ctx context.Context, cluster *pgtest.Citus, schema string, 
 			return fail(fmt.Errorf("citus: distribute %s: %w", table, err))
 		}
 	}
-	store, err := pgstore.New(pool, &pgstore.Config{Schema: schema})
+	runner, store, err := newRunner(pool, schema, idem.Config{})
 	if err != nil {
 		return fail(err)
 	}
 	if !store.Distributed() {
 		return fail(errors.New("citus: the store does not see idem_keys distributed"))
-	}
-	runner, err := idem.NewRunner(store, &idem.Config{Logger: quietLogger()})
-	if err != nil {
-		return fail(err)
 	}
 	s := &citusSide{name: "citus", pool: pool, runner: runner, nodes: map[string][]int{}}
 	if pid, err := postmasterPID(ctx, pool); err == nil {
@@ -449,18 +419,12 @@ func renderCitus(rep *citusReport, cores int) string {
 	p("**One machine**: the coordinator, the workers, the plain server and this client share its %d cores, so this is what Citus's routing costs in CPU and latency here, not what a cluster with a machine per node scales to.\n\n", cores)
 	p("| concurrency | plain req/s | Citus req/s | Citus / plain | plain p50 | p99 | Citus p50 | p99 | server CPU per request (µs): plain | coordinator | workers |\n")
 	p("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-	us := func(d time.Duration) string {
-		if d < 0 {
-			return "n/a"
-		}
-		return fmt.Sprintf("%.0f", float64(d)/float64(time.Microsecond))
-	}
 	for i, lp := range rep.Points {
 		plain, citus := lp.workload("plain"), lp.workload("citus")
 		cpu := rep.CPU[i]
 		p("| %d | %s | %s | **%.2f** | %s | %s | %s | %s | %s | %s | %s |\n", lp.Concurrency, rate(plain), rate(citus),
 			ratio(citus.Throughput(), plain.Throughput()), ms(plain.P50), ms(plain.P99), ms(citus.P50), ms(citus.P99),
-			us(cpu["plain"]), us(cpu["coordinator"]), us(cpu["workers"]))
+			micros(cpu["plain"]), micros(cpu["coordinator"]), micros(cpu["workers"]))
 	}
 	p("\nServer CPU is that of every process of the server (its backends, Citus's and PostgreSQL's background workers), from /proc, warm-up included, per request of its side.\n")
 	var spread []string

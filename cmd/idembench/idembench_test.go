@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"image"
 	"image/color"
 	"image/png"
 	"io"
@@ -64,51 +63,6 @@ func TestClosedLoopCountsOnlyAfterWarmupAndStopsOnError(t *testing.T) {
 	require.ErrorIs(t, err, io.ErrUnexpectedEOF)
 }
 
-func TestNiceScale(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		max, step, top float64
-	}{
-		{4000, 1000, 4000},
-		{3210, 1000, 4000},
-		{11.6, 2.5, 12.5},
-		{0.37, 0.1, 0.4},
-		{0, 1, 5},
-	} {
-		step, top := niceScale(tc.max, 5)
-		require.InDelta(t, tc.step, step, 1e-9, "max %g", tc.max)
-		require.InDelta(t, tc.top, top, 1e-9, "max %g", tc.max)
-	}
-	require.Equal(t, "2.5", formatTick(2.5, 2.5))
-	require.Equal(t, "3000", formatTick(3000, 1000))
-	require.Equal(t, "0.30", formatTick(0.3, 0.05))
-}
-
-func TestDrawTextSetsTheGlyphsPixels(t *testing.T) {
-	t.Parallel()
-	img := image.NewRGBA(image.Rect(0, 0, 40, 20))
-	end := drawText(img, 1, 1, 1, "1", color.Black)
-	require.Equal(t, 1+glyphW+1, end)
-	want := 0
-	for _, col := range glyphs['1'-firstGlyph] {
-		for row := range glyphH {
-			if col&(1<<row) != 0 {
-				want++
-			}
-		}
-	}
-	got := 0
-	for y := range 20 {
-		for x := range 40 {
-			if _, _, _, a := img.At(x, y).RGBA(); a != 0 {
-				got++
-			}
-		}
-	}
-	require.Equal(t, want, got)
-	require.Equal(t, 2*(glyphW+1)*2-2, textWidth("ab", 2))
-}
-
 func TestWritePlotWritesALabelledPNG(t *testing.T) {
 	t.Parallel()
 	var points []*loadPoint
@@ -120,14 +74,14 @@ func TestWritePlotWritesALabelledPNG(t *testing.T) {
 		points = append(points, &loadPoint{Concurrency: c, Stats: map[string]*stats{
 			"runner": mk(500), "runner-joined": mk(550), "runner-onetx": mk(580), "baseline": mk(600), "single": mk(700), "plain": mk(400), "commit": mk(3000)}})
 	}
-	path := filepath.Join(t.TempDir(), "docs", "performance.png")
+	path := filepath.Join(t.TempDir(), "report", "performance.png")
 	require.NoError(t, writePlot(path, points))
 	raw, err := os.ReadFile(path)
 	require.NoError(t, err)
 	img, err := png.Decode(bytes.NewReader(raw))
 	require.NoError(t, err)
 	require.Equal(t, 1400, img.Bounds().Dx())
-	require.GreaterOrEqual(t, img.Bounds().Dy(), 680)
+	require.Equal(t, 720, img.Bounds().Dy())
 	seen := map[color.RGBA]bool{}
 	b := img.Bounds()
 	for y := b.Min.Y; y < b.Max.Y; y++ {
@@ -136,9 +90,17 @@ func TestWritePlotWritesALabelledPNG(t *testing.T) {
 			seen[color.RGBA{uint8(r >> 8), uint8(g >> 8), uint8(bl >> 8), uint8(a >> 8)}] = true
 		}
 	}
-	for _, c := range []color.RGBA{colRunner, colBaseline, colSingle, colPlain, colCommit, colText} {
-		require.True(t, seen[c], "colour %v is drawn", c)
+	// Every flow's line, and the commit ceiling's, in its own colour.
+	for i, w := range workloadsOf(kindFlow) {
+		r, g, bl, a := flowColor(i).RGBA()
+		require.True(t, seen[color.RGBA{uint8(r >> 8), uint8(g >> 8), uint8(bl >> 8), uint8(a >> 8)}], "%s is drawn", w.label)
 	}
+	require.True(t, seen[commitCeilingColor], "the commit ceiling is drawn")
+
+	// A point whose window measured no request has no latency to put on
+	// the log scale: it is left out, not a panic.
+	points[0].Stats["runner"] = &stats{}
+	require.NoError(t, writePlot(path, points))
 
 	require.Error(t, writePlot(path, nil))
 }
@@ -152,6 +114,8 @@ func TestParseFlags(t *testing.T) {
 	require.Equal(t, 10_000_000, o.Scale.Large)
 	require.Equal(t, 104, o.MaxConns, "room for the storm")
 	require.Len(t, o.Sections, len(allSections))
+	require.Equal(t, "idembench-report", o.ReportDir)
+	require.Empty(t, o.Plot, "the plot goes into the report directory, not docs/")
 
 	require.Equal(t, steadyConfig{Window: time.Second, MaxWindows: 30}, o.Scale.Steady)
 
@@ -200,7 +164,7 @@ func TestQuickRun(t *testing.T) {
 	dir := t.TempDir()
 	o, err := parseFlags([]string{"-quick", "-concurrency", "1,4", "-duration", "100ms", "-storm-size", "20", "-storm-rounds", "2",
 		"-scale-small", "500", "-scale-large", "5000", "-scale-expired", "1000", "-replay-keys", "20", "-steady-window", "50ms",
-		"-plot", filepath.Join(dir, "perf.png"), "-out", filepath.Join(dir, "perf.md")}, io.Discard)
+		"-report-dir", filepath.Join(dir, "report"), "-plot", filepath.Join(dir, "perf.png"), "-out", filepath.Join(dir, "perf.md")}, io.Discard)
 	require.NoError(t, err)
 	o.ReferenceAt = 4
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
@@ -236,14 +200,19 @@ func TestQuickRun(t *testing.T) {
 		require.Contains(t, report, "The run's keys on Citus, warm-up included: ")
 	}
 
-	written, err := os.ReadFile(filepath.Join(dir, "perf.md"))
-	require.NoError(t, err)
-	require.Equal(t, report, string(written))
-	f, err := os.Open(filepath.Join(dir, "perf.png"))
-	require.NoError(t, err)
-	defer f.Close()
-	_, err = png.Decode(f)
-	require.NoError(t, err)
+	// The report and the plot, in the report directory and where -out and
+	// -plot said.
+	for _, path := range []string{filepath.Join(dir, "report", reportFile), filepath.Join(dir, "perf.md")} {
+		written, err := os.ReadFile(path)
+		require.NoError(t, err)
+		require.Equal(t, report, string(written), path)
+	}
+	for _, path := range []string{filepath.Join(dir, "report", plotFile), filepath.Join(dir, "perf.png")} {
+		raw, err := os.ReadFile(path)
+		require.NoError(t, err)
+		_, err = png.Decode(bytes.NewReader(raw))
+		require.NoError(t, err, path)
+	}
 }
 
 // testEnv opens a benchmark environment for a test, the way a run does

@@ -175,14 +175,17 @@ type variant struct {
 	op   op
 }
 
+// runMeter measures what one run of a variant cost beside its latencies:
+// called before the run, it returns what to call after it, with the run's
+// stats (allOps counted), to record those costs.
+type runMeter func(ctx context.Context, v variant) (after func(s *stats) error, err error)
+
 // interleaved measures every variant at conc for d in total each, split
 // into rounds whose order alternates, so a slow spell on a shared machine
 // (another process, a checkpoint, autovacuum) lands on all of them rather
-// than on whichever happened to run then. When walPosition is not nil it
-// reads the server's WAL position around each run, for WAL bytes per
-// operation, and cpu (when not nil) measures CPU time per operation.
-func interleaved(ctx context.Context, conc, rounds int, warmup, d time.Duration, variants []variant,
-	walPosition func(context.Context) (int64, error), cpu *cpuMeter) (map[string]*stats, error) {
+// than on whichever happened to run then. meter, when not nil, measures the
+// costs of each run.
+func interleaved(ctx context.Context, conc, rounds int, warmup, d time.Duration, variants []variant, meter runMeter) (map[string]*stats, error) {
 	out := map[string]*stats{}
 	per := d / time.Duration(rounds)
 	for r := range rounds {
@@ -196,30 +199,20 @@ func interleaved(ctx context.Context, conc, rounds int, warmup, d time.Duration,
 				ops.Add(1)
 				return v.op(ctx, w, i)
 			}
-			var before int64
-			if walPosition != nil {
+			after := func(*stats) error { return nil }
+			if meter != nil {
 				var err error
-				if before, err = walPosition(ctx); err != nil {
+				if after, err = meter(ctx, v); err != nil {
 					return nil, err
 				}
 			}
-			cpuBefore := cpu.sample()
 			s, err := closedLoop(ctx, conc, warmup, per, counted)
 			if err != nil {
 				return nil, fmt.Errorf("%s at concurrency %d: %w", v.name, conc, err)
 			}
-			cpuAfter := cpu.sample()
 			s.allOps = ops.Load()
-			s.clientCPU, s.serverCPU = cpuAfter.client-cpuBefore.client, -1
-			if cpuBefore.server >= 0 && cpuAfter.server >= 0 {
-				s.serverCPU = cpuAfter.server - cpuBefore.server
-			}
-			if walPosition != nil {
-				after, err := walPosition(ctx)
-				if err != nil {
-					return nil, err
-				}
-				s.walBytes = after - before
+			if err := after(s); err != nil {
+				return nil, err
 			}
 			s.perOp()
 			if out[v.name] == nil {
@@ -230,4 +223,19 @@ func interleaved(ctx context.Context, conc, rounds int, warmup, d time.Duration,
 		}
 	}
 	return out, nil
+}
+
+// warmPool runs every variant at conc for d, unmeasured. pgx prepares each
+// statement once per connection, and Postgres plans a prepared statement
+// afresh for its first five runs on each (the acquisition statement takes
+// milliseconds to plan). That cold start is real but happens once per
+// connection, and would otherwise land on whichever point first uses more
+// connections than the ones before.
+func warmPool(ctx context.Context, conc int, d time.Duration, variants []variant) error {
+	for _, v := range variants {
+		if _, err := closedLoop(ctx, conc, 0, d, v.op); err != nil {
+			return fmt.Errorf("warm up %s: %w", v.name, err)
+		}
+	}
+	return nil
 }

@@ -25,8 +25,11 @@
 //     machine) against the plain server, when Citus is installed: an
 //     indication on one box.
 //
-// It prints a markdown report with the targets met or missed, and writes a
-// PNG plot of throughput and latency against client concurrency.
+// It prints a markdown report with the targets met or missed, and writes it
+// with a PNG plot of throughput and latency against client concurrency into
+// a directory (-report-dir, default idembench-report: report.md and
+// performance.png). docs/performance.md quotes a run's figures; it is not
+// generated.
 //
 //	go run ./cmd/idembench                # the full run, a few minutes
 //	go run ./cmd/idembench -quick         # a smoke test
@@ -49,11 +52,14 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/pgstore"
@@ -68,6 +74,8 @@ type options struct {
 	Sections    map[string]bool
 	Plot        string
 	Out         string
+	// ReportDir receives report.md and performance.png; empty: neither.
+	ReportDir   string
 	Quick       bool
 	StormSize   int
 	StormRounds int
@@ -103,7 +111,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&conc, "concurrency", "1,4,16,64", "client concurrencies, comma-separated")
 	fs.StringVar(&sections, "sections", strings.Join(allSections, ","), "sections to run: load (overhead, replay, commit ceiling), roundtrips, storm, scale, profile (server and client CPU per round trip), citus (the flow on a Citus cluster against the plain server, on this machine)")
 	fs.StringVar(&workloads, "workloads", strings.Join(allWorkloads, ","), "load workloads to run (for profiling one alone); the report and plot need them all")
-	fs.StringVar(&o.Plot, "plot", "docs/performance.png", "where to write the PNG plot (empty: none)")
+	fs.StringVar(&o.ReportDir, "report-dir", "idembench-report", "directory to write the run's "+reportFile+" and "+plotFile+" into, made if missing (empty: none)")
+	fs.StringVar(&o.Plot, "plot", "", "also write the PNG plot to this file")
 	fs.StringVar(&o.Out, "out", "", "also write the markdown report to this file")
 	fs.BoolVar(&o.Quick, "quick", false, "smoke test: short points, a small scale table")
 	fs.IntVar(&o.StormSize, "storm-size", 100, "identical requests per storm round")
@@ -161,21 +170,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	slices.Sort(o.Concurrency)
 	o.Concurrency = slices.Compact(o.Concurrency)
-	o.Sections = map[string]bool{}
-	for _, s := range strings.Split(sections, ",") {
-		s = strings.TrimSpace(s)
-		if !slices.Contains(allSections, s) {
-			return nil, fmt.Errorf("-sections: unknown section %q (have %s)", s, strings.Join(allSections, ", "))
-		}
-		o.Sections[s] = true
+	var err error
+	if o.Sections, err = nameSet("-sections", "section", sections, allSections); err != nil {
+		return nil, err
 	}
-	o.Workloads = map[string]bool{}
-	for _, w := range strings.Split(workloads, ",") {
-		w = strings.TrimSpace(w)
-		if !slices.Contains(allWorkloads, w) {
-			return nil, fmt.Errorf("-workloads: unknown workload %q (have %s)", w, strings.Join(allWorkloads, ", "))
-		}
-		o.Workloads[w] = true
+	if o.Workloads, err = nameSet("-workloads", "workload", workloads, allWorkloads); err != nil {
+		return nil, err
 	}
 	switch {
 	case o.Duration <= 0 || o.Warmup < 0:
@@ -202,6 +202,19 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		o.MaxConns = max(slices.Max(o.Concurrency), o.StormSize, o.Scale.Concurrency) + 4
 	}
 	return o, nil
+}
+
+// nameSet parses flag's comma-separated list of names, each one of known.
+func nameSet(flag, what, list string, known []string) (map[string]bool, error) {
+	set := map[string]bool{}
+	for _, name := range strings.Split(list, ",") {
+		name = strings.TrimSpace(name)
+		if !slices.Contains(known, name) {
+			return nil, fmt.Errorf("%s: unknown %s %q (have %s)", flag, what, name, strings.Join(known, ", "))
+		}
+		set[name] = true
+	}
+	return set, nil
 }
 
 func main() {
@@ -328,31 +341,57 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	if _, err := io.WriteString(stdout, report); err != nil {
 		return err
 	}
-	if o.Out != "" {
-		if err := os.WriteFile(o.Out, []byte(report), 0o644); err != nil {
+	return writeFiles(o, res.Load, report, logf)
+}
+
+// The files of -report-dir.
+const (
+	reportFile = "report.md"
+	plotFile   = "performance.png"
+)
+
+// writeFiles writes the report and the plot where the flags say: into
+// -report-dir, and to -out and -plot.
+func writeFiles(o *options, load []*loadPoint, report string, logf func(string, ...any)) error {
+	reports, plots := []string{}, []string{}
+	if o.ReportDir != "" {
+		if err := os.MkdirAll(o.ReportDir, 0o755); err != nil {
 			return err
 		}
+		reports = append(reports, filepath.Join(o.ReportDir, reportFile))
+		plots = append(plots, filepath.Join(o.ReportDir, plotFile))
 	}
-	if o.Plot != "" && len(res.Load) > 0 && len(o.Workloads) == len(allWorkloads) {
-		if err := writePlot(o.Plot, res.Load); err != nil {
+	if o.Out != "" {
+		reports = append(reports, o.Out)
+	}
+	if o.Plot != "" {
+		plots = append(plots, o.Plot)
+	}
+	for _, path := range reports {
+		if err := os.WriteFile(path, []byte(report), 0o644); err != nil {
+			return err
+		}
+		logf("idembench: wrote %s", path)
+	}
+	if len(load) == 0 {
+		return nil // no load section: nothing to plot
+	}
+	for _, path := range plots {
+		if err := writePlot(path, load); err != nil {
 			return fmt.Errorf("plot: %w", err)
 		}
-		logf("idembench: wrote %s", o.Plot)
+		logf("idembench: wrote %s", path)
 	}
 	return nil
 }
 
 // measureLoad runs the side-by-side workloads at every concurrency.
 func measureLoad(ctx context.Context, e *env, o *options, logf func(string, ...any)) ([]*loadPoint, error) {
-	store, err := pgstore.New(e.pool, &pgstore.Config{Schema: e.schema})
+	runner, store, err := newRunner(e.pool, e.schema, idem.Config{})
 	if err != nil {
 		return nil, err
 	}
 	defer store.Close()
-	runner, err := idem.NewRunner(store, &idem.Config{Logger: quietLogger()})
-	if err != nil {
-		return nil, err
-	}
 	deps := &loadDeps{pool: e.pool, runner: runner, run: randomHex(4)}
 
 	// The replay workloads pick from finished keys made beforehand.
@@ -406,23 +445,16 @@ func measureLoad(ctx context.Context, e *env, o *options, logf func(string, ...a
 			variants = append(variants, variant{w.name, w.op(deps)})
 		}
 	}
-	// Warm every connection the measurements will use before any of them:
-	// pgx prepares each statement once per connection, and Postgres plans
-	// a prepared statement afresh for its first five runs on each (the
-	// acquisition statement takes milliseconds to plan). That cold start
-	// is real but happens once per connection, and would otherwise land on
-	// whichever point first uses more connections than the ones before.
+	// Warm every connection the measurements will use before any of them.
 	poolWarmup := min(2*time.Second, o.Duration)
 	logf("idembench: warming the pool: each workload at concurrency %d for %s", slices.Max(o.Concurrency), poolWarmup)
-	for _, v := range variants {
-		if _, err := closedLoop(ctx, slices.Max(o.Concurrency), 0, poolWarmup, v.op); err != nil {
-			return nil, fmt.Errorf("warm up %s: %w", v.name, err)
-		}
+	if err := warmPool(ctx, slices.Max(o.Concurrency), poolWarmup, variants); err != nil {
+		return nil, err
 	}
 	var points []*loadPoint
 	for _, c := range o.Concurrency {
 		logf("idembench: concurrency %d: %d workloads, %s each", c, len(variants), o.Duration)
-		got, err := interleaved(ctx, c, o.Rounds, o.Warmup, o.Duration, variants, walPosition(e), cpu)
+		got, err := interleaved(ctx, c, o.Rounds, o.Warmup, o.Duration, variants, loadMeter(e, cpu))
 		if err != nil {
 			return nil, err
 		}
@@ -437,12 +469,31 @@ func measureLoad(ctx context.Context, e *env, o *options, logf func(string, ...a
 	return points, nil
 }
 
-// walPosition reads the server's current WAL position in bytes.
-func walPosition(e *env) func(context.Context) (int64, error) {
-	return func(ctx context.Context) (int64, error) {
+// loadMeter measures the WAL the server wrote during each run (from its
+// WAL position around it) and the CPU time this process and the pool's
+// backends spent.
+func loadMeter(e *env, cpu *cpuMeter) runMeter {
+	walPosition := func(ctx context.Context) (int64, error) {
 		var pos int64
 		err := e.pool.QueryRow(ctx, "SELECT (pg_current_wal_lsn() - '0/0')::bigint").Scan(&pos)
 		return pos, err
+	}
+	return func(ctx context.Context, _ variant) (func(*stats) error, error) {
+		walBefore, err := walPosition(ctx)
+		if err != nil {
+			return nil, err
+		}
+		cpuBefore := cpu.sample()
+		return func(s *stats) error {
+			cpuAfter := cpu.sample()
+			s.clientCPU, s.serverCPU = cpuAfter.client-cpuBefore.client, -1
+			if cpuBefore.server >= 0 && cpuAfter.server >= 0 {
+				s.serverCPU = cpuAfter.server - cpuBefore.server
+			}
+			walAfter, err := walPosition(ctx)
+			s.walBytes = walAfter - walBefore
+			return err
+		}, nil
 	}
 }
 
@@ -480,6 +531,25 @@ func ratio(a, b float64) float64 {
 		return 0
 	}
 	return a / b
+}
+
+// newRunner opens a store on pool in schema and a runner on it with cfg,
+// logging quietly unless cfg has a logger of its own. The caller closes the
+// store.
+func newRunner(pool *pgxpool.Pool, schema string, cfg idem.Config) (*idem.Runner, *pgstore.Store, error) {
+	store, err := pgstore.New(pool, &pgstore.Config{Schema: schema})
+	if err != nil {
+		return nil, nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = quietLogger()
+	}
+	runner, err := idem.NewRunner(store, &cfg)
+	if err != nil {
+		store.Close()
+		return nil, nil, err
+	}
+	return runner, store, nil
 }
 
 // quietLogger keeps the runner's logs out of the report; warnings still go

@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idem/idem"
-	"github.com/go-idem/idem/pgstore"
 )
 
 // The profile section: where the server's (and the client's) time goes,
@@ -319,12 +318,7 @@ func measureProfile(ctx context.Context, e *env, n, warmup int) (*profileReport,
 		return d
 	}
 
-	store, err := pgstore.New(pool, &pgstore.Config{Schema: e.schema})
-	if err != nil {
-		return nil, err
-	}
-	defer store.Close()
-	runner, err := idem.NewRunner(store, &idem.Config{Logger: quietLogger(), Test: idem.TestConfig{Hook: func(_ context.Context, at idem.HookPoint) error {
+	runner, store, err := newRunner(pool, e.schema, idem.Config{Test: idem.TestConfig{Hook: func(_ context.Context, at idem.HookPoint) error {
 		switch at.Where {
 		case idem.HookPhaseStart:
 			tr.setContext("phase " + at.Phase)
@@ -336,6 +330,7 @@ func measureProfile(ctx context.Context, e *env, n, warmup int) (*profileReport,
 	if err != nil {
 		return nil, err
 	}
+	defer store.Close()
 
 	in := rideInput{UserID: 1, Origin: "SF", Amount: 2000}
 	run := randomHex(4)
@@ -358,14 +353,8 @@ func measureProfile(ctx context.Context, e *env, n, warmup int) (*profileReport,
 			return exec(keys[i%len(keys)])
 		}
 	}
-	runnerNew := func(flow *idem.Flow[rideInput]) func(string) error {
-		return func(k string) error {
-			out, err := runner.Execute(ctx, flow, idem.Request{Scope: "user:profile", Key: k, Path: "/rides", Params: in})
-			if err == nil && out.Kind != idem.OutcomeExecuted {
-				err = fmt.Errorf("outcome %s, want executed", out.Kind)
-			}
-			return err
-		}
+	runnerPath := func(flow *idem.Flow[rideInput], want idem.OutcomeKind) func(string) error {
+		return func(k string) error { return execute(ctx, runner, flow, "user:profile", k, in, want) }
 	}
 	flow, onetx := newRunnerFlow(), newRidesFlow(joinAll)
 	base, sgl := &baseline{pool: pool, pipelined: true}, &single{pool: pool}
@@ -385,15 +374,9 @@ func measureProfile(ctx context.Context, e *env, n, warmup int) (*profileReport,
 		// prepare runs before the path's warm-up.
 		prepare func() error
 	}{
-		{name: "runner, new key", op: newKey("r", runnerNew(flow))},
-		{name: "runner, all joined, new key", op: newKey("r1", runnerNew(onetx))},
-		{name: "runner, replay", op: replay("r", func(k string) error {
-			out, err := runner.Execute(ctx, flow, idem.Request{Scope: "user:profile", Key: k, Path: "/rides", Params: in})
-			if err == nil && out.Kind != idem.OutcomeReplayed {
-				err = fmt.Errorf("outcome %s, want replayed", out.Kind)
-			}
-			return err
-		})},
+		{name: "runner, new key", op: newKey("r", runnerPath(flow, idem.OutcomeExecuted))},
+		{name: "runner, all joined, new key", op: newKey("r1", runnerPath(onetx, idem.OutcomeExecuted))},
+		{name: "runner, replay", op: replay("r", runnerPath(flow, idem.OutcomeReplayed))},
 		{name: "baseline (pipelined), new key", op: newKey("b", hand(base.run, false))},
 		{name: "baseline (pipelined), replay", op: replay("b", hand(base.run, true))},
 		{name: "single tx, new key", op: newKey("s", hand(sgl.run, false))},

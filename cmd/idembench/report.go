@@ -164,48 +164,23 @@ func renderReport(res *results) string {
 				}
 			}
 		}
-		head, align := "| concurrency |", "|---:|"
+		var through, latency []column
 		for _, w := range flows {
-			head += " " + w.label + " req/s |"
-			align += "---:|"
+			through = append(through, column{w.label + " req/s", func(lp *loadPoint) string { return rate(lp.workload(w.name)) }})
+			latency = append(latency,
+				column{w.label + " p50", func(lp *loadPoint) string { return ms(lp.workload(w.name).P50) }},
+				column{"p99", func(lp *loadPoint) string { return ms(lp.workload(w.name).P99) }})
 		}
 		for _, r := range ratios {
-			head += " " + r[0].label + " / " + r[1].label + " |"
-			align += "---:|"
+			through = append(through, column{r[0].label + " / " + r[1].label, func(lp *loadPoint) string {
+				return fmt.Sprintf("**%.2f**", ratio(lp.workload(r[0].name).Throughput(), lp.workload(r[1].name).Throughput()))
+			}})
 		}
-		p("%s\n%s\n", head, align)
-		for _, lp := range res.Load {
-			p("| %d |", lp.Concurrency)
-			for _, w := range flows {
-				p(" %s |", rate(lp.workload(w.name)))
-			}
-			for _, r := range ratios {
-				p(" **%.2f** |", ratio(lp.workload(r[0].name).Throughput(), lp.workload(r[1].name).Throughput()))
-			}
-			p("\n")
-		}
-		p("\nLatency, the whole call as the client sees it:\n\n")
-		head, align = "| concurrency |", "|---:|"
-		for _, w := range flows {
-			head += " " + w.label + " p50 | p99 |"
-			align += "---:|---:|"
-		}
-		p("%s\n%s\n", head, align)
-		for _, lp := range res.Load {
-			p("| %d |", lp.Concurrency)
-			for _, w := range flows {
-				s := lp.workload(w.name)
-				p(" %s | %s |", ms(s.P50), ms(s.P99))
-			}
-			p("\n")
-		}
-		p("\n")
+		p("%s\nLatency, the whole call as the client sees it:\n\n%s\n", pointTable(res.Load, through), pointTable(res.Load, latency))
 		p("What the server wrote per request (WAL bytes, from `pg_current_wal_lsn()` around each run, warm-up included; background writers count too):\n\n")
-		p("%s", workloadTable(res.Load, func(s *stats) string { return fmt.Sprintf("%.0f", s.WALPerOp) }))
-		p("\n")
+		p("%s\n", pointTable(res.Load, workloadColumns(func(s *stats) string { return fmt.Sprintf("%.0f", s.WALPerOp) })))
 		p("CPU time per request, this process / the server backends serving the pool (µs, from getrusage and /proc, warm-up included). The client and Postgres share the %d cores, so this is what throughput is made of:\n\n", res.Server.Cores)
-		p("%s", workloadTable(res.Load, cpuCell))
-		p("\n")
+		p("%s\n", pointTable(res.Load, workloadColumns(cpuCell)))
 		if ref != nil {
 			targets = append(targets, loadTargets(ref)...)
 		}
@@ -252,15 +227,16 @@ func renderReport(res *results) string {
 	if len(res.Load) > 0 {
 		p("## 3. Replay path\n\n")
 		p("Runner replays of finished keys (acquisition, mismatch check, the stored response decoded), against `SELECT response_status, response_headers, response_body FROM idem_keys WHERE id = $1` on the same pool, both over the same %d keys.\n\n", o.ReplayKeys)
-		p("| concurrency | replays/s | p50 | p99 | plain SELECT/s | p50 | p99 | replay / SELECT |\n")
-		p("|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-		for _, lp := range res.Load {
-			p("| %d | %s | %s | %s | %s | %s | %s | **%.2f** |\n", lp.Concurrency,
-				rate(lp.workload("replay")), ms(lp.workload("replay").P50), ms(lp.workload("replay").P99),
-				rate(lp.workload("select")), ms(lp.workload("select").P50), ms(lp.workload("select").P99),
-				ratio(lp.workload("replay").Throughput(), lp.workload("select").Throughput()))
+		var cols []column
+		for _, w := range []struct{ name, head string }{{"replay", "replays/s"}, {"select", "plain SELECT/s"}} {
+			cols = append(cols, column{w.head, func(lp *loadPoint) string { return rate(lp.workload(w.name)) }},
+				column{"p50", func(lp *loadPoint) string { return ms(lp.workload(w.name).P50) }},
+				column{"p99", func(lp *loadPoint) string { return ms(lp.workload(w.name).P99) }})
 		}
-		p("\n")
+		cols = append(cols, column{"replay / SELECT", func(lp *loadPoint) string {
+			return fmt.Sprintf("**%.2f**", ratio(lp.workload("replay").Throughput(), lp.workload("select").Throughput()))
+		}})
+		p("%s\n", pointTable(res.Load, cols))
 	}
 
 	if s := res.Storm; s != nil {
@@ -297,22 +273,19 @@ func renderReport(res *results) string {
 			per = append(per, fmt.Sprintf("%s %d", w.label, w.commits))
 		}
 		p("The database's own rate of `INSERT INTO commit_probe ... VALUES ($1, $2)` in autocommit, one round trip and one commit each, at the same concurrency, against each flow's commits per second. Commits per request: %s (the key's insert, then the runner's transactions).\n\n", strings.Join(per, ", "))
-		head, align := "| concurrency | INSERT+commit/s | p50 | p99 |", "|---:|---:|---:|---:|"
+		cols := []column{
+			{"INSERT+commit/s", func(lp *loadPoint) string { return rate(lp.workload("commit")) }},
+			{"p50", func(lp *loadPoint) string { return ms(lp.workload("commit").P50) }},
+			{"p99", func(lp *loadPoint) string { return ms(lp.workload("commit").P99) }},
+		}
+		commitsOf := func(lp *loadPoint, w workload) float64 { return lp.workload(w.name).Throughput() * float64(w.commits) }
 		for _, w := range flows {
-			head += " " + w.label + " commits/s | share |"
-			align += "---:|---:|"
+			cols = append(cols, column{w.label + " commits/s", func(lp *loadPoint) string { return fmt.Sprintf("%.0f", commitsOf(lp, w)) }},
+				column{"share", func(lp *loadPoint) string {
+					return fmt.Sprintf("%.0f%%", 100*ratio(commitsOf(lp, w), lp.workload("commit").Throughput()))
+				}})
 		}
-		p("%s\n%s\n", head, align)
-		for _, lp := range res.Load {
-			c := lp.workload("commit")
-			p("| %d | %s | %s | %s |", lp.Concurrency, rate(c), ms(c.P50), ms(c.P99))
-			for _, w := range flows {
-				n := lp.workload(w.name).Throughput() * float64(w.commits)
-				p(" %.0f | %.0f%% |", n, 100*ratio(n, c.Throughput()))
-			}
-			p("\n")
-		}
-		p("\n")
+		p("%s\n", pointTable(res.Load, cols))
 	}
 
 	if sc := res.Scale; sc != nil && len(sc.Points) == 3 {
@@ -416,22 +389,39 @@ func workloadsOf(kind workloadKind) []workload {
 	return out
 }
 
-// workloadTable is one figure of every workload, a row per concurrency.
-func workloadTable(points []*loadPoint, cell func(*stats) string) string {
+// column is one column of a pointTable: its heading, and its cell at a
+// load point.
+type column struct {
+	head string
+	cell func(*loadPoint) string
+}
+
+// pointTable is a table with a row per load point: its concurrency, then
+// each column's cell, all right-aligned.
+func pointTable(points []*loadPoint, cols []column) string {
 	var b strings.Builder
 	b.WriteString("| concurrency |")
-	for _, w := range workloads {
-		b.WriteString(" " + w.label + " |")
+	for _, c := range cols {
+		b.WriteString(" " + c.head + " |")
 	}
-	b.WriteString("\n|---:|" + strings.Repeat("---:|", len(workloads)) + "\n")
+	b.WriteString("\n|---:|" + strings.Repeat("---:|", len(cols)) + "\n")
 	for _, lp := range points {
 		fmt.Fprintf(&b, "| %d |", lp.Concurrency)
-		for _, w := range workloads {
-			b.WriteString(" " + cell(lp.workload(w.name)) + " |")
+		for _, c := range cols {
+			b.WriteString(" " + c.cell(lp) + " |")
 		}
 		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+// workloadColumns are one figure of every workload.
+func workloadColumns(cell func(*stats) string) []column {
+	var cols []column
+	for _, w := range workloads {
+		cols = append(cols, column{w.label, func(lp *loadPoint) string { return cell(lp.workload(w.name)) }})
+	}
+	return cols
 }
 
 // durabilityInfo says in words how the measured server commits.
@@ -487,14 +477,16 @@ func ms(d time.Duration) string {
 	return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
 }
 
-// cpuCell is "client / server" CPU per operation in microseconds.
-func cpuCell(s *stats) string {
-	server := "-"
-	if s.ServerCPU >= 0 {
-		server = fmt.Sprintf("%.0f", float64(s.ServerCPU)/float64(time.Microsecond))
+// micros is d in whole microseconds, "-" when negative (not measured).
+func micros(d time.Duration) string {
+	if d < 0 {
+		return "-"
 	}
-	return fmt.Sprintf("%.0f / %s", float64(s.ClientCPU)/float64(time.Microsecond), server)
+	return fmt.Sprintf("%.0f", float64(d)/float64(time.Microsecond))
 }
+
+// cpuCell is "client / server" CPU per operation in microseconds.
+func cpuCell(s *stats) string { return micros(s.ClientCPU) + " / " + micros(s.ServerCPU) }
 
 func ratioD(a, b time.Duration) float64 {
 	if b == 0 {
@@ -507,12 +499,6 @@ func ratioD(a, b time.Duration) float64 {
 func renderProfile(pr *profileReport) string {
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
-	us := func(d time.Duration) string {
-		if d < 0 {
-			return "not measured"
-		}
-		return fmt.Sprintf("%.0f", float64(d)/float64(time.Microsecond))
-	}
 	p("## 7. Where the time goes\n\n")
 	p("One request at a time on one connection (a pool of one, warm statement cache), each path %d times after %d unmeasured requests, twice. ", pr.N, pr.Warmup)
 	p("The traced pass reads the connection's backend's `/proc/<pid>/schedstat` (nanoseconds on the CPU, kept by the scheduler) when pgx's QueryTracer or BatchTracer starts and ends each query or batch: the difference is what that round trip cost the server. ")
@@ -526,16 +512,16 @@ func renderProfile(pr *profileReport) string {
 	p("| path | round trip | per request | server CPU µs | wall µs |\n|---|---|---:|---:|---:|\n")
 	for _, pp := range pr.Paths {
 		for _, r := range pp.Rows {
-			p("| %s | %s | %.3g | %s | %s |\n", pp.Name, r.Label, r.PerRequest, us(r.Server), us(r.Wall))
+			p("| %s | %s | %.3g | %s | %s |\n", pp.Name, r.Label, r.PerRequest, micros(r.Server), micros(r.Wall))
 		}
 		if pp.Between >= 0 {
-			p("| %s | *between round trips* | | %s | |\n", pp.Name, us(pp.Between))
+			p("| %s | *between round trips* | | %s | |\n", pp.Name, micros(pp.Between))
 		}
 	}
 	p("\nPer request (untraced pass):\n\n")
 	p("| path | server CPU µs | client CPU µs | wall µs |\n|---|---:|---:|---:|\n")
 	for _, pp := range pr.Paths {
-		p("| %s | %s | %s | %s |\n", pp.Name, us(pp.Server), us(pp.Client), us(pp.Wall))
+		p("| %s | %s | %s | %s |\n", pp.Name, micros(pp.Server), micros(pp.Client), micros(pp.Wall))
 	}
 	p("\n")
 	return b.String()

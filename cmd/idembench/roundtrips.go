@@ -10,7 +10,6 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/internal/wirecount"
-	"github.com/go-idem/idem/pgstore"
 )
 
 // own counts the flow's business statements in s.
@@ -92,12 +91,6 @@ func measureRoundTrips(ctx context.Context, e *env) (*roundTripReport, error) {
 		return nil, err
 	}
 	defer pool.Close()
-	store, err := pgstore.New(pool, &pgstore.Config{Schema: e.schema})
-	if err != nil {
-		return nil, err
-	}
-	defer store.Close()
-
 	type mark struct {
 		where idem.HookWhere
 		phase string
@@ -109,7 +102,7 @@ func measureRoundTrips(ctx context.Context, e *env) (*roundTripReport, error) {
 		crashKey  string
 	)
 	flow := newRunnerFlow()
-	runner, err := idem.NewRunner(store, &idem.Config{Logger: quietLogger(), Test: idem.TestConfig{Hook: func(_ context.Context, at idem.HookPoint) error {
+	runner, store, err := newRunner(pool, e.schema, idem.Config{Test: idem.TestConfig{Hook: func(_ context.Context, at idem.HookPoint) error {
 		if measuring {
 			marks = append(marks, mark{at.Where, at.Phase, counter.Position()})
 		}
@@ -123,6 +116,7 @@ func measureRoundTrips(ctx context.Context, e *env) (*roundTripReport, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer store.Close()
 	in := rideInput{UserID: 1, Origin: "SF", Amount: 2000}
 	req := func(key string) idem.Request {
 		return idem.Request{Scope: "user:rt", Key: key, Path: "/rides", Params: in}
@@ -175,14 +169,9 @@ func measureRoundTrips(ctx context.Context, e *env) (*roundTripReport, error) {
 	}); err != nil {
 		return nil, err
 	}
-	replay := func() error {
-		out, err := runner.Execute(ctx, flow, req("new"))
-		if err == nil && out.Kind != idem.OutcomeReplayed {
-			err = fmt.Errorf("outcome %s, want replayed", out.Kind)
-		}
-		return err
-	}
-	if _, err := measure("runner", "replay", replay); err != nil {
+	if _, err := measure("runner", "replay", func() error {
+		return execute(ctx, runner, flow, "user:rt", "new", in, idem.OutcomeReplayed)
+	}); err != nil {
 		return nil, err
 	}
 	crashKey = "held"

@@ -79,15 +79,11 @@ func measureScale(ctx context.Context, e *env, cfg scaleConfig, logf func(string
 		return nil, fmt.Errorf("migrate the scale schema: %w", err)
 	}
 	table := quoted + ".idem_keys"
-	store, err := pgstore.New(e.pool, &pgstore.Config{Schema: schema})
+	runner, store, err := newRunner(e.pool, schema, idem.Config{})
 	if err != nil {
 		return nil, err
 	}
 	defer store.Close()
-	runner, err := idem.NewRunner(store, &idem.Config{Logger: quietLogger()})
-	if err != nil {
-		return nil, err
-	}
 	rep := &scaleReport{Config: cfg}
 	pw, err := newPrewarmer(ctx, e)
 	if err != nil {

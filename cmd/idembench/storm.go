@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/go-idem/idem"
-	"github.com/go-idem/idem/pgstore"
 )
 
 // stormReport is what the duplicate storm found.
@@ -28,15 +27,10 @@ type stormReport struct {
 // measureStorm sends size identical requests at once, rounds times, each
 // round with a new key, and checks that exactly one of them executed.
 func measureStorm(ctx context.Context, e *env, size, rounds int) (*stormReport, error) {
-	store, err := pgstore.New(e.pool, &pgstore.Config{Schema: e.schema})
-	if err != nil {
-		return nil, err
-	}
-	defer store.Close()
 	// commits counts phase commits per key, from the runner's own events.
 	var mu sync.Mutex
 	commits := map[string]int{}
-	runner, err := idem.NewRunner(store, &idem.Config{Logger: quietLogger(), Observer: idem.ObserverFunc(func(_ context.Context, ev idem.Event) {
+	runner, store, err := newRunner(e.pool, e.schema, idem.Config{Observer: idem.ObserverFunc(func(_ context.Context, ev idem.Event) {
 		if ev.Kind == idem.EventPhaseCommitted {
 			mu.Lock()
 			commits[ev.Key]++
@@ -46,6 +40,7 @@ func measureStorm(ctx context.Context, e *env, size, rounds int) (*stormReport, 
 	if err != nil {
 		return nil, err
 	}
+	defer store.Close()
 	flow := newRunnerFlow()
 	phases := len(flow.PhaseNames())
 	rep := &stormReport{Size: size, Rounds: rounds, Outcomes: map[idem.OutcomeKind]int{}}

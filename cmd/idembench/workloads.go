@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"image/color"
 	"math/rand/v2"
 	"strconv"
 	"sync/atomic"
@@ -41,26 +40,23 @@ type workload struct {
 	runner bool
 	// commits is a flow's commits per request, for the commit ceiling.
 	commits int
-	// color is its colour in the plot; a flow without one gets one from
-	// plotPalette.
-	color color.RGBA
 	// op builds the request the workload's workers send.
 	op func(d *loadDeps) op
 }
 
 // workloads are the load section's workloads, in the report's order.
 var workloads = []workload{
-	{name: "runner", label: "runner", runner: true, commits: 4, color: colRunner,
+	{name: "runner", label: "runner", runner: true, commits: 4,
 		op: func(d *loadDeps) op { return d.runnerOp("r", newRunnerFlow()) }},
 	{name: "runner-joined", label: "runner, receipt joined", runner: true, commits: 3,
 		op: func(d *loadDeps) op { return d.runnerOp("rj", newRidesFlow(joinReceipt)) }},
 	{name: "runner-onetx", label: "runner, all joined", runner: true, commits: 2,
 		op: func(d *loadDeps) op { return d.runnerOp("r1", newRidesFlow(joinAll)) }},
-	{name: "baseline", label: "baseline", commits: 4, color: colBaseline,
+	{name: "baseline", label: "baseline", commits: 4,
 		op: func(d *loadDeps) op { return d.baselineOp("b", (&baseline{pool: d.pool, pipelined: true}).run) }},
-	{name: "single", label: "single tx", commits: 2, color: colSingle,
+	{name: "single", label: "single tx", commits: 2,
 		op: func(d *loadDeps) op { return d.baselineOp("s", (&single{pool: d.pool}).run) }},
-	{name: "plain", label: "plain tx", commits: 4, color: colPlain,
+	{name: "plain", label: "plain tx", commits: 4,
 		op: func(d *loadDeps) op { return d.baselineOp("p", (&baseline{pool: d.pool}).run) }},
 	{name: "replay", label: "replay", kind: kindReplay, op: (*loadDeps).replayOp},
 	{name: "baseline-replay", label: "baseline replay", kind: kindReplay, op: (*loadDeps).baselineReplayOp},
@@ -112,16 +108,22 @@ func requestInput(w, i int) rideInput {
 
 func replayKey(i int) string { return "replay-" + strconv.Itoa(i) }
 
+// execute sends a rides request for scope and key through runner; any
+// outcome but want is an error.
+func execute(ctx context.Context, runner *idem.Runner, flow *idem.Flow[rideInput], scope, key string, in rideInput, want idem.OutcomeKind) error {
+	out, err := runner.Execute(ctx, flow, idem.Request{Scope: scope, Key: key, Path: "/rides", Params: in})
+	if err == nil && out.Kind != want {
+		err = fmt.Errorf("outcome %s, want %s", out.Kind, want)
+	}
+	return err
+}
+
 // runnerOp runs flow through the runner with a new key (prefixed with
 // prefix) per request; any outcome but executed is an error.
 func (d *loadDeps) runnerOp(prefix string, flow *idem.Flow[rideInput]) op {
 	return func(ctx context.Context, w, i int) error {
 		scope, key := d.newKey(prefix, w)
-		out, err := d.runner.Execute(ctx, flow, idem.Request{Scope: scope, Key: key, Path: "/rides", Params: requestInput(w, i)})
-		if err == nil && out.Kind != idem.OutcomeExecuted {
-			err = fmt.Errorf("outcome %s, want executed", out.Kind)
-		}
-		return err
+		return execute(ctx, d.runner, flow, scope, key, requestInput(w, i), idem.OutcomeExecuted)
 	}
 }
 

@@ -306,8 +306,15 @@ func (b *Bouncer) Alive() bool {
 	}
 }
 
-// Log is the end of the bouncer's log.
-func (b *Bouncer) Log() string { return tailFile(filepath.Join(b.workDir, "pgbouncer.log"), 40) }
+// Log is the end of the bouncer's log, after how it exited when it has: a FATAL line ends the
+// log of a pgbouncer that gave up, a signal leaves none.
+func (b *Bouncer) Log() string {
+	log := tailFile(filepath.Join(b.workDir, "pgbouncer.log"), 40)
+	if b.Alive() {
+		return log
+	}
+	return fmt.Sprintf("pgbouncer (pid %d) exited: %s\n%s", b.cmd.Process.Pid, b.cmd.ProcessState, log)
+}
 
 func (b *Bouncer) shutdown() error {
 	if b.cmd == nil {

@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -45,6 +46,24 @@ func TestBouncedSchema(t *testing.T) {
 			require.Equal(t, "transaction", row[1])
 		}
 	}
+}
+
+// A bouncer that exited says how in its log, since a signal leaves no line in pgbouncer's own.
+func TestBouncerLogSaysHowItExited(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	bouncer, err := StartBouncer(ctx, DatabaseURL(t), t.Logf)
+	if errors.Is(err, ErrNoBouncer) {
+		t.Skip(noBouncerNote(t.Name(), err))
+	}
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, bouncer.Close()) })
+	require.NotContains(t, bouncer.Log(), "exited")
+	require.NoError(t, bouncer.Kill())
+	<-bouncer.exited
+	require.False(t, bouncer.Alive())
+	require.Contains(t, bouncer.Log(), "exited: signal: killed")
 }
 
 // Without a pgbouncer anywhere, findBouncer says so with ErrNoBouncer, which the tests turn into a
