@@ -67,6 +67,7 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request, stored 
 	case idemdriver.AcquiredCreated:
 		ev.Kind = EventCreated
 		r.emit(ctx, ev)
+		req.acquired(rec)
 		return r.resume(ctx, r.hold(flow, rec, p.input, false, sent))
 	case idemdriver.AcquiredTakenOver:
 		ev.Kind = EventTakeover
@@ -88,6 +89,7 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request, stored 
 				return r.undecodable(ctx, h, err)
 			}
 		}
+		req.acquired(rec)
 		return r.resume(ctx, h)
 	}
 

@@ -89,6 +89,14 @@ type Request struct {
 	// adapters set it to the request's own context, so that a client that
 	// goes away does not keep a waiter.
 	WaitContext context.Context
+
+	// Acquired, when set, is called once this call holds the key (it
+	// created it, or took over an unfinished one), with the key as held,
+	// before the first phase runs, on the goroutine that called Execute. It
+	// is not called for a replay, a key in flight or a mismatch. idemhttp
+	// answers a request that asked to be answered asynchronously from it
+	// (202 Accepted), while the flow goes on. It must not block.
+	Acquired func(rec *KeyRecord)
 }
 
 func (q *Request) normalise() error {
@@ -113,6 +121,15 @@ func (q *Request) normalise() error {
 		return fmt.Errorf("%w: target must not contain NUL characters", ErrInvalidRequest)
 	}
 	return nil
+}
+
+// acquired tells the caller, when it asked (Acquired), that it holds the
+// key.
+func (q *Request) acquired(rec *KeyRecord) {
+	if q.Acquired != nil {
+		// A copy: the runner goes on changing its own as phases commit.
+		q.Acquired(rec.Clone())
+	}
 }
 
 // ValidKey reports whether key is an acceptable idempotency key: 1-255

@@ -25,34 +25,9 @@ const maxPathLength = 2048
 // such before it answers the problem.
 func (h *Handler[In]) admit(w http.ResponseWriter, r *http.Request) (idem.Request, *Problem) {
 	ctx := r.Context()
-	scope, err := h.cfg.Scope(r)
-	if err != nil {
-		var p *Problem
-		if errors.As(err, &p) {
-			return idem.Request{}, p
-		}
-		if errors.Is(err, idem.ErrStoreUnavailable) {
-			h.log.ErrorContext(ctx, "idemhttp: Config.Scope could not reach the database; nothing was recorded", "flow", h.flow.Name(), "err", err)
-			return idem.Request{}, h.storeUnavailable(storeUnavailableBeforeDetail)
-		}
-		h.log.DebugContext(ctx, "idemhttp: unauthenticated request", "flow", h.flow.Name(), "err", err)
-		return idem.Request{}, h.unauthenticated()
-	}
-	if scope == "" {
-		h.log.WarnContext(ctx, "idemhttp: Config.Scope returned an empty scope without an error; answering 401", "flow", h.flow.Name())
-		return idem.Request{}, h.unauthenticated()
-	}
-	if !validScope(scope) {
-		h.log.ErrorContext(ctx, "idemhttp: Config.Scope returned a scope that is not 1-255 bytes of UTF-8 without NUL", "flow", h.flow.Name(), "length", len(scope))
-		return idem.Request{}, h.problem(specInternal, internalDetail)
-	}
-	if strings.HasPrefix(scope, WebhookScopePrefix) {
-		// Webhook receivers' keys live there: a handler that could make
-		// such a scope (a tenant named "webhook:stripe") could take an
-		// event id before the provider's delivery of it.
-		h.log.ErrorContext(ctx, "idemhttp: Config.Scope returned a scope reserved for webhook receivers; answering 500",
-			"flow", h.flow.Name(), "reserved_prefix", WebhookScopePrefix)
-		return idem.Request{}, h.problem(specInternal, internalDetail)
+	scope, p := h.scope(r)
+	if p != nil {
+		return idem.Request{}, p
 	}
 
 	key, err := ParseKey(r.Header.Values("Idempotency-Key"))
@@ -123,6 +98,43 @@ func (h *Handler[In]) admit(w http.ResponseWriter, r *http.Request) (idem.Reques
 	// input type or Prepare.
 	return idem.Request{Scope: scope, Key: key, Method: r.Method, Path: route(r), Params: in,
 		Payload: body, Target: target(r)}, nil
+}
+
+// scope is the key's scope for r, from Config.Scope, or the problem that
+// refuses r: the flow's requests and its status monitor ([Handler.Monitor])
+// derive it alike, so a monitor finds only the caller's own keys.
+func (h *Handler[In]) scope(r *http.Request) (string, *Problem) {
+	ctx := r.Context()
+	scope, err := h.cfg.Scope(r)
+	if err != nil {
+		var p *Problem
+		if errors.As(err, &p) {
+			return "", p
+		}
+		if errors.Is(err, idem.ErrStoreUnavailable) {
+			h.log.ErrorContext(ctx, "idemhttp: Config.Scope could not reach the database; nothing was recorded", "flow", h.flow.Name(), "err", err)
+			return "", h.storeUnavailable(storeUnavailableBeforeDetail)
+		}
+		h.log.DebugContext(ctx, "idemhttp: unauthenticated request", "flow", h.flow.Name(), "err", err)
+		return "", h.unauthenticated()
+	}
+	if scope == "" {
+		h.log.WarnContext(ctx, "idemhttp: Config.Scope returned an empty scope without an error; answering 401", "flow", h.flow.Name())
+		return "", h.unauthenticated()
+	}
+	if !validScope(scope) {
+		h.log.ErrorContext(ctx, "idemhttp: Config.Scope returned a scope that is not 1-255 bytes of UTF-8 without NUL", "flow", h.flow.Name(), "length", len(scope))
+		return "", h.problem(specInternal, internalDetail)
+	}
+	if strings.HasPrefix(scope, WebhookScopePrefix) {
+		// Webhook receivers' keys live there: a handler that could make
+		// such a scope (a tenant named "webhook:stripe") could take an
+		// event id before the provider's delivery of it.
+		h.log.ErrorContext(ctx, "idemhttp: Config.Scope returned a scope reserved for webhook receivers; answering 500",
+			"flow", h.flow.Name(), "reserved_prefix", WebhookScopePrefix)
+		return "", h.problem(specInternal, internalDetail)
+	}
+	return scope, nil
 }
 
 // target is the request target the client sent, escaped path and query,

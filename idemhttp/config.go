@@ -31,6 +31,25 @@ const (
 	// has the measurement), and well below the write timeouts of servers
 	// and proxies.
 	DefaultWaitTime = 5 * time.Second
+	// AsyncRetryAfterDefault is the default Config.AsyncRetryAfter.
+	AsyncRetryAfterDefault = time.Second
+)
+
+// InProgressAnswer is how a Handler answers a request whose key another
+// attempt is running (Config.InProgress).
+type InProgressAnswer int
+
+const (
+	// InProgressConflict answers 409 Conflict (problem
+	// request-in-progress) with Retry-After, as the IETF draft and
+	// Stripe do: the default.
+	InProgressConflict InProgressAnswer = iota
+	// InProgressAccepted answers 202 Accepted with Retry-After, a
+	// [RequestStatus] body and, where Config.MonitorURL is set, the
+	// status monitor's Location: the request is being processed, and a
+	// client polls (or retries) for its answer. Stock clients take a 2xx
+	// as the answer itself; use it for clients that know the 202.
+	InProgressAccepted
 )
 
 // Config configures a [Handler]. Scope is required; every other field
@@ -183,6 +202,59 @@ type Config[In any] struct {
 	// at once.
 	DefaultWait time.Duration
 
+	// RespondAsync honours the RFC 7240 preference "Prefer:
+	// respond-async": once such a request holds its key, it is answered
+	// 202 Accepted with Preference-Applied: respond-async, Retry-After
+	// (AsyncRetryAfter), the status monitor's Location (MonitorURL) and a
+	// [RequestStatus] body, and its flow goes on in the process without
+	// its client. A retry of the key while it runs gets the same 202; once
+	// it finished, the stored response, as any retry does. With "Prefer:
+	// respond-async, wait=N" the request is answered its response when the
+	// flow ends within N seconds (at most MaxWait, or DefaultWait), 202
+	// otherwise. Such runs count against Detached: beyond its limit the
+	// request runs while its client waits, as without the preference, and
+	// its answer carries "Idem-Async: declined; reason=busy". A process
+	// that dies leaves its runs to the completer (idem.Maintainer), so
+	// New refuses it for a flow the completer does not re-drive
+	// (idem.FlowConfig.NoRedrive), and requires MonitorURL. Default false:
+	// the preference is ignored. docs/http.md, "Long requests", has the
+	// client's side.
+	RespondAsync bool
+
+	// MonitorURL is the URL (an absolute path, or an absolute URL) at
+	// which the application serves this handler's status monitor
+	// ([Handler.Monitor]), behind the same authentication as the flow.
+	// A 202 answer's Location is MonitorURL with the query parameter key
+	// set to the request's Idempotency-Key. Required with RespondAsync;
+	// default none.
+	MonitorURL string
+
+	// InProgress is the answer to a request whose key another attempt is
+	// running, after any wait (DefaultWait, Prefer: wait): 409 Conflict
+	// (InProgressConflict, the default) or 202 Accepted
+	// (InProgressAccepted). A request that asked "Prefer: respond-async"
+	// of a handler with RespondAsync gets the 202 either way.
+	InProgress InProgressAnswer
+
+	// AsyncRetryAfter is the Retry-After of a 202 Accepted answer, from
+	// the flow or from the status monitor, rounded up to whole seconds:
+	// how often a client polls. Default AsyncRetryAfterDefault, 1 s.
+	AsyncRetryAfter time.Duration
+
+	// ShowRecoveryPoint shows the recovery point of a running request
+	// (the name of its last committed phase, "started" before the first)
+	// in the recovery_point member of a 202's [RequestStatus] body. Phase
+	// names are the flow's own vocabulary; show them only where they are
+	// fit for clients. Default false.
+	ShowRecoveryPoint bool
+
+	// Detached bounds the flows that run without their client: requests
+	// answered 202 (RespondAsync) and requests whose client went away,
+	// which run to completion. Share one [DetachedRuns] between every
+	// handler of the process. Default nil: DefaultDetachedRuns, shared by
+	// every handler that leaves it nil.
+	Detached *DetachedRuns
+
 	// Logger receives the handler's logs (panics, misconfiguration; client
 	// errors at debug level). Default: the runner's logger.
 	Logger *slog.Logger
@@ -239,6 +311,7 @@ func (c *Config[In]) apply() (replay []string, err error) {
 	if c.DefaultWait < 0 {
 		c.DefaultWait = 0
 	}
+	errs = append(errs, c.applyAsync()...)
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
@@ -263,4 +336,34 @@ func validHeaderName(name string) bool {
 		}
 	}
 	return true
+}
+
+// applyAsync checks the fields of long requests (RespondAsync and its
+// kin) and sets their defaults.
+func (c *Config[In]) applyAsync() (errs []error) {
+	switch c.InProgress {
+	case InProgressConflict, InProgressAccepted:
+	default:
+		errs = append(errs, fmt.Errorf("unknown InProgress %d", int(c.InProgress)))
+	}
+	if c.AsyncRetryAfter < 0 {
+		errs = append(errs, fmt.Errorf("AsyncRetryAfter %s is negative", c.AsyncRetryAfter))
+	}
+	c.AsyncRetryAfter = wholeSeconds(cmp.Or(c.AsyncRetryAfter, AsyncRetryAfterDefault))
+	if c.MonitorURL != "" {
+		u, err := url.Parse(c.MonitorURL)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("MonitorURL: %w", err))
+		case u.Fragment != "" || (!u.IsAbs() && !strings.HasPrefix(u.Path, "/")):
+			errs = append(errs, fmt.Errorf("MonitorURL %q is neither an absolute path nor an absolute URL without a fragment", c.MonitorURL))
+		}
+	}
+	if c.RespondAsync && c.MonitorURL == "" {
+		errs = append(errs, errors.New("RespondAsync needs MonitorURL: a 202 Accepted tells the client where to learn the answer"))
+	}
+	if c.Detached == nil {
+		c.Detached = DefaultDetachedRuns
+	}
+	return errs
 }

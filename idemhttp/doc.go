@@ -63,6 +63,8 @@
 //	                   after waiting Config.DefaultWait (5 s) for the attempt to end, or, with Prefer: wait=N, that
 //	                   long, at most Config.MaxWait or DefaultWait (Preference-Applied: wait=N); an attempt that does end answers as
 //	                   a retry then would; in the Stripe profile 429 lock_timeout after a wait, which the Stripe SDKs retry
+//	                   (202 Accepted + Retry-After instead with Config.InProgress InProgressAccepted, or to a request that
+//	                   preferred respond-async: see Long requests below)
 //	lock lost          409 + Retry-After: 1; another worker took the request over and owns it now
 //	mismatch           422 (Stripe: 400 idempotency_error): the key was used for another request
 //	too many keys      429 + Retry-After: the runner's Config.Admit refused a new key; nothing stored
@@ -94,6 +96,18 @@
 // the runner, 24 h by default, or the flow's FlowConfig.Retention. After
 // that the same key is a new request, whether or not the reaper has deleted
 // the expired key yet.
+//
+// # Long requests
+//
+// With Config.RespondAsync, a request sent with "Prefer: respond-async"
+// (RFC 7240) is answered 202 Accepted once its key is held, with the
+// Location of the handler's status monitor ([Handler.Monitor], mounted by
+// the application at Config.MonitorURL behind its own authentication),
+// and its flow goes on without the client. The monitor answers 202 while
+// the request runs, then its stored response; a key of another scope is
+// 404. Runs without a client (answered 202, or whose client went away) are
+// bounded per process by a [DetachedRuns]. docs/http.md, "Long requests",
+// has the states and the client's recipe.
 //
 // # Webhooks
 //

@@ -24,7 +24,7 @@ import (
 // docs/http.md lists them.
 var docSpecs = []problemSpec{
 	specKeyMissing, specKeyMalformed, specKeyReused, specInProgress, specTooManyKeys, specNeedsReconcile,
-	specRequestAbandoned, specStoreUnavailable, specRequestFailed, specUnauthenticated, specMethodNotAllowed,
+	specRequestAbandoned, specRequestNotFound, specStoreUnavailable, specRequestFailed, specUnauthenticated, specMethodNotAllowed,
 	specUnsupportedMediaType, specBodyTooLarge, specMalformedJSON, specMalformedForm, specInvalidInput, specInternal,
 	specWebhookSignatureInvalid, specWebhookEventInvalid, specWebhookEventReused, specWebhookEventInProgress,
 }
@@ -240,6 +240,12 @@ func TestDocsConfigurationTable(t *testing.T) {
 		"ReconcileRetryAfter":   "`ReconcileRetryAfterDefault`, " + seconds(ReconcileRetryAfterDefault),
 		"MaxWait":               "0: `DefaultWait`",
 		"DefaultWait":           "`DefaultWaitTime`, " + seconds(DefaultWaitTime),
+		"RespondAsync":          "false",
+		"MonitorURL":            "none",
+		"InProgress":            "`InProgressConflict`",
+		"AsyncRetryAfter":       "`AsyncRetryAfterDefault`, " + seconds(AsyncRetryAfterDefault),
+		"ShowRecoveryPoint":     "false",
+		"Detached":              fmt.Sprintf("`DefaultDetachedRuns`, %d runs", DetachedLimitDefault),
 		"Logger":                "the runner's",
 	}
 	rows := firstTable(t, section(t, readDocs(t), "## Configuration"))
@@ -267,6 +273,10 @@ func TestDocsConfigurationTable(t *testing.T) {
 	require.False(t, c.AllowUnknownFields)
 	require.Zero(t, c.MaxWait)
 	require.Equal(t, DefaultWaitTime, c.DefaultWait)
+	require.Equal(t, InProgressConflict, c.InProgress)
+	require.Equal(t, AsyncRetryAfterDefault, c.AsyncRetryAfter)
+	require.Same(t, DefaultDetachedRuns, c.Detached)
+	require.Equal(t, DetachedLimitDefault, c.Detached.Limit())
 }
 
 // The Retry-After table's defaults.

@@ -2,7 +2,6 @@ package idemhttp
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -50,6 +49,10 @@ func New[In any](runner *idem.Runner, flow *idem.Flow[In], cfg *Config[In]) (*Ha
 	replay, err := h.cfg.apply()
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: invalid config for flow %q: %w", flow.Name(), err)
+	}
+	if h.cfg.RespondAsync && !flow.Redrives() {
+		return nil, fmt.Errorf("idemhttp: Config.RespondAsync for flow %q, which the completer does not re-drive (NoRedrive): "+
+			"a request answered 202 whose process dies would never finish", flow.Name())
 	}
 	h.replay = replay
 	h.log = cmp.Or(h.cfg.Logger, runner.Config().Logger)
@@ -173,7 +176,7 @@ func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 		// A body this release refuses may be the retry of a request an
 		// earlier one accepted: the key made from these bytes answers it
 		// (a replay, or its resumption); with no such key, the problem.
-		out, err := h.runner.Execute(context.WithoutCancel(r.Context()), h.flow, req)
+		out, err := h.execute(r, req)
 		responded = true
 		h.applied(w, out, wait, asked)
 		if errors.Is(err, idem.ErrNotFound) || errors.Is(err, idem.ErrMismatch) || errors.Is(err, idem.ErrNoRedrive) ||
@@ -181,17 +184,20 @@ func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 			h.writeProblem(w, p)
 			return
 		}
-		h.writeOutcome(w, r, req, out, err)
+		h.writeResult(w, r, req, executed{out, err}, false)
 		return
 	}
-	// The flow runs to completion even if the client goes away: a
-	// half-done multi-phase request would only make its retry resume.
-	// Values of the request's context (auth, trace spans) stay visible to
-	// the phases.
-	out, err := h.runner.Execute(context.WithoutCancel(r.Context()), h.flow, req)
+	if h.cfg.RespondAsync && preferRespondAsync(r.Header) {
+		responded = true // the flow may answer from here on
+		if h.serveAsync(w, r, req, wait, asked) {
+			return
+		}
+	}
+	// The flow runs to completion even if the client goes away (execute).
+	out, err := h.execute(r, req)
 	responded = true
 	h.applied(w, out, wait, asked)
-	h.writeOutcome(w, r, req, out, err)
+	h.writeResult(w, r, req, executed{out, err}, false)
 }
 
 // echoKey sends the request's Idempotency-Key back, as the client sent it,

@@ -18,16 +18,47 @@ const (
 
 // preferWait returns the wait a request asks for with the RFC 7240
 // preference wait=N (delta-seconds) in its Prefer headers, capped by max,
-// and whether it asks for one. Preferences are separated by commas, within
-// a header and across headers; names are case-insensitive, values tokens
-// or quoted strings, and parameters after ";" are ignored. The first wait
-// counts; one whose value is not delta-seconds is ignored, as RFC 7240
-// asks of a preference a server does not understand. It allocates nothing
-// and examines at most preferScanMax bytes and preferMax preferences.
+// and whether it asks for one. The first wait counts; one whose value is
+// not delta-seconds is ignored, as RFC 7240 asks of a preference a server
+// does not understand.
 func preferWait(header http.Header, max time.Duration) (time.Duration, bool) {
 	if max <= 0 {
 		return 0, false
 	}
+	var wait time.Duration
+	found := eachPreference(header, func(pref string) bool {
+		secs, ok := waitPreference(pref)
+		if !ok {
+			return false
+		}
+		wait = time.Duration(secs) * time.Second
+		if secs >= int64(max/time.Second)+1 {
+			wait = max
+		}
+		return true
+	})
+	return wait, found
+}
+
+// preferRespondAsync reports whether a request asks, with the RFC 7240
+// preference respond-async in its Prefer headers, to be answered 202
+// Accepted rather than held until its flow ends.
+func preferRespondAsync(header http.Header) bool {
+	return eachPreference(header, func(pref string) bool {
+		pref, _ = nextOutsideQuotes(pref, ';')
+		name, _, _ := strings.Cut(pref, "=")
+		return strings.EqualFold(strings.TrimSpace(name), "respond-async")
+	})
+}
+
+// eachPreference calls found with each preference of the Prefer headers
+// until it returns true, and reports whether it did. Preferences are
+// separated by commas, within a header and across headers; names are
+// case-insensitive, values tokens or quoted strings, and parameters follow
+// ";". It allocates nothing and examines at most preferScanMax bytes and
+// preferMax preferences: a preference beyond them is ignored, as one the
+// server does not understand is.
+func eachPreference(header http.Header, found func(pref string) bool) bool {
 	budget, prefs := preferScanMax, 0
 	for _, line := range header["Prefer"] {
 		if len(line) > budget {
@@ -36,22 +67,19 @@ func preferWait(header http.Header, max time.Duration) (time.Duration, bool) {
 		budget -= len(line)
 		for line != "" {
 			if prefs++; prefs > preferMax {
-				return 0, false
+				return false
 			}
 			var pref string
 			pref, line = nextOutsideQuotes(line, ',')
-			if secs, ok := waitPreference(pref); ok {
-				if secs >= int64(max/time.Second)+1 {
-					return max, true
-				}
-				return time.Duration(secs) * time.Second, true
+			if found(pref) {
+				return true
 			}
 		}
 		if budget <= 0 {
 			break
 		}
 	}
-	return 0, false
+	return false
 }
 
 // waitPreference returns N when pref is wait=N with N delta-seconds.

@@ -40,6 +40,11 @@ const (
 	// outcome was in doubt (idem keys resolve --verdict abandon). It is
 	// final: every retry with the key gets it, and nothing runs. 410.
 	ProblemRequestAbandoned = "request-abandoned"
+	// ProblemRequestNotFound: the status monitor ([Handler.Monitor]) knows
+	// no request of the caller's with this Idempotency-Key at this
+	// endpoint: never made, made by another caller (scope), or expired.
+	// 404.
+	ProblemRequestNotFound = "request-not-found"
 	// ProblemStoreUnavailable: the key store could not be reached; the
 	// request was not completed. 503 with Retry-After.
 	ProblemStoreUnavailable = "store-unavailable"
@@ -155,6 +160,8 @@ var (
 		http.StatusServiceUnavailable, http.StatusServiceUnavailable, StripeAPIError, ""}
 	specRequestAbandoned = problemSpec{ProblemRequestAbandoned, "The request was abandoned",
 		http.StatusGone, http.StatusGone, StripeIdempotencyError, ""}
+	specRequestNotFound = problemSpec{ProblemRequestNotFound, "No such request",
+		http.StatusNotFound, http.StatusNotFound, StripeInvalidRequestError, "resource_missing"}
 	specStoreUnavailable = problemSpec{ProblemStoreUnavailable, "Idempotency key store unavailable",
 		http.StatusServiceUnavailable, http.StatusServiceUnavailable, StripeAPIError, ""}
 	specRequestFailed = problemSpec{ProblemRequestFailed, "Request failed before it completed",

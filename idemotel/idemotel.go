@@ -29,6 +29,13 @@
 //	idem.keys.oldest_age   gauge      seconds since the oldest unfinished key of
 //	                                  each idem.status was created
 //
+// and, once [Observer.ObserveDetached] is given a process's
+// idemhttp.DetachedRuns, two gauges of that process's flows running without
+// their client:
+//
+//	idem.detached.running  gauge      flows running without their client now
+//	idem.detached.limit    gauge      the most that may
+//
 // A Prometheus exporter shows them as idem_events_total{idem_event=...},
 // idem_keys_reaped_total, idem_request_duration_seconds,
 // idem_phase_duration_seconds, idem_keys{idem_status=...} and
@@ -284,6 +291,41 @@ func (o *Observer) ObserveBacklog(runner Backlogger) (metric.Registration, error
 	}, keys, age)
 	if err != nil {
 		return nil, fmt.Errorf("idemotel: register the backlog gauges: %w", err)
+	}
+	return reg, nil
+}
+
+// DetachedCounter is what [Observer.ObserveDetached] reads:
+// *idemhttp.DetachedRuns.
+type DetachedCounter interface {
+	Running() int
+	Limit() int
+}
+
+// ObserveDetached registers the gauges of a process's flows running
+// without their client (idemhttp's DetachedRuns: requests answered 202
+// Accepted, and requests whose client went away), read at each
+// collection: idem.detached.running and idem.detached.limit. Unlike the
+// backlog, they are the process's own: sum them across instances. Unregister
+// the returned registration to stop.
+func (o *Observer) ObserveDetached(runs DetachedCounter) (metric.Registration, error) {
+	running, err := o.meter.Int64ObservableGauge("idem.detached.running", metric.WithUnit("{request}"),
+		metric.WithDescription("flows this process runs without their client (answered 202, or their client left)"))
+	if err != nil {
+		return nil, fmt.Errorf("idemotel: create idem.detached.running: %w", err)
+	}
+	limit, err := o.meter.Int64ObservableGauge("idem.detached.limit", metric.WithUnit("{request}"),
+		metric.WithDescription("the most flows this process runs without their client at once"))
+	if err != nil {
+		return nil, fmt.Errorf("idemotel: create idem.detached.limit: %w", err)
+	}
+	reg, err := o.meter.RegisterCallback(func(_ context.Context, obs metric.Observer) error {
+		obs.ObserveInt64(running, int64(runs.Running()))
+		obs.ObserveInt64(limit, int64(runs.Limit()))
+		return nil
+	}, running, limit)
+	if err != nil {
+		return nil, fmt.Errorf("idemotel: register the detached gauges: %w", err)
 	}
 	return reg, nil
 }

@@ -351,3 +351,34 @@ func TestBacklogGauges(t *testing.T) {
 	require.Equal(t, map[string]float64{"running": 1, "needs_reconcile": 0}, keys)
 	require.Equal(t, map[string]float64{"running": 90, "needs_reconcile": 0}, age)
 }
+
+// fixedRuns is a DetachedCounter that reports what it holds.
+type fixedRuns struct{ running, limit int }
+
+func (f *fixedRuns) Running() int { return f.running }
+func (f *fixedRuns) Limit() int   { return f.limit }
+
+// The detached gauges read the process's runs without a client at each
+// collection.
+func TestDetachedGauges(t *testing.T) {
+	t.Parallel()
+	reader := sdkmetric.NewManualReader()
+	obs, err := idemotel.New(&idemotel.Config{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	require.NoError(t, err)
+	runs := &fixedRuns{running: 3, limit: 1000}
+	reg, err := obs.ObserveDetached(runs)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = reg.Unregister() })
+
+	b := &bundle{reader: reader}
+	gauge := func(name string) int64 {
+		g, ok := b.metrics(t)[name].(metricdata.Gauge[int64])
+		require.True(t, ok, "%s is an int64 gauge", name)
+		require.Len(t, g.DataPoints, 1)
+		return g.DataPoints[0].Value
+	}
+	require.EqualValues(t, 3, gauge("idem.detached.running"))
+	require.EqualValues(t, 1000, gauge("idem.detached.limit"))
+	runs.running = 0
+	require.Zero(t, gauge("idem.detached.running"), "read at each collection")
+}

@@ -139,9 +139,15 @@ var EventFlow = idem.MustNewFlow("stripe.events", []idem.Phase[Event]{
 	}},
 }, &idem.FlowConfig[Event]{Retention: 4 * 24 * time.Hour})
 
-// Mux serves the charges flow (Stripe profile, default DefaultWait) and
-// the webhook receiver on runner, whose Config.Flows holds both flows.
-func Mux(runner *idem.Runner, charges *idem.Flow[ChargeParams], webhookSecrets []string) (*http.ServeMux, error) {
+// MonitorURL is where Mux serves the charges' status monitor: a charge
+// sent with "Prefer: respond-async" is answered 202 with its Location.
+const MonitorURL = "/v1/charges/requests"
+
+// Mux serves the charges flow (Stripe profile, default DefaultWait,
+// respond-async honoured, its runs without a client bounded by detached,
+// nil: the process's default) with its status monitor, and the webhook
+// receiver on runner, whose Config.Flows holds both flows.
+func Mux(runner *idem.Runner, charges *idem.Flow[ChargeParams], webhookSecrets []string, detached *idemhttp.DetachedRuns) (*http.ServeMux, error) {
 	h, err := idemhttp.New(runner, charges, &idemhttp.Config[ChargeParams]{
 		Scope: func(r *http.Request) (string, error) {
 			key, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
@@ -150,7 +156,10 @@ func Mux(runner *idem.Runner, charges *idem.Flow[ChargeParams], webhookSecrets [
 			}
 			return "account:" + key, nil
 		},
-		Profile: idemhttp.ProfileStripe,
+		Profile:      idemhttp.ProfileStripe,
+		RespondAsync: true,
+		MonitorURL:   MonitorURL,
+		Detached:     detached,
 	})
 	if err != nil {
 		return nil, err
@@ -167,6 +176,7 @@ func Mux(runner *idem.Runner, charges *idem.Flow[ChargeParams], webhookSecrets [
 	}
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/charges", h)
+	mux.Handle("GET "+MonitorURL, h.Monitor()) // its Scope authenticates
 	mux.Handle("POST /webhooks/stripe", wh)
 	return mux, nil
 }

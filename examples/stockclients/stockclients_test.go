@@ -17,6 +17,8 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -45,7 +47,8 @@ const webhookSecret = "whsec_stockclients_0123456789"
 
 func TestMain(m *testing.M) {
 	if addr := os.Getenv(serveEnv); addr != "" {
-		if err := serve(addr, os.Getenv("STOCKCLIENTS_DB"), os.Getenv("STOCKCLIENTS_SCHEMA"), os.Getenv("STOCKCLIENTS_CARD")); err != nil {
+		if err := serve(addr, os.Getenv("STOCKCLIENTS_DB"), os.Getenv("STOCKCLIENTS_SCHEMA"), os.Getenv("STOCKCLIENTS_CARD"),
+			os.Getenv("STOCKCLIENTS_DETACHED")); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
@@ -58,8 +61,9 @@ func TestMain(m *testing.M) {
 // store with an Instance (a restarted process takes its own keys over at
 // once), a runner that knows both flows, a Maintainer (the completer
 // finishes what clients abandon) stopped before the store closes, and an
-// http.Server with timeouts.
-func serve(addr, databaseURL, schema, cardURL string) error {
+// http.Server with timeouts. detached, when set, is the limit of the
+// process's runs without a client (idemhttp.DetachedRuns).
+func serve(addr, databaseURL, schema, cardURL, detached string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	pool, err := pgxpool.New(ctx, databaseURL)
@@ -91,7 +95,15 @@ func serve(addr, databaseURL, schema, cardURL string) error {
 	// Shutdown order: stop the Maintainer and wait for it, then the store.
 	defer func() { cancel(); <-done }()
 
-	mux, err := stockclients.Mux(runner, charges, []string{webhookSecret})
+	var bound *idemhttp.DetachedRuns
+	if detached != "" {
+		limit, err := strconv.Atoi(detached)
+		if err != nil {
+			return err
+		}
+		bound = idemhttp.NewDetachedRuns(limit)
+	}
+	mux, err := stockclients.Mux(runner, charges, []string{webhookSecret}, bound)
 	if err != nil {
 		return err
 	}
@@ -106,15 +118,29 @@ func serve(addr, databaseURL, schema, cardURL string) error {
 
 // cardNetwork is the fake card network: it deduplicates on the
 // Idempotency-Key (the downstream key), keeps a ledger, fails 3% of calls
-// before doing anything and drops the answer of 3% after charging.
+// before doing anything and drops the answer of 3% after charging. With
+// a gate, its first holdFirst calls wait, before anything, until the gate
+// opens or their caller goes away.
 type cardNetwork struct {
 	mu              sync.Mutex
 	byKey           map[string]string              // downstream key -> card charge id
 	byOrder         map[string]map[string]struct{} // order -> card charge ids
 	failed, dropped atomic.Int64
+
+	gate        chan struct{}
+	holdFirst   int64
+	calls, held atomic.Int64
 }
 
 func (c *cardNetwork) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if c.gate != nil && c.calls.Add(1) <= c.holdFirst {
+		c.held.Add(1)
+		select {
+		case <-c.gate:
+		case <-r.Context().Done():
+			return
+		}
+	}
 	var in struct {
 		OrderID string `json:"order_id"`
 	}
@@ -216,6 +242,7 @@ func (p *dropProxy) roundTrip(out *http.Request, body []byte) (*http.Response, e
 
 // env is a server process behind the drop proxy, with its card network.
 type env struct {
+	opts    serverOptions
 	schema  *pgtest.Schema
 	card    *cardNetwork
 	proxy   *dropProxy
@@ -226,14 +253,33 @@ type env struct {
 	cmd     *exec.Cmd
 	output  *testfixture.Buffer
 	kills   int
+
+	gateOnce sync.Once
+}
+
+// serverOptions are what a test changes of the server process and its
+// card network.
+type serverOptions struct {
+	detached  int   // the process's idemhttp.DetachedRuns limit; 0: the default
+	poolConns int   // pgxpool's pool_max_conns; 0: pgxpool's default
+	holdFirst int64 // the card network holds its first holdFirst calls until the gate opens (openGate)
 }
 
 func setup(t *testing.T) *env {
 	t.Helper()
+	return setupWith(t, serverOptions{})
+}
+
+func setupWith(t *testing.T, opts serverOptions) *env {
+	t.Helper()
 	schema := pgtest.NewMigratedSchema(t)
 	require.NoError(t, stockclients.Migrate(context.Background(), schema.Pool))
-	e := &env{schema: schema, card: &cardNetwork{byKey: map[string]string{}, byOrder: map[string]map[string]struct{}{}},
+	e := &env{opts: opts, schema: schema, card: &cardNetwork{byKey: map[string]string{}, byOrder: map[string]map[string]struct{}{}},
 		output: &testfixture.Buffer{}}
+	if opts.holdFirst > 0 {
+		e.card.gate, e.card.holdFirst = make(chan struct{}), opts.holdFirst
+		t.Cleanup(e.openGate)
+	}
 	cardSrv := httptest.NewServer(e.card)
 	t.Cleanup(cardSrv.Close)
 	e.cardURL = cardSrv.URL
@@ -262,8 +308,19 @@ func setup(t *testing.T) *env {
 func (e *env) start(t *testing.T) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), serveEnv+"="+e.addr, "STOCKCLIENTS_DB="+e.schema.URL,
+	dbURL := e.schema.URL
+	if e.opts.poolConns > 0 {
+		sep := "?"
+		if strings.Contains(dbURL, "?") {
+			sep = "&"
+		}
+		dbURL += sep + "pool_max_conns=" + strconv.Itoa(e.opts.poolConns)
+	}
+	cmd.Env = append(os.Environ(), serveEnv+"="+e.addr, "STOCKCLIENTS_DB="+dbURL,
 		"STOCKCLIENTS_SCHEMA="+e.schema.Name, "STOCKCLIENTS_CARD="+e.cardURL)
+	if e.opts.detached > 0 {
+		cmd.Env = append(cmd.Env, "STOCKCLIENTS_DETACHED="+strconv.Itoa(e.opts.detached))
+	}
 	cmd.Stdout, cmd.Stderr = e.output, e.output
 	require.NoError(t, cmd.Start())
 	e.cmd = cmd
@@ -472,4 +529,9 @@ func TestStripeSignedWebhooks(t *testing.T) {
 	require.Error(t, err, "an empty secret is refused when the verifier is built")
 	t.Logf("webhooks: %d stripe-go-signed events delivered 3 times each at once: %d deliveries answered 200, %d events booked; forged delivery 400; empty secret refused at build: %v",
 		events, accepted.Load(), booked, err)
+}
+
+// openGate lets the card network's held calls, and every later one, through.
+func (e *env) openGate() {
+	e.gateOnce.Do(func() { close(e.card.gate) })
 }

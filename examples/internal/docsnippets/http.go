@@ -65,3 +65,19 @@ func httpWiring(runner *idem.Runner, createRide *idem.Flow[RideParams], orders *
 
 	return mux, r, nil
 }
+
+// httpLongRequests holds docs/http.md, "Long requests".
+func httpLongRequests(runner *idem.Runner, createRide *idem.Flow[RideParams], scopeFromAuth func(*http.Request) (string, error),
+	auth func(http.Handler) http.Handler, mux *http.ServeMux) error {
+	rides, err := idemhttp.New(runner, createRide, &idemhttp.Config[RideParams]{
+		Scope:        scopeFromAuth,
+		RespondAsync: true,
+		MonitorURL:   "/rides/requests",
+	})
+	if err != nil {
+		return err
+	}
+	mux.Handle("POST /rides", rides)
+	mux.Handle("GET /rides/requests", auth(rides.Monitor())) // behind the same authentication
+	return nil
+}
