@@ -96,8 +96,8 @@ func requireHealthySummary(t *testing.T, out string) map[string]float64 {
 	for _, name := range invariantNames {
 		require.Zero(t, summary[name], "invariant %q in:\n%s", name, out)
 	}
-	require.Positive(t, summary["requests"])
-	require.Positive(t, summary["succeeded (201)"])
+	require.Positive(t, summary["requests"], "no request in:\n%s", out)
+	require.Positive(t, summary["succeeded (201)"], "no ride in:\n%s", out)
 	require.Equal(t, summary["succeeded (201)"], summary["charges in ledger"], "one charge per ride:\n%s", out)
 	require.Equal(t, summary["succeeded (201)"]+summary["declined (402)"], summary["requests"], "every request finished:\n%s", out)
 	return summary
