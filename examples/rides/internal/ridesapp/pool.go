@@ -40,7 +40,7 @@ func ParsePoolConfig(ctx context.Context, databaseURL string) (*pgxpool.Config, 
 // sends when a statement's context ends mid-statement (pgx v5 sends one
 // whichever context watcher handler is set, as it closes the interrupted
 // connection). A cancel request is a connection of its own, and PgBouncer
-// 1.18 exits (pgbouncer#801, fixed in 1.19) when that connection goes
+// 1.18 exits (pgbouncer#801, fixed upstream by pgbouncer#846) when that connection goes
 // away before the bouncer forwarded it: a process killed or stopping, a
 // client that gives up. Without it the interrupted statement runs on to
 // its end (statement_timeout bounds it) on a server connection the pooler
