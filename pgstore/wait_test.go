@@ -2,13 +2,10 @@ package pgstore
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"log/slog"
-	"net"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -335,7 +332,7 @@ func TestLeavingAWatchSendsNoCancelRequest(t *testing.T) {
 	schema := pgtest.NewMigratedSchema(t)
 	cfg, err := pgxpool.ParseConfig(schema.URL)
 	require.NoError(t, err)
-	cancels := countCancelRequests(cfg.ConnConfig)
+	cancels := pgtest.CountCancelRequests(cfg.ConnConfig)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
@@ -368,34 +365,4 @@ func TestLeavingAWatchSendsNoCancelRequest(t *testing.T) {
 		return err == nil && !running
 	}, time.Minute, 5*time.Millisecond, "the mark finished")
 	require.Zero(t, cancels.Load(), "no cancel request for the mark of a watch nobody waits on")
-}
-
-// countCancelRequests makes cfg's connections count the cancel requests
-// they send: a connection whose first write is a CancelRequest packet.
-func countCancelRequests(cfg *pgx.ConnConfig) *atomic.Int64 {
-	var n atomic.Int64
-	dial := cfg.DialFunc
-	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		conn, err := dial(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return &cancelSpotter{Conn: conn, count: &n}, nil
-	}
-	return &n
-}
-
-type cancelSpotter struct {
-	net.Conn
-	count *atomic.Int64
-	wrote bool
-}
-
-func (c *cancelSpotter) Write(p []byte) (int, error) {
-	// CancelRequest: length 16, then the code 80877102.
-	if !c.wrote && len(p) >= 8 && binary.BigEndian.Uint32(p) == 16 && binary.BigEndian.Uint32(p[4:]) == 80877102 {
-		c.count.Add(1)
-	}
-	c.wrote = true
-	return c.Conn.Write(p)
 }

@@ -28,6 +28,13 @@ func TestDemoThroughPgBouncer(t *testing.T) {
 			})
 			out, _ := runDemoWithKills(t, "5s", "DATABASE_URL="+bounced.BouncedURL+"&default_query_exec_mode="+mode)
 			require.True(t, bounced.Bouncer.Alive(), "pgbouncer exited:\n%s", bounced.Bouncer.Log())
+			// A LISTEN through the pooler stays on a server connection that
+			// others then use, and the bouncer warns of each notification
+			// that arrives on it while no client is linked.
+			for line := range strings.Lines(bounced.Bouncer.Log()) {
+				require.False(t, strings.Contains(line, bounced.Name) && strings.Contains(line, "when not linked"),
+					"a LISTEN went through the pooler: %s", line)
+			}
 			t.Logf("demo through pgbouncer, %s:\n%s", mode, out[strings.Index(out, "server kills:"):])
 		})
 	}

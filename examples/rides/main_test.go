@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -95,8 +96,8 @@ func requireHealthySummary(t *testing.T, out string) map[string]float64 {
 	for _, name := range invariantNames {
 		require.Zero(t, summary[name], "invariant %q in:\n%s", name, out)
 	}
-	require.Positive(t, summary["requests"])
-	require.Positive(t, summary["succeeded (201)"])
+	require.Positive(t, summary["requests"], "no request in:\n%s", out)
+	require.Positive(t, summary["succeeded (201)"], "no ride in:\n%s", out)
 	require.Equal(t, summary["succeeded (201)"], summary["charges in ledger"], "one charge per ride:\n%s", out)
 	require.Equal(t, summary["succeeded (201)"]+summary["declined (402)"], summary["requests"], "every request finished:\n%s", out)
 	return summary
@@ -125,7 +126,9 @@ func runDemoWithKills(t *testing.T, duration string, env ...string) (string, map
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
-	cmd := command(ctx, []string{"demo", "--duration", duration, "--kill-every", "1500ms", "--clients", "6", "--log-dir", t.TempDir()}, env...)
+	logDir := t.TempDir()
+	logTailsOnFailure(t, logDir)
+	cmd := command(ctx, []string{"demo", "--duration", duration, "--kill-every", "1500ms", "--clients", "6", "--log-dir", logDir}, env...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
 	out := stdout.String()
@@ -133,6 +136,30 @@ func runDemoWithKills(t *testing.T, duration string, env ...string) (string, map
 	summary := requireHealthySummary(t, out)
 	require.Positive(t, summary["server kills"], "the demo killed no server:\n%s", out)
 	return out, summary
+}
+
+// logTailsOnFailure logs, if t fails, the end of each serve process's log in
+// the demo's logDir: the directory is t's and goes away with it, and a serve
+// that exits or misbehaves says why only there.
+func logTailsOnFailure(t *testing.T, logDir string) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		logs, _ := filepath.Glob(filepath.Join(logDir, "serve-*.log"))
+		for _, path := range logs {
+			content, err := os.ReadFile(path)
+			if err != nil {
+				t.Logf("%s: %v", path, err)
+				continue
+			}
+			const tail = 8 << 10
+			if len(content) > tail {
+				content = content[len(content)-tail:]
+			}
+			t.Logf("end of %s:\n%s", filepath.Base(path), content)
+		}
+	})
 }
 
 // Ctrl-C stops the demo and everything it started: the serve processes and

@@ -70,6 +70,11 @@ type QueueConfig struct {
 	// processes on purpose, sets them short.
 	JobTimeout           time.Duration
 	RescueStuckJobsAfter time.Duration
+
+	// PollOnly is River's: the client polls for jobs and leadership
+	// instead of LISTENing, which a transaction pooler (PgBouncer
+	// pool_mode=transaction) cannot carry. Serve sets it behind a pooler.
+	PollOnly bool
 }
 
 // App is the rides service: its flow, the idem runner that drives it, the
@@ -144,6 +149,7 @@ func New(cfg *Config) (*App, error) {
 		Logger:               a.logger,
 		JobTimeout:           cfg.Queue.JobTimeout,
 		RescueStuckJobsAfter: cfg.Queue.RescueStuckJobsAfter,
+		PollOnly:             cfg.Queue.PollOnly,
 	}
 	if cfg.Queue.Work {
 		maxWorkers := cfg.Queue.MaxWorkers

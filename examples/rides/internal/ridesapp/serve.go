@@ -61,9 +61,9 @@ func Serve(ctx context.Context, cfg *ServeConfig) error {
 		logger = slog.Default()
 	}
 
-	poolConfig, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	poolConfig, pooled, err := ParsePoolConfig(ctx, cfg.DatabaseURL)
 	if err != nil {
-		return fmt.Errorf("rides: database URL: %w", err)
+		return err
 	}
 	if !strings.Contains(cfg.DatabaseURL, "pool_max_conns") {
 		poolConfig.MaxConns = defaultMaxConns
@@ -83,6 +83,10 @@ func Serve(ctx context.Context, cfg *ServeConfig) error {
 
 	queue := cfg.Queue
 	queue.Work = true
+	// A transaction pooler hands each transaction any server connection:
+	// River's LISTEN would land on one that others then use, and its
+	// notifications arrive when no client is linked to it.
+	queue.PollOnly = queue.PollOnly || pooled
 	app, err := New(&Config{
 		Pool: pool,
 		Payments: &fakepay.Client{BaseURL: cfg.PaymentsURL, HTTPClient: &http.Client{Transport: &http.Transport{

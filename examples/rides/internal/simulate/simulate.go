@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -53,7 +54,8 @@ type Config struct {
 	// Clients is how many requests are in flight at once. Default 8.
 	Clients int
 
-	// Duration is how long new requests are started. Requests in flight
+	// Duration is how long new requests are started, after each client's
+	// first, which it always sends. Requests in flight
 	// when it ends are still retried to a final status. Default 20s.
 	Duration time.Duration
 
@@ -245,12 +247,15 @@ func Run(ctx context.Context, config *Config) (*Report, error) {
 	go s.progress(ctx, &started, progressDone)
 	for range cfg.Clients {
 		wg.Go(func() {
-			for time.Now().Before(stopStarting) && ctx.Err() == nil {
+			// Each client sends at least one request: on a loaded machine
+			// the window may have passed before the clients start, and a
+			// run with nothing to audit proves nothing.
+			for first := true; (first || time.Now().Before(stopStarting)) && ctx.Err() == nil; first = false {
 				n := started.Add(1)
 				if cfg.Requests > 0 && n > int64(cfg.Requests) {
 					return
 				}
-				q := s.newRequest()
+				q := s.newRequest(n - 1)
 				mu.Lock()
 				requests = append(requests, q)
 				mu.Unlock()
@@ -280,9 +285,12 @@ func Run(ctx context.Context, config *Config) (*Report, error) {
 }
 
 // newRequest makes a ride request with random coordinates.
-func (s *simulator) newRequest() *request {
+// newRequest makes the run's nth request (from 0). The declined user's are
+// DeclinedShare of them exactly, the first among them, rather than drawn at
+// random: a short run (few requests, on a loaded machine) still has some.
+func (s *simulator) newRequest(n int64) *request {
 	q := &request{key: uuid.NewString(), email: ridesapp.GoodUserEmail}
-	if rand.Float64() < s.cfg.DeclinedShare {
+	if share := s.cfg.DeclinedShare; share > 0 && math.Ceil(float64(n+1)*share) > math.Ceil(float64(n)*share) {
 		q.email, q.declined = ridesapp.BadSourceUserEmail, true
 	}
 	coordinate := func(limit float64) string {
