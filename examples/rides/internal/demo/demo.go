@@ -272,14 +272,36 @@ func serverAddr(rawURL string) string {
 	return "?"
 }
 
-// freePort asks the kernel for a free TCP port on the loopback interface.
+// freePort finds a free TCP port on the loopback interface for a slot,
+// which keeps it across its process's restarts. It is taken below the
+// kernel's ephemeral range: a port from that range (what listening on port
+// 0 gives) is free while the slot's process restarts, and any outgoing
+// connection on the machine (a pool's, a bouncer's) may take it as its
+// local port meanwhile, so the restarted process cannot listen.
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	low := ephemeralLow()
+	for range 100 {
+		port := 10000 + rand.N(max(low-10000, 1))
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err != nil {
+			continue // taken: try another
+		}
+		l.Close()
+		return port, nil
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("no free port below the ephemeral range after 100 tries")
+}
+
+// ephemeralLow is the low end of the kernel's ephemeral port range: Linux's
+// setting where it can be read, else IANA's 49152.
+func ephemeralLow() int {
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		var low, high int
+		if _, err := fmt.Sscan(string(b), &low, &high); err == nil && low > 10001 {
+			return low
+		}
+	}
+	return 49152
 }
 
 // jittered returns a duration uniformly between d/2 and 3d/2.
