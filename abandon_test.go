@@ -107,8 +107,8 @@ func TestAbandonedKeyIsEndedAfterAWeek(t *testing.T) {
 	// A live lease protects a key however old it is.
 	pause := testfixture.NewPause(t)
 	delete(b.hooks, "charge_created")
-	b.hooks["ride_created"] = func(ctx context.Context, _ idem.Tx, _ *idem.Attempt[rideInput]) error {
-		pause.Hold(ctx)
+	b.hooks["ride_created"] = func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
+		pause.Hold(context.Background())
 		return nil
 	}
 	done := make(chan error, 1)

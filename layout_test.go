@@ -100,8 +100,8 @@ func newKeyReplayMismatchInProgress(t *testing.T, b *testBundle) {
 
 	// Hold k2 inside its first phase: a second request is in progress.
 	pause := testfixture.NewPause(t)
-	b.hooks["ride_created"] = func(ctx context.Context, _ idem.Tx, _ *idem.Attempt[rideInput]) error {
-		pause.Hold(ctx)
+	b.hooks["ride_created"] = func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
+		pause.Hold(context.Background())
 		return nil
 	}
 	done := make(chan error, 1)

@@ -293,7 +293,7 @@ func takeOverAPausedWorker(t *testing.T, b *testBundle, write func(context.Conte
 		if err := write(ctx, tx, run); err != nil {
 			return err
 		}
-		pause.Hold(ctx)
+		pause.Hold(context.Background())
 		return nil
 	}
 	type result struct {
@@ -373,8 +373,8 @@ func heartbeatKeepsASlowPhaseLease(t *testing.T, b *testBundle) {
 		}),
 	})
 	pause := testfixture.NewPause(t)
-	b.hooks["charge_created"] = func(ctx context.Context, _ idem.Tx, _ *idem.Attempt[rideInput]) error {
-		pause.Hold(ctx)
+	b.hooks["charge_created"] = func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
+		pause.Hold(context.Background())
 		return nil
 	}
 	done := make(chan error, 1)

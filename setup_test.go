@@ -263,8 +263,8 @@ type executed struct {
 func startPausedIn(t *testing.T, b *testBundle, phase string, cfg *idem.Config, req idem.Request) (done <-chan executed, release func()) {
 	t.Helper()
 	pause := testfixture.NewPause(t)
-	b.hooks[phase] = func(ctx context.Context, _ idem.Tx, _ *idem.Attempt[rideInput]) error {
-		pause.Hold(ctx)
+	b.hooks[phase] = func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
+		pause.Hold(context.Background())
 		return nil
 	}
 	ended := make(chan executed, 1)

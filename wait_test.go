@@ -48,8 +48,8 @@ func setupWaitOn(t *testing.T, tb *testBundle, wrap func(idemdriver.Store) idemd
 func setupWaitWith(t *testing.T, tb *testBundle, wrap func(idemdriver.Store) idemdriver.Store, tune func(*idem.Config)) *waitBench {
 	t.Helper()
 	b := &waitBench{testBundle: tb, pause: testfixture.NewPause(t), inProgress: make(chan struct{}, 16)}
-	b.hooks["charge_created"] = func(ctx context.Context, _ idem.Tx, _ *idem.Attempt[rideInput]) error {
-		if b.pause.Hold(ctx) && b.fail.Load() {
+	b.hooks["charge_created"] = func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
+		if b.pause.Hold(context.Background()) && b.fail.Load() {
 			return errors.New("provider down")
 		}
 		return nil
@@ -233,7 +233,7 @@ func TestWaitWakesAfterAFinishAtRepeatableRead(t *testing.T) {
 				if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
 					return err
 				}
-				pause.Hold(ctx)
+				pause.Hold(context.Background())
 				return nil
 			}
 			first := b.execute("k-1", 0)

@@ -365,8 +365,8 @@ func decodeProblem(t testing.TB, res *httptest.ResponseRecorder) *problemJSON {
 // straight through.
 func (b *bundle) blockPhase(t testing.TB, phase string) (entered <-chan struct{}, release func()) {
 	pause := testfixture.NewPause(t)
-	b.setHook(phase, func(ctx context.Context, _ idem.Tx, _ *idem.Attempt[rideInput]) error {
-		pause.Hold(ctx)
+	b.setHook(phase, func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
+		pause.Hold(context.Background())
 		return nil
 	})
 	return pause.Reached(), pause.Release
