@@ -55,15 +55,7 @@ type schemaShape struct {
 func NewMigratedSchema(t testing.TB) *Schema {
 	t.Helper()
 	schema, drop, err := OpenMigratedSchema(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := drop(); err != nil {
-			t.Errorf("%v", err)
-		}
-	})
-	return schema
+	return forTest(t, schema, drop, err)
 }
 
 // OpenMigratedSchema is NewMigratedSchema for code that has no testing.TB: the caller must call

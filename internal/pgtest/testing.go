@@ -77,6 +77,13 @@ type Schema struct {
 func NewSchema(t testing.TB) *Schema {
 	t.Helper()
 	schema, drop, err := OpenSchema(context.Background())
+	return forTest(t, schema, drop, err)
+}
+
+// forTest returns what an Open*Schema opened for t, failing t on err, and closes it (drop) when t
+// ends.
+func forTest(t testing.TB, schema *Schema, drop func() error, err error) *Schema {
+	t.Helper()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,14 +250,7 @@ func NewBouncedSchema(t testing.TB) *BouncedSchema {
 	bouncer := SharedBouncer(t)
 	// Not checked in for reuse: the bouncer keeps server connections to it, under its name.
 	schema, drop, err := openMigratedSchema(context.Background(), false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := drop(); err != nil {
-			t.Errorf("%v", err)
-		}
-	})
+	schema = forTest(t, schema, drop, err)
 	dbURL := DatabaseURL(t)
 	u, err := url.Parse(dbURL)
 	if err != nil {
