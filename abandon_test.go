@@ -3,7 +3,6 @@ package idem_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/internal/testfixture"
 )
 
 // The reaper ends unfinished keys abandoned past their flow's AbandonAfter
@@ -105,15 +105,10 @@ func TestAbandonedKeyIsEndedAfterAWeek(t *testing.T) {
 	require.Zero(t, b.countRows(t, "idem_keys"))
 
 	// A live lease protects a key however old it is.
-	entered, release := make(chan struct{}), make(chan struct{})
-	var releaseOnce sync.Once
-	// Released however the test ends: a stuck phase would hold its
-	// transaction, and the schema could not be dropped.
-	defer releaseOnce.Do(func() { close(release) })
+	pause := testfixture.NewPause(t)
 	delete(b.hooks, "charge_created")
 	b.hooks["ride_created"] = func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
-		close(entered)
-		<-release
+		pause.Hold(context.Background())
 		return nil
 	}
 	done := make(chan error, 1)
@@ -121,14 +116,14 @@ func TestAbandonedKeyIsEndedAfterAWeek(t *testing.T) {
 		_, err := r.Execute(ctx, b.flow, b.request("k2", rideInput{Origin: "SF", Amount: 5}))
 		done <- err
 	}()
-	<-entered
+	<-pause.Reached()
 	b.clock.Advance(30 * 24 * time.Hour)
 	_, err = b.pool.Exec(ctx, `UPDATE idem_leases SET lease_expires_at = $1::timestamptz + interval '1 hour'`, b.clock.Now())
 	require.NoError(t, err) // as the heartbeat would
 	res, err = r.Reap(ctx, nil)
 	require.NoError(t, err)
 	require.Zero(t, res.Abandoned)
-	releaseOnce.Do(func() { close(release) })
+	pause.Release()
 	// The worker may go on, or, having seen a month pass since it last
 	// renewed its lease, fence itself off before its foreign call; either
 	// way the reaper left its key alone.

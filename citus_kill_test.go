@@ -19,6 +19,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/internal/pgtest"
+	"github.com/go-idem/idem/internal/testfixture"
 )
 
 // A Citus worker killed with SIGKILL mid-traffic, on a cluster of the
@@ -67,19 +68,13 @@ func TestCitusWorkerKilledMidTraffic(t *testing.T) {
 
 	// Every phase body counts itself against its key; the held key waits in
 	// its second phase until the victim is dead.
-	entered, release := make(chan struct{}), make(chan struct{})
-	releaseOnce := sync.OnceFunc(func() { close(release) })
-	t.Cleanup(releaseOnce)
+	pause := testfixture.NewPause(t)
 	for _, phase := range []string{"ride_created", "charge_created", "receipt_enqueued"} {
 		b.hooks[phase] = func(ctx context.Context, _ idem.Tx, run *idem.Attempt[rideInput]) error {
 			s := byScope[run.Key().Scope]
 			s.bodies.Add(1)
-			if s == held && phase == "charge_created" && !closed(release) {
-				close(entered)
-				select {
-				case <-release:
-				case <-ctx.Done():
-				}
+			if s == held && phase == "charge_created" {
+				pause.Hold(ctx)
 			}
 			return nil
 		}
@@ -120,7 +115,7 @@ func TestCitusWorkerKilledMidTraffic(t *testing.T) {
 	}
 	killErr := make(chan error, 1)
 	go func() {
-		for _, ready := range []chan struct{}{third, entered} {
+		for _, ready := range []<-chan struct{}{third, pause.Reached()} {
 			select {
 			case <-ready:
 			case <-ctx.Done():
@@ -130,7 +125,7 @@ func TestCitusWorkerKilledMidTraffic(t *testing.T) {
 		}
 		err := victim.Kill()
 		killed.Store(true)
-		releaseOnce()
+		pause.Release()
 		killErr <- err
 	}()
 	// The held key goes first, so that it is inside its phase early.
@@ -285,15 +280,6 @@ func countIf[T any](xs []T, pred func(T) bool) int {
 		}
 	}
 	return n
-}
-
-func closed(c <-chan struct{}) bool {
-	select {
-	case <-c:
-		return true
-	default:
-		return false
-	}
 }
 
 func firstLine(s string) string {

@@ -300,10 +300,10 @@ func TestCitusWaitPolls(t *testing.T) {
 	t.Parallel()
 	b := setupWaitOn(t, setupCitus(t), nil)
 	first := b.execute("k-1", 0)
-	<-b.entered
+	<-b.pause.Reached()
 	waiter := b.execute("k-1", time.Minute)
 	<-b.inProgress
-	b.open()
+	b.pause.Release()
 	one, two := <-first, <-waiter
 	require.NoError(t, one.err)
 	require.NoError(t, two.err)

@@ -67,20 +67,10 @@ func TestFailoverRunnerAndMaintainerCarryOn(t *testing.T) {
 	}
 	// The request in flight at the kill waits inside its charge phase, before
 	// the call, until the primary is dead.
-	entered, release := make(chan struct{}), make(chan struct{})
+	pause := testfixture.NewPause(t)
 	b.hooks["charge_created"] = func(ctx context.Context, _ idem.Tx, run *idem.Attempt[rideInput]) error {
-		if run.Key().Key != "in-flight" {
-			return nil
-		}
-		select {
-		case <-release:
-			return nil
-		default:
-		}
-		close(entered)
-		select {
-		case <-release:
-		case <-ctx.Done():
+		if run.Key().Key == "in-flight" {
+			pause.Hold(ctx)
 		}
 		return nil
 	}
@@ -129,14 +119,14 @@ func TestFailoverRunnerAndMaintainerCarryOn(t *testing.T) {
 		inFlight <- err
 	}()
 	select {
-	case <-entered:
+	case <-pause.Reached():
 	case <-ctx.Done():
 		t.Fatal("the request never entered its charge phase")
 	}
 
 	killed := time.Now()
 	require.NoError(t, pair.KillPrimary())
-	close(release)
+	pause.Release()
 	select {
 	case err := <-inFlight:
 		require.ErrorIs(t, err, idem.ErrStoreUnavailable, "the interrupted request fails closed")

@@ -2,7 +2,6 @@ package idem_test
 
 import (
 	"context"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/internal/testfixture"
 )
 
 // layouts are the database layouts the core suite runs on, as River's
@@ -99,12 +99,9 @@ func newKeyReplayMismatchInProgress(t *testing.T, b *testBundle) {
 	require.Equal(t, idem.OutcomeMismatch, mismatch.Kind)
 
 	// Hold k2 inside its first phase: a second request is in progress.
-	entered, proceed := make(chan struct{}), make(chan struct{})
-	letGo := sync.OnceFunc(func() { close(proceed) })
-	t.Cleanup(letGo)
+	pause := testfixture.NewPause(t)
 	b.hooks["ride_created"] = func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
-		close(entered)
-		<-proceed
+		pause.Hold(context.Background())
 		return nil
 	}
 	done := make(chan error, 1)
@@ -112,11 +109,11 @@ func newKeyReplayMismatchInProgress(t *testing.T, b *testBundle) {
 		_, err := r.Execute(ctx, b.flow, b.request("k2", rideInput{Origin: "SF", Amount: 5}))
 		done <- err
 	}()
-	<-entered
+	<-pause.Reached()
 	busy, err := b.runner(t, nil).Execute(ctx, b.flow, b.request("k2", rideInput{Origin: "SF", Amount: 5}))
 	require.ErrorIs(t, err, idem.ErrInProgress)
 	require.Equal(t, idem.OutcomeInProgress, busy.Kind)
-	letGo()
+	pause.Release()
 	require.NoError(t, <-done)
 }
 
@@ -125,10 +122,10 @@ func newKeyReplayMismatchInProgress(t *testing.T, b *testBundle) {
 func waitGetsTheFirstAnswer(t *testing.T, tb *testBundle) {
 	b := setupWaitOn(t, tb, nil)
 	first := b.execute("k-1", 0)
-	<-b.entered
+	<-b.pause.Reached()
 	waiter := b.execute("k-1", time.Minute)
 	<-b.inProgress
-	b.open()
+	b.pause.Release()
 	one, two := <-first, <-waiter
 	require.NoError(t, one.err)
 	require.NoError(t, two.err)

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/internal/testfixture"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -282,9 +283,7 @@ func crashLeavesKeyLockedUntilLeaseExpires(t *testing.T, b *testBundle) {
 func takeOverAPausedWorker(t *testing.T, b *testBundle, write func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error) (*idem.Outcome, error) {
 	t.Helper()
 	ctx := context.Background()
-	paused, resume := make(chan struct{}), make(chan struct{})
-	letGo := sync.OnceFunc(func() { close(resume) })
-	t.Cleanup(letGo)
+	pause := testfixture.NewPause(t)
 	var first atomic.Bool
 	first.Store(true)
 	b.hooks["ride_created"] = func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) error {
@@ -294,8 +293,7 @@ func takeOverAPausedWorker(t *testing.T, b *testBundle, write func(context.Conte
 		if err := write(ctx, tx, run); err != nil {
 			return err
 		}
-		close(paused)
-		<-resume
+		pause.Hold(context.Background())
 		return nil
 	}
 	type result struct {
@@ -309,7 +307,7 @@ func takeOverAPausedWorker(t *testing.T, b *testBundle, write func(context.Conte
 		staleDone <- result{out, err}
 	}()
 	select {
-	case <-paused:
+	case <-pause.Reached():
 	case r := <-staleDone:
 		t.Fatalf("the first worker ended before pausing in its phase: %v", r.err)
 	}
@@ -321,7 +319,7 @@ func takeOverAPausedWorker(t *testing.T, b *testBundle, write func(context.Conte
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.True(t, out.TookOver)
 
-	letGo()
+	pause.Release()
 	r := <-staleDone
 	return r.out, r.err
 }
@@ -374,12 +372,9 @@ func heartbeatKeepsASlowPhaseLease(t *testing.T, b *testBundle) {
 			}
 		}),
 	})
-	inside, finish := make(chan struct{}), make(chan struct{})
-	letGo := sync.OnceFunc(func() { close(finish) })
-	t.Cleanup(letGo)
+	pause := testfixture.NewPause(t)
 	b.hooks["charge_created"] = func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
-		close(inside)
-		<-finish
+		pause.Hold(context.Background())
 		return nil
 	}
 	done := make(chan error, 1)
@@ -388,7 +383,7 @@ func heartbeatKeepsASlowPhaseLease(t *testing.T, b *testBundle) {
 		done <- err
 	}()
 	select {
-	case <-inside:
+	case <-pause.Reached():
 	case err := <-done:
 		t.Fatalf("the slow worker ended before reaching its slow phase: %v", err)
 	}
@@ -410,7 +405,7 @@ func heartbeatKeepsASlowPhaseLease(t *testing.T, b *testBundle) {
 		require.ErrorIs(t, err, idem.ErrInProgress, "round %d", i)
 		require.Equal(t, idem.OutcomeInProgress, out.Kind)
 	}
-	letGo()
+	pause.Release()
 	require.NoError(t, <-done)
 	require.Equal(t, int64(1), b.key(t, "k1").Fence, "never taken over")
 	require.Equal(t, 1, b.counts.Get()["charge_created"])

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -264,15 +262,9 @@ type executed struct {
 // in a phase.
 func startPausedIn(t *testing.T, b *testBundle, phase string, cfg *idem.Config, req idem.Request) (done <-chan executed, release func()) {
 	t.Helper()
-	entered, out := make(chan struct{}), make(chan struct{})
-	release = sync.OnceFunc(func() { close(out) })
-	t.Cleanup(release) // a failing test must not leave the worker holding a connection
-	var first atomic.Bool
+	pause := testfixture.NewPause(t)
 	b.hooks[phase] = func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
-		if first.CompareAndSwap(false, true) {
-			close(entered)
-			<-out
-		}
+		pause.Hold(context.Background())
 		return nil
 	}
 	ended := make(chan executed, 1)
@@ -282,9 +274,9 @@ func startPausedIn(t *testing.T, b *testBundle, phase string, cfg *idem.Config, 
 		ended <- executed{o, err}
 	}()
 	select {
-	case <-entered:
+	case <-pause.Reached():
 	case e := <-ended:
 		t.Fatalf("the first request ended before pausing in %s: %v", phase, e.err)
 	}
-	return ended, release
+	return ended, pause.Release
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/internal/testfixture"
 	"github.com/go-idem/idem/internal/wirecount"
 	"github.com/go-idem/idem/pgstore"
 )
@@ -27,9 +27,7 @@ import (
 type waitBench struct {
 	*testBundle
 	runner     *idem.Runner
-	entered    chan struct{}
-	release    chan struct{}
-	open       func()
+	pause      *testfixture.Pause // holds the first charge
 	fail       atomic.Bool
 	inProgress chan struct{}
 }
@@ -49,21 +47,9 @@ func setupWaitOn(t *testing.T, tb *testBundle, wrap func(idemdriver.Store) idemd
 // setupWaitWith is setupWaitOn with the runner's configuration tuned.
 func setupWaitWith(t *testing.T, tb *testBundle, wrap func(idemdriver.Store) idemdriver.Store, tune func(*idem.Config)) *waitBench {
 	t.Helper()
-	b := &waitBench{testBundle: tb, entered: make(chan struct{}), release: make(chan struct{}), inProgress: make(chan struct{}, 16)}
-	b.open = sync.OnceFunc(func() { close(b.release) })
-	// A test that fails before it opens the gate must not leave the phase
-	// blocked on a connection the schema's cleanup waits for.
-	t.Cleanup(b.open)
-	var once sync.Once
+	b := &waitBench{testBundle: tb, pause: testfixture.NewPause(t), inProgress: make(chan struct{}, 16)}
 	b.hooks["charge_created"] = func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
-		first := false
-		once.Do(func() { first = true })
-		if !first {
-			return nil
-		}
-		close(b.entered)
-		<-b.release
-		if b.fail.Load() {
+		if b.pause.Hold(context.Background()) && b.fail.Load() {
 			return errors.New("provider down")
 		}
 		return nil
@@ -126,10 +112,10 @@ func TestWaitGetsTheStoredResponse(t *testing.T) {
 			tb.store = st
 			b := setupWaitOn(t, tb, nil)
 			first := b.execute("k-1", 0)
-			<-b.entered
+			<-b.pause.Reached()
 			waiter := b.execute("k-1", time.Minute)
 			<-b.inProgress
-			b.open()
+			b.pause.Release()
 			one, two := <-first, <-waiter
 			require.NoError(t, one.err)
 			require.Equal(t, idem.OutcomeExecuted, one.out.Kind)
@@ -148,7 +134,7 @@ func TestWaitPasses(t *testing.T) {
 	t.Parallel()
 	b := setupWait(t, nil)
 	first := b.execute("k-1", 0)
-	<-b.entered
+	<-b.pause.Reached()
 	began := time.Now()
 	r := <-b.execute("k-1", 2*time.Second)
 	require.GreaterOrEqual(t, time.Since(began), 2*time.Second)
@@ -156,7 +142,7 @@ func TestWaitPasses(t *testing.T) {
 	require.Equal(t, idem.OutcomeInProgress, r.out.Kind)
 	require.Positive(t, r.out.Waited)
 	require.Positive(t, r.out.RetryAfter)
-	b.open()
+	b.pause.Release()
 	require.NoError(t, (<-first).err)
 }
 
@@ -167,10 +153,10 @@ func TestWaitAfterAFailure(t *testing.T) {
 	b := setupWait(t, nil)
 	b.fail.Store(true)
 	first := b.execute("k-1", 0)
-	<-b.entered
+	<-b.pause.Reached()
 	waiter := b.execute("k-1", time.Minute)
 	<-b.inProgress
-	b.open()
+	b.pause.Release()
 	one, two := <-first, <-waiter
 	require.Equal(t, idem.OutcomeFailed, one.out.Kind)
 	require.NoError(t, two.err)
@@ -187,10 +173,10 @@ func TestWaitThroughPgBouncerPolls(t *testing.T) {
 	t.Parallel()
 	b := setupWaitOn(t, setupBounced(t, pgx.QueryExecModeExec), nil)
 	first := b.execute("k-1", 0)
-	<-b.entered
+	<-b.pause.Reached()
 	waiter := b.execute("k-1", time.Minute)
 	<-b.inProgress
-	b.open()
+	b.pause.Release()
 	one, two := <-first, <-waiter
 	require.NoError(t, one.err)
 	require.NoError(t, two.err)
@@ -217,10 +203,10 @@ func TestWaitAcquiresOnceMoreAtItsEnd(t *testing.T) {
 	t.Parallel()
 	b := setupWait(t, func(s idemdriver.Store) idemdriver.Store { return deafWatcher{s} })
 	first := b.execute("k-1", 0)
-	<-b.entered
+	<-b.pause.Reached()
 	waiter := b.execute("k-1", 2*time.Second)
 	<-b.inProgress
-	b.open()
+	b.pause.Release()
 	one := <-first
 	require.NoError(t, one.err)
 	two := <-waiter
@@ -241,20 +227,17 @@ func TestWaitWakesAfterAFinishAtRepeatableRead(t *testing.T) {
 			t.Parallel()
 			b := setupWaitWith(t, setup(t), nil, func(c *idem.Config) { c.Isolation = iso })
 			b.hooks["charge_created"] = nil
-			entered, release := make(chan struct{}), make(chan struct{})
+			pause := testfixture.NewPause(t)
 			b.hooks["receipt_enqueued"] = func(ctx context.Context, tx idem.Tx, _ *idem.Attempt[rideInput]) error {
 				// The phase's snapshot is taken by its first statement.
 				if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
 					return err
 				}
-				close(entered)
-				<-release
+				pause.Hold(context.Background())
 				return nil
 			}
-			open := sync.OnceFunc(func() { close(release) })
-			t.Cleanup(open)
 			first := b.execute("k-1", 0)
-			<-entered
+			<-pause.Reached()
 			waiter := b.execute("k-1", time.Minute)
 			<-b.inProgress
 			require.Eventually(t, func() bool {
@@ -262,7 +245,7 @@ func TestWaitWakesAfterAFinishAtRepeatableRead(t *testing.T) {
 				err := b.pool.QueryRow(context.Background(), `SELECT waited_at IS NOT NULL FROM idem_leases`).Scan(&marked)
 				return err == nil && marked && b.store.Listening()
 			}, 10*time.Second, 5*time.Millisecond, "the waiter marks the key while the last phase runs, and its store listens")
-			open()
+			pause.Release()
 			one, two := <-first, <-waiter
 			require.NoError(t, one.err)
 			require.NoError(t, two.err)
@@ -279,7 +262,7 @@ func TestWaitContextEndsTheWait(t *testing.T) {
 	t.Parallel()
 	b := setupWait(t, nil)
 	first := b.execute("k-1", 0)
-	<-b.entered
+	<-b.pause.Reached()
 	ctx, cancel := context.WithCancel(context.Background())
 	waiter := b.executeWaiting("k-1", time.Hour, ctx)
 	<-b.inProgress
@@ -288,7 +271,7 @@ func TestWaitContextEndsTheWait(t *testing.T) {
 	// It ended while the first attempt is still held (opened only below),
 	// not after the hour it asked for.
 	require.ErrorIs(t, r.err, idem.ErrInProgress)
-	b.open()
+	b.pause.Release()
 	one := <-first
 	require.NoError(t, one.err)
 	require.Equal(t, idem.OutcomeExecuted, one.out.Kind)
@@ -407,7 +390,7 @@ func TestTwoThousandWaitersCostOneStatementPerTick(t *testing.T) {
 		return took[len(took)/2]
 	}
 	first := b.execute("k-1", 0)
-	<-b.entered
+	<-b.pause.Reached()
 	// The first request holds k-1 in its charge (the bench's hook pauses
 	// the first charge only): another tenant's request, with nobody waiting.
 	otherTenant("warm-up")
@@ -462,7 +445,7 @@ func TestTwoThousandWaitersCostOneStatementPerTick(t *testing.T) {
 	// acquisitions queued at once for the pool's few connections (which
 	// outlast the store's timeout on a loaded machine).
 	released := counter.Position()
-	b.open()
+	b.pause.Release()
 	require.NoError(t, (<-first).err)
 	for _, done := range results {
 		r := <-done

@@ -364,23 +364,12 @@ func decodeProblem(t testing.TB, res *httptest.ResponseRecorder) *problemJSON {
 // until release is called (at the latest when t ends). Later runs pass
 // straight through.
 func (b *bundle) blockPhase(t testing.TB, phase string) (entered <-chan struct{}, release func()) {
-	in, out := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	b.setHook(phase, func(ctx context.Context, _ idem.Tx, _ *idem.Attempt[rideInput]) error {
-		first := false
-		once.Do(func() { first = true })
-		if !first {
-			return nil
-		}
-		close(in)
-		<-out
+	pause := testfixture.NewPause(t)
+	b.setHook(phase, func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
+		pause.Hold(context.Background())
 		return nil
 	})
-	release = sync.OnceFunc(func() { close(out) })
-	// A test that fails while the phase is blocked must not leave its
-	// worker blocked: the cleanup that closes the store would wait for it.
-	t.Cleanup(release)
-	return in, release
+	return pause.Reached(), pause.Release
 }
 
 // exampleDatabaseURL gives an Example, which has no *testing.T, a fresh

@@ -276,14 +276,10 @@ func TestWebhookAccountsAreScopes(t *testing.T) {
 func TestWebhookRedeliveryWhileRunning(t *testing.T) {
 	t.Parallel()
 	b := setupWebhook(t)
-	entered, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
+	pause := testfixture.NewPause(t)
 	b.setBlock(func(phase string) error {
 		if phase == "responded" {
-			once.Do(func() {
-				close(entered)
-				<-release
-			})
+			pause.Hold(context.Background())
 		}
 		return nil
 	})
@@ -291,7 +287,7 @@ func TestWebhookRedeliveryWhileRunning(t *testing.T) {
 	done := make(chan *httptest.ResponseRecorder, 1)
 	go func() { done <- b.deliver(event) }()
 	select {
-	case <-entered:
+	case <-pause.Reached():
 	case <-time.After(time.Minute):
 		t.Fatal("the first delivery never reached its last phase")
 	}
@@ -300,7 +296,7 @@ func TestWebhookRedeliveryWhileRunning(t *testing.T) {
 	requireWebhookProblem(t, busy, http.StatusServiceUnavailable, idemhttp.ProblemWebhookEventInProgress)
 	require.NotEmpty(t, busy.Header().Get("Retry-After"))
 
-	close(release)
+	pause.Release()
 	first := <-done
 	require.Equal(t, http.StatusOK, first.Code, "body: %s", first.Body)
 	again := b.deliver(event)

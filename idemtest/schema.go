@@ -12,7 +12,7 @@ import (
 
 // Schema is a throwaway Postgres schema with idem's tables migrated into
 // it, for tests and runnable examples: create your own tables in it, point
-// pgstore and idemtest at its Pool, and it is dropped with everything in it
+// pgstore and idemtest at its Pool, and it is emptied of everything in it
 // when the test ends (NewSchema) or when you Close it (OpenSchema).
 //
 // The server comes from the first of: the one TEST_DATABASE_URL names (a
@@ -22,8 +22,12 @@ import (
 // /usr/lib/postgresql/*/bin: installing the server package is enough, no
 // service needs to run), or, from a checkout of idem only, a Docker
 // container. One server and one database serve the whole test binary;
-// every Schema is a fresh schema in it, so parallel tests do not see each
-// other's tables.
+// every Schema is a schema of its own in it, so parallel tests do not see
+// each other's tables. Migrating is slow, so a Schema is migrated once and
+// reused: emptied when its test ends (the sessions left on it ended, the
+// tables, views, functions and types you added dropped, idem's tables
+// truncated), it serves a later test of the same binary if it is then
+// exactly as migrated, and is dropped otherwise.
 type Schema struct {
 	// Name is the schema's name, an unquoted identifier: t_ and random hex.
 	// Pass it as pgstore.Config.Schema, migrations.Config.Schema and
@@ -41,7 +45,7 @@ type Schema struct {
 }
 
 // NewSchema returns a migrated throwaway schema (see [Schema]) that is
-// dropped when t ends. It fails t, saying how to provide a server, when no
+// emptied when t ends. It fails t, saying how to provide a server, when no
 // server can be had.
 //
 //	func TestCreateOrder(t *testing.T) {
@@ -74,8 +78,8 @@ func OpenSchema(ctx context.Context) (*Schema, error) {
 	return &Schema{Name: s.Name, URL: s.URL, Pool: s.Pool, drop: drop}, nil
 }
 
-// Close closes the pool and drops the schema with everything in it. Calling
-// it again does nothing.
+// Close closes the pool and empties the schema of everything in it (see
+// [Schema]). Calling it again does nothing.
 func (s *Schema) Close() error {
 	s.closeOnce.Do(func() { s.closeErr = s.drop() })
 	return s.closeErr

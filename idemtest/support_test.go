@@ -113,20 +113,32 @@ func TestNewSchemaIsMigratedAndOwn(t *testing.T) {
 	require.Error(t, err, "a table of one schema is not in the other")
 }
 
-// OpenSchema is for code without a testing.TB; Close drops the schema, and
+// OpenSchema is for code without a testing.TB; Close closes the pool and
+// empties the schema (dropped, or kept empty for a later test), and
 // a second Close does nothing.
 func TestOpenSchemaCloses(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s, err := idemtest.OpenSchema(ctx)
 	require.NoError(t, err)
+	_, err = s.Pool.Exec(ctx, `CREATE TABLE orders (id int); INSERT INTO orders VALUES (1);
+		INSERT INTO idem_keys (scope, key, flow, method, path, fingerprint, params, expires_at)
+		VALUES ('s', 'k', 'f', 'POST', '/', '\x00', '{}', now() + interval '1 day')`)
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	require.NoError(t, s.Close())
+	require.Error(t, s.Pool.Ping(ctx), "the pool is closed")
+
+	// The schema is gone, or emptied for a later test: nothing of this one is left in it.
 	check := idemtest.NewSchema(t) // another pool on the same database
-	var exists bool
-	query := fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = '%s')`, s.Name)
-	require.NoError(t, check.Pool.QueryRow(ctx, query).Scan(&exists))
-	require.True(t, exists)
-	require.NoError(t, s.Close())
-	require.NoError(t, s.Close())
-	require.NoError(t, check.Pool.QueryRow(ctx, query).Scan(&exists))
-	require.False(t, exists)
+	var leftovers int
+	require.NoError(t, check.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_class
+		WHERE relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = $1) AND relname = 'orders'`, s.Name).Scan(&leftovers))
+	require.Zero(t, leftovers, "the test's table is dropped")
+	var kept bool
+	require.NoError(t, check.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)`, s.Name).Scan(&kept))
+	if kept {
+		require.NoError(t, check.Pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %q.idem_keys`, s.Name)).Scan(&leftovers))
+		require.Zero(t, leftovers, "idem's tables are emptied")
+	}
 }

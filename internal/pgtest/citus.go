@@ -518,15 +518,7 @@ func NewCitusSchema(t testing.TB) *Schema {
 	t.Helper()
 	cluster, admin := sharedCitusFor(t)
 	schema, drop, err := openSchemaIn(context.Background(), cluster.URL(), admin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := drop(); err != nil {
-			t.Errorf("%v", err)
-		}
-	})
-	return schema
+	return forTest(t, schema, drop, err)
 }
 
 // sharedCitusCluster starts the shared cluster once. A failure is remembered, so every test

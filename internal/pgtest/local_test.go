@@ -44,44 +44,6 @@ func requireLocalBinaries(t *testing.T) {
 	}
 }
 
-func TestLocalCluster(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	opts := &Options{Mode: ModeLocal, TempDir: localTempDir(t), Logf: t.Logf}
-
-	cold, err := Start(ctx, opts)
-	require.NoError(t, err)
-	defer cold.Close()
-	require.Equal(t, KindLocal, cold.Kind())
-	require.True(t, cold.local.env.templateCreated, "the first start in an empty temp dir runs initdb")
-	requireTestSettings(t, cold.AdminURL())
-
-	dbURL, err := cold.CreateDatabase(ctx, "cold")
-	require.NoError(t, err)
-	conn, err := pgx.Connect(ctx, dbURL)
-	require.NoError(t, err)
-	require.NoError(t, conn.Close(ctx))
-
-	workDir, pid := cold.local.workDir, cold.local.cmd.Process.Pid
-	require.NoError(t, cold.Close())
-	require.NoDirExists(t, workDir)
-	require.False(t, processAlive(pid), "postmaster %d outlived Close", pid)
-	require.NoError(t, cold.Close(), "Close is idempotent")
-	_, err = cold.CreateDatabase(ctx, "late")
-	require.ErrorIs(t, err, ErrClosed)
-
-	warm, err := Start(ctx, opts)
-	require.NoError(t, err)
-	defer warm.Close()
-	require.False(t, warm.local.env.templateCreated, "the second start copies the cached template")
-	require.Equal(t, cold.local.env.templateDir, warm.local.env.templateDir)
-	require.NotEqual(t, workDir, warm.local.workDir)
-	requireTestSettings(t, warm.AdminURL())
-	require.NoError(t, warm.Close())
-	require.NoDirExists(t, warm.local.workDir)
-	require.DirExists(t, warm.local.env.templateDir, "the template outlives the clusters made from it")
-}
-
 // requireTestSettings checks the server runs with the speed-over-durability settings.
 func requireTestSettings(t *testing.T, adminURL string) {
 	t.Helper()
@@ -106,9 +68,9 @@ func requireTestSettings(t *testing.T, adminURL string) {
 func TestLocalClusterSettingsOverrideDefaults(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
+	requireLocalBinaries(t)
 	server, err := Start(ctx, &Options{
-		Mode:     ModeLocal,
-		TempDir:  localTempDir(t),
+		Mode:     ModeLocal, // the usual temp dir: this test is about settings, not the template
 		Settings: []string{"shared_buffers=256MB", "work_mem=8MB"},
 	})
 	require.NoError(t, err)
@@ -127,9 +89,13 @@ func TestLocalClusterSettingsOverrideDefaults(t *testing.T) {
 	}
 }
 
-func TestLocalClustersStartConcurrentlyFromOneTemplate(t *testing.T) {
+// TestLocalClusterTemplate: on a cold machine (CI), the test binaries of `go test ./...` race to
+// build the cached template; every later start copies it; Close leaves nothing running or on disk
+// but the template.
+func TestLocalClusterTemplate(t *testing.T) {
 	t.Parallel()
-	opts := &Options{Mode: ModeLocal, TempDir: localTempDir(t)}
+	ctx := context.Background()
+	opts := &Options{Mode: ModeLocal, TempDir: localTempDir(t), Logf: t.Logf}
 
 	// Two starts racing on an empty cache both build a template; one rename wins and both
 	// clusters come from the same cached directory.
@@ -164,6 +130,31 @@ func TestLocalClustersStartConcurrentlyFromOneTemplate(t *testing.T) {
 		}
 	}
 	require.Len(t, templates, 1, "template build directories are removed, the loser's included")
+	require.True(t, servers[0].local.env.templateCreated || servers[1].local.env.templateCreated, "a start in an empty temp dir runs initdb")
+	requireTestSettings(t, servers[0].AdminURL())
+
+	dbURL, err := servers[0].CreateDatabase(ctx, "cold")
+	require.NoError(t, err)
+	conn, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	require.NoError(t, conn.Close(ctx))
+	workDir, pid := servers[0].local.workDir, servers[0].local.cmd.Process.Pid
+	require.NoError(t, servers[0].Close())
+	require.NoDirExists(t, workDir)
+	require.False(t, processAlive(pid), "postmaster %d outlived Close", pid)
+	require.NoError(t, servers[0].Close(), "Close is idempotent")
+	_, err = servers[0].CreateDatabase(ctx, "late")
+	require.ErrorIs(t, err, ErrClosed)
+
+	warm, err := Start(ctx, opts)
+	require.NoError(t, err)
+	defer warm.Close()
+	require.False(t, warm.local.env.templateCreated, "a later start copies the cached template")
+	require.Equal(t, servers[0].local.env.templateDir, warm.local.env.templateDir)
+	requireTestSettings(t, warm.AdminURL())
+	require.NoError(t, warm.Close())
+	require.NoDirExists(t, warm.local.workDir)
+	require.DirExists(t, warm.local.env.templateDir, "the template outlives the clusters made from it")
 }
 
 // TestLocalClusterDiesWithItsParent kills, with SIGKILL, a process that started a local cluster,

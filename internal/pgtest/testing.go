@@ -14,8 +14,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/go-idem/idem/migrations"
 )
 
 // sharedStartTimeout bounds the lazy start, long enough for docker to pull an image.
@@ -79,6 +77,13 @@ type Schema struct {
 func NewSchema(t testing.TB) *Schema {
 	t.Helper()
 	schema, drop, err := OpenSchema(context.Background())
+	return forTest(t, schema, drop, err)
+}
+
+// forTest returns what an Open*Schema opened for t, failing t on err, and closes it (drop) when t
+// ends.
+func forTest(t testing.TB, schema *Schema, drop func() error, err error) *Schema {
+	t.Helper()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,41 +93,6 @@ func NewSchema(t testing.TB) *Schema {
 		}
 	})
 	return schema
-}
-
-// NewMigratedSchema is NewSchema with idem's migrations applied to the schema: the keys table
-// ready, as most tests of the runner, the store and their users need it.
-func NewMigratedSchema(t testing.TB) *Schema {
-	t.Helper()
-	schema := NewSchema(t)
-	if err := migrate(context.Background(), schema); err != nil {
-		t.Fatal(err)
-	}
-	return schema
-}
-
-// OpenMigratedSchema is OpenSchema with idem's migrations applied, as NewMigratedSchema is
-// NewSchema with them.
-func OpenMigratedSchema(ctx context.Context) (schema *Schema, drop func() error, err error) {
-	schema, drop, err = OpenSchema(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := migrate(ctx, schema); err != nil {
-		return nil, nil, errors.Join(err, drop())
-	}
-	return schema, drop, nil
-}
-
-func migrate(ctx context.Context, schema *Schema) error {
-	m, err := migrations.New(schema.Pool, &migrations.Config{Schema: schema.Name})
-	if err == nil {
-		_, err = m.Up(ctx)
-	}
-	if err != nil {
-		return fmt.Errorf("pgtest: migrate schema %s: %w", schema.Name, err)
-	}
-	return nil
 }
 
 // OpenSchema is NewSchema for code that has no testing.TB, such as a runnable example: the caller
@@ -141,34 +111,37 @@ func openSchemaIn(ctx context.Context, dbURL string, admin *pgxpool.Pool) (schem
 	defer cancel()
 
 	name := "t_" + randomHex(8)
-	quoted := pgx.Identifier{name}.Sanitize()
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+quoted); err != nil {
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{name}.Sanitize()); err != nil {
 		return nil, nil, fmt.Errorf("pgtest: create schema %s: %w", name, err)
 	}
-	dropSchema := func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if _, err := admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+quoted+" CASCADE"); err != nil {
-			return fmt.Errorf("pgtest: drop schema %s: %w", name, err)
-		}
-		return nil
-	}
-
-	// pgx sends URL parameters it does not know as run-time parameters, so every connection made
-	// from this URL, by this pool or by the code under test, starts with search_path set.
-	schemaURL, err := withQueryParam(dbURL, "search_path", name)
+	schema, err = schemaPool(ctx, dbURL, name)
 	if err != nil {
-		return nil, nil, errors.Join(err, dropSchema())
+		return nil, nil, errors.Join(err, dropSchema(admin, name))
+	}
+	drop = func() error {
+		schema.Pool.Close()
+		return dropSchema(admin, name)
+	}
+	return schema, drop, nil
+}
+
+// schemaPool returns the Schema of an existing schema, with a new pool.
+func schemaPool(ctx context.Context, dbURL, name string) (*Schema, error) {
+	// pgx sends URL parameters it does not know as run-time parameters, so every connection made
+	// from this URL, by this pool or by the code under test, starts with search_path set, and
+	// with an application_name by which checkIn finds the sessions a test leaves behind.
+	schemaURL, err := withQueryParam(dbURL, "search_path", name)
+	if err == nil {
+		schemaURL, err = withQueryParam(schemaURL, "application_name", applicationName(name))
+	}
+	if err != nil {
+		return nil, err
 	}
 	pool, err := pgxpool.New(ctx, schemaURL)
 	if err != nil {
-		return nil, nil, errors.Join(fmt.Errorf("pgtest: pool for schema %s: %w", name, err), dropSchema())
+		return nil, fmt.Errorf("pgtest: pool for schema %s: %w", name, err)
 	}
-	drop = func() error {
-		pool.Close()
-		return dropSchema()
-	}
-	return &Schema{Name: name, URL: schemaURL, Pool: pool}, drop, nil
+	return &Schema{Name: name, URL: schemaURL, Pool: pool}, nil
 }
 
 // sharedDatabase starts the shared server and database once. A failure is remembered, so every
@@ -275,7 +248,9 @@ type BouncedSchema struct {
 func NewBouncedSchema(t testing.TB) *BouncedSchema {
 	t.Helper()
 	bouncer := SharedBouncer(t)
-	schema := NewMigratedSchema(t)
+	// Not checked in for reuse: the bouncer keeps server connections to it, under its name.
+	schema, drop, err := openMigratedSchema(context.Background(), false)
+	schema = forTest(t, schema, drop, err)
 	dbURL := DatabaseURL(t)
 	u, err := url.Parse(dbURL)
 	if err != nil {
