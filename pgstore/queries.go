@@ -682,13 +682,9 @@ ORDER BY s.n`)
 // advancePhase for a phase that advances, finishPhase for one that responds.
 // bodyKeyID names the key that sealed p.Response.Body ("": in the clear).
 func (q *queries) commitStatement(p idemdriver.CommitParams, bodyKeyID string) (string, []any, error) {
-	patch := []byte("{}")
-	if len(p.CheckpointPatch) > 0 {
-		var err error
-		if patch, err = json.Marshal(p.CheckpointPatch); err != nil {
-			return "", nil, fmt.Errorf("pgstore: encode checkpoint: %w", err)
-		}
-	}
+	// The patch's values are JSON already (SetCheckpoint encoded each):
+	// they are written into the object as they are (appendPatch).
+	patch := json.RawMessage(appendPatch(nil, p.CheckpointPatch))
 	switch {
 	case p.Status == idemdriver.StatusFinished && p.Response != nil:
 		body, header := p.Response.Body, p.Response.Header
@@ -701,18 +697,15 @@ func (q *queries) commitStatement(p idemdriver.CommitParams, bodyKeyID string) (
 		// The header travels as JSON text, like the checkpoint: a map has
 		// no type pgx can encode without asking the server (exec and
 		// simple_protocol modes do not ask).
-		headerJSON, err := json.Marshal(header)
-		if err != nil {
-			return "", nil, fmt.Errorf("pgstore: encode response header: %w", err)
-		}
-		return q.finishPhase, []any{p.Ref.ID, p.Ref.Fence, json.RawMessage(patch), p.Response.Status, string(headerJSON), body, p.Retention.Microseconds(), p.Now, bodyKeyID,
+		headerJSON := appendHeader(nil, header)
+		return q.finishPhase, []any{p.Ref.ID, p.Ref.Fence, patch, p.Response.Status, string(headerJSON), body, p.Retention.Microseconds(), p.Now, bodyKeyID,
 			cmp.Or(p.RecoveryPoint, idemdriver.RecoveryPointFinished), p.LastError, p.Ref.Scope}, nil
 	case p.Status == idemdriver.StatusRunning:
 		sql := q.advancePhase
 		if p.ClearForeignMark {
 			sql = q.withdrawPhase
 		}
-		return sql, []any{p.Ref.ID, p.Ref.Fence, p.RecoveryPoint, json.RawMessage(patch), p.Now, p.Ref.Scope}, nil
+		return sql, []any{p.Ref.ID, p.Ref.Fence, p.RecoveryPoint, patch, p.Now, p.Ref.Scope}, nil
 	}
 	return "", nil, fmt.Errorf("pgstore: commit phase: status %q (with a response: %t) is neither an advance nor a finish", p.Status, p.Response != nil)
 }

@@ -1,13 +1,59 @@
 package pgstore
 
-import "strings"
+import (
+	"strings"
+	"sync"
+	"sync/atomic"
+)
 
 // checkStatement refuses what a phase may not send through its Tx: a
 // transaction-control statement (ErrPhaseEndedTx), at the start of the
 // string or anywhere in a string of several statements. pgx sends an Exec
 // without arguments over the simple protocol, where a COMMIT later in the
 // string would commit the phase's writes without its recovery point.
+//
+// The verdict depends on the string alone, and a phase sends the same
+// constant SQL on every request: it is kept per string (statementVerdicts),
+// so the lexer and the regular expression run once per statement text, not
+// once per statement sent.
 func checkStatement(sql string) error {
+	if v, ok := statementVerdicts.Load(sql); ok {
+		err, _ := v.(error)
+		return err
+	}
+	err := lexStatement(sql)
+	if statementVerdictCount.Load() < maxStatementVerdicts {
+		// sync.Map cannot hold a nil interface as a found value: an
+		// accepted statement is stored as acceptedStatement.
+		var v any = err
+		if err == nil {
+			v = acceptedStatement{}
+		}
+		if _, loaded := statementVerdicts.LoadOrStore(sql, v); !loaded {
+			statementVerdictCount.Add(1)
+		}
+	}
+	return err
+}
+
+// statementVerdicts holds checkStatement's verdict per SQL string (an
+// error, or acceptedStatement for an accepted one), for at most
+// maxStatementVerdicts strings: SQL built per request (values spliced into
+// the text) would otherwise grow it without end; beyond the bound such
+// strings are lexed every time, as before the cache.
+var (
+	statementVerdicts     sync.Map
+	statementVerdictCount atomic.Int64
+)
+
+const maxStatementVerdicts = 4096
+
+// acceptedStatement is the cached verdict of an accepted statement; it does
+// not implement error, so checkStatement returns nil for it.
+type acceptedStatement struct{}
+
+// lexStatement is checkStatement without its cache.
+func lexStatement(sql string) error {
 	for _, stmt := range statements(sql) {
 		if err := refuseTxControl(stmt); err != nil {
 			return err

@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -44,4 +45,23 @@ func TestStatements(t *testing.T) {
 		`SELECT 'x; COMMIT'`, `DO $$ BEGIN PERFORM 1; END $$`, `SELECT 1 -- ; COMMIT`} {
 		require.NoError(t, checkStatement(fine), fine)
 	}
+}
+
+// checkStatement gives the same verdict from its cache as from the lexer,
+// for a refused and an accepted statement asked twice, and the cache stops
+// growing at its bound: a phase that builds its SQL per request does not
+// grow it without end.
+func TestCheckStatementCachesItsVerdict(t *testing.T) {
+	t.Parallel()
+	for range 2 {
+		require.ErrorIs(t, checkStatement(`SELECT 1; COMMIT -- cached`), ErrPhaseEndedTx)
+		require.NoError(t, checkStatement(`SELECT 1 -- cached`))
+	}
+	v, ok := statementVerdicts.Load(`SELECT 1; COMMIT -- cached`)
+	require.True(t, ok)
+	require.ErrorIs(t, v.(error), ErrPhaseEndedTx)
+	for i := range maxStatementVerdicts + 10 {
+		require.NoError(t, checkStatement(fmt.Sprintf(`SELECT %d -- uncached`, i)))
+	}
+	require.LessOrEqual(t, statementVerdictCount.Load(), int64(maxStatementVerdicts))
 }
