@@ -59,7 +59,7 @@ type queries struct {
 	notifyWaiters, waitCheckAll       string
 
 	unlockKey, claimIdle, reap, reapAbandoned, unfinishedKeys, statementTimeout, clock string
-	backlog                                                                            string
+	backlog, resetStatementTimeout, localStatementTimeout                              string
 
 	// citus says the tables are distributed by Citus (New asks): the claim
 	// loops then claim key by key (citus.go), and waits poll.
@@ -655,9 +655,15 @@ FROM {t} k LEFT JOIN {l} l ON l.scope = k.scope AND l.key_id = k.id
 WHERE k.status <> 'finished' AND k.flow = ANY($1::text[])
 GROUP BY 1, 2, 3, 4
 ORDER BY 1, 2, 3, 4`)
-	// statementTimeout bounds the statements after it in the same
-	// transaction (milliseconds, as text).
-	q.statementTimeout = `SELECT set_config('statement_timeout', $1, true)`
+	// statementTimeout bounds the statements after it (milliseconds, as
+	// text): for the session when the connection's backend is the one it
+	// announced ($2, its pid), else for the transaction alone; it returns
+	// whether it set the session (phaseTx.timeoutSetting).
+	q.statementTimeout = `SELECT pg_backend_pid() = $2::bigint, set_config('statement_timeout', $1, pg_backend_pid() <> $2::bigint)`
+	q.resetStatementTimeout = `RESET statement_timeout`
+	// localStatementTimeout bounds the statements after it in the same
+	// transaction (milliseconds, as text): a maintainer's batch.
+	q.localStatementTimeout = `SELECT set_config('statement_timeout', $1, true)`
 
 	q.clock = `SELECT coalesce($1::timestamptz, now()) AS t`
 

@@ -59,9 +59,25 @@ func TestCheckStatementCachesItsVerdict(t *testing.T) {
 	}
 	v, ok := statementVerdicts.Load(`SELECT 1; COMMIT -- cached`)
 	require.True(t, ok)
-	require.ErrorIs(t, v.(error), ErrPhaseEndedTx)
+	require.ErrorIs(t, v.(*statementVerdict).err, ErrPhaseEndedTx)
 	for i := range maxStatementVerdicts + 10 {
 		require.NoError(t, checkStatement(fmt.Sprintf(`SELECT %d -- uncached`, i)))
 	}
 	require.LessOrEqual(t, statementVerdictCount.Load(), int64(maxStatementVerdicts))
+}
+
+// A statement that may change the session's statement_timeout is told
+// apart from one that cannot, so the phase that sends it does not leave
+// the store believing its per-connection setting still holds.
+func TestStatementMayResetTimeout(t *testing.T) {
+	t.Parallel()
+	for _, resets := range []string{`SET statement_timeout = 0`, `select set_config('STATEMENT_TIMEOUT', '0', false)`,
+		`RESET ALL`, `/* x */ discard all`, `SELECT 1; reset statement_timeout`, `SET SESSION statement_timeout TO 5`,
+		`DO $$ BEGIN EXECUTE 'set statement_timeout = 0'; END $$`} {
+		require.True(t, verdictOf(resets).mayResetTimeout, resets)
+	}
+	for _, keeps := range []string{`SELECT 1`, `INSERT INTO resets VALUES (1)`, `SET LOCAL lock_timeout = '1s'`,
+		`SET LOCAL statement_timeout = '1s'`, `SELECT current_setting('statement_timeout')`} {
+		require.False(t, verdictOf(keeps).mayResetTimeout, keeps)
+	}
 }

@@ -200,6 +200,18 @@ func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx
 
 func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
+// TraceBatchStart counts each statement of a batch (a phase's BEGIN
+// pipeline).
+func (c *countingTracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	for _, q := range d.Batch.QueuedQueries {
+		ctx = c.TraceQueryStart(ctx, conn, pgx.TraceQueryStartData{SQL: q.SQL})
+	}
+	return ctx
+}
+
+func (c *countingTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *countingTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
 func (c *countingTracer) count(sql string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
