@@ -55,8 +55,10 @@ type queries struct {
 	heartbeat, release                string
 	markForeign, clearForeignMark     string
 	setNeedsReconcile, getKey         string
-	waitMark, waitCheck               string
-	notifyWaiters, waitCheckAll       string
+	// The same without waking waiters, for Citus (forCitus).
+	finishPhaseQuiet, setNeedsReconcileQuiet string
+	waitMark, waitCheck                      string
+	notifyWaiters, waitCheckAll              string
 
 	unlockKey, claimIdle, reap, reapAbandoned, unfinishedKeys, statementTimeout, clock string
 	backlog, resetStatementTimeout, localStatementTimeout                              string
@@ -145,7 +147,7 @@ func newQueries(prefix string) *queries {
 	t, l := prefix+"idem_keys", prefix+"idem_leases"
 	q := &queries{table: t, leases: l}
 	render := func(sql string) string {
-		sql = strings.NewReplacer("{t}", t, "{l}", l).Replace(sql)
+		sql = strings.NewReplacer("{t}", t, "{l}", l, "{notify}", prefix+"idem_notify_waiters").Replace(sql)
 		return colsPlaceholder.ReplaceAllStringFunc(sql, func(m string) string {
 			a := colsPlaceholder.FindStringSubmatch(m)
 			return recordColumnsOf(a[2], a[3], a[1] == "cols")
@@ -275,10 +277,12 @@ WHERE k.scope = $2 AND k.key = $3::text AND NOT EXISTS (SELECT 1 FROM taken WHER
 	// advance is a HOT update. statement_timestamp(), not now(): now() is
 	// when the transaction began.
 	//
-	// finishPhase, release and setNeedsReconcile end an attempt: triggers
-	// (migrations/sql/0007_v02_format.up.sql) wake the key's waiters, on
-	// every instance, when a waiter marked it (waitMark), at commit. The
-	// statements do not name them.
+	// finishPhase, release and setNeedsReconcile end an attempt: they wake
+	// the key's waiters, on every instance, when a waiter marked it
+	// (waitMark), at commit. finishPhase and setNeedsReconcile call
+	// idem_notify_waiters themselves (wakeWaiters), only for the key they
+	// matched; release's lease update fires a trigger (0007), which checks
+	// for a mark before it calls anything. No trigger runs on a finish.
 	// withdrawPhase is advancePhase that also withdraws the foreign mark,
 	// progress row first, for a commit that leaves the recovery point
 	// where the mark was made (CommitParams.ClearForeignMark).
@@ -302,7 +306,7 @@ SELECT 1 / count(*)::int FROM guarded`
     FROM guarded WHERE l.scope = $6::text AND l.key_id = guarded.id AND l.fence = $2
 )`))
 
-	q.finishPhase = render(`
+	finishPhase := `
 WITH clock AS (
     SELECT t, t + $7::bigint * interval '1 microsecond' AS expires
     FROM (SELECT coalesce($8::timestamptz, statement_timestamp()) AS t) now
@@ -321,9 +325,11 @@ SET status           = 'finished',
     last_error       = nullif(left($11::text, 4000), '')
 FROM clock
 WHERE k.scope = $12::text AND k.id = $1 AND k.fence = $2
-RETURNING 1
+RETURNING k.id
 )
-SELECT 1 / count(*)::int FROM guarded`)
+SELECT 1 / count(*)::int FROM guarded`
+	q.finishPhase = render(finishPhase + wakeWaiters("$12", "guarded"))
+	q.finishPhaseQuiet = render(finishPhase)
 
 	q.heartbeat = render(`
 WITH clock AS (
@@ -352,7 +358,7 @@ WITH released AS (
 )
 SELECT count(*) FROM released`)
 
-	q.setNeedsReconcile = render(`
+	setNeedsReconcile := `
 WITH parked AS (
     UPDATE {t} SET status = 'needs_reconcile', last_error = left($3, 4000)
     WHERE scope = $4::text AND id = $1 AND fence = $2 AND status <> 'finished'
@@ -361,7 +367,9 @@ WITH parked AS (
     UPDATE {l} l SET locked_at = NULL, lease_expires_at = NULL
     FROM parked WHERE l.scope = $4::text AND l.key_id = parked.id AND l.fence = $2
 )
-SELECT count(*) FROM parked`)
+SELECT count(*) FROM parked`
+	q.setNeedsReconcile = render(setNeedsReconcile + wakeWaiters("$4", "parked"))
+	q.setNeedsReconcileQuiet = render(setNeedsReconcile)
 
 	// markForeign records the mark with the recovery point it is made at;
 	// the phase's commit moves the recovery point and so retires the mark
@@ -378,7 +386,7 @@ UPDATE {l} SET foreign_mark = NULL, foreign_mark_after = NULL
 WHERE scope = $3::text AND key_id = $1 AND fence = $2`)
 
 	// waitMark marks a key that a process starts waiting for, so that the
-	// statement that ends its attempt notifies (the triggers of 0010),
+	// statement that ends its attempt notifies (wakeWaiters, the trigger of 0007),
 	// and reports the key as waitCheck does. It locks the progress row FOR
 	// SHARE, which conflicts with the finishing update: a mark either
 	// commits before that update takes the row (the finishing statement,
@@ -544,7 +552,7 @@ WITH candidates AS MATERIALIZED (
     SET status = 'needs_reconcile',
         last_error = 'abandoned past its AbandonAfter with a not-idempotent call in doubt; a reconcile run decides'
     WHERE id = ANY(ARRAY(SELECT id FROM candidates WHERE marked))
-    RETURNING 1
+    RETURNING {notify}(scope, id)
 ), deleted AS (
     DELETE FROM {t}
     WHERE id = ANY(ARRAY(SELECT id FROM candidates WHERE NOT marked))
@@ -682,6 +690,29 @@ FROM (VALUES (1, 'running'), (2, 'needs_reconcile')) s(n, status)
 CROSS JOIN clock LEFT JOIN counted c ON c.status = s.status
 ORDER BY s.n`)
 	return q
+}
+
+// wakeWaiters ends a statement that ends an attempt (finishPhase,
+// setNeedsReconcile) with a WHERE that calls idem_notify_waiters (scope,
+// the CTE's id) for the row its CTE matched: the function reads the key's
+// mark and notifies only a marked key. It is VOLATILE, so at read committed
+// it reads with a snapshot of its own, taken after the statement's update
+// got the row: it sees a mark committed while the update waited for the
+// row lock (a mark locks the progress row FOR SHARE). Called from the
+// statement, not from an AFTER trigger on every finish: no trigger queue,
+// one PL/pgSQL call less. It returns a boolean, never NULL, so the WHERE
+// keeps every row the count counts.
+func wakeWaiters(scope, cte string) string {
+	return ` WHERE {notify}(` + scope + `::text, ` + cte + `.id) IS NOT NULL`
+}
+
+// forCitus switches the statements to the Citus layout: the tables are
+// distributed, and the finish and the parking of a key do not notify (a
+// notification on the worker that holds the row would reach no listener;
+// waits poll on Citus).
+func (q *queries) forCitus() {
+	q.citus = true
+	q.finishPhase, q.setNeedsReconcile = q.finishPhaseQuiet, q.setNeedsReconcileQuiet
 }
 
 // commitStatement is the guarded statement that records p on its key:
