@@ -169,7 +169,6 @@ func (t *phaseTx) timeoutSetting() *pgx.QueuedQuery {
 	case t.stmtTimeout > 0:
 		return &pgx.QueuedQuery{SQL: t.q.statementTimeout, Arguments: []any{millis(t.stmtTimeout), int64(t.conn.Conn().PgConn().PID())}}
 	case set > 0:
-		delete(data, sessionTimeoutKey)
 		return &pgx.QueuedQuery{SQL: t.q.resetStatementTimeout}
 	}
 	return nil
@@ -180,7 +179,8 @@ func (t *phaseTx) timeoutSetting() *pgx.QueuedQuery {
 func (t *phaseTx) committed() {
 	data := t.conn.Conn().PgConn().CustomData()
 	switch {
-	case t.resetsTimeout:
+	case t.resetsTimeout || t.stmtTimeout <= 0:
+		// A phase without a timeout sent RESET if the session had one.
 		delete(data, sessionTimeoutKey)
 	case t.sessionTimeout:
 		data[sessionTimeoutKey] = t.stmtTimeout

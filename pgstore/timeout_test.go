@@ -92,4 +92,28 @@ func TestPhaseStatementTimeoutSetOncePerConnection(t *testing.T) {
 	require.Equal(t, "0", b.phase(t, 0, true), "a phase without a timeout resets the session's")
 	require.Equal(t, "1234ms", b.phase(t, timeout, true))
 	require.Equal(t, 6, b.settings())
+
+	// The same when the phase's first statement begins the transaction on
+	// its own (an Exec without arguments): the BEGIN round trip carries the
+	// setting.
+	require.Equal(t, "0", b.phaseBegunAlone(t, 0), "reset")
+	require.Equal(t, "1234ms", b.phaseBegunAlone(t, timeout))
+	require.Equal(t, 7, b.settings())
+	require.Equal(t, "1234ms", b.phaseBegunAlone(t, timeout))
+	require.Equal(t, 7, b.settings())
+}
+
+// phaseBegunAlone is phase whose first statement begins the transaction
+// with a round trip of its own, then commits.
+func (b *timeoutBundle) phaseBegunAlone(t *testing.T, timeout time.Duration) string {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := b.store.beginPhase(ctx, idemdriver.PhaseOptions{Isolation: pgx.ReadCommitted, StatementTimeout: timeout})
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `SELECT 1`)
+	require.NoError(t, err)
+	var setting string
+	require.NoError(t, tx.QueryRow(ctx, `SELECT current_setting('statement_timeout')`).Scan(&setting))
+	require.NoError(t, tx.commitGuarded(ctx, `SELECT 1`))
+	return setting
 }
