@@ -88,8 +88,10 @@ type Config struct {
 	StatementTimeout time.Duration
 
 	// PhaseStatementTimeout bounds each statement a phase sends through its
-	// Tx (the statement's context gets this deadline). Raise it for a phase
-	// that legitimately runs long statements. Default StatementTimeout.
+	// Tx: the server's statement_timeout, which pgstore sets once per
+	// connection of the pool (per transaction behind a transaction pooler),
+	// and a client deadline a second later. Raise it for a phase that
+	// legitimately runs long statements. Default StatementTimeout.
 	PhaseStatementTimeout time.Duration
 
 	// LeaseMargin is how close to the end of its lease a worker stops

@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/internal/pgtest"
 )
 
 // A phase statement that outlasts PhaseStatementTimeout is ended by the
@@ -103,4 +105,53 @@ func TestPhaseEncodeErrorIsNotStoreUnavailable(t *testing.T) {
 			})
 		}
 	}
+}
+
+// Behind a transaction pooler the phase statement timeout is the
+// transaction's own, every time: the store sets it once per session only
+// on a connection that talks to its backend directly. Here every server
+// connection of the pooler's pool has been given another session timeout
+// (0, none) by other clients after the runner's phases ran on them: a
+// timeout remembered per client connection would let the slow statement
+// run on (until the client's own deadline cut the connection, without the
+// server's 57014).
+func TestPhaseStatementTimeoutThroughAPoolerWhoseSessionsMix(t *testing.T) {
+	t.Parallel()
+	bounced := pgtest.NewBouncedSchema(t)
+	b := setupOn(t, bounced.Schema)
+	b.store = bouncedStore(t, bounced, pgx.QueryExecModeCacheDescribe)
+	ctx := context.Background()
+	r := b.runner(t, &idem.Config{PhaseStatementTimeout: 300 * time.Millisecond})
+	for i := range 3 {
+		_, err := r.Execute(ctx, b.flow, b.request(fmt.Sprintf("warm-%d", i), rideInput{Origin: "Oslo", Amount: 3}))
+		require.NoError(t, err)
+	}
+
+	// Every server connection of the alias's pool, held at once by a
+	// transaction of another client, gets statement_timeout 0 for its
+	// session.
+	var others []*pgx.Conn
+	for range pgtest.BouncerPoolSize {
+		conn, err := pgx.Connect(ctx, bounced.BouncedURL)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = conn.Close(context.Background()) })
+		_, err = conn.Exec(ctx, `BEGIN; SET statement_timeout = 0`)
+		require.NoError(t, err)
+		others = append(others, conn)
+	}
+	for _, conn := range others {
+		_, err := conn.Exec(ctx, `COMMIT`)
+		require.NoError(t, err)
+	}
+
+	b.hooks["charge_created"] = func(ctx context.Context, tx idem.Tx, _ *idem.Attempt[rideInput]) error {
+		_, err := tx.Exec(ctx, `SELECT pg_sleep(30)`)
+		return err
+	}
+	_, err := r.Execute(ctx, b.flow, b.request("slow", rideInput{Origin: "Oslo", Amount: 3}))
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr, "the server's timeout, not the client's deadline: %v", err)
+	require.Equal(t, "57014", pgErr.Code)
+	require.Contains(t, pgErr.Message, "statement timeout")
+	require.ErrorIs(t, err, idem.ErrStoreUnavailable)
 }

@@ -157,7 +157,7 @@ type Config struct {
 	// scope once every migration is applied, in the same transaction:
 	// idem_keys and idem_leases become distributed tables co-located by
 	// scope, the acquisition function a distributed function delegated by
-	// its scope argument, and the notify triggers go (stores poll on
+	// its scope argument, and the notify trigger goes (stores poll on
 	// Citus). A schema already distributed is left as it is. Down
 	// refuses (ErrRefused) on a distributed schema. The Citus extension must
 	// be installed in the database, and the schema created on the

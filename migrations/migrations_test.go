@@ -413,7 +413,6 @@ func TestNoVersionedFunctions(t *testing.T) {
 	require.Equal(t, []string{
 		"idem_acquire(p_now timestamp with time zone, p_scope text, p_key text, p_flow text, p_method text, p_path text, p_fingerprint bytea, p_params text, p_lease bigint, p_no_create boolean, p_params_key_id text)",
 		"idem_acquire(p_now timestamp with time zone, p_scope text, p_key text, p_flow text, p_method text, p_path text, p_fingerprint bytea, p_params text, p_lease bigint, p_no_create boolean, p_params_key_id text, p_holder_instance text, p_holder_host text, p_holder_pid integer, p_holder_boot text)",
-		"idem_keys_ended()",
 		"idem_leases_unlocked()",
 		"idem_notify_waiters(p_scope text, p_key bigint)",
 	}, functions)

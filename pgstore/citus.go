@@ -176,7 +176,7 @@ func (s *Store) checkAllWaitedCitus(ctx context.Context, refs []idemdriver.LockR
 // useCitus switches the store to the claim loops of Citus, and its waits to
 // polling: notifications would come from the workers, where nobody listens.
 func (s *Store) useCitus() {
-	s.q.citus = true
+	s.q.forCitus()
 	s.waits.mu.Lock()
 	s.waits.conn = nil
 	s.waits.mu.Unlock()

@@ -705,7 +705,7 @@ func (s *Store) inBatchTx(ctx context.Context, what string, timeout time.Duratio
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if timeout > 0 {
 		ms := max(timeout.Milliseconds(), 1)
-		if _, err := tx.Exec(ctx, s.q.statementTimeout, fmt.Sprint(ms)); err != nil {
+		if _, err := tx.Exec(ctx, s.q.localStatementTimeout, fmt.Sprint(ms)); err != nil {
 			return mapError(fmt.Errorf("pgstore: %s: set statement timeout: %w", what, err))
 		}
 	}

@@ -46,7 +46,13 @@ type phaseTx struct {
 	seal *sealer
 	// stmtTimeout bounds each of the phase's own statements (zero: none).
 	stmtTimeout time.Duration
-	tx          pgx.Tx // the real transaction once begun
+	// sessionTimeout: the statement sent with BEGIN set stmtTimeout for
+	// the connection's session, which commit records (timeoutSetting).
+	sessionTimeout bool
+	// resetsTimeout: a statement of the phase may have changed the
+	// session's statement_timeout.
+	resetsTimeout bool
+	tx            pgx.Tx // the real transaction once begun
 	// notifyAfter is the key whose waiters a finishing commit at
 	// repeatable read or serializable notifies once more after it commits
 	// (ID 0: none): the trigger's call of idem_notify_waiters read the marks
@@ -79,7 +85,7 @@ func (t *phaseTx) begin(ctx context.Context) error {
 	if t.tx != nil {
 		return nil
 	}
-	if t.stmtTimeout > 0 {
+	if t.timeoutSetting() != nil {
 		// BEGIN and the server-side statement timeout, in one round trip.
 		br, err := t.beginWith(ctx, nil)
 		if err != nil {
@@ -100,9 +106,9 @@ func (t *phaseTx) begin(ctx context.Context) error {
 func (t *phaseTx) beginWith(ctx context.Context, queued []*pgx.QueuedQuery) (pgx.BatchResults, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(t.opts)
-	settings := t.stmtTimeout > 0
-	if settings {
-		b.Queue(t.q.statementTimeout, millis(t.stmtTimeout))
+	setting := t.timeoutSetting()
+	if setting != nil {
+		b.QueuedQueries = append(b.QueuedQueries, setting)
 	}
 	b.QueuedQueries = append(b.QueuedQueries, queued...)
 	br := t.conn.SendBatch(ctx, b)
@@ -112,14 +118,82 @@ func (t *phaseTx) beginWith(ctx context.Context, queued []*pgx.QueuedQuery) (pgx
 		return nil, err
 	}
 	t.tx = br.(interface{ Tx() pgx.Tx }).Tx()
-	if settings {
-		if _, err := br.Exec(); err != nil {
+	if setting != nil {
+		var err error
+		if t.stmtTimeout > 0 {
+			err = br.QueryRow().Scan(&t.sessionTimeout, nil)
+		} else {
+			_, err = br.Exec()
+		}
+		if err != nil {
 			_ = br.Close()
 			t.failed = err
 			return nil, err
 		}
 	}
 	return br, nil
+}
+
+// sessionTimeoutKey is where a connection's CustomData holds the
+// statement_timeout the store set for its whole session (a time.Duration),
+// on a connection that talks to its backend directly.
+const sessionTimeoutKey = "idem.statement_timeout"
+
+// timeoutSetting is the statement that gives the phase's transaction its
+// statement_timeout, to send with BEGIN, or nil when the connection's
+// session has it already.
+//
+// The timeout is set once per connection, for its session, where the
+// connection talks to its backend directly: the backend's pid is the one
+// it announced (as in checkPooler). Behind a transaction pooler the session
+// is not the client connection's (the pooler hands each transaction a
+// server connection, which other clients set and reset), so there the
+// statement sets it for the transaction alone, every time, as every phase
+// did before. The statement decides which on the server, in one go:
+// set_config's is_local is "the pid differs". Whether it set the session
+// is remembered (CustomData) only once the phase commits: a session
+// setting made in a transaction that rolls back is undone with it.
+//
+// A phase statement that may change the session's timeout itself
+// (statementVerdict.mayResetTimeout) makes the store forget it, and so
+// does a phase with no timeout (RESET). What an application sends on the
+// pool's connections outside phases it cannot see: a phase statement
+// stays bounded by its client-side deadline (stmtContext) whatever the
+// session says.
+func (t *phaseTx) timeoutSetting() *pgx.QueuedQuery {
+	data := t.conn.Conn().PgConn().CustomData()
+	set, _ := data[sessionTimeoutKey].(time.Duration)
+	switch {
+	case t.stmtTimeout > 0 && set == t.stmtTimeout && !t.resetsTimeout:
+		return nil
+	case t.stmtTimeout > 0:
+		return &pgx.QueuedQuery{SQL: t.q.statementTimeout, Arguments: []any{millis(t.stmtTimeout), int64(t.conn.Conn().PgConn().PID())}}
+	case set > 0:
+		return &pgx.QueuedQuery{SQL: t.q.resetStatementTimeout}
+	}
+	return nil
+}
+
+// committed records, once the phase's transaction committed, what its
+// statements left of the session's statement_timeout.
+func (t *phaseTx) committed() {
+	data := t.conn.Conn().PgConn().CustomData()
+	switch {
+	case t.resetsTimeout || t.stmtTimeout <= 0:
+		// A phase without a timeout sent RESET if the session had one.
+		delete(data, sessionTimeoutKey)
+	case t.sessionTimeout:
+		data[sessionTimeoutKey] = t.stmtTimeout
+	}
+}
+
+// sent notes what a phase statement may do to the session's settings.
+func (t *phaseTx) sent(v *statementVerdict) error {
+	if v.mayResetTimeout && !t.resetsTimeout {
+		t.resetsTimeout = true
+		delete(t.conn.Conn().PgConn().CustomData(), sessionTimeoutKey)
+	}
+	return v.err
 }
 
 // serverTimeoutGrace is how long after the server-side statement_timeout a
@@ -165,7 +239,7 @@ func needsOwnBegin(exec bool, args []any) bool {
 }
 
 func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if err := checkStatement(sql); err != nil {
+	if err := t.sent(verdictOf(sql)); err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	ctx, cancel := t.stmtContext(ctx)
@@ -188,7 +262,7 @@ func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 }
 
 func (t *phaseTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if err := checkStatement(sql); err != nil {
+	if err := t.sent(verdictOf(sql)); err != nil {
 		return failedRows(err)
 	}
 	ctx, cancel := t.stmtContext(ctx)
@@ -226,7 +300,7 @@ func (t *phaseTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 
 func (t *phaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	for _, q := range b.QueuedQueries {
-		if err := checkStatement(q.SQL); err != nil {
+		if err := t.sent(verdictOf(q.SQL)); err != nil {
 			return pgx.FailedBatchResults(b, err)
 		}
 	}
@@ -337,6 +411,7 @@ func (t *phaseTx) commitGuarded(ctx context.Context, guard string, args ...any) 
 		// ignored), so COMMIT rolled it back.
 		return fmt.Errorf("%w: the phase's transaction was rolled back at commit", pgx.ErrTxCommitRollback)
 	}
+	t.committed()
 	if t.notifyAfter.ID != 0 {
 		// One more round trip, at read committed, for the marks the
 		// finishing statement's snapshot could not see. A failure only

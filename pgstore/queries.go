@@ -55,11 +55,13 @@ type queries struct {
 	heartbeat, release                string
 	markForeign, clearForeignMark     string
 	setNeedsReconcile, getKey         string
-	waitMark, waitCheck               string
-	notifyWaiters, waitCheckAll       string
+	// The same without waking waiters, for Citus (forCitus).
+	finishPhaseQuiet, setNeedsReconcileQuiet string
+	waitMark, waitCheck                      string
+	notifyWaiters, waitCheckAll              string
 
 	unlockKey, claimIdle, reap, reapAbandoned, unfinishedKeys, statementTimeout, clock string
-	backlog                                                                            string
+	backlog, resetStatementTimeout, localStatementTimeout                              string
 
 	// citus says the tables are distributed by Citus (New asks): the claim
 	// loops then claim key by key (citus.go), and waits poll.
@@ -145,7 +147,7 @@ func newQueries(prefix string) *queries {
 	t, l := prefix+"idem_keys", prefix+"idem_leases"
 	q := &queries{table: t, leases: l}
 	render := func(sql string) string {
-		sql = strings.NewReplacer("{t}", t, "{l}", l).Replace(sql)
+		sql = strings.NewReplacer("{t}", t, "{l}", l, "{notify}", prefix+"idem_notify_waiters").Replace(sql)
 		return colsPlaceholder.ReplaceAllStringFunc(sql, func(m string) string {
 			a := colsPlaceholder.FindStringSubmatch(m)
 			return recordColumnsOf(a[2], a[3], a[1] == "cols")
@@ -275,10 +277,12 @@ WHERE k.scope = $2 AND k.key = $3::text AND NOT EXISTS (SELECT 1 FROM taken WHER
 	// advance is a HOT update. statement_timestamp(), not now(): now() is
 	// when the transaction began.
 	//
-	// finishPhase, release and setNeedsReconcile end an attempt: triggers
-	// (migrations/sql/0007_v02_format.up.sql) wake the key's waiters, on
-	// every instance, when a waiter marked it (waitMark), at commit. The
-	// statements do not name them.
+	// finishPhase, release and setNeedsReconcile end an attempt: they wake
+	// the key's waiters, on every instance, when a waiter marked it
+	// (waitMark), at commit. finishPhase and setNeedsReconcile call
+	// idem_notify_waiters themselves (wakeWaiters), only for the key they
+	// matched; release's lease update fires a trigger (0007), which checks
+	// for a mark before it calls anything. No trigger runs on a finish.
 	// withdrawPhase is advancePhase that also withdraws the foreign mark,
 	// progress row first, for a commit that leaves the recovery point
 	// where the mark was made (CommitParams.ClearForeignMark).
@@ -302,7 +306,7 @@ SELECT 1 / count(*)::int FROM guarded`
     FROM guarded WHERE l.scope = $6::text AND l.key_id = guarded.id AND l.fence = $2
 )`))
 
-	q.finishPhase = render(`
+	finishPhase := `
 WITH clock AS (
     SELECT t, t + $7::bigint * interval '1 microsecond' AS expires
     FROM (SELECT coalesce($8::timestamptz, statement_timestamp()) AS t) now
@@ -321,9 +325,11 @@ SET status           = 'finished',
     last_error       = nullif(left($11::text, 4000), '')
 FROM clock
 WHERE k.scope = $12::text AND k.id = $1 AND k.fence = $2
-RETURNING 1
+RETURNING k.id
 )
-SELECT 1 / count(*)::int FROM guarded`)
+SELECT 1 / count(*)::int FROM guarded`
+	q.finishPhase = render(finishPhase + wakeWaiters("$12", "guarded"))
+	q.finishPhaseQuiet = render(finishPhase)
 
 	q.heartbeat = render(`
 WITH clock AS (
@@ -352,7 +358,7 @@ WITH released AS (
 )
 SELECT count(*) FROM released`)
 
-	q.setNeedsReconcile = render(`
+	setNeedsReconcile := `
 WITH parked AS (
     UPDATE {t} SET status = 'needs_reconcile', last_error = left($3, 4000)
     WHERE scope = $4::text AND id = $1 AND fence = $2 AND status <> 'finished'
@@ -361,7 +367,9 @@ WITH parked AS (
     UPDATE {l} l SET locked_at = NULL, lease_expires_at = NULL
     FROM parked WHERE l.scope = $4::text AND l.key_id = parked.id AND l.fence = $2
 )
-SELECT count(*) FROM parked`)
+SELECT count(*) FROM parked`
+	q.setNeedsReconcile = render(setNeedsReconcile + wakeWaiters("$4", "parked"))
+	q.setNeedsReconcileQuiet = render(setNeedsReconcile)
 
 	// markForeign records the mark with the recovery point it is made at;
 	// the phase's commit moves the recovery point and so retires the mark
@@ -378,7 +386,7 @@ UPDATE {l} SET foreign_mark = NULL, foreign_mark_after = NULL
 WHERE scope = $3::text AND key_id = $1 AND fence = $2`)
 
 	// waitMark marks a key that a process starts waiting for, so that the
-	// statement that ends its attempt notifies (the triggers of 0010),
+	// statement that ends its attempt notifies (wakeWaiters, the trigger of 0007),
 	// and reports the key as waitCheck does. It locks the progress row FOR
 	// SHARE, which conflicts with the finishing update: a mark either
 	// commits before that update takes the row (the finishing statement,
@@ -544,7 +552,7 @@ WITH candidates AS MATERIALIZED (
     SET status = 'needs_reconcile',
         last_error = 'abandoned past its AbandonAfter with a not-idempotent call in doubt; a reconcile run decides'
     WHERE id = ANY(ARRAY(SELECT id FROM candidates WHERE marked))
-    RETURNING 1
+    RETURNING {notify}(scope, id)
 ), deleted AS (
     DELETE FROM {t}
     WHERE id = ANY(ARRAY(SELECT id FROM candidates WHERE NOT marked))
@@ -662,9 +670,15 @@ FROM {t} k LEFT JOIN {l} l ON l.scope = k.scope AND l.key_id = k.id
 WHERE k.status <> 'finished' AND k.flow = ANY($1::text[])
 GROUP BY 1, 2, 3, 4
 ORDER BY 1, 2, 3, 4`)
-	// statementTimeout bounds the statements after it in the same
-	// transaction (milliseconds, as text).
-	q.statementTimeout = `SELECT set_config('statement_timeout', $1, true)`
+	// statementTimeout bounds the statements after it (milliseconds, as
+	// text): for the session when the connection's backend is the one it
+	// announced ($2, its pid), else for the transaction alone; it returns
+	// whether it set the session (phaseTx.timeoutSetting).
+	q.statementTimeout = `SELECT pg_backend_pid() = $2::bigint, set_config('statement_timeout', $1, pg_backend_pid() <> $2::bigint)`
+	q.resetStatementTimeout = `RESET statement_timeout`
+	// localStatementTimeout bounds the statements after it in the same
+	// transaction (milliseconds, as text): a maintainer's batch.
+	q.localStatementTimeout = `SELECT set_config('statement_timeout', $1, true)`
 
 	q.clock = `SELECT coalesce($1::timestamptz, now()) AS t`
 
@@ -685,17 +699,36 @@ ORDER BY s.n`)
 	return q
 }
 
+// wakeWaiters ends a statement that ends an attempt (finishPhase,
+// setNeedsReconcile) with a WHERE that calls idem_notify_waiters (scope,
+// the CTE's id) for the row its CTE matched: the function reads the key's
+// mark and notifies only a marked key. It is VOLATILE, so at read committed
+// it reads with a snapshot of its own, taken after the statement's update
+// got the row: it sees a mark committed while the update waited for the
+// row lock (a mark locks the progress row FOR SHARE). Called from the
+// statement, not from an AFTER trigger on every finish: no trigger queue,
+// one PL/pgSQL call less. It returns a boolean, never NULL, so the WHERE
+// keeps every row the count counts.
+func wakeWaiters(scope, cte string) string {
+	return ` WHERE {notify}(` + scope + `::text, ` + cte + `.id) IS NOT NULL`
+}
+
+// forCitus switches the statements to the Citus layout: the tables are
+// distributed, and the finish and the parking of a key do not notify (a
+// notification on the worker that holds the row would reach no listener;
+// waits poll on Citus).
+func (q *queries) forCitus() {
+	q.citus = true
+	q.finishPhase, q.setNeedsReconcile = q.finishPhaseQuiet, q.setNeedsReconcileQuiet
+}
+
 // commitStatement is the guarded statement that records p on its key:
 // advancePhase for a phase that advances, finishPhase for one that responds.
 // bodyKeyID names the key that sealed p.Response.Body ("": in the clear).
 func (q *queries) commitStatement(p idemdriver.CommitParams, bodyKeyID string) (string, []any, error) {
-	patch := []byte("{}")
-	if len(p.CheckpointPatch) > 0 {
-		var err error
-		if patch, err = json.Marshal(p.CheckpointPatch); err != nil {
-			return "", nil, fmt.Errorf("pgstore: encode checkpoint: %w", err)
-		}
-	}
+	// The patch's values are JSON already (SetCheckpoint encoded each):
+	// they are written into the object as they are (appendPatch).
+	patch := json.RawMessage(appendPatch(nil, p.CheckpointPatch))
 	switch {
 	case p.Status == idemdriver.StatusFinished && p.Response != nil:
 		body, header := p.Response.Body, p.Response.Header
@@ -708,18 +741,15 @@ func (q *queries) commitStatement(p idemdriver.CommitParams, bodyKeyID string) (
 		// The header travels as JSON text, like the checkpoint: a map has
 		// no type pgx can encode without asking the server (exec and
 		// simple_protocol modes do not ask).
-		headerJSON, err := json.Marshal(header)
-		if err != nil {
-			return "", nil, fmt.Errorf("pgstore: encode response header: %w", err)
-		}
-		return q.finishPhase, []any{p.Ref.ID, p.Ref.Fence, json.RawMessage(patch), p.Response.Status, string(headerJSON), body, p.Retention.Microseconds(), p.Now, bodyKeyID,
+		headerJSON := appendHeader(nil, header)
+		return q.finishPhase, []any{p.Ref.ID, p.Ref.Fence, patch, p.Response.Status, string(headerJSON), body, p.Retention.Microseconds(), p.Now, bodyKeyID,
 			cmp.Or(p.RecoveryPoint, idemdriver.RecoveryPointFinished), p.LastError, p.Ref.Scope}, nil
 	case p.Status == idemdriver.StatusRunning:
 		sql := q.advancePhase
 		if p.ClearForeignMark {
 			sql = q.withdrawPhase
 		}
-		return sql, []any{p.Ref.ID, p.Ref.Fence, p.RecoveryPoint, json.RawMessage(patch), p.Now, p.Ref.Scope}, nil
+		return sql, []any{p.Ref.ID, p.Ref.Fence, p.RecoveryPoint, patch, p.Now, p.Ref.Scope}, nil
 	}
 	return "", nil, fmt.Errorf("pgstore: commit phase: status %q (with a response: %t) is neither an advance nor a finish", p.Status, p.Response != nil)
 }

@@ -1,19 +1,78 @@
 package pgstore
 
-import "strings"
+import (
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
 
 // checkStatement refuses what a phase may not send through its Tx: a
 // transaction-control statement (ErrPhaseEndedTx), at the start of the
 // string or anywhere in a string of several statements. pgx sends an Exec
 // without arguments over the simple protocol, where a COMMIT later in the
 // string would commit the phase's writes without its recovery point.
-func checkStatement(sql string) error {
-	for _, stmt := range statements(sql) {
-		if err := refuseTxControl(stmt); err != nil {
-			return err
+func checkStatement(sql string) error { return verdictOf(sql).err }
+
+// statementVerdict is what a phase statement's text says about it.
+type statementVerdict struct {
+	// err refuses it (checkStatement).
+	err error
+	// mayResetTimeout: it may change the session's statement_timeout
+	// (it sets statement_timeout, or is a RESET or DISCARD), which the
+	// store otherwise sets once per connection (phaseTx.timeoutSetting).
+	mayResetTimeout bool
+}
+
+// verdictOf is sql's verdict. It depends on the string alone, and a phase
+// sends the same constant SQL on every request: it is kept per string
+// (statementVerdicts), so the lexer and the regular expression run once
+// per statement text, not once per statement sent.
+func verdictOf(sql string) *statementVerdict {
+	if v, ok := statementVerdicts.Load(sql); ok {
+		return v.(*statementVerdict)
+	}
+	v := lexStatement(sql)
+	if statementVerdictCount.Load() < maxStatementVerdicts {
+		if _, loaded := statementVerdicts.LoadOrStore(sql, v); !loaded {
+			statementVerdictCount.Add(1)
 		}
 	}
-	return nil
+	return v
+}
+
+// statementVerdicts holds verdictOf's verdict per SQL string for at most
+// maxStatementVerdicts strings: SQL built per request (values spliced into
+// the text) would otherwise grow it without end; beyond the bound such
+// strings are lexed every time, as before the cache.
+var (
+	statementVerdicts     sync.Map
+	statementVerdictCount atomic.Int64
+)
+
+const maxStatementVerdicts = 4096
+
+// resetsSession matches a statement that may reset the session's settings
+// wholesale, after whitespace and comments.
+var resetsSession = regexp.MustCompile(`(?is)^(?:\s+|--[^\n]*\n|/\*.*?\*/)*(reset|discard)\b`)
+
+// setsTimeout matches, anywhere in a string (a DO block's EXECUTE
+// included), a session-level SET of statement_timeout or a set_config of
+// it. SET LOCAL lasts for the phase's transaction only.
+var setsTimeout = regexp.MustCompile(`(?is)\bset\s+(session\s+)?statement_timeout\b|\bset_config\s*\(\s*'statement_timeout'`)
+
+// lexStatement is verdictOf without its cache.
+func lexStatement(sql string) *statementVerdict {
+	v := &statementVerdict{mayResetTimeout: setsTimeout.MatchString(sql)}
+	for _, stmt := range statements(sql) {
+		if v.err == nil {
+			v.err = refuseTxControl(stmt)
+		}
+		if resetsSession.MatchString(stmt) {
+			v.mayResetTimeout = true
+		}
+	}
+	return v
 }
 
 // statements splits a SQL string into its statements as Postgres's lexer

@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -43,5 +44,40 @@ func TestStatements(t *testing.T) {
 	for _, fine := range []string{`INSERT INTO t VALUES (1);`, `INSERT INTO t VALUES (1); SET LOCAL lock_timeout = '5s'`,
 		`SELECT 'x; COMMIT'`, `DO $$ BEGIN PERFORM 1; END $$`, `SELECT 1 -- ; COMMIT`} {
 		require.NoError(t, checkStatement(fine), fine)
+	}
+}
+
+// checkStatement gives the same verdict from its cache as from the lexer,
+// for a refused and an accepted statement asked twice, and the cache stops
+// growing at its bound: a phase that builds its SQL per request does not
+// grow it without end.
+func TestCheckStatementCachesItsVerdict(t *testing.T) {
+	t.Parallel()
+	for range 2 {
+		require.ErrorIs(t, checkStatement(`SELECT 1; COMMIT -- cached`), ErrPhaseEndedTx)
+		require.NoError(t, checkStatement(`SELECT 1 -- cached`))
+	}
+	v, ok := statementVerdicts.Load(`SELECT 1; COMMIT -- cached`)
+	require.True(t, ok)
+	require.ErrorIs(t, v.(*statementVerdict).err, ErrPhaseEndedTx)
+	for i := range maxStatementVerdicts + 10 {
+		require.NoError(t, checkStatement(fmt.Sprintf(`SELECT %d -- uncached`, i)))
+	}
+	require.LessOrEqual(t, statementVerdictCount.Load(), int64(maxStatementVerdicts))
+}
+
+// A statement that may change the session's statement_timeout is told
+// apart from one that cannot, so the phase that sends it does not leave
+// the store believing its per-connection setting still holds.
+func TestStatementMayResetTimeout(t *testing.T) {
+	t.Parallel()
+	for _, resets := range []string{`SET statement_timeout = 0`, `select set_config('STATEMENT_TIMEOUT', '0', false)`,
+		`RESET ALL`, `/* x */ discard all`, `SELECT 1; reset statement_timeout`, `SET SESSION statement_timeout TO 5`,
+		`DO $$ BEGIN EXECUTE 'set statement_timeout = 0'; END $$`} {
+		require.True(t, verdictOf(resets).mayResetTimeout, resets)
+	}
+	for _, keeps := range []string{`SELECT 1`, `INSERT INTO resets VALUES (1)`, `SET LOCAL lock_timeout = '1s'`,
+		`SET LOCAL statement_timeout = '1s'`, `SELECT current_setting('statement_timeout')`} {
+		require.False(t, verdictOf(keeps).mayResetTimeout, keeps)
 	}
 }

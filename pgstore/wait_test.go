@@ -200,6 +200,18 @@ func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx
 
 func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
+// TraceBatchStart counts each statement of a batch (a phase's BEGIN
+// pipeline).
+func (c *countingTracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	for _, q := range d.Batch.QueuedQueries {
+		ctx = c.TraceQueryStart(ctx, conn, pgx.TraceQueryStartData{SQL: q.SQL})
+	}
+	return ctx
+}
+
+func (c *countingTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *countingTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
 func (c *countingTracer) count(sql string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -365,4 +377,62 @@ func TestLeavingAWatchSendsNoCancelRequest(t *testing.T) {
 		return err == nil && !running
 	}, time.Minute, 5*time.Millisecond, "the mark finished")
 	require.Zero(t, cancels.Load(), "no cancel request for the mark of a watch nobody waits on")
+
+// A finish at read committed that waited for the key's row while a waiter's
+// mark held it (FOR SHARE) sees the mark once it gets the row, and
+// notifies: the finishing statement wakes the waiters itself (no trigger),
+// reading the mark with a snapshot newer than its own. And a finish of a
+// key nobody marked sends nothing.
+func TestFinishNotifiesAMarkThatCommittedWhileItWaited(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.NewMigratedSchema(t)
+	st, err := New(schema.Pool, &Config{Schema: schema.Name, Wait: WaitPoll})
+	require.NoError(t, err)
+	t.Cleanup(st.Close)
+	listener, err := schema.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer listener.Release()
+	_, err = listener.Exec(ctx, `LISTEN `+pgx.Identifier{Channel(schema.Name)}.Sanitize())
+	require.NoError(t, err)
+
+	finish := func(ref idemdriver.LockRef) error {
+		tx, err := st.BeginPhase(ctx, idemdriver.PhaseOptions{Isolation: pgx.ReadCommitted})
+		if err != nil {
+			return err
+		}
+		return tx.CommitPhase(ctx, idemdriver.CommitParams{Ref: ref, Status: idemdriver.StatusFinished,
+			Response: &idemdriver.Response{Status: 201}, Retention: time.Hour})
+	}
+	unmarked := holdKey(t, st, "unmarked")
+	require.NoError(t, finish(unmarked))
+
+	ref := holdKey(t, st, "k")
+	mark, err := schema.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = mark.Rollback(ctx) }()
+	var over bool
+	var left float64
+	require.NoError(t, mark.QueryRow(ctx, st.q.waitMark, ref.ID, ref.Fence, ref.Scope).Scan(&over, &left))
+	require.False(t, over)
+
+	finished := make(chan error, 1)
+	go func() { finished <- finish(ref) }()
+	// The finish waits for the mark's lock on the progress row.
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := schema.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%finished_at%' AND strpos(query, $1) > 0)`, st.q.table).Scan(&waiting)
+		return err == nil && waiting
+	}, time.Minute, 5*time.Millisecond)
+	require.NoError(t, mark.Commit(ctx))
+	require.NoError(t, <-finished)
+
+	// A bound for a notification that never comes, not a timing: it is
+	// sent at the finish's commit, before finish returned.
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	n, err := listener.Conn().WaitForNotification(wctx)
+	require.NoError(t, err, "the finish notified nobody")
+	require.Equal(t, fmt.Sprint(ref.ID), n.Payload, "the marked key, not the unmarked one")
 }

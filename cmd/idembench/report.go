@@ -131,15 +131,16 @@ func renderReport(res *results) string {
 	if len(res.Load) > 0 && len(o.Workloads) < len(allWorkloads) {
 		// A partial run (profiling one workload): its figures, no verdicts.
 		p("## Load (only %s)\n\n", strings.Join(slices.Sorted(maps.Keys(o.Workloads)), ", "))
-		p("| workload | concurrency | per second | p50 | p99 |\n|---|---:|---:|---:|---:|\n")
+		p("| workload | concurrency | per second | p50 | p99 | WAL B/req | CPU µs/req, client / server |\n|---|---:|---:|---:|---:|---:|---:|\n")
 		for _, lp := range res.Load {
 			for _, w := range allWorkloads {
 				if s := lp.workload(w); s != nil {
-					p("| %s | %d | %s | %s | %s |\n", w, lp.Concurrency, rate(s), ms(s.P50), ms(s.P99))
+					p("| %s | %d | %s | %s | %s | %.0f | %s |\n", w, lp.Concurrency, rate(s), ms(s.P50), ms(s.P99), s.WALPerOp, cpuCell(s))
 				}
 			}
 		}
 		p("\n")
+		p("%s", partialRatios(res.Load))
 		res = &results{Opts: o, RoundTrips: res.RoundTrips, Storm: res.Storm, Scale: res.Scale, Profile: res.Profile, Citus: res.Citus, Server: res.Server}
 		ref = nil
 	}
@@ -524,5 +525,33 @@ func renderProfile(pr *profileReport) string {
 		p("| %s | %s | %s | %s |\n", pp.Name, micros(pp.Server), micros(pp.Client), micros(pp.Wall))
 	}
 	p("\n")
+	return b.String()
+}
+
+// partialRatios are the ratios a partial run can still give: the runner
+// against the baseline and the replay against the baseline's replay, for
+// whichever of those pairs the run measured (throughput, WAL, client and
+// server CPU per request), so that a change can be measured on those four
+// workloads alone, interleaved in one run.
+func partialRatios(points []*loadPoint) string {
+	var b strings.Builder
+	for _, lp := range points {
+		for _, pair := range [][2]string{{"runner", "baseline"}, {"replay", "baseline-replay"}} {
+			a, base := lp.workload(pair[0]), lp.workload(pair[1])
+			if a == nil || base == nil {
+				continue
+			}
+			server := "-"
+			if a.ServerCPU >= 0 && base.ServerCPU > 0 {
+				server = fmt.Sprintf("%.2f", ratioD(a.ServerCPU, base.ServerCPU))
+			}
+			fmt.Fprintf(&b, "- %s / %s at concurrency %d: throughput %.2f, WAL per request %.2f, client CPU %.2f, server CPU %s\n",
+				pair[0], pair[1], lp.Concurrency, ratio(a.Throughput(), base.Throughput()), ratio(a.WALPerOp, base.WALPerOp),
+				ratioD(a.ClientCPU, base.ClientCPU), server)
+		}
+	}
+	if b.Len() > 0 {
+		b.WriteString("\n")
+	}
 	return b.String()
 }

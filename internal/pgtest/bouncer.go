@@ -24,9 +24,9 @@ const BouncerEnv = "IDEM_PGBOUNCER"
 // ErrNoBouncer is wrapped by the error of StartBouncer when no pgbouncer binary is installed.
 var ErrNoBouncer = errors.New("pgtest: pgbouncer is not installed")
 
-// bouncerPoolSize is each database alias's server pool: small, so that a test's concurrency
+// BouncerPoolSize is each database alias's server pool: small, so that a test's concurrency
 // shares server connections between clients, as it does in production.
-const bouncerPoolSize = 8
+const BouncerPoolSize = 8
 
 // identPattern is a plain lowercase identifier, which needs no quoting in pgbouncer.ini or SQL.
 var identPattern = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
@@ -169,7 +169,7 @@ server_idle_timeout = 60
 ignore_startup_parameters = extra_float_digits
 logfile = %s
 pidfile = %s
-`, b.port, filepath.Join(b.workDir, "userlist.txt"), b.user, bouncerPoolSize,
+`, b.port, filepath.Join(b.workDir, "userlist.txt"), b.user, BouncerPoolSize,
 		filepath.Join(b.workDir, "pgbouncer.log"), filepath.Join(b.workDir, "pgbouncer.pid"))
 	files := map[string]string{
 		"pgbouncer.ini": ini.String(),

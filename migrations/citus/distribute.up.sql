@@ -25,12 +25,11 @@ ALTER FUNCTION {{schema}}idem_acquire(timestamptz, text, text, text, text, text,
 -- What Citus cannot have: a unique constraint without the distribution
 -- column (idem_keys_id serves business tables that reference a key by id on
 -- plain PostgreSQL), a foreign key to a table not yet distributed (made
--- again below), and the notify triggers, which would notify on the worker
+-- again below), and the notify trigger, which would notify on the worker
 -- that holds the row, where no store listens (stores poll on Citus).
 ALTER TABLE {{schema}}idem_keys DROP CONSTRAINT idem_keys_id;
 ALTER TABLE {{schema}}idem_leases DROP CONSTRAINT idem_leases_key_fkey;
 DROP TRIGGER idem_leases_unlocked ON {{schema}}idem_leases;
-DROP TRIGGER idem_keys_ended ON {{schema}}idem_keys;
 
 SELECT create_distributed_table('{{schema}}idem_keys', 'scope');
 SELECT create_distributed_table('{{schema}}idem_leases', 'scope', colocate_with => '{{schema}}idem_keys');

@@ -45,9 +45,7 @@ END
 $$;
 
 DROP TRIGGER idem_leases_unlocked ON {{schema}}idem_leases;
-DROP TRIGGER idem_keys_ended ON {{schema}}idem_keys;
 DROP FUNCTION {{schema}}idem_leases_unlocked();
-DROP FUNCTION {{schema}}idem_keys_ended();
 DROP FUNCTION {{schema}}idem_notify_waiters(text, bigint);
 DROP FUNCTION {{schema}}idem_acquire(timestamptz, text, text, text, text, text, bytea, text, bigint, boolean, text,
     text, text, int, text);

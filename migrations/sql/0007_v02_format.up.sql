@@ -14,8 +14,8 @@
 --    plain PostgreSQL, for business tables that reference a key by id (ON
 --    DELETE SET NULL); their foreign keys are moved onto it here;
 --  - one acquisition function, idem_acquire, which also names the lease's
---    holder; the lease's holder and waiters (waited_at, notified by
---    triggers when an attempt ends) on the lease row.
+--    holder; the lease's holder and waiters (waited_at, notified when an
+--    attempt ends) on the lease row.
 --
 -- A key in flight cannot cross: its fingerprint and its downstream keys
 -- change. The migration refuses (SQLSTATE IDEM1, migrations.ErrRefused)
@@ -311,18 +311,11 @@ $idem_notify_waiters$;
 -- The attempt that holds a key ends when the key leaves status running (a
 -- phase finishes it, or parks it for reconciliation) or when its lease is
 -- unlocked (a failed phase releases it, an operator unlocks it). The
--- conditions are checked row by row at no cost; the function runs only for
--- an attempt that ends. (Citus drops these: they would notify on a worker.)
-CREATE FUNCTION {{schema}}idem_keys_ended()
-RETURNS trigger
-LANGUAGE plpgsql VOLATILE
-AS $idem_keys_ended$
-BEGIN
-    PERFORM {{schema}}idem_notify_waiters(NEW.scope, NEW.id);
-    RETURN NULL;
-END
-$idem_keys_ended$;
-
+-- statements that finish or park a key call idem_notify_waiters themselves
+-- (pgstore's wakeWaiters): an AFTER trigger on idem_keys would run on every
+-- finish, marked or not. A lease is unlocked by several statements, rarely:
+-- a trigger wakes the waiters of a marked key, its condition checked row
+-- by row at no cost. (Citus drops it: it would notify on a worker.)
 CREATE FUNCTION {{schema}}idem_leases_unlocked()
 RETURNS trigger
 LANGUAGE plpgsql VOLATILE
@@ -332,10 +325,6 @@ BEGIN
     RETURN NULL;
 END
 $idem_leases_unlocked$;
-
-CREATE TRIGGER idem_keys_ended AFTER UPDATE OF status ON {{schema}}idem_keys
-    FOR EACH ROW WHEN (OLD.status::text = 'running' AND NEW.status::text <> 'running')
-    EXECUTE FUNCTION {{schema}}idem_keys_ended();
 
 CREATE TRIGGER idem_leases_unlocked AFTER UPDATE OF locked_at ON {{schema}}idem_leases
     FOR EACH ROW WHEN (OLD.locked_at IS NOT NULL AND NEW.locked_at IS NULL AND NEW.waited_at IS NOT NULL)
