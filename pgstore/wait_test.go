@@ -377,6 +377,7 @@ func TestLeavingAWatchSendsNoCancelRequest(t *testing.T) {
 		return err == nil && !running
 	}, time.Minute, 5*time.Millisecond, "the mark finished")
 	require.Zero(t, cancels.Load(), "no cancel request for the mark of a watch nobody waits on")
+}
 
 // A finish at read committed that waited for the key's row while a waiter's
 // mark held it (FOR SHARE) sees the mark once it gets the row, and
