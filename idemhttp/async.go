@@ -70,14 +70,17 @@ func (h *Handler[In]) execute(r *http.Request, req idem.Request) (*idem.Outcome,
 			"flow", h.flow.Name(), "detached_limit", h.cfg.Detached.Limit())
 		stopRun()
 	})
-	out, err := h.runner.Execute(ctx, h.flow, req)
-	if !stop() {
-		<-left
-		if counted.Load() {
-			h.cfg.Detached.leave()
+	// Deferred: a run that panics (an Observer's hook) must give its
+	// place back, or the bound shrinks by one for good.
+	defer func() {
+		if !stop() {
+			<-left
+			if counted.Load() {
+				h.cfg.Detached.leave()
+			}
 		}
-	}
-	return out, err
+	}()
+	return h.runner.Execute(ctx, h.flow, req)
 }
 
 // serveAsync serves a request that prefers respond-async: its flow runs on

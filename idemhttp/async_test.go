@@ -330,3 +330,27 @@ func TestRespondAsyncConfig(t *testing.T) {
 	_, err = idemhttp.New(b.runner, b.flow, cfg)
 	require.ErrorContains(t, err, "unknown InProgress")
 }
+
+// A panic out of a run (here the runner's Observer) whose client had left
+// gives its place in Config.Detached back: a place kept for ever would,
+// panic by panic, stop every later run whose client leaves.
+func TestClientLeftRunPanicFreesItsPlace(t *testing.T) {
+	t.Parallel()
+	b := setup(t, idemhttp.ProfileIETF)
+	detached := idemhttp.NewDetachedRuns(1)
+	ctx, leave := context.WithCancel(context.Background())
+	defer leave()
+	runner := b.newRunner(t, &idem.Config{Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) {
+		if e.Kind != idem.EventCreated {
+			return
+		}
+		leave()
+		require.Eventually(t, func() bool { return detached.Running() == 1 }, 30*time.Second, time.Millisecond,
+			"the client left: the run is counted")
+		panic("observer: nil map")
+	})})
+	h := b.handlerOn(t, runner, b.flow, func(c *idemhttp.Config[rideInput]) { c.Detached = detached })
+	res := serve(h, request("k-1", rideBody).WithContext(ctx))
+	require.Equal(t, http.StatusInternalServerError, res.Code, res.Body.String())
+	require.Zero(t, detached.Running(), "the panicked run left the bound")
+}
