@@ -96,7 +96,17 @@ func (h *Handler[In]) serveAsync(w http.ResponseWriter, r *http.Request, req ide
 	}
 	acquired := make(chan struct{})
 	var once sync.Once
-	req.Acquired = func(*idem.KeyRecord) { once.Do(func() { close(acquired) }) }
+	// The key as held: a key taken over is at its last committed phase,
+	// not at "started". Written before close(acquired), read after it.
+	recoveryPoint := idem.RecoveryPointStarted
+	req.Acquired = func(rec *idem.KeyRecord) {
+		once.Do(func() {
+			if rec.RecoveryPoint != "" {
+				recoveryPoint = rec.RecoveryPoint
+			}
+			close(acquired)
+		})
+	}
 	// A key another attempt runs answers 202 at once.
 	req.Wait, req.WaitContext = 0, nil
 	done := make(chan executed, 1)
@@ -134,7 +144,7 @@ func (h *Handler[In]) serveAsync(w http.ResponseWriter, r *http.Request, req ide
 	case e := <-done: // it ended already: its answer, not a 202
 		h.writeResult(w, r, req, e, true)
 	default:
-		h.writeAccepted(w, req.Key, idem.RecoveryPointStarted, true)
+		h.writeAccepted(w, req.Key, recoveryPoint, true)
 	}
 	return true
 }

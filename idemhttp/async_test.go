@@ -354,3 +354,30 @@ func TestClientLeftRunPanicFreesItsPlace(t *testing.T) {
 	require.Equal(t, http.StatusInternalServerError, res.Code, res.Body.String())
 	require.Zero(t, detached.Running(), "the panicked run left the bound")
 }
+
+// A request that prefers respond-async and takes over a key an earlier
+// attempt left part done is answered 202 at that key's recovery point,
+// not "started": the last committed phase, as the monitor shows it.
+func TestRespondAsyncTakeoverShowsItsRecoveryPoint(t *testing.T) {
+	t.Parallel()
+	b := setup(t, idemhttp.ProfileIETF)
+	h, detached := b.asyncHandler(t, 10, func(c *idemhttp.Config[rideInput]) { c.ShowRecoveryPoint = true })
+	failed := false
+	b.setHook("charge_created", func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
+		if failed {
+			return nil
+		}
+		failed = true
+		return errors.New("provider timed out")
+	})
+	require.Equal(t, http.StatusInternalServerError, post(h, "k-1", rideBody).Code)
+	require.Equal(t, "ride_created", b.keyRow(t, "k-1").RecoveryPoint)
+
+	entered, release := b.blockPhase(t, "charge_created")
+	res := postAsync(h, "k-1")
+	require.Equal(t, http.StatusAccepted, res.Code, res.Body.String())
+	<-entered
+	require.Equal(t, "ride_created", decodeStatus(t, res).RecoveryPoint)
+	release()
+	require.Eventually(t, func() bool { return detached.Running() == 0 }, 30*time.Second, 10*time.Millisecond)
+}
