@@ -382,3 +382,28 @@ func TestRespondAsyncTakeoverShowsItsRecoveryPoint(t *testing.T) {
 	release()
 	require.Eventually(t, func() bool { return detached.Running() == 0 }, 30*time.Second, 10*time.Millisecond)
 }
+
+// DetachedRuns.Wait, after the server's Shutdown, waits for the runs
+// answered 202 (which no handler holds for Shutdown to wait for), so that a
+// deploy finishes them instead of leaving them half done to the completer.
+func TestDetachedRunsWait(t *testing.T) {
+	t.Parallel()
+	b := setup(t, idemhttp.ProfileIETF)
+	h, detached := b.asyncHandler(t, 10, nil)
+	require.NoError(t, detached.Wait(context.Background()), "nothing runs")
+	entered, release := b.blockPhase(t, "charge_created")
+	res := postAsync(h, "k-1")
+	require.Equal(t, http.StatusAccepted, res.Code, res.Body.String())
+	<-entered
+
+	stopped, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := detached.Wait(stopped)
+	require.ErrorIs(t, err, context.Canceled, "the run is not over")
+	require.ErrorContains(t, err, "1 detached run")
+
+	release()
+	require.NoError(t, detached.Wait(context.Background()))
+	require.Zero(t, detached.Running())
+	require.Equal(t, idem.StatusFinished, b.keyRow(t, "k-1").Status, "Wait returned once the run had ended")
+}
