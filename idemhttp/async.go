@@ -179,6 +179,7 @@ func (h *Handler[In]) writeAccepted(w http.ResponseWriter, key, recoveryPoint st
 	}
 	if async {
 		header.Set("Preference-Applied", "respond-async")
+		header.Del(AsyncHeader) // a retry declined for want of room, answered 202 all the same
 	}
 	header.Set("Retry-After", strconv.FormatInt(int64(h.cfg.AsyncRetryAfter/time.Second), 10))
 	writeJSON(w, http.StatusAccepted, status)

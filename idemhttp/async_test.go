@@ -407,3 +407,26 @@ func TestDetachedRunsWait(t *testing.T) {
 	require.Zero(t, detached.Running())
 	require.Equal(t, idem.StatusFinished, b.keyRow(t, "k-1").Status, "Wait returned once the run had ended")
 }
+
+// A retry that prefers respond-async of a key that runs gets its 202 even
+// when Config.Detached is full (Config.InProgress: "either way"): it has
+// nothing to run, so it must not fall back to the 409 of a request that
+// preferred nothing.
+func TestRespondAsyncRetryWhileBoundFull(t *testing.T) {
+	t.Parallel()
+	b := setup(t, idemhttp.ProfileIETF)
+	h, detached := b.asyncHandler(t, 1, nil)
+	entered, release := b.blockPhase(t, "charge_created")
+	first := postAsync(h, "k-1")
+	require.Equal(t, http.StatusAccepted, first.Code, first.Body.String())
+	<-entered
+	require.Equal(t, 1, detached.Running(), "the bound is full")
+
+	again := postAsync(h, "k-1")
+	require.Equal(t, http.StatusAccepted, again.Code, "the same 202, not 409: %s", again.Body)
+	require.Equal(t, first.Header().Get("Location"), again.Header().Get("Location"))
+	require.Equal(t, "respond-async", again.Header().Get("Preference-Applied"))
+	require.Empty(t, again.Header().Get(idemhttp.AsyncHeader), "answered asynchronously: not declined")
+	release()
+	require.Eventually(t, func() bool { return detached.Running() == 0 }, 30*time.Second, 10*time.Millisecond)
+}
