@@ -70,14 +70,17 @@ func (h *Handler[In]) execute(r *http.Request, req idem.Request) (*idem.Outcome,
 			"flow", h.flow.Name(), "detached_limit", h.cfg.Detached.Limit())
 		stopRun()
 	})
-	out, err := h.runner.Execute(ctx, h.flow, req)
-	if !stop() {
-		<-left
-		if counted.Load() {
-			h.cfg.Detached.leave()
+	// Deferred: a run that panics (an Observer's hook) must give its
+	// place back, or the bound shrinks by one for good.
+	defer func() {
+		if !stop() {
+			<-left
+			if counted.Load() {
+				h.cfg.Detached.leave()
+			}
 		}
-	}
-	return out, err
+	}()
+	return h.runner.Execute(ctx, h.flow, req)
 }
 
 // serveAsync serves a request that prefers respond-async: its flow runs on
@@ -93,7 +96,17 @@ func (h *Handler[In]) serveAsync(w http.ResponseWriter, r *http.Request, req ide
 	}
 	acquired := make(chan struct{})
 	var once sync.Once
-	req.Acquired = func(*idem.KeyRecord) { once.Do(func() { close(acquired) }) }
+	// The key as held: a key taken over is at its last committed phase,
+	// not at "started". Written before close(acquired), read after it.
+	recoveryPoint := idem.RecoveryPointStarted
+	req.Acquired = func(rec *idem.KeyRecord) {
+		once.Do(func() {
+			if rec.RecoveryPoint != "" {
+				recoveryPoint = rec.RecoveryPoint
+			}
+			close(acquired)
+		})
+	}
 	// A key another attempt runs answers 202 at once.
 	req.Wait, req.WaitContext = 0, nil
 	done := make(chan executed, 1)
@@ -131,7 +144,7 @@ func (h *Handler[In]) serveAsync(w http.ResponseWriter, r *http.Request, req ide
 	case e := <-done: // it ended already: its answer, not a 202
 		h.writeResult(w, r, req, e, true)
 	default:
-		h.writeAccepted(w, req.Key, idem.RecoveryPointStarted, true)
+		h.writeAccepted(w, req.Key, recoveryPoint, true)
 	}
 	return true
 }
@@ -166,6 +179,7 @@ func (h *Handler[In]) writeAccepted(w http.ResponseWriter, key, recoveryPoint st
 	}
 	if async {
 		header.Set("Preference-Applied", "respond-async")
+		header.Del(AsyncHeader) // a retry declined for want of room, answered 202 all the same
 	}
 	header.Set("Retry-After", strconv.FormatInt(int64(h.cfg.AsyncRetryAfter/time.Second), 10))
 	writeJSON(w, http.StatusAccepted, status)

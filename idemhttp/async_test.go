@@ -125,7 +125,8 @@ func TestRespondAsync(t *testing.T) {
 	require.Equal(t, "true", done.Header().Get("Idempotent-Replayed"))
 	require.Equal(t, "application/json", done.Header().Get("Content-Type"))
 	require.NotEmpty(t, done.Header().Get("Location"), "the flow's replayed headers")
-	require.Empty(t, done.Header().Get("Cache-Control"), "the stored response, as stored")
+	require.Equal(t, "no-store", done.Header().Get("Cache-Control"),
+		"the URL is the same for every tenant that uses the key: no cache may keep one's answer for another")
 	replay := postAsync(h, "k/1 &")
 	require.Equal(t, http.StatusCreated, replay.Code)
 	require.Equal(t, done.Body.Bytes(), replay.Body.Bytes())
@@ -329,4 +330,103 @@ func TestRespondAsyncConfig(t *testing.T) {
 	cfg.InProgress = 7
 	_, err = idemhttp.New(b.runner, b.flow, cfg)
 	require.ErrorContains(t, err, "unknown InProgress")
+}
+
+// A panic out of a run (here the runner's Observer) whose client had left
+// gives its place in Config.Detached back: a place kept for ever would,
+// panic by panic, stop every later run whose client leaves.
+func TestClientLeftRunPanicFreesItsPlace(t *testing.T) {
+	t.Parallel()
+	b := setup(t, idemhttp.ProfileIETF)
+	detached := idemhttp.NewDetachedRuns(1)
+	ctx, leave := context.WithCancel(context.Background())
+	defer leave()
+	runner := b.newRunner(t, &idem.Config{Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) {
+		if e.Kind != idem.EventCreated {
+			return
+		}
+		leave()
+		require.Eventually(t, func() bool { return detached.Running() == 1 }, 30*time.Second, time.Millisecond,
+			"the client left: the run is counted")
+		panic("observer: nil map")
+	})})
+	h := b.handlerOn(t, runner, b.flow, func(c *idemhttp.Config[rideInput]) { c.Detached = detached })
+	res := serve(h, request("k-1", rideBody).WithContext(ctx))
+	require.Equal(t, http.StatusInternalServerError, res.Code, res.Body.String())
+	require.Zero(t, detached.Running(), "the panicked run left the bound")
+}
+
+// A request that prefers respond-async and takes over a key an earlier
+// attempt left part done is answered 202 at that key's recovery point,
+// not "started": the last committed phase, as the monitor shows it.
+func TestRespondAsyncTakeoverShowsItsRecoveryPoint(t *testing.T) {
+	t.Parallel()
+	b := setup(t, idemhttp.ProfileIETF)
+	h, detached := b.asyncHandler(t, 10, func(c *idemhttp.Config[rideInput]) { c.ShowRecoveryPoint = true })
+	failed := false
+	b.setHook("charge_created", func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
+		if failed {
+			return nil
+		}
+		failed = true
+		return errors.New("provider timed out")
+	})
+	require.Equal(t, http.StatusInternalServerError, post(h, "k-1", rideBody).Code)
+	require.Equal(t, "ride_created", b.keyRow(t, "k-1").RecoveryPoint)
+
+	entered, release := b.blockPhase(t, "charge_created")
+	res := postAsync(h, "k-1")
+	require.Equal(t, http.StatusAccepted, res.Code, res.Body.String())
+	<-entered
+	require.Equal(t, "ride_created", decodeStatus(t, res).RecoveryPoint)
+	release()
+	require.Eventually(t, func() bool { return detached.Running() == 0 }, 30*time.Second, 10*time.Millisecond)
+}
+
+// DetachedRuns.Wait, after the server's Shutdown, waits for the runs
+// answered 202 (which no handler holds for Shutdown to wait for), so that a
+// deploy finishes them instead of leaving them half done to the completer.
+func TestDetachedRunsWait(t *testing.T) {
+	t.Parallel()
+	b := setup(t, idemhttp.ProfileIETF)
+	h, detached := b.asyncHandler(t, 10, nil)
+	require.NoError(t, detached.Wait(context.Background()), "nothing runs")
+	entered, release := b.blockPhase(t, "charge_created")
+	res := postAsync(h, "k-1")
+	require.Equal(t, http.StatusAccepted, res.Code, res.Body.String())
+	<-entered
+
+	stopped, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := detached.Wait(stopped)
+	require.ErrorIs(t, err, context.Canceled, "the run is not over")
+	require.ErrorContains(t, err, "1 detached run")
+
+	release()
+	require.NoError(t, detached.Wait(context.Background()))
+	require.Zero(t, detached.Running())
+	require.Equal(t, idem.StatusFinished, b.keyRow(t, "k-1").Status, "Wait returned once the run had ended")
+}
+
+// A retry that prefers respond-async of a key that runs gets its 202 even
+// when Config.Detached is full (Config.InProgress: "either way"): it has
+// nothing to run, so it must not fall back to the 409 of a request that
+// preferred nothing.
+func TestRespondAsyncRetryWhileBoundFull(t *testing.T) {
+	t.Parallel()
+	b := setup(t, idemhttp.ProfileIETF)
+	h, detached := b.asyncHandler(t, 1, nil)
+	entered, release := b.blockPhase(t, "charge_created")
+	first := postAsync(h, "k-1")
+	require.Equal(t, http.StatusAccepted, first.Code, first.Body.String())
+	<-entered
+	require.Equal(t, 1, detached.Running(), "the bound is full")
+
+	again := postAsync(h, "k-1")
+	require.Equal(t, http.StatusAccepted, again.Code, "the same 202, not 409: %s", again.Body)
+	require.Equal(t, first.Header().Get("Location"), again.Header().Get("Location"))
+	require.Equal(t, "respond-async", again.Header().Get("Preference-Applied"))
+	require.Empty(t, again.Header().Get(idemhttp.AsyncHeader), "answered asynchronously: not declined")
+	release()
+	require.Eventually(t, func() bool { return detached.Running() == 0 }, 30*time.Second, 10*time.Millisecond)
 }

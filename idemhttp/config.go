@@ -213,7 +213,8 @@ type Config[In any] struct {
 	// flow ends within N seconds (at most MaxWait, or DefaultWait), 202
 	// otherwise. Such runs count against Detached: beyond its limit the
 	// request runs while its client waits, as without the preference, and
-	// its answer carries "Idem-Async: declined; reason=busy". A process
+	// its answer carries "Idem-Async: declined; reason=busy" (a retry of
+	// a key still running gets its 202 all the same). A process
 	// that dies leaves its runs to the completer (idem.Maintainer), so
 	// New refuses it for a flow the completer does not re-drive
 	// (idem.FlowConfig.NoRedrive), and requires MonitorURL. Default false:

@@ -1,7 +1,9 @@
 package idemhttp
 
 import (
+	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 )
 
@@ -29,9 +31,15 @@ var DefaultDetachedRuns = NewDetachedRuns(DetachedLimitDefault)
 // A DetachedRuns is safe for concurrent use; share one between every
 // Handler of a process, through Config.Detached, or let them share
 // DefaultDetachedRuns.
+//
+// The runs answered 202 belong to no handler, so http.Server.Shutdown does
+// not wait for them: call Wait after it, or a deploy stops them half done
+// and leaves them to the completer.
 type DetachedRuns struct {
 	limit   int64
 	running atomic.Int64
+	mu      sync.Mutex    // serialises enter and leave with Wait
+	idle    chan struct{} // closed when running drops to 0; nil while no one waits
 }
 
 // NewDetachedRuns returns a bound of limit runs at once; limit must be
@@ -53,12 +61,45 @@ func (d *DetachedRuns) Limit() int { return int(d.limit) }
 // enter counts one more detached run, or reports false when Limit of them
 // run already.
 func (d *DetachedRuns) enter() bool {
-	if d.running.Add(1) > d.limit {
-		d.running.Add(-1)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.running.Load() >= d.limit {
 		return false
 	}
+	d.running.Add(1)
 	return true
 }
 
 // leave ends a run that enter counted.
-func (d *DetachedRuns) leave() { d.running.Add(-1) }
+func (d *DetachedRuns) leave() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.running.Add(-1) == 0 && d.idle != nil {
+		close(d.idle)
+		d.idle = nil
+	}
+}
+
+// Wait waits until no flow runs detached, or ctx ends. Call it once
+// http.Server.Shutdown has returned: no new run starts then, and the
+// requests answered 202, which Shutdown does not wait for, finish instead
+// of being cut off with the process (the completer would finish them, but
+// only once their lease has run out).
+func (d *DetachedRuns) Wait(ctx context.Context) error {
+	d.mu.Lock()
+	if d.running.Load() == 0 {
+		d.mu.Unlock()
+		return nil
+	}
+	if d.idle == nil {
+		d.idle = make(chan struct{})
+	}
+	idle := d.idle
+	d.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("idemhttp: %d detached runs still running: %w", d.Running(), ctx.Err())
+	}
+}

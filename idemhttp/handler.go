@@ -187,17 +187,20 @@ func (h *Handler[In]) serveFlow(w http.ResponseWriter, r *http.Request) {
 		h.writeResult(w, r, req, executed{out, err}, false)
 		return
 	}
-	if h.cfg.RespondAsync && preferRespondAsync(r.Header) {
+	async := h.cfg.RespondAsync && preferRespondAsync(r.Header)
+	if async {
 		responded = true // the flow may answer from here on
 		if h.serveAsync(w, r, req, wait, asked) {
 			return
 		}
 	}
 	// The flow runs to completion even if the client goes away (execute).
+	// A request declined respond-async for want of room still gets the
+	// 202 of a key in flight: it ran nothing.
 	out, err := h.execute(r, req)
 	responded = true
 	h.applied(w, out, wait, asked)
-	h.writeResult(w, r, req, executed{out, err}, false)
+	h.writeResult(w, r, req, executed{out, err}, async)
 }
 
 // echoKey sends the request's Idempotency-Key back, as the client sent it,

@@ -32,8 +32,10 @@ const monitorKeyParameter = "key"
 // See Other: the only URL that holds that response is the POST itself,
 // which a redirect cannot make a GET repeat, and the resource the flow
 // created (if any; a declined payment created none) is the application's,
-// with its own authorization and answer. The monitor's own answers carry
-// Cache-Control: no-store, since they change while the request runs.
+// with its own authorization and answer. Every answer of the monitor, the
+// stored response included, carries Cache-Control: no-store: it changes
+// while the request runs, and its URL is the same for every tenant that
+// uses the key.
 func (h *Handler[In]) Monitor() http.Handler {
 	return http.HandlerFunc(h.serveMonitor)
 }
@@ -78,7 +80,13 @@ func (h *Handler[In]) serveMonitor(w http.ResponseWriter, r *http.Request) {
 				"and it will not run. To make the request anew, use a new Idempotency-Key."))
 			return
 		}
-		h.writeResponse(w, r, rec.Response(), true)
+		// no-store here too, whatever Cache-Control the flow stored for
+		// its POST: the monitor's URL is the same for every tenant that
+		// uses the key, so a cache that kept one's answer (a cookie-
+		// authenticated one, which shared caches may store) would show it
+		// to another.
+		w.Header().Set("Cache-Control", "no-store")
+		h.writeResponse(w, r, withoutCacheControl(rec.Response()), true)
 	case idem.KeyStateNeedsReconcile:
 		p := h.problem(specNeedsReconcile, "This request called an outside system, and whether that call took effect is not known yet. "+
 			"Retry after the time in Retry-After to get its final result.")
@@ -90,6 +98,18 @@ func (h *Handler[In]) serveMonitor(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "no-store")
 		h.writeAccepted(w, key, rec.RecoveryPoint, false)
 	}
+}
+
+// withoutCacheControl is resp without its Cache-Control header, which the
+// monitor replaces with its own.
+func withoutCacheControl(resp *idem.Response) *idem.Response {
+	if resp == nil || resp.Header.Get("Cache-Control") == "" {
+		return resp
+	}
+	out := *resp
+	out.Header = resp.Header.Clone()
+	out.Header.Del("Cache-Control")
+	return &out
 }
 
 // monitorKey is the Idempotency-Key a status monitor request names, or the

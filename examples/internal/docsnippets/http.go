@@ -1,6 +1,7 @@
 package docsnippets
 
 import (
+	"context"
 	"net/http"
 
 	"github.com/go-chi/chi/v5"
@@ -80,4 +81,11 @@ func httpLongRequests(runner *idem.Runner, createRide *idem.Flow[RideParams], sc
 	mux.Handle("POST /rides", rides)
 	mux.Handle("GET /rides/requests", auth(rides.Monitor())) // behind the same authentication
 	return nil
+}
+
+// httpLongRequestsShutdown holds docs/http.md, "Long requests": the
+// shutdown of a process that answers 202.
+func httpLongRequestsShutdown(ctx context.Context, srv *http.Server) {
+	_ = srv.Shutdown(ctx)                      // no new requests; the handlers have returned
+	_ = idemhttp.DefaultDetachedRuns.Wait(ctx) // the requests answered 202 have ended
 }
