@@ -53,7 +53,8 @@ type executed struct {
 // multi-phase request would only make its retry resume. Once r's client
 // has gone, the run counts against Config.Detached, and a run beyond its
 // limit is stopped (its phase rolls back and its key is released, for a
-// retry or the completer). Values of the request's context (auth, trace
+// retry or the completer; a not-idempotent call it stopped is left in
+// doubt, for a reconcile run). Values of the request's context (auth, trace
 // spans) stay visible to the phases.
 func (h *Handler[In]) execute(r *http.Request, req idem.Request) (*idem.Outcome, error) {
 	ctx, stopRun := context.WithCancel(context.WithoutCancel(r.Context()))

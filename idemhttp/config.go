@@ -209,9 +209,10 @@ type Config[In any] struct {
 	// [RequestStatus] body, and its flow goes on in the process without
 	// its client. A retry of the key while it runs gets the same 202; once
 	// it finished, the stored response, as any retry does. With "Prefer:
-	// respond-async, wait=N" the request is answered its response when the
-	// flow ends within N seconds (at most MaxWait, or DefaultWait), 202
-	// otherwise. Such runs count against Detached: beyond its limit the
+	// respond-async, wait=N" a request that starts the flow is answered
+	// its response when the flow ends within N seconds (at most MaxWait,
+	// or DefaultWait), 202 otherwise; one whose key another attempt runs
+	// gets the 202 at once. Such runs count against Detached: beyond its limit the
 	// request runs while its client waits, as without the preference, and
 	// its answer carries "Idem-Async: declined; reason=busy" (a retry of
 	// a key still running gets its 202 all the same). A process

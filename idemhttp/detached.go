@@ -24,7 +24,8 @@ var DefaultDetachedRuns = NewDetachedRuns(DetachedLimitDefault)
 // in the Idem-Async header), and a run whose client leaves is stopped: its
 // phase rolls back and its key is released, as a process that died would
 // leave it, for the client's retry or for the completer
-// (idem.Maintainer) to finish.
+// (idem.Maintainer) to finish (a not-idempotent foreign call it stopped
+// is left in doubt, for a reconcile run, as after a crash).
 //
 // Running is the gauge to export (idemotel's Observer.ObserveDetached
 // registers it).
