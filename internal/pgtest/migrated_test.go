@@ -104,7 +104,7 @@ func TestMigratedSchemaChangedIsNotReused(t *testing.T) {
 			case "FunctionReplaced":
 				var definition string
 				require.NoError(t, admin.QueryRow(ctx, `SELECT pg_get_functiondef(oid) FROM pg_proc
-					WHERE pronamespace = $1::regnamespace AND proname = 'idem_keys_ended'`, schema.Name).Scan(&definition))
+					WHERE pronamespace = $1::regnamespace AND proname = 'idem_notify_waiters'`, schema.Name).Scan(&definition))
 				require.Contains(t, definition, "BEGIN")
 				_, err := schema.Pool.Exec(ctx, strings.Replace(definition, "BEGIN", "BEGIN\n    -- changed", 1))
 				require.NoError(t, err)
