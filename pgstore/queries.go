@@ -484,12 +484,7 @@ WITH clock AS (
 ), candidates AS (
     SELECT k.id
     FROM {t} k CROSS JOIN clock c LEFT JOIN {l} l ON l.scope = k.scope AND l.key_id = k.id
-    WHERE k.status <> 'finished' AND k.status = $2::text AND k.flow = ANY($3::text[])
-      AND (((l.locked_at IS NULL OR l.lease_expires_at <= c.t)
-            AND k.last_run_at <= c.t - $4::bigint * interval '1 microsecond')
-           OR (l.locked_at IS NOT NULL AND l.holder_fence = l.fence
-               AND l.holder_instance = nullif($7::text, '') AND l.holder_boot <> $8::text))
-      AND ($5::int <= 0 OR k.attempts < $5::int)
+    ` + idleKeys + `
     ORDER BY k.last_run_at
     LIMIT $6
     FOR UPDATE OF k SKIP LOCKED
@@ -580,12 +575,7 @@ WITH clock AS (
 )
 SELECT k.scope, k.id, k.fence, k.last_run_at, c.t
 FROM {t} k CROSS JOIN clock c LEFT JOIN {l} l ON l.scope = k.scope AND l.key_id = k.id
-WHERE k.status <> 'finished' AND k.status = $2::text AND k.flow = ANY($3::text[])
-  AND (((l.locked_at IS NULL OR l.lease_expires_at <= c.t)
-        AND k.last_run_at <= c.t - $4::bigint * interval '1 microsecond')
-       OR (l.locked_at IS NOT NULL AND l.holder_fence = l.fence
-           AND l.holder_instance = nullif($7::text, '') AND l.holder_boot <> $8::text))
-  AND ($5::int <= 0 OR k.attempts < $5::int)
+` + idleKeys + `
 ORDER BY k.last_run_at
 LIMIT $6`)
 	q.claimIdleOne = render(`
@@ -821,3 +811,15 @@ func first(fps [][]byte) []byte {
 	}
 	return fps[0]
 }
+
+// idleKeys is the WHERE clause of the keys the completer and reconcile runs
+// may claim (k the key, l its lease, c.t the clock): in status $2, of the
+// flows $3, nobody holding them and idle for $4 microseconds, or held by a
+// dead process of this store's instance ($7, another boot than $8); under
+// $5 attempts. claimIdle and Citus's claimIdleCandidates share it.
+const idleKeys = `WHERE k.status <> 'finished' AND k.status = $2::text AND k.flow = ANY($3::text[])
+  AND (((l.locked_at IS NULL OR l.lease_expires_at <= c.t)
+        AND k.last_run_at <= c.t - $4::bigint * interval '1 microsecond')
+       OR (l.locked_at IS NOT NULL AND l.holder_fence = l.fence
+           AND l.holder_instance = nullif($7::text, '') AND l.holder_boot <> $8::text))
+  AND ($5::int <= 0 OR k.attempts < $5::int)`
