@@ -71,6 +71,10 @@ func (r *Runner) Stop(ctx context.Context) error {
 		return nil
 	}
 	stop()
+	if ctx.Err() != nil {
+		// Ended already: do not race it against the services' end.
+		return context.Cause(ctx)
+	}
 	select {
 	case <-done:
 	case <-ctx.Done():
