@@ -117,12 +117,7 @@ func TestMarkSeesAReleaseItWaitedFor(t *testing.T) {
 	t.Cleanup(st.Close)
 	ref := holdKey(t, st, "k")
 
-	tx, err := schema.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	var matched int
-	require.NoError(t, tx.QueryRow(ctx, st.q.release, ref.ID, ref.Fence, "failed", ref.Scope).Scan(&matched))
-	require.Equal(t, 1, matched)
+	tx := pendingRelease(t, st, schema, ref)
 
 	type marked struct {
 		over bool
@@ -354,12 +349,7 @@ func TestLeavingAWatchSendsNoCancelRequest(t *testing.T) {
 	ref := holdKey(t, st, "k")
 
 	// A release, not committed yet, holds the progress row the mark updates.
-	tx, err := schema.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	var matched int
-	require.NoError(t, tx.QueryRow(ctx, st.q.release, ref.ID, ref.Fence, "failed", ref.Scope).Scan(&matched))
-	require.Equal(t, 1, matched)
+	tx := pendingRelease(t, st, schema, ref)
 
 	_, stop := st.WatchKey(t.Context(), idemdriver.Watch{Ref: ref})
 	require.Eventually(t, func() bool {
@@ -436,4 +426,19 @@ func TestFinishNotifiesAMarkThatCommittedWhileItWaited(t *testing.T) {
 	n, err := listener.Conn().WaitForNotification(wctx)
 	require.NoError(t, err, "the finish notified nobody")
 	require.Equal(t, fmt.Sprint(ref.ID), n.Payload, "the marked key, not the unmarked one")
+}
+
+// pendingRelease releases ref in a transaction it leaves open (rolled back
+// at the test's end), so the key's progress row stays locked by a release
+// nobody has seen yet.
+func pendingRelease(t *testing.T, st *Store, schema *pgtest.Schema, ref idemdriver.LockRef) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := schema.Pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	var matched int
+	require.NoError(t, tx.QueryRow(ctx, st.q.release, ref.ID, ref.Fence, "failed", ref.Scope).Scan(&matched))
+	require.Equal(t, 1, matched)
+	return tx
 }
