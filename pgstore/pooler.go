@@ -17,6 +17,20 @@ import (
 // max_prepared_statements = 0).
 var ErrPoolerExecMode = errors.New("pgstore: the pool's query exec mode does not work through the connection pooler in front of Postgres")
 
+// BehindPooler reports whether conn reaches PostgreSQL through a connection
+// pooler: a pooler announces a backend pid of its own making (BackendKeyData),
+// not the server's pg_backend_pid(). One round trip, in the simple protocol,
+// so it works through any pooler. Behind a transaction pooler an
+// application should not LISTEN, nor let pgx send cancel requests
+// (docs/operations.md, "Cancel requests").
+func BehindPooler(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	var backend uint32
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&backend); err != nil {
+		return false, fmt.Errorf("pgstore: ask the server for its backend pid: %w", err)
+	}
+	return backend != conn.PgConn().PID(), nil
+}
+
 // checkPooler refuses, on a pool behind a transaction pooler, the query
 // exec modes that need a statement prepared in one transaction to exist in
 // the next:
@@ -48,12 +62,8 @@ func (s *Store) checkPooler(ctx context.Context, pool *pgxpool.Pool) error {
 		return nil
 	}
 	defer conn.Release()
-	var backend uint32
-	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&backend); err != nil {
-		return nil
-	}
-	if backend == conn.Conn().PgConn().PID() {
-		return nil // no pooler: the client talks to the backend itself
+	if pooled, err := BehindPooler(ctx, conn.Conn()); err != nil || !pooled {
+		return nil // no pooler (the client talks to the backend itself), or no answer
 	}
 	const use = "use default_query_exec_mode=exec (or cache_describe, or simple_protocol) in the URL (pgx.ConnConfig.DefaultQueryExecMode), " +
 		"or set Config.Wait to WaitListen(nil) for a pooler in session mode"

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/go-idem/idem/pgstore"
 )
 
 // ParsePoolConfig parses databaseURL into a pool configuration and says
@@ -25,11 +27,10 @@ func ParsePoolConfig(ctx context.Context, databaseURL string) (*pgxpool.Config, 
 		return nil, false, fmt.Errorf("rides: connect to the database: %w", err)
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-	var backend uint32
-	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&backend); err != nil {
-		return nil, false, fmt.Errorf("rides: ask the database for its backend: %w", err)
+	pooled, err := pgstore.BehindPooler(ctx, conn)
+	if err != nil {
+		return nil, false, fmt.Errorf("rides: %w", err)
 	}
-	pooled := backend != conn.PgConn().PID()
 	if pooled {
 		SendNoCancelRequests(cfg.ConnConfig)
 	}
