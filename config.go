@@ -34,8 +34,8 @@ type Config struct {
 	// MaxWaiters bounds how many requests of this runner (make one per
 	// process) wait at once for a key in flight (Request.Wait). A waiter
 	// costs the database nothing while it waits (the store checks each
-	// watched key once per tick, however many wait), but every waiter of a
-	// key acquires it again when its attempt ends; a request beyond the
+	// watched key once per tick, however many wait), and when the attempt
+	// ends its waiters share one acquisition; a request beyond the
 	// bound is answered ErrInProgress at once, without waiting, as it would
 	// be without Wait. Default 1000; negative: no bound.
 	MaxWaiters int

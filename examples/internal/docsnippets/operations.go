@@ -16,15 +16,15 @@ func maintenance(ctx context.Context, store idemdriver.Store, payments orders.Pa
 		Flows:    []idem.AnyFlow{orders.NewFlow(payments)},
 		Logger:   logger,
 		Observer: otelObserver, // optional, see Metrics
+		// Maintenance: &idem.MaintainerConfig{...}, // nil: the defaults above
 	})
 	if err != nil {
 		return err
 	}
-	maint, err := idem.NewMaintainer(runner, nil) // nil: the defaults above
-	if err != nil {
+	if err := runner.Start(ctx); err != nil {
 		return err
 	}
-	go func() { _ = maint.Serve(ctx) }() // returns nil once ctx is done
+	defer runner.Stop(context.Background()) // before the store closes
 	return nil
 }
 
