@@ -72,6 +72,8 @@ func TestCitusKeyStatementsAreSingleTasks(t *testing.T) {
 		"waitCheck":         {rec.ID, rec.Fence, "user:7"},
 		"claimIdleOne":      {"user:7", rec.ID, rec.Fence, now, now},
 		"reapAbandonedOne":  {"user:7", rec.ID, rec.Fence, now},
+		"leaseRowOf":        {"user:7", rec.ID, rec.Fence},
+		"lookUp":            {nil, "user:7", "k"},
 	}
 	sql := map[string]string{
 		"acquire": q.acquire, "takeOver": q.takeOver, "claimReconcile": q.claimReconcile,
@@ -79,6 +81,7 @@ func TestCitusKeyStatementsAreSingleTasks(t *testing.T) {
 		"release": q.release, "setNeedsReconcile": q.setNeedsReconcile, "markForeign": q.markForeign,
 		"clearForeignMark": q.clearForeignMark, "getKey": q.getKey, "unlockKey": q.unlockKey,
 		"waitCheck": q.waitCheck, "claimIdleOne": q.claimIdleOne, "reapAbandonedOne": q.reapAbandonedOne,
+		"leaseRowOf": q.leaseRowOf, "lookUp": q.lookUp,
 	}
 	// The statements that move a fence and insert or upsert the lease row
 	// from a CTE (INSERT ... SELECT): Citus plans their CTEs as subplans,
