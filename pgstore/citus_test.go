@@ -45,7 +45,7 @@ func citusAcquire(t *testing.T, store *Store, scope, key string, now time.Time) 
 // Every statement the store sends for one key is a single task on Citus:
 // EXPLAIN shows Citus's adaptive executor sending one task, to one worker.
 // The acquisition's delegation to the scope's worker shows as a single
-// task too. The three that insert the lease row from a CTE run as several
+// task too. The five that insert the lease row from a CTE run as several
 // steps, each a single task.
 func TestCitusKeyStatementsAreSingleTasks(t *testing.T) {
 	t.Parallel()
@@ -83,12 +83,14 @@ func TestCitusKeyStatementsAreSingleTasks(t *testing.T) {
 		"waitCheck": q.waitCheck, "claimIdleOne": q.claimIdleOne, "reapAbandonedOne": q.reapAbandonedOne,
 		"leaseRowOf": q.leaseRowOf, "lookUp": q.lookUp,
 	}
-	// The statements that move a fence and insert or upsert the lease row
-	// from a CTE (INSERT ... SELECT): Citus plans their CTEs as subplans,
-	// each a single task on the scope's worker, in one distributed
-	// transaction. They run for takeovers, reconcile claims and forced
-	// unlocks, never for a request that finds its key free or held.
-	multiStep := map[string]bool{"takeOver": true, "claimReconcile": true, "unlockKey": true}
+	// The statements that move a fence or unlock a key and insert or upsert
+	// the lease row from a CTE (INSERT ... SELECT): Citus plans their CTEs
+	// as subplans, each a single task on the scope's worker, in one
+	// distributed transaction. They run for takeovers, reconcile claims,
+	// forced unlocks and attempts that fail or park, never for a request
+	// that finds its key free or held, nor for a phase that commits.
+	multiStep := map[string]bool{"takeOver": true, "claimReconcile": true, "unlockKey": true,
+		"release": true, "setNeedsReconcile": true}
 	for name, args := range statements {
 		rows, err := schema.Pool.Query(ctx, "EXPLAIN "+sql[name], args...)
 		require.NoError(t, err, name)

@@ -431,18 +431,23 @@ WHERE l.fence = excluded.fence AND l.locked_at IS NOT NULL
 RETURNING l.lease_expires_at`)
 
 	// release and setNeedsReconcile are guarded on the progress row, which
-	// they lock first, and unlock the lease: the lease row if the key has
-	// one, and the first lease on the key row, which then stays unlocked
-	// (read only while there is no lease row); they return how many keys
-	// the guard matched.
+	// they lock first, and unlock the lease: the first lease on the key row
+	// and the lease row, made unlocked if the key has none. An upsert, not
+	// an UPDATE of the lease rows the statement's snapshot sees: a waiter's
+	// mark or a heartbeat may make the lease row, locked, after that
+	// snapshot (the mark's lock on the progress row is what the statement
+	// waited for), and the conflict meets it on its newest version. They
+	// return how many keys the guard matched.
 	q.release = render(`
 WITH released AS (
     UPDATE {t} SET last_error = left($3, 4000), locked_at = NULL, lease_expires_at = NULL
     WHERE scope = $4::text AND id = $1 AND fence = $2 AND status = 'running'
     RETURNING id
 ), unlocked AS (
-    UPDATE {l} l SET locked_at = NULL, lease_expires_at = NULL
-    FROM released WHERE l.scope = $4::text AND l.key_id = released.id AND l.fence = $2
+    INSERT INTO {l} AS l (scope, key_id, fence)
+    SELECT $4::text, released.id, $2 FROM released
+    ON CONFLICT (scope, key_id) DO UPDATE SET locked_at = NULL, lease_expires_at = NULL
+    WHERE l.fence = excluded.fence
 )
 SELECT count(*) FROM released`)
 
@@ -452,8 +457,10 @@ WITH parked AS (
     WHERE scope = $4::text AND id = $1 AND fence = $2 AND status <> 'finished'
     RETURNING id
 ), unlocked AS (
-    UPDATE {l} l SET locked_at = NULL, lease_expires_at = NULL
-    FROM parked WHERE l.scope = $4::text AND l.key_id = parked.id AND l.fence = $2
+    INSERT INTO {l} AS l (scope, key_id, fence)
+    SELECT $4::text, parked.id, $2 FROM parked
+    ON CONFLICT (scope, key_id) DO UPDATE SET locked_at = NULL, lease_expires_at = NULL
+    WHERE l.fence = excluded.fence
 )
 SELECT count(*) FROM parked`
 	q.setNeedsReconcile = render(setNeedsReconcile + wakeWaiters("$4", "parked"))

@@ -442,3 +442,70 @@ func pendingRelease(t *testing.T, st *Store, schema *pgtest.Schema, ref idemdriv
 	require.Equal(t, 1, matched)
 	return tx
 }
+
+// A release (or a parking) that waits for a waiter's mark to commit must
+// unlock the lease row the mark made: the key had none when the release's
+// statement began, so an update of the lease rows its snapshot sees misses
+// it, and the key would read as held (and its waiter stay asleep) until the
+// first lease ran out.
+func TestUnlockMeetsTheLeaseRowAMarkMadeWhileItWaited(t *testing.T) {
+	t.Parallel()
+	for name, unlock := range map[string]func(st *Store, ref idemdriver.LockRef) error{
+		"release": func(st *Store, ref idemdriver.LockRef) error {
+			return st.Release(context.Background(), ref, "failed")
+		},
+		"set needs_reconcile": func(st *Store, ref idemdriver.LockRef) error {
+			return st.SetNeedsReconcile(context.Background(), ref, "in doubt")
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			schema := pgtest.NewMigratedSchema(t)
+			st, err := New(schema.Pool, &Config{Schema: schema.Name, Wait: WaitPoll})
+			require.NoError(t, err)
+			t.Cleanup(st.Close)
+			listener, err := schema.Pool.Acquire(ctx)
+			require.NoError(t, err)
+			defer listener.Release()
+			_, err = listener.Exec(ctx, `LISTEN `+pgx.Identifier{Channel(schema.Name)}.Sanitize())
+			require.NoError(t, err)
+
+			ref := holdKey(t, st, "k")
+			mark, err := schema.Pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = mark.Rollback(ctx) }()
+			var over bool
+			var left float64
+			require.NoError(t, mark.QueryRow(ctx, st.q.waitMark, ref.ID, ref.Fence, ref.Scope).Scan(&over, &left))
+			require.False(t, over)
+
+			unlocked := make(chan error, 1)
+			go func() { unlocked <- unlock(st, ref) }()
+			// The unlock waits for the mark's lock on the progress row.
+			require.Eventually(t, func() bool {
+				var waiting bool
+				err := schema.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+					WHERE wait_event_type = 'Lock' AND query LIKE '%last_error = left($3, 4000)%' AND strpos(query, $1) > 0)`, st.q.table).Scan(&waiting)
+				return err == nil && waiting
+			}, time.Minute, 5*time.Millisecond)
+			require.NoError(t, mark.Commit(ctx))
+			require.NoError(t, <-unlocked)
+
+			rec, err := st.GetKey(ctx, ref.Scope, "k")
+			require.NoError(t, err)
+			require.Nil(t, rec.LockedAt, "the key was unlocked: nobody holds it")
+			over, _, err = st.checkWaited(ctx, ref)
+			require.NoError(t, err)
+			require.True(t, over, "the waited-for attempt is over")
+
+			// A bound for a notification that never comes, not a timing: it
+			// is sent at the unlock's commit, before unlock returned.
+			wctx, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			n, err := listener.Conn().WaitForNotification(wctx)
+			require.NoError(t, err, "the unlock notified nobody")
+			require.Equal(t, fmt.Sprint(ref.ID), n.Payload)
+		})
+	}
+}
