@@ -317,3 +317,54 @@ func TestCitusClaimPassesOverALockedCandidate(t *testing.T) {
 	}
 	require.Equal(t, ids[1:], claimed, "the two unlocked candidates are claimed, the locked one passed over")
 }
+
+// On Citus the abandoned-key reaper makes a candidate's lease row before
+// it locks the key's rows, so a takeover that locked the progress row and
+// then waits for that lease row must not be waited for in turn: the
+// reaper passes over a key whose progress row is locked, as the plain
+// statement does, instead of a deadlock that fails one of them.
+func TestCitusReaperPassesOverAKeyATakeoverHolds(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store, schema := citusStore(t)
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	rec := citusAcquire(t, store, "user:9", "k", t0).Record
+	later := t0.Add(time.Hour)
+
+	// The takeover's first step: the progress row, locked.
+	takeover, err := schema.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = takeover.Rollback(ctx) }()
+	_, err = takeover.Exec(ctx, `SELECT 1 FROM `+store.q.table+` WHERE scope = $1 AND id = $2 FOR NO KEY UPDATE`, "user:9", rec.ID)
+	require.NoError(t, err)
+
+	// The reaper's: the lease row made, then the key's rows locked.
+	reaper, err := schema.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = reaper.Rollback(ctx) }()
+	_, err = reaper.Exec(ctx, store.q.leaseRowOf, "user:9", rec.ID, rec.Fence)
+	require.NoError(t, err)
+	type reaped struct {
+		deleted, parked int
+		err             error
+	}
+	done := make(chan reaped, 1)
+	go func() {
+		var r reaped
+		r.err = reaper.QueryRow(ctx, store.q.reapAbandonedOne, "user:9", rec.ID, rec.Fence, later).Scan(&r.deleted, &r.parked)
+		if r.err == nil {
+			r.err = reaper.Commit(ctx)
+		}
+		done <- r
+	}()
+
+	// The takeover's insert of the lease row waits for the reaper's.
+	taken, err := store.acquisition(ctx, takeover, store.q.takeOver, append(append([]any{&later, rec.ID, "f", rec.Fingerprint,
+		(90 * time.Second).Microseconds(), "POST", "/x"}, store.holder.args()...), "user:9")...)
+	require.NoError(t, err, "the takeover")
+	require.NoError(t, takeover.Commit(ctx))
+	require.Equal(t, idemdriver.AcquiredTakenOver, taken.Acquired)
+	r := <-done
+	require.NoError(t, r.err, "the reaper")
+	require.Equal(t, 0, r.deleted+r.parked, "the reaper left the key a takeover held alone")
+}

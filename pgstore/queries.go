@@ -751,7 +751,11 @@ WHERE scope = ANY($1::text[]) AND id = ANY($2::bigint[]) AND status = 'finished'
 	// reapAbandonedCandidates reads candidates from every shard without a lock
 	// (scope, id, fence, clock); reapAbandonedOne ends one (scope $1, id $2,
 	// fence $3, clock $4) in a router statement that locks both rows and
-	// re-checks that nobody holds it, as the plain statement does.
+	// re-checks that nobody holds it, as the plain statement does. SKIP
+	// LOCKED, as there: its transaction made the lease row (leaseRowOf)
+	// before locking the progress row, so a takeover, unlock or waiter's
+	// mark that locked the progress row and waits for that lease row would
+	// otherwise wait in a cycle with it.
 	q.reapAbandonedCandidates = render(`
 WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
@@ -773,7 +777,7 @@ WITH candidate AS MATERIALIZED (
     FROM {t} k JOIN {l} l ON l.scope = $1::text AND l.key_id = k.id
     WHERE k.scope = $1::text AND k.id = $2 AND k.fence = $3 AND k.status = 'running'
       AND (l.locked_at IS NULL OR l.lease_expires_at <= $4::timestamptz)
-    FOR UPDATE OF k, l
+    FOR UPDATE OF k, l SKIP LOCKED
 ), parked AS (
     UPDATE {t}
     SET status = 'needs_reconcile',
