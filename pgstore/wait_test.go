@@ -509,3 +509,40 @@ func TestUnlockMeetsTheLeaseRowAMarkMadeWhileItWaited(t *testing.T) {
 		})
 	}
 }
+
+// The same for a heartbeat that makes the lease row after the release's
+// statement began (it waits here for a waiter's lock on the progress row,
+// which a heartbeat does not wait for): the lease row the heartbeat
+// renewed is unlocked, not left held for another lease.
+func TestReleaseMeetsTheLeaseRowAHeartbeatMadeWhileItWaited(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.NewMigratedSchema(t)
+	st, err := New(schema.Pool, &Config{Schema: schema.Name, Wait: WaitPoll})
+	require.NoError(t, err)
+	t.Cleanup(st.Close)
+	ref := holdKey(t, st, "k")
+
+	waiter, err := schema.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = waiter.Rollback(ctx) }()
+	_, err = waiter.Exec(ctx, `SELECT 1 FROM `+st.q.table+` WHERE scope = $1 AND id = $2 FOR SHARE`, ref.Scope, ref.ID)
+	require.NoError(t, err)
+
+	released := make(chan error, 1)
+	go func() { released <- st.Release(ctx, ref, "failed") }()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := schema.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%last_error = left($3, 4000)%' AND strpos(query, $1) > 0)`, st.q.table).Scan(&waiting)
+		return err == nil && waiting
+	}, time.Minute, 5*time.Millisecond)
+	_, err = st.Heartbeat(ctx, ref, time.Hour, nil)
+	require.NoError(t, err, "the heartbeat makes the lease row")
+	require.NoError(t, waiter.Commit(ctx))
+	require.NoError(t, <-released)
+
+	rec, err := st.GetKey(ctx, ref.Scope, "k")
+	require.NoError(t, err)
+	require.Nil(t, rec.LockedAt, "the key was released: nobody holds it")
+}
