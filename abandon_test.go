@@ -118,7 +118,9 @@ func TestAbandonedKeyIsEndedAfterAWeek(t *testing.T) {
 	}()
 	<-pause.Reached()
 	b.clock.Advance(30 * 24 * time.Hour)
-	_, err = b.pool.Exec(ctx, `UPDATE idem_leases SET lease_expires_at = $1::timestamptz + interval '1 hour'`, b.clock.Now())
+	_, err = b.pool.Exec(ctx, `INSERT INTO idem_leases AS l (scope, key_id, fence, locked_at, lease_expires_at)
+		SELECT scope, id, fence, locked_at, $1::timestamptz + interval '1 hour' FROM idem_keys
+		ON CONFLICT (scope, key_id) DO UPDATE SET lease_expires_at = excluded.lease_expires_at`, b.clock.Now())
 	require.NoError(t, err) // as the heartbeat would
 	res, err = r.Reap(ctx, nil)
 	require.NoError(t, err)

@@ -218,8 +218,9 @@ func TestAKeyThatCannotBeOpenedIsNotLeftLocked(t *testing.T) {
 
 	_, err = b.pool.Exec(ctx, `
 		UPDATE idem_keys SET status = 'needs_reconcile';
-		UPDATE idem_leases l SET foreign_mark = 'charge_created', foreign_mark_after = k.recovery_point
-		FROM idem_keys k WHERE k.id = l.key_id`)
+		INSERT INTO idem_leases AS l (scope, key_id, fence, locked_at, lease_expires_at, foreign_mark, foreign_mark_after)
+		SELECT scope, id, fence, locked_at, lease_expires_at, 'charge_created', recovery_point FROM idem_keys
+		ON CONFLICT (scope, key_id) DO UPDATE SET foreign_mark = excluded.foreign_mark, foreign_mark_after = excluded.foreign_mark_after`)
 	require.NoError(t, err)
 	_, err = r.Reconcile(ctx, "user:1", "k1")
 	require.ErrorIs(t, err, pgstore.ErrCannotOpen)

@@ -38,7 +38,7 @@ func benchFlow(tb testing.TB) *Flow[benchRideInput] {
 func benchFinishedRecord() *KeyRecord {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	return &KeyRecord{
-		ID: 42, RequestID: "0b9f1f5e-7d5c-4e43-9a53-2f1f6c2f0a11", Scope: "user:7", Key: "8e0c2a5e-5f0b-4a44-9d57-3c6f3c2b1a90",
+		ID: 42, Scope: "user:7", Key: "8e0c2a5e-5f0b-4a44-9d57-3c6f3c2b1a90",
 		Flow: "bench.rides", Method: "POST", Path: "/rides", Fingerprint: make([]byte, 32),
 		Params: json.RawMessage(`{"user_id":7,"origin":"SF","amount":2000}`),
 		Status: StatusFinished, RecoveryPoint: RecoveryPointFinished,

@@ -41,8 +41,8 @@ func (b *smsBundle) keyRow(t *testing.T, k string) string {
 	t.Helper()
 	var row string
 	require.NoError(t, b.pool.QueryRow(context.Background(), `
-		SELECT row_to_json(k)::text || row_to_json(l)::text
-		FROM idem_keys k JOIN idem_leases l ON l.key_id = k.id WHERE k.scope = 'user:1' AND k.key = $1`, k).Scan(&row))
+		SELECT row_to_json(k)::text || coalesce(row_to_json(l)::text, '')
+		FROM idem_keys k LEFT JOIN idem_leases l ON l.key_id = k.id WHERE k.scope = 'user:1' AND k.key = $1`, k).Scan(&row))
 	return row
 }
 

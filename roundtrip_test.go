@@ -72,7 +72,8 @@ func TestAcquisitionIsOneRoundTrip(t *testing.T) {
 		require.NoError(t, err)
 		sqls, prepares, writes := snapshot()
 		require.Zero(t, prepares)
-		require.Contains(t, sqls[0], "idem_acquire(", "the first statement is the acquisition")
+		require.Regexp(t, `INSERT INTO \S*idem_keys(.|\n)*ON CONFLICT ON CONSTRAINT idem_keys_scope_key DO NOTHING`, sqls[0],
+			"the first statement is the acquisition, in plain SQL")
 		// The key commits on its own (the acquisition's statement, in
 		// autocommit), then three commits for the three phases.
 		require.Equal(t, 3, count(sqls, "commit"), "commits: %q", sqls)
@@ -116,6 +117,40 @@ func TestAcquisitionIsOneRoundTrip(t *testing.T) {
 		require.Len(t, sqls, 1)
 		require.Zero(t, prepares)
 		require.Equal(t, int64(1), writes)
+	})
+
+	// A flow whose acquisitions keep finding their key sends its next ones
+	// as a plain SELECT, still one round trip, with no insert to set up; a
+	// new key then costs a second statement, after which the flow's
+	// acquisitions insert first again.
+	t.Run("a flow of replays looks its keys up", func(t *testing.T) {
+		// Enough replays to change the habit, and to prepare the lookup.
+		for range 6 {
+			_, err := r.Execute(ctx, b.flow, b.request("new", rideInput{Origin: "SF", Amount: 2}))
+			require.NoError(t, err)
+		}
+		snapshot()
+		for range 3 {
+			out, err := r.Execute(ctx, b.flow, b.request("new", rideInput{Origin: "SF", Amount: 2}))
+			require.NoError(t, err)
+			require.Equal(t, idem.OutcomeReplayed, out.Kind)
+			sqls, prepares, writes := snapshot()
+			require.Len(t, sqls, 1)
+			require.Zero(t, prepares)
+			require.Equal(t, int64(1), writes, "one round trip on the wire")
+			require.NotContains(t, sqls[0], "INSERT", "looked up")
+			require.Contains(t, sqls[0], "idem_keys k")
+		}
+
+		_, err := r.Execute(ctx, b.flow, b.request("another new", rideInput{Origin: "SF", Amount: 4}))
+		require.NoError(t, err)
+		sqls, _, _ := snapshot()
+		require.NotContains(t, sqls[0], "INSERT", "looked up first")
+		require.Contains(t, sqls[1], "INSERT", "then inserted")
+		_, err = r.Execute(ctx, b.flow, b.request("a third new", rideInput{Origin: "SF", Amount: 4}))
+		require.NoError(t, err)
+		sqls, _, _ = snapshot()
+		require.Contains(t, sqls[0], "INSERT", "inserted first again")
 	})
 }
 

@@ -295,7 +295,9 @@ func TestNotifyWaitersOnlyForMarkedKeys(t *testing.T) {
 	require.NoError(t, err)
 	var id1, id2 int64
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT (SELECT id FROM idem_keys WHERE key = 'k-1'), (SELECT id FROM idem_keys WHERE key = 'k-2')`).Scan(&id1, &id2))
-	_, err = b.pool.Exec(ctx, `UPDATE idem_leases SET waited_at = now() WHERE scope = $1 AND key_id = $2`, "user:1", id2)
+	_, err = b.pool.Exec(ctx, `INSERT INTO idem_leases (scope, key_id, fence, waited_at)
+		SELECT scope, id, fence, now() FROM idem_keys WHERE scope = $1 AND id = $2
+		ON CONFLICT (scope, key_id) DO UPDATE SET waited_at = excluded.waited_at`, "user:1", id2)
 	require.NoError(t, err)
 
 	notify := func(id int64, commit bool) bool {

@@ -185,7 +185,6 @@ func (e *env) printKey(k *idem.KeyRecord, now time.Time, reveal bool, verdicts [
 	field("status", string(k.Status))
 	field("recovery point", k.RecoveryPoint)
 	field("request", strings.TrimSpace(k.Method+" "+k.Path))
-	field("request id", k.RequestID)
 	field("id", fmt.Sprint(k.ID))
 	field("fence", fmt.Sprint(k.Fence))
 	field("attempts", fmt.Sprint(k.Attempts))

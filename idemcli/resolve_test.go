@@ -77,8 +77,8 @@ func (f *resolveFixture) row(t *testing.T, key string) string {
 	t.Helper()
 	var row string
 	require.NoError(t, f.schema.Pool.QueryRow(context.Background(), `
-		SELECT row_to_json(k)::text || row_to_json(l)::text
-		FROM idem_keys k JOIN idem_leases l ON l.scope = k.scope AND l.key_id = k.id WHERE k.key = $1`, key).Scan(&row))
+		SELECT row_to_json(k)::text || coalesce(row_to_json(l)::text, '')
+		FROM idem_keys k LEFT JOIN idem_leases l ON l.scope = k.scope AND l.key_id = k.id WHERE k.key = $1`, key).Scan(&row))
 	return row
 }
 

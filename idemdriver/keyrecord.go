@@ -47,14 +47,12 @@ const RecoveryPointAbandoned = "abandoned-by-operator"
 // Phases see it read-only through idem.Attempt.Key; operators see it through
 // the store and the CLI.
 type KeyRecord struct {
-	ID int64 `db:"id" json:"id"`
-	// RequestID is a random UUID, unique per key row.
-	RequestID string `db:"request_id" json:"request_id"`
-	Scope     string `db:"scope" json:"scope"`
-	Key       string `db:"key" json:"key"`
-	Flow      string `db:"flow" json:"flow"`
-	Method    string `db:"method" json:"method"`
-	Path      string `db:"path" json:"path"`
+	ID     int64  `db:"id" json:"id"`
+	Scope  string `db:"scope" json:"scope"`
+	Key    string `db:"key" json:"key"`
+	Flow   string `db:"flow" json:"flow"`
+	Method string `db:"method" json:"method"`
+	Path   string `db:"path" json:"path"`
 	// Fingerprint identifies the request the key was created for: 33
 	// bytes, the scheme byte 2 and SHA-256 (HMAC-SHA-256 with a fingerprint
 	// key) over the flow, the request target and what the client sent

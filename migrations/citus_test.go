@@ -103,6 +103,10 @@ func TestCitusUpDistributesExistingKeysAndDropsTheLocalCopy(t *testing.T) {
 			"user:"+string(rune('a'+i)), "k")
 		require.NoError(t, err)
 	}
+	// A new key carries its first lease on its row; keys heartbeated since
+	// have a lease row too.
+	_, err = schema.Pool.Exec(ctx, `INSERT INTO `+schema.Name+`.idem_leases (scope, key_id, fence) SELECT scope, id, fence FROM `+schema.Name+`.idem_keys`)
+	require.NoError(t, err)
 	m, err := migrations.New(schema.Pool, &migrations.Config{Schema: schema.Name, Citus: true})
 	require.NoError(t, err)
 	res, err := m.Up(ctx)

@@ -133,6 +133,9 @@ func (s *Store) reapAbandonedCitus(ctx context.Context, p idemdriver.ReapAbandon
 	for _, c := range cands {
 		var deleted, parked int
 		err := s.inBatchTx(ctx, "reap abandoned key", p.StatementTimeout, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, s.q.leaseRowOf, c.scope, c.id, c.fence); err != nil {
+				return err
+			}
 			return tx.QueryRow(ctx, s.q.reapAbandonedOne, c.scope, c.id, c.fence, c.clock).Scan(&deleted, &parked)
 		})
 		if err != nil {

@@ -45,7 +45,7 @@ func citusAcquire(t *testing.T, store *Store, scope, key string, now time.Time) 
 // Every statement the store sends for one key is a single task on Citus:
 // EXPLAIN shows Citus's adaptive executor sending one task, to one worker.
 // The acquisition's delegation to the scope's worker shows as a single
-// task too. The three that insert the lease row from a CTE run as several
+// task too. The five that insert the lease row from a CTE run as several
 // steps, each a single task.
 func TestCitusKeyStatementsAreSingleTasks(t *testing.T) {
 	t.Parallel()
@@ -72,6 +72,8 @@ func TestCitusKeyStatementsAreSingleTasks(t *testing.T) {
 		"waitCheck":         {rec.ID, rec.Fence, "user:7"},
 		"claimIdleOne":      {"user:7", rec.ID, rec.Fence, now, now},
 		"reapAbandonedOne":  {"user:7", rec.ID, rec.Fence, now},
+		"leaseRowOf":        {"user:7", rec.ID, rec.Fence},
+		"lookUp":            {nil, "user:7", "k"},
 	}
 	sql := map[string]string{
 		"acquire": q.acquire, "takeOver": q.takeOver, "claimReconcile": q.claimReconcile,
@@ -79,13 +81,16 @@ func TestCitusKeyStatementsAreSingleTasks(t *testing.T) {
 		"release": q.release, "setNeedsReconcile": q.setNeedsReconcile, "markForeign": q.markForeign,
 		"clearForeignMark": q.clearForeignMark, "getKey": q.getKey, "unlockKey": q.unlockKey,
 		"waitCheck": q.waitCheck, "claimIdleOne": q.claimIdleOne, "reapAbandonedOne": q.reapAbandonedOne,
+		"leaseRowOf": q.leaseRowOf, "lookUp": q.lookUp,
 	}
-	// The statements that move a fence and insert or upsert the lease row
-	// from a CTE (INSERT ... SELECT): Citus plans their CTEs as subplans,
-	// each a single task on the scope's worker, in one distributed
-	// transaction. They run for takeovers, reconcile claims and forced
-	// unlocks, never for a request that finds its key free or held.
-	multiStep := map[string]bool{"takeOver": true, "claimReconcile": true, "unlockKey": true}
+	// The statements that move a fence or unlock a key and insert or upsert
+	// the lease row from a CTE (INSERT ... SELECT): Citus plans their CTEs
+	// as subplans, each a single task on the scope's worker, in one
+	// distributed transaction. They run for takeovers, reconcile claims,
+	// forced unlocks and attempts that fail or park, never for a request
+	// that finds its key free or held, nor for a phase that commits.
+	multiStep := map[string]bool{"takeOver": true, "claimReconcile": true, "unlockKey": true,
+		"release": true, "setNeedsReconcile": true}
 	for name, args := range statements {
 		rows, err := schema.Pool.Query(ctx, "EXPLAIN "+sql[name], args...)
 		require.NoError(t, err, name)
@@ -311,4 +316,55 @@ func TestCitusClaimPassesOverALockedCandidate(t *testing.T) {
 		claimed = append(claimed, rec.ID)
 	}
 	require.Equal(t, ids[1:], claimed, "the two unlocked candidates are claimed, the locked one passed over")
+}
+
+// On Citus the abandoned-key reaper makes a candidate's lease row before
+// it locks the key's rows, so a takeover that locked the progress row and
+// then waits for that lease row must not be waited for in turn: the
+// reaper passes over a key whose progress row is locked, as the plain
+// statement does, instead of a deadlock that fails one of them.
+func TestCitusReaperPassesOverAKeyATakeoverHolds(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store, schema := citusStore(t)
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	rec := citusAcquire(t, store, "user:9", "k", t0).Record
+	later := t0.Add(time.Hour)
+
+	// The takeover's first step: the progress row, locked.
+	takeover, err := schema.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = takeover.Rollback(ctx) }()
+	_, err = takeover.Exec(ctx, `SELECT 1 FROM `+store.q.table+` WHERE scope = $1 AND id = $2 FOR NO KEY UPDATE`, "user:9", rec.ID)
+	require.NoError(t, err)
+
+	// The reaper's: the lease row made, then the key's rows locked.
+	reaper, err := schema.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = reaper.Rollback(ctx) }()
+	_, err = reaper.Exec(ctx, store.q.leaseRowOf, "user:9", rec.ID, rec.Fence)
+	require.NoError(t, err)
+	type reaped struct {
+		deleted, parked int
+		err             error
+	}
+	done := make(chan reaped, 1)
+	go func() {
+		var r reaped
+		r.err = reaper.QueryRow(ctx, store.q.reapAbandonedOne, "user:9", rec.ID, rec.Fence, later).Scan(&r.deleted, &r.parked)
+		if r.err == nil {
+			r.err = reaper.Commit(ctx)
+		}
+		done <- r
+	}()
+
+	// The takeover's insert of the lease row waits for the reaper's.
+	taken, err := store.acquisition(ctx, takeover, store.q.takeOver, append(append([]any{&later, rec.ID, "f", rec.Fingerprint,
+		(90 * time.Second).Microseconds(), "POST", "/x"}, store.holder.args()...), "user:9")...)
+	require.NoError(t, err, "the takeover")
+	require.NoError(t, takeover.Commit(ctx))
+	require.Equal(t, idemdriver.AcquiredTakenOver, taken.Acquired)
+	r := <-done
+	require.NoError(t, r.err, "the reaper")
+	require.Equal(t, 0, r.deleted+r.parked, "the reaper left the key a takeover held alone")
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem/idemdriver"
@@ -13,18 +14,24 @@ import (
 
 // A takeover decides on the lease row's newest version, not on what its
 // acquisition statement read: a heartbeat or a foreign mark in flight when a
-// takeover comes is waited for, and then counts. (Before idem_leases, both
-// wrote the key's one row, which the takeover's UPDATE re-checked the same
-// way; now the takeover locks the lease row for it.)
+// takeover comes is waited for, and then counts. A new key has no lease row
+// (its row carries its first lease), so the heartbeat or mark in flight is
+// the one that makes the lease row: the takeover's insert of the same row
+// waits for it, and then meets it as a conflict on its newest version.
 func TestTakeoverWaitsForTheLeaseRowInFlight(t *testing.T) {
 	t.Parallel()
 	for name, tc := range map[string]struct {
-		inFlight  string // what the other transaction writes on the lease row
+		inFlight  func(q *queries, rec *idemdriver.KeyRecord, t0 time.Time) (string, []any)
 		wantTaken bool
 		wantMark  string
 	}{
-		"a heartbeat renews the lease": {`UPDATE idem_leases SET lease_expires_at = $2::timestamptz + interval '1 hour' WHERE key_id = $1`, false, ""},
-		"a mark is made":               {`UPDATE idem_leases SET foreign_mark = 'call', foreign_mark_after = 'started' WHERE key_id = $1 AND $2::timestamptz IS NOT NULL`, true, "call"},
+		"a heartbeat renews the lease": {func(q *queries, rec *idemdriver.KeyRecord, t0 time.Time) (string, []any) {
+			renewedAt := t0.Add(time.Minute)
+			return q.heartbeat, []any{rec.ID, rec.Fence, (90 * time.Second).Microseconds(), renewedAt, rec.Scope}
+		}, false, ""},
+		"a mark is made": {func(q *queries, rec *idemdriver.KeyRecord, t0 time.Time) (string, []any) {
+			return q.markForeign, []any{rec.ID, rec.Fence, "call", rec.Scope}
+		}, true, "call"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -39,13 +46,16 @@ func TestTakeoverWaitsForTheLeaseRowInFlight(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, idemdriver.AcquiredCreated, acq.Acquired)
 
-			// The other transaction holds the lease row, uncommitted, while a
-			// retry two minutes later finds the lease expired in its snapshot.
+			// The other transaction makes the lease row, uncommitted, while a
+			// retry two minutes later finds the first lease expired in its
+			// snapshot.
 			other, err := schema.Pool.Begin(ctx)
 			require.NoError(t, err)
 			defer func() { _ = other.Rollback(ctx) }()
-			_, err = other.Exec(ctx, tc.inFlight, acq.Record.ID, t0)
+			sql, args := tc.inFlight(store.q, acq.Record, t0)
+			tag, err := other.Exec(ctx, sql, args...)
 			require.NoError(t, err)
+			require.Equal(t, int64(1), tag.RowsAffected(), "the statement in flight made the lease row")
 			later := t0.Add(2 * time.Minute)
 			p.Now = &later
 			done := acquireBlocked(t, schema, store, pid, p, "the takeover waits for the lease row")
@@ -165,4 +175,117 @@ func TestReplayDoesNotReadTheLeaseRow(t *testing.T) {
 	acquired, scans = leaseScans("running")
 	require.Equal(t, idemdriver.AcquiredNone, acquired)
 	require.Equal(t, int64(1), scans, "an in-progress answer reads it by its primary key")
+}
+
+// A new key has no lease row: the first lease on its row is its lease
+// until something writes the lease. Every reader of the lease must read it
+// there, or a live key reads as free and runs twice. Each reader is checked
+// on a held key without a lease row (it must see it held), then once the
+// first lease has run out (it must see it free), on plain PostgreSQL and
+// on Citus, whose maintenance statements are the key-by-key variants.
+func TestEveryLeaseReaderReadsTheFirstLease(t *testing.T) {
+	t.Parallel()
+	for name, setup := range map[string]func(t *testing.T) (*Store, *pgtest.Schema){
+		"plain": func(t *testing.T) (*Store, *pgtest.Schema) {
+			schema := pgtest.NewMigratedSchema(t)
+			store, err := New(schema.Pool, &Config{Schema: schema.Name, Instance: "web-1"})
+			require.NoError(t, err)
+			t.Cleanup(store.Close)
+			return store, schema
+		},
+		"citus": func(t *testing.T) (*Store, *pgtest.Schema) {
+			st, schema := citusStore(t)
+			store, err := New(schema.Pool, &Config{Schema: schema.Name, Instance: "web-1"})
+			require.NoError(t, err)
+			t.Cleanup(store.Close)
+			require.True(t, st.Distributed())
+			return store, schema
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			holder, schema := setup(t)
+			other, err := New(schema.Pool, &Config{Schema: schema.Name, Instance: "web-2"})
+			require.NoError(t, err)
+			t.Cleanup(other.Close)
+			fp := [][]byte{append([]byte{2}, make([]byte, 32)...)}
+			params := func(key string, now *time.Time) idemdriver.AcquireParams {
+				return idemdriver.AcquireParams{Scope: "s", Key: key, Flow: "f", Method: "POST", Path: "/",
+					Fingerprints: fp, Params: []byte(`{}`), Lease: time.Hour, Now: now}
+			}
+			leaseRows := func() int {
+				var n int
+				require.NoError(t, schema.Pool.QueryRow(ctx, `SELECT count(*) FROM `+holder.q.leases).Scan(&n))
+				return n
+			}
+			acq, err := holder.Acquire(ctx, params("held", nil))
+			require.NoError(t, err)
+			require.Equal(t, idemdriver.AcquiredCreated, acq.Acquired)
+			require.Zero(t, leaseRows(), "a new key has no lease row")
+			ref := idemdriver.LockRef{ID: acq.Record.ID, Fence: acq.Record.Fence, Scope: acq.Record.Scope}
+
+			// Held: every reader sees the first lease.
+			rec, err := other.GetKey(ctx, "s", "held")
+			require.NoError(t, err)
+			require.NotNil(t, rec.LockedAt)
+			require.Equal(t, "web-1", rec.HolderInstance)
+			res, err := other.Acquire(ctx, params("held", nil))
+			require.NoError(t, err)
+			require.Equal(t, idemdriver.AcquiredNone, res.Acquired, "not taken over")
+			require.True(t, res.Record.Locked(res.DBNow))
+			// The takeover statement itself, as a race past Acquire's own
+			// check would send it, finds the key held.
+			_, err = other.acquisition(ctx, other.db, other.q.takeOver, append(append([]any{
+				nil, acq.Record.ID, "f", acq.Record.Fingerprint, time.Hour.Microseconds(), "POST", "/"}, other.holder.args()...), "s")...)
+			require.ErrorIs(t, err, pgx.ErrNoRows, "the takeover statement finds the first lease held")
+			claimed, err := other.ClaimIdle(ctx, idemdriver.ClaimIdleParams{Status: idemdriver.StatusRunning, Flows: []string{"f"}, IdleFor: time.Microsecond, Limit: 10})
+			require.NoError(t, err)
+			require.Empty(t, claimed, "not claimed by the completer")
+			reaped, err := other.ReapAbandoned(ctx, idemdriver.ReapAbandonedParams{After: time.Microsecond, Limit: 10})
+			require.NoError(t, err)
+			require.Zero(t, reaped.Deleted+reaped.NeedsReconcile, "not abandoned")
+			over, left, err := other.markWaited(ctx, ref)
+			require.NoError(t, err)
+			require.False(t, over, "a waiter waits")
+			require.Greater(t, left, 50*time.Minute)
+			for state, want := range map[idemdriver.KeyState]int{idemdriver.KeyStateRunning: 1, idemdriver.KeyStateStale: 0} {
+				list, err := other.ListKeys(ctx, idemdriver.ListKeysParams{KeyQuery: idemdriver.KeyQuery{State: state, AllScopes: true, Limit: 10}})
+				require.NoError(t, err)
+				require.Len(t, list.Keys, want, state)
+			}
+			// A restarted process of the holder's instance takes its keys
+			// over at once, as it does a lease row's.
+			restarted, err := New(schema.Pool, &Config{Schema: schema.Name, Instance: "web-1"})
+			require.NoError(t, err)
+			t.Cleanup(restarted.Close)
+			restarted.holder.boot = "an earlier boot"
+			res, err = restarted.Acquire(ctx, params("held", nil))
+			require.NoError(t, err)
+			require.Equal(t, idemdriver.AcquiredTakenOver, res.Acquired, "the holder's instance restarted")
+
+			// Run out: every reader sees it free.
+			for _, key := range []string{"taken", "claimed", "abandoned"} {
+				acq, err := holder.Acquire(ctx, params(key, nil))
+				require.NoError(t, err)
+				require.Equal(t, idemdriver.AcquiredCreated, acq.Acquired)
+			}
+			later := time.Now().Add(2 * time.Hour)
+			res, err = other.Acquire(ctx, params("taken", &later))
+			require.NoError(t, err)
+			require.Equal(t, idemdriver.AcquiredTakenOver, res.Acquired)
+			claimed, err = other.ClaimIdle(ctx, idemdriver.ClaimIdleParams{Status: idemdriver.StatusRunning, Flows: []string{"f"}, IdleFor: time.Minute, Limit: 10, Now: &later})
+			require.NoError(t, err)
+			var keys []string
+			for _, c := range claimed {
+				keys = append(keys, c.Key)
+			}
+			// held's lease (the restarted process's, on its lease row) has run
+			// out too; taken's has just been taken.
+			require.ElementsMatch(t, []string{"held", "claimed", "abandoned"}, keys, "the completer claims the keys nobody holds")
+			reaped, err = other.ReapAbandoned(ctx, idemdriver.ReapAbandonedParams{After: time.Hour, Limit: 10, Now: &later})
+			require.NoError(t, err)
+			require.Equal(t, 3, reaped.Deleted, "the keys nobody holds are abandoned, not the one just taken")
+		})
+	}
 }

@@ -123,6 +123,9 @@ type Store struct {
 	holder holder
 	// waits are the keys this process's requests wait for (wait.go).
 	waits *waits
+	// habits say, per flow, which acquisition statement to send first
+	// (acquire.go).
+	habits acquireHabits
 }
 
 var _ idemdriver.Store = (*Store)(nil)
@@ -274,8 +277,18 @@ func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemd
 	if err != nil {
 		return nil, err
 	}
+	res, sent, err := s.acquireInPlainSQL(ctx, p, args)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case res != nil && res.Record == nil:
+		return res, nil // NoCreate found nothing live
+	case res != nil:
+		return s.takeOverIfAbandoned(ctx, p, res)
+	}
 	replanned := false
-	for i := 0; i < maxAcquireStatements; i++ {
+	for i := sent; i < maxAcquireStatements+sent; i++ {
 		res, err := s.acquisition(ctx, s.db, s.q.acquire, args...)
 		if !replanned && planChanged(err) {
 			// A migration changed what the statement returns since this
@@ -663,6 +676,9 @@ func (s *Store) ReapAbandoned(ctx context.Context, p idemdriver.ReapAbandonedPar
 	}
 	var res idemdriver.ReapAbandonedResult
 	err := s.inBatchTx(ctx, "reap abandoned keys", p.StatementTimeout, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, s.q.leaseRowsAbandoned, p.Now, micros(p.After), flows, ages, p.Limit); err != nil {
+			return err
+		}
 		return tx.QueryRow(ctx, s.q.reapAbandoned, p.Now, micros(p.After), flows, ages, p.Limit).Scan(&res.Deleted, &res.NeedsReconcile)
 	})
 	if err != nil {

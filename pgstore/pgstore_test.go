@@ -57,7 +57,7 @@ func TestQueriesAreFullyRendered(t *testing.T) {
 		q := newQueries(prefix)
 		for _, sql := range []string{q.acquire, q.claimReconcile, q.takeOver, q.advancePhase, q.withdrawPhase, q.finishPhase, q.heartbeat, q.release,
 			q.markForeign, q.clearForeignMark, q.setNeedsReconcile, q.getKey, q.unlockKey, q.claimIdle, q.reap} {
-			for _, placeholder := range []string{"{t}", "{l}", "{k}", "{cols", "{leaseOf", "$LEASE"} {
+			for _, placeholder := range []string{"{t}", "{l}", "{k}", "{cols", "{leaseOf", "{lease", "{holder}", "$LEASE"} {
 				require.NotContains(t, sql, placeholder)
 			}
 			switch sql {
@@ -68,12 +68,17 @@ func TestQueriesAreFullyRendered(t *testing.T) {
 				require.Contains(t, sql, prefix+"idem_keys")
 			}
 		}
-		// The statements heartbeats and marks send write the lease row only;
+		// The statements heartbeats and marks send write the lease row only
+		// (making it from the key row's first lease when the key has none);
 		// a phase's commit writes the progress row only (see queries).
-		for _, sql := range []string{q.heartbeat, q.markForeign, q.clearForeignMark} {
-			require.Regexp(t, `UPDATE `+regexp.QuoteMeta(prefix+"idem_leases"), sql)
+		for _, sql := range []string{q.heartbeat, q.markForeign} {
+			require.Regexp(t, `INSERT INTO `+regexp.QuoteMeta(prefix+"idem_leases")+`(.|\n)*ON CONFLICT \(scope, key_id\) DO UPDATE`, sql)
 			require.NotContains(t, sql, "UPDATE "+prefix+"idem_keys")
+			require.NotContains(t, sql, "FOR UPDATE")
+			require.NotContains(t, sql, "FOR SHARE")
 		}
+		require.Regexp(t, `UPDATE `+regexp.QuoteMeta(prefix+"idem_leases"), q.clearForeignMark)
+		require.NotContains(t, q.clearForeignMark, prefix+"idem_keys")
 		for _, sql := range []string{q.advancePhase, q.finishPhase} {
 			require.NotContains(t, sql, "idem_leases")
 		}

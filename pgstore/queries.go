@@ -49,12 +49,13 @@ import (
 type queries struct {
 	table, leases string
 
-	acquire, takeOver, claimReconcile string
-	advancePhase, finishPhase         string
-	withdrawPhase                     string
-	heartbeat, release                string
-	markForeign, clearForeignMark     string
-	setNeedsReconcile, getKey         string
+	acquire, insertOrReport, lookUp string
+	takeOver, claimReconcile        string
+	advancePhase, finishPhase       string
+	withdrawPhase                   string
+	heartbeat, release              string
+	markForeign, clearForeignMark   string
+	setNeedsReconcile, getKey       string
 	// The same without waking waiters, for Citus (forCitus).
 	finishPhaseQuiet, setNeedsReconcileQuiet string
 	waitMark, waitCheck                      string
@@ -68,6 +69,10 @@ type queries struct {
 	citus                                                         bool
 	claimIdleCandidates, claimIdleOne, reapCandidates, reapDelete string
 	reapAbandonedCandidates, reapAbandonedOne                     string
+
+	// leaseRowsAbandoned and leaseRowOf make the lease rows of keys that
+	// have none (see leaseRow), before a statement that must lock them.
+	leaseRowsAbandoned, leaseRowOf string
 }
 
 // recordColumns renders the columns of idemdriver.KeyRecord from a progress
@@ -83,35 +88,55 @@ func recordColumns(k, l string) string { return recordColumnsOf(k, l, true) }
 // (params, checkpoint, response headers and body) are NULL instead of read,
 // for listings and claims that do not show them: they can be large.
 func recordColumnsOf(k, l string, payload bool) string {
-	cols := `{k}id, {k}request_id::text AS request_id, {k}scope, {k}key::text AS key,
+	cols := `{k}id, {k}scope, {k}key::text AS key,
 		{k}flow::text AS flow, {k}method::text AS method, {k}path::text AS path,
 		{k}fingerprint, {k}params, {k}status::text AS status, {k}recovery_point::text AS recovery_point, {k}checkpoint,
 		CASE WHEN {k}status <> 'finished' AND {l}foreign_mark_after = {k}recovery_point
 		     THEN coalesce({l}foreign_mark, '') ELSE '' END AS foreign_mark,
-		CASE WHEN {k}status <> 'finished' THEN {l}locked_at END AS locked_at,
-		CASE WHEN {k}status <> 'finished' THEN {l}lease_expires_at END AS lease_expires_at, {k}fence,
+		CASE WHEN {k}status <> 'finished' THEN {lease:locked_at} END AS locked_at,
+		CASE WHEN {k}status <> 'finished' THEN {lease:lease_expires_at} END AS lease_expires_at, {k}fence,
 		coalesce({k}response_status, 0) AS response_status, coalesce({k}response_headers, '{}') AS response_headers,
 		{k}response_body, {k}attempts, coalesce({k}last_error, '') AS last_error,
 		{k}created_at, {k}last_run_at, {k}finished_at, {k}expires_at,
 		coalesce({k}params_key_id, '') AS params_key_id, coalesce({k}response_key_id, '') AS response_key_id,
 		{k}generation,
-		CASE WHEN {k}status <> 'finished' AND {l}holder_fence = {l}fence THEN coalesce({l}holder_instance, '') ELSE '' END AS holder_instance,
-		CASE WHEN {k}status <> 'finished' AND {l}holder_fence = {l}fence THEN coalesce({l}holder_host, '') ELSE '' END AS holder_host,
-		CASE WHEN {k}status <> 'finished' AND {l}holder_fence = {l}fence THEN coalesce({l}holder_pid, 0) ELSE 0 END AS holder_pid,
-		CASE WHEN {k}status <> 'finished' AND {l}holder_fence = {l}fence THEN coalesce({l}holder_boot, '') ELSE '' END AS holder_boot`
+		CASE WHEN {k}status <> 'finished' AND {holder} THEN coalesce({lease:holder_instance}, '') ELSE '' END AS holder_instance,
+		CASE WHEN {k}status <> 'finished' AND {holder} THEN coalesce({lease:holder_host}, '') ELSE '' END AS holder_host,
+		CASE WHEN {k}status <> 'finished' AND {holder} THEN coalesce({lease:holder_pid}, 0) ELSE 0 END AS holder_pid,
+		CASE WHEN {k}status <> 'finished' AND {holder} THEN coalesce({lease:holder_boot}, '') ELSE '' END AS holder_boot`
 	if !payload {
 		cols = strings.NewReplacer("{k}params,", "NULL::jsonb AS params,", "{k}checkpoint,", "NULL::jsonb AS checkpoint,",
 			"coalesce({k}response_headers, '{}')", "NULL::jsonb", "{k}response_body,", "NULL::bytea AS response_body,").Replace(cols)
 	}
+	cols = leasePlaceholder.ReplaceAllStringFunc(cols, func(m string) string {
+		return leaseCol(k, l, leasePlaceholder.FindStringSubmatch(m)[1])
+	})
+	cols = strings.ReplaceAll(cols, "{holder}", "("+l+".key_id IS NULL OR "+l+".holder_fence = "+l+".fence)")
 	return strings.NewReplacer("{k}", k+".", "{l}", l+".").Replace(cols)
 }
+
+// leaseCol is column col of a key's lease as its readers read it, k the
+// progress row and l its lease row (NULL when the key has none): the lease
+// row's when it exists, else the first lease the key row carries (see
+// idem_keys in migration 0007). A key's lease row, once made, holds its
+// lease for good; until then the key row's first lease is the lease.
+func leaseCol(k, l, col string) string {
+	return "(CASE WHEN " + l + ".key_id IS NULL THEN " + k + "." + col + " ELSE " + l + "." + col + " END)"
+}
+
+// leasePlaceholder is {lease:col} (leaseCol over recordColumns' aliases)
+// and, in statements, {lease:k,l,col}.
+var (
+	leasePlaceholder   = regexp.MustCompile(`\{lease:(\w+)\}`)
+	leaseAliasedColumn = regexp.MustCompile(`\{lease:(\w+),(\w+),(\w+)\}`)
+)
 
 // recordDest returns the scan destinations of recordColumns, in the same
 // order, so the hot paths (acquisition, reconcile claims, GetKey) scan rows
 // with pgx directly: scany's reflection costs more per row than the
 // acquisition statement itself. Keep the two lists in step; a test checks.
 func recordDest(rec *idemdriver.KeyRecord) []any {
-	return []any{&rec.ID, &rec.RequestID, &rec.Scope, &rec.Key, &rec.Flow, &rec.Method, &rec.Path,
+	return []any{&rec.ID, &rec.Scope, &rec.Key, &rec.Flow, &rec.Method, &rec.Path,
 		&rec.Fingerprint, &rec.Params, &rec.Status, &rec.RecoveryPoint, &rec.Checkpoint,
 		&rec.ForeignMark, &rec.LockedAt, &rec.LeaseExpiresAt, &rec.Fence,
 		&rec.ResponseStatus, &rec.ResponseHeaders,
@@ -129,9 +154,12 @@ func leaseOf(leases, scope string) string {
 	return `LEFT JOIN ` + leases + ` l ON l.scope = ` + scope + ` AND l.key_id = k.id AND k.status <> 'finished'`
 }
 
-// colsPlaceholder is {cols:k,l}: recordColumns over aliases k and l; and
-// {meta:k,l}: the same without the payload (recordColumnsOf).
-var colsPlaceholder = regexp.MustCompile(`\{(cols|meta):(\w+),(\w+)\}`)
+// colsPlaceholder is {cols:k,l}: recordColumns over aliases k and l;
+// {meta:k,l}: the same without the payload (recordColumnsOf); and
+// {found:k,l}: what an acquisition returns of a key it found, which is
+// recordColumns except for a finished key's params and checkpoint (NULL: a
+// replay needs neither, and they can be large).
+var colsPlaceholder = regexp.MustCompile(`\{(cols|meta|found):(\w+),(\w+)\}`)
 
 // holderParams renders takeOverLease with the lease parameter and the
 // holder's four (see holderArgs) numbered from first.
@@ -148,9 +176,20 @@ func newQueries(prefix string) *queries {
 	q := &queries{table: t, leases: l}
 	render := func(sql string) string {
 		sql = strings.NewReplacer("{t}", t, "{l}", l, "{notify}", prefix+"idem_notify_waiters").Replace(sql)
+		sql = leaseAliasedColumn.ReplaceAllStringFunc(sql, func(m string) string {
+			a := leaseAliasedColumn.FindStringSubmatch(m)
+			return leaseCol(a[1], a[2], a[3])
+		})
 		return colsPlaceholder.ReplaceAllStringFunc(sql, func(m string) string {
 			a := colsPlaceholder.FindStringSubmatch(m)
-			return recordColumnsOf(a[2], a[3], a[1] == "cols")
+			cols := recordColumnsOf(a[2], a[3], a[1] != "meta")
+			if a[1] == "found" {
+				cols = strings.NewReplacer(
+					a[2]+".params,", "CASE WHEN "+a[2]+".status <> 'finished' THEN "+a[2]+".params END AS params,",
+					a[2]+".checkpoint,", "CASE WHEN "+a[2]+".status <> 'finished' THEN "+a[2]+".checkpoint END AS checkpoint,",
+				).Replace(cols)
+			}
+			return cols
 		})
 	}
 
@@ -182,6 +221,52 @@ func newQueries(prefix string) *queries {
 	q.acquire = `SELECT * FROM ` + prefix + `idem_acquire($1::timestamptz, $2::text, $3::text, $4::text, $5::text, $6::text,
     $7::bytea, $8::text, $9::bigint, $10::boolean, $11::text, $12::text, $13::text, $14::int, $15::text)`
 
+	// insertOrReport and lookUp are the acquisition in plain SQL, one
+	// statement each, with idem_acquire's columns and outcomes; Store.Acquire
+	// sends one of them first (see acquirer) and falls back to idem_acquire
+	// for what they leave to it.
+	//
+	// insertOrReport inserts the key, locked by the first lease on its row
+	// (no lease row), or reports the live key that is there: one round trip
+	// for a new key, a replay and a key in progress alike. ON CONFLICT DO
+	// NOTHING turns a concurrent insert into "nothing inserted", never a
+	// unique violation. No row comes back when the key there is expired
+	// (idem_acquire replaces it, one generation on) or when the key the
+	// insert met was committed after the statement's snapshot (a race the
+	// function's next read sees). Its parameters are idem_acquire's without
+	// p_no_create.
+	q.insertOrReport = render(`
+WITH clock AS (
+    SELECT coalesce($1::timestamptz, now()) AS t
+), ins AS (
+    INSERT INTO {t} AS k (scope, key, flow, method, path, fingerprint, params, created_at, last_run_at, params_key_id,
+        locked_at, lease_expires_at, holder_instance, holder_host, holder_pid, holder_boot)
+    SELECT $2::text, $3::text, $4::text, $5::text, $6::text, $7::bytea, $8::text::jsonb, c.t, c.t, nullif($10::text, ''),
+        c.t, c.t + $9::bigint * interval '1 microsecond',
+        nullif($11::text, ''), nullif($12::text, ''), nullif($13::int, 0), nullif($14::text, '')
+    FROM clock c
+    ON CONFLICT ON CONSTRAINT idem_keys_scope_key DO NOTHING
+    RETURNING k.*
+)
+SELECT 'created' AS acquired, c.t AS db_now, {found:k,l}
+FROM ins k CROSS JOIN clock c LEFT JOIN {l} l ON false
+UNION ALL
+SELECT 'none', c.t, {found:k,l}
+FROM {t} k CROSS JOIN clock c ` + leaseOf(l, "$2::text") + `
+WHERE k.scope = $2::text AND k.key = $3::text AND NOT (k.status = 'finished' AND k.expires_at <= c.t)
+  AND NOT EXISTS (SELECT 1 FROM ins)`)
+
+	// lookUp reports the live key (scope $2, key $3, clock $1) as
+	// insertOrReport does, and inserts nothing: the cheapest replay, with no
+	// insert to set up; no row when there is no live key.
+	q.lookUp = render(`
+WITH clock AS (
+    SELECT coalesce($1::timestamptz, now()) AS t
+)
+SELECT 'none' AS acquired, c.t AS db_now, {found:k,l}
+FROM {t} k CROSS JOIN clock c ` + leaseOf(l, "$2::text") + `
+WHERE k.scope = $2::text AND k.key = $3::text AND NOT (k.status = 'finished' AND k.expires_at <= c.t)`)
+
 	// takeOverLease is the part of takeOver and claimReconcile that takes
 	// the lease. target is the progress row, already locked as an UPDATE
 	// locks it (FOR NO KEY UPDATE, which does not wait for a phase whose
@@ -207,6 +292,9 @@ leased AS (
     SELECT $SCOPE::text, target.id, target.fence + 1, clock.t, clock.t + $LEASE::bigint * interval '1 microsecond',
         nullif($HOLDER1::text, ''), nullif($HOLDER2::text, ''), nullif($HOLDER3::int, 0), nullif($HOLDER4::text, ''), target.fence + 1
     FROM target, clock
+    WHERE EXISTS (SELECT 1 FROM {l} x WHERE x.scope = $SCOPE::text AND x.key_id = target.id)
+       OR target.locked_at IS NULL OR target.lease_expires_at <= clock.t
+       OR (target.holder_instance = nullif($HOLDER1::text, '') AND target.holder_boot <> $HOLDER4::text)
     ON CONFLICT (scope, key_id) DO UPDATE
     SET fence = excluded.fence, locked_at = excluded.locked_at, lease_expires_at = excluded.lease_expires_at,
         holder_instance = excluded.holder_instance, holder_host = excluded.holder_host,
@@ -234,7 +322,7 @@ leased AS (
 WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
 ), target AS (
-    SELECT k.id, k.fence FROM {t} k
+    SELECT k.id, k.fence, k.locked_at, k.lease_expires_at, k.holder_instance, k.holder_boot FROM {t} k
     WHERE k.scope = $12::text AND k.id = $2 AND k.status = 'running' AND k.flow = $3::text AND k.fingerprint = $4
       AND k.method = $6::text AND k.path = $7::text
     FOR NO KEY UPDATE
@@ -246,7 +334,7 @@ FROM taken JOIN leased ON leased.key_id = taken.id, clock`)
 WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
 ), target AS (
-    SELECT k.id, k.fence FROM {t} k
+    SELECT k.id, k.fence, k.locked_at, k.lease_expires_at, k.holder_instance, k.holder_boot FROM {t} k
     WHERE k.scope = $2 AND k.key = $3::text AND k.status = 'needs_reconcile'
     FOR NO KEY UPDATE
 ), ` + lease("$4", 5, "$2") + `
@@ -332,40 +420,47 @@ SELECT 1 / count(*)::int FROM guarded`
 	q.finishPhaseQuiet = render(finishPhase)
 
 	q.heartbeat = render(`
-WITH clock AS (
-    SELECT coalesce($4::timestamptz, now()) + $3::bigint * interval '1 microsecond' AS expires
-), beat AS (
-    UPDATE {l} l
-    SET lease_expires_at = clock.expires
-    FROM {t} k, clock
-    WHERE l.scope = $5::text AND l.key_id = $1 AND l.fence = $2 AND l.locked_at IS NOT NULL
-      AND k.scope = $5::text AND k.id = l.key_id AND k.status <> 'finished'
-    RETURNING l.lease_expires_at
-)
-SELECT lease_expires_at FROM beat`)
+INSERT INTO {l} AS l (scope, key_id, fence, locked_at, lease_expires_at,
+    holder_instance, holder_host, holder_pid, holder_boot, holder_fence)
+SELECT k.scope, k.id, k.fence, k.locked_at, coalesce($4::timestamptz, now()) + $3::bigint * interval '1 microsecond',
+    k.holder_instance, k.holder_host, k.holder_pid, k.holder_boot, k.fence
+FROM {t} k
+WHERE k.scope = $5::text AND k.id = $1 AND k.fence = $2 AND k.status <> 'finished' AND k.locked_at IS NOT NULL
+ON CONFLICT (scope, key_id) DO UPDATE SET lease_expires_at = excluded.lease_expires_at
+WHERE l.fence = excluded.fence AND l.locked_at IS NOT NULL
+RETURNING l.lease_expires_at`)
 
 	// release and setNeedsReconcile are guarded on the progress row, which
-	// they lock first, and unlock the lease row; they return how many keys
-	// the guard matched.
+	// they lock first, and unlock the lease: the first lease on the key row
+	// and the lease row, made unlocked if the key has none. An upsert, not
+	// an UPDATE of the lease rows the statement's snapshot sees: a waiter's
+	// mark or a heartbeat may make the lease row, locked, after that
+	// snapshot (the mark's lock on the progress row is what the statement
+	// waited for), and the conflict meets it on its newest version. They
+	// return how many keys the guard matched.
 	q.release = render(`
 WITH released AS (
-    UPDATE {t} SET last_error = left($3, 4000)
+    UPDATE {t} SET last_error = left($3, 4000), locked_at = NULL, lease_expires_at = NULL
     WHERE scope = $4::text AND id = $1 AND fence = $2 AND status = 'running'
     RETURNING id
 ), unlocked AS (
-    UPDATE {l} l SET locked_at = NULL, lease_expires_at = NULL
-    FROM released WHERE l.scope = $4::text AND l.key_id = released.id AND l.fence = $2
+    INSERT INTO {l} AS l (scope, key_id, fence)
+    SELECT $4::text, released.id, $2 FROM released
+    ON CONFLICT (scope, key_id) DO UPDATE SET locked_at = NULL, lease_expires_at = NULL
+    WHERE l.fence = excluded.fence
 )
 SELECT count(*) FROM released`)
 
 	setNeedsReconcile := `
 WITH parked AS (
-    UPDATE {t} SET status = 'needs_reconcile', last_error = left($3, 4000)
+    UPDATE {t} SET status = 'needs_reconcile', last_error = left($3, 4000), locked_at = NULL, lease_expires_at = NULL
     WHERE scope = $4::text AND id = $1 AND fence = $2 AND status <> 'finished'
     RETURNING id
 ), unlocked AS (
-    UPDATE {l} l SET locked_at = NULL, lease_expires_at = NULL
-    FROM parked WHERE l.scope = $4::text AND l.key_id = parked.id AND l.fence = $2
+    INSERT INTO {l} AS l (scope, key_id, fence)
+    SELECT $4::text, parked.id, $2 FROM parked
+    ON CONFLICT (scope, key_id) DO UPDATE SET locked_at = NULL, lease_expires_at = NULL
+    WHERE l.fence = excluded.fence
 )
 SELECT count(*) FROM parked`
 	q.setNeedsReconcile = render(setNeedsReconcile + wakeWaiters("$4", "parked"))
@@ -375,11 +470,14 @@ SELECT count(*) FROM parked`
 	// the phase's commit moves the recovery point and so retires the mark
 	// without writing the lease row.
 	q.markForeign = render(`
-UPDATE {l} l
-SET foreign_mark = $3, foreign_mark_after = k.recovery_point
+INSERT INTO {l} AS l (scope, key_id, fence, locked_at, lease_expires_at,
+    holder_instance, holder_host, holder_pid, holder_boot, holder_fence, foreign_mark, foreign_mark_after)
+SELECT k.scope, k.id, k.fence, k.locked_at, k.lease_expires_at,
+    k.holder_instance, k.holder_host, k.holder_pid, k.holder_boot, k.fence, $3, k.recovery_point
 FROM {t} k
-WHERE l.scope = $4::text AND l.key_id = $1 AND l.fence = $2
-  AND k.scope = $4::text AND k.id = l.key_id AND k.status = 'running'`)
+WHERE k.scope = $4::text AND k.id = $1 AND k.fence = $2 AND k.status = 'running'
+ON CONFLICT (scope, key_id) DO UPDATE SET foreign_mark = excluded.foreign_mark, foreign_mark_after = excluded.foreign_mark_after
+WHERE l.fence = excluded.fence`)
 
 	q.clearForeignMark = render(`
 UPDATE {l} SET foreign_mark = NULL, foreign_mark_after = NULL
@@ -399,14 +497,20 @@ WHERE scope = $3::text AND key_id = $1 AND fence = $2`)
 	// predates a release it waited for.
 	q.waitMark = render(`
 WITH k AS (
-    SELECT id, status, fence FROM {t} WHERE scope = $3::text AND id = $1 FOR SHARE
+    SELECT id, status, fence, locked_at, lease_expires_at, holder_instance, holder_host, holder_pid, holder_boot
+    FROM {t} WHERE scope = $3::text AND id = $1 FOR SHARE
 ), marked AS (
-    UPDATE {l} l SET waited_at = now()
-    FROM k WHERE l.scope = $3::text AND l.key_id = k.id AND k.status = 'running' AND l.waited_at IS NULL
+    INSERT INTO {l} AS l (scope, key_id, fence, locked_at, lease_expires_at,
+        holder_instance, holder_host, holder_pid, holder_boot, holder_fence, waited_at)
+    SELECT $3::text, k.id, k.fence, k.locked_at, k.lease_expires_at,
+        k.holder_instance, k.holder_host, k.holder_pid, k.holder_boot, k.fence, now()
+    FROM k WHERE k.status = 'running'
+    ON CONFLICT (scope, key_id) DO UPDATE SET waited_at = excluded.waited_at
+    WHERE l.waited_at IS NULL
     RETURNING 1
 )
-SELECT k.status <> 'running' OR k.fence <> $2 OR l.locked_at IS NULL OR l.lease_expires_at <= now() OR l.key_id IS NULL,
-       coalesce(extract(epoch FROM l.lease_expires_at - now()), 0)::float8
+SELECT k.status <> 'running' OR k.fence <> $2 OR {lease:k,l,locked_at} IS NULL OR {lease:k,l,lease_expires_at} <= now(),
+       coalesce(extract(epoch FROM {lease:k,l,lease_expires_at} - now()), 0)::float8
 FROM k LEFT JOIN {l} l ON l.scope = $3::text AND l.key_id = k.id`)
 
 	// waitCheck reports whether a waited-for key's attempt is over (it
@@ -418,8 +522,8 @@ FROM k LEFT JOIN {l} l ON l.scope = $3::text AND l.key_id = k.id`)
 	// mark's own statement read the lease row from its older snapshot, and
 	// the release notified nobody, the key not being marked yet).
 	q.waitCheck = render(`
-SELECT k.status <> 'running' OR k.fence <> $2 OR l.locked_at IS NULL OR l.lease_expires_at <= now() OR l.key_id IS NULL,
-       coalesce(extract(epoch FROM l.lease_expires_at - now()), 0)::float8
+SELECT k.status <> 'running' OR k.fence <> $2 OR {lease:k,l,locked_at} IS NULL OR {lease:k,l,lease_expires_at} <= now(),
+       coalesce(extract(epoch FROM {lease:k,l,lease_expires_at} - now()), 0)::float8
 FROM {t} k LEFT JOIN {l} l ON l.scope = $3::text AND l.key_id = k.id
 WHERE k.scope = $3::text AND k.id = $1`)
 
@@ -429,9 +533,9 @@ WHERE k.scope = $3::text AND k.id = $1`)
 	// instead: no statement over many keys stays on one worker.)
 	q.waitCheckAll = render(`
 SELECT w.id,
-       k.id IS NULL OR k.status <> 'running' OR k.fence <> w.fence OR l.locked_at IS NULL
-           OR l.lease_expires_at <= now() OR l.key_id IS NULL,
-       coalesce(extract(epoch FROM l.lease_expires_at - now()), 0)::float8
+       k.id IS NULL OR k.status <> 'running' OR k.fence <> w.fence OR {lease:k,l,locked_at} IS NULL
+           OR {lease:k,l,lease_expires_at} <= now(),
+       coalesce(extract(epoch FROM {lease:k,l,lease_expires_at} - now()), 0)::float8
 FROM unnest($1::bigint[], $2::bigint[], $3::text[]) AS w(id, fence, scope)
 LEFT JOIN {t} k ON k.scope = w.scope AND k.id = w.id
 LEFT JOIN {l} l ON l.scope = w.scope AND l.key_id = k.id`)
@@ -555,6 +659,41 @@ WITH candidates AS MATERIALIZED (
 )
 SELECT (SELECT count(*) FROM deleted), (SELECT count(*) FROM parked)`)
 
+	// leaseRow is the insert that makes a key's lease row from the first
+	// lease its key row carries, for a statement that must lock the lease
+	// row (reapAbandoned, reapAbandonedOne): their check that nobody holds
+	// the key must run on the lease row's newest version, which a locking
+	// read reaches and a snapshot of a key with no lease row does not (a
+	// heartbeat may make the row after the snapshot). The copy changes no
+	// lease: a key without a lease row is held by its key row's, and a key
+	// whose lease row exists keeps it (DO NOTHING). The key row is read, not
+	// written. Its first lease changes only to be unlocked (release,
+	// setNeedsReconcile), so a copy from an older snapshot is at worst a
+	// lease still held, which the caller then leaves alone; a key whose
+	// fence moved has a lease row already.
+	const leaseRow = `
+INSERT INTO {l} (scope, key_id, fence, locked_at, lease_expires_at,
+    holder_instance, holder_host, holder_pid, holder_boot, holder_fence)
+SELECT k.scope, k.id, k.fence, k.locked_at, k.lease_expires_at,
+    k.holder_instance, k.holder_host, k.holder_pid, k.holder_boot, k.fence
+FROM {t} k%s
+ON CONFLICT (scope, key_id) DO NOTHING`
+	// leaseRowsAbandoned makes them for reapAbandoned's candidates, with its
+	// parameters.
+	q.leaseRowsAbandoned = render(fmt.Sprintf(leaseRow, `
+CROSS JOIN (SELECT coalesce($1::timestamptz, now()) AS t) c
+LEFT JOIN unnest($3::text[], $4::bigint[]) AS f(flow, age) ON f.flow = k.flow
+WHERE k.status <> 'finished' AND k.status = 'running'
+  AND NOT EXISTS (SELECT 1 FROM {l} x WHERE x.scope = k.scope AND x.key_id = k.id)
+  AND (k.locked_at IS NULL OR k.lease_expires_at <= c.t)
+  AND coalesce(f.age, $2::bigint) >= 0
+  AND k.created_at <= c.t - coalesce(f.age, $2::bigint) * interval '1 microsecond'
+ORDER BY k.id
+LIMIT $5`))
+	// leaseRowOf makes the lease row of one key (scope $1, id $2, fence $3).
+	q.leaseRowOf = render(fmt.Sprintf(leaseRow, `
+WHERE k.scope = $1::text AND k.id = $2 AND k.fence = $3`))
+
 	// On Citus, SELECT ... FOR UPDATE runs only in router queries: the
 	// batches of claimIdle, reap and reapAbandoned are read without locks
 	// from every shard, then claimed key by key, each claim a router
@@ -612,18 +751,22 @@ WHERE scope = ANY($1::text[]) AND id = ANY($2::bigint[]) AND status = 'finished'
 	// reapAbandonedCandidates reads candidates from every shard without a lock
 	// (scope, id, fence, clock); reapAbandonedOne ends one (scope $1, id $2,
 	// fence $3, clock $4) in a router statement that locks both rows and
-	// re-checks that nobody holds it, as the plain statement does.
+	// re-checks that nobody holds it, as the plain statement does. SKIP
+	// LOCKED, as there: its transaction made the lease row (leaseRowOf)
+	// before locking the progress row, so a takeover, unlock or waiter's
+	// mark that locked the progress row and waits for that lease row would
+	// otherwise wait in a cycle with it.
 	q.reapAbandonedCandidates = render(`
 WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
 )
 SELECT k.scope, k.id, k.fence, c.t
 FROM {t} k
-JOIN {l} l ON l.scope = k.scope AND l.key_id = k.id
+LEFT JOIN {l} l ON l.scope = k.scope AND l.key_id = k.id
 CROSS JOIN clock c
 LEFT JOIN unnest($3::text[], $4::bigint[]) AS f(flow, age) ON f.flow = k.flow
 WHERE k.status <> 'finished' AND k.status = 'running'
-  AND (l.locked_at IS NULL OR l.lease_expires_at <= c.t)
+  AND ({lease:k,l,locked_at} IS NULL OR {lease:k,l,lease_expires_at} <= c.t)
   AND coalesce(f.age, $2::bigint) >= 0
   AND k.created_at <= c.t - coalesce(f.age, $2::bigint) * interval '1 microsecond'
 ORDER BY k.id
@@ -634,7 +777,7 @@ WITH candidate AS MATERIALIZED (
     FROM {t} k JOIN {l} l ON l.scope = $1::text AND l.key_id = k.id
     WHERE k.scope = $1::text AND k.id = $2 AND k.fence = $3 AND k.status = 'running'
       AND (l.locked_at IS NULL OR l.lease_expires_at <= $4::timestamptz)
-    FOR UPDATE OF k, l
+    FOR UPDATE OF k, l SKIP LOCKED
 ), parked AS (
     UPDATE {t}
     SET status = 'needs_reconcile',
@@ -748,8 +891,8 @@ func (q *queries) commitStatement(p idemdriver.CommitParams, bodyKeyID string) (
 // the progress row k, its lease row l and the clock c. Unfinished states restate the partial index's
 // predicate so the planner can use it.
 var keyStateConditions = map[idemdriver.KeyState]string{
-	idemdriver.KeyStateRunning:        `k.status <> 'finished' AND k.status = 'running' AND l.locked_at IS NOT NULL AND l.lease_expires_at > c.t`,
-	idemdriver.KeyStateStale:          `k.status <> 'finished' AND k.status = 'running' AND (l.locked_at IS NULL OR l.lease_expires_at <= c.t)`,
+	idemdriver.KeyStateRunning:        `k.status <> 'finished' AND k.status = 'running' AND ` + leaseCol("k", "l", "locked_at") + ` IS NOT NULL AND ` + leaseCol("k", "l", "lease_expires_at") + ` > c.t`,
+	idemdriver.KeyStateStale:          `k.status <> 'finished' AND k.status = 'running' AND (` + leaseCol("k", "l", "locked_at") + ` IS NULL OR ` + leaseCol("k", "l", "lease_expires_at") + ` <= c.t)`,
 	idemdriver.KeyStateNeedsReconcile: `k.status <> 'finished' AND k.status = 'needs_reconcile'`,
 	idemdriver.KeyStateFinished:       `k.status = 'finished' AND k.expires_at > c.t`,
 	idemdriver.KeyStateExpired:        `k.status = 'finished' AND k.expires_at <= c.t`,
@@ -818,8 +961,8 @@ func first(fps [][]byte) []byte {
 // dead process of this store's instance ($7, another boot than $8); under
 // $5 attempts. claimIdle and Citus's claimIdleCandidates share it.
 const idleKeys = `WHERE k.status <> 'finished' AND k.status = $2::text AND k.flow = ANY($3::text[])
-  AND (((l.locked_at IS NULL OR l.lease_expires_at <= c.t)
+  AND ((({lease:k,l,locked_at} IS NULL OR {lease:k,l,lease_expires_at} <= c.t)
         AND k.last_run_at <= c.t - $4::bigint * interval '1 microsecond')
-       OR (l.locked_at IS NOT NULL AND l.holder_fence = l.fence
-           AND l.holder_instance = nullif($7::text, '') AND l.holder_boot <> $8::text))
+       OR ({lease:k,l,locked_at} IS NOT NULL AND (l.key_id IS NULL OR l.holder_fence = l.fence)
+           AND {lease:k,l,holder_instance} = nullif($7::text, '') AND {lease:k,l,holder_boot} <> $8::text))
   AND ($5::int <= 0 OR k.attempts < $5::int)`

@@ -33,7 +33,7 @@ func TestAcquireRetriesAPlanChangedByAMigration(t *testing.T) {
 	// The function as a later migration might make it: one column of
 	// another (compatible) type, which the prepared statement's plan does
 	// not expect.
-	cols := []string{"acquired text", "db_now timestamptz", "id bigint", "request_id text",
+	cols := []string{"acquired text", "db_now timestamptz", "id bigint",
 		"scope text", "key text", "flow text", "method text", "path text", "fingerprint bytea", "params jsonb", "status text",
 		"recovery_point text", "checkpoint jsonb", "foreign_mark text", "locked_at timestamptz", "lease_expires_at timestamptz",
 		"fence bigint", "response_status int", "response_headers jsonb", "response_body bytea", "attempts bigint",

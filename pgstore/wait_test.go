@@ -129,12 +129,7 @@ func TestMarkSeesAReleaseItWaitedFor(t *testing.T) {
 		done <- marked{over, err}
 	}()
 	// The mark waits for the release's lock on the progress row.
-	require.Eventually(t, func() bool {
-		var waiting bool
-		err := schema.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND query LIKE '%waited_at = now()%' AND strpos(query, $1) > 0)`, st.q.leases).Scan(&waiting)
-		return err == nil && waiting
-	}, time.Minute, 5*time.Millisecond)
+	waitsForLock(t, schema, `waited_at = excluded.waited_at`, st.q.leases)
 	require.NoError(t, tx.Commit(ctx))
 	m := <-done
 	require.NoError(t, m.err)
@@ -245,7 +240,7 @@ func TestListenerDownIsLoggedAndPolled(t *testing.T) {
 	}
 	var marked bool
 	require.NoError(t, schema.Pool.QueryRow(context.Background(),
-		`SELECT waited_at IS NOT NULL FROM idem_leases WHERE scope = $1 AND key_id = $2`, ref.Scope, ref.ID).Scan(&marked))
+		`SELECT coalesce((SELECT waited_at IS NOT NULL FROM idem_leases WHERE scope = $1 AND key_id = $2), false)`, ref.Scope, ref.ID).Scan(&marked))
 	require.False(t, marked, "no mark while nobody listens")
 	require.Equal(t, 1, strings.Count(logs.String(), "cannot LISTEN"), "rate-limited")
 }
@@ -352,18 +347,13 @@ func TestLeavingAWatchSendsNoCancelRequest(t *testing.T) {
 	tx := pendingRelease(t, st, schema, ref)
 
 	_, stop := st.WatchKey(t.Context(), idemdriver.Watch{Ref: ref})
-	require.Eventually(t, func() bool {
-		var waiting bool
-		err := schema.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND query LIKE '%waited_at = now()%' AND strpos(query, $1) > 0)`, st.q.leases).Scan(&waiting)
-		return err == nil && waiting
-	}, time.Minute, 5*time.Millisecond, "the mark waits for the release's lock")
+	waitsForLock(t, schema, `waited_at = excluded.waited_at`, st.q.leases, "the mark waits for the release's lock")
 	stop() // its only waiter leaves
 	require.NoError(t, tx.Commit(ctx))
 	require.Eventually(t, func() bool {
 		var running bool
 		err := schema.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE state = 'active' AND query LIKE '%waited_at = now()%' AND strpos(query, $1) > 0)`, st.q.leases).Scan(&running)
+			WHERE state = 'active' AND query LIKE '%waited_at = excluded.waited_at%' AND strpos(query, $1) > 0)`, st.q.leases).Scan(&running)
 		return err == nil && !running
 	}, time.Minute, 5*time.Millisecond, "the mark finished")
 	require.Zero(t, cancels.Load(), "no cancel request for the mark of a watch nobody waits on")
@@ -381,11 +371,7 @@ func TestFinishNotifiesAMarkThatCommittedWhileItWaited(t *testing.T) {
 	st, err := New(schema.Pool, &Config{Schema: schema.Name, Wait: WaitPoll})
 	require.NoError(t, err)
 	t.Cleanup(st.Close)
-	listener, err := schema.Pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer listener.Release()
-	_, err = listener.Exec(ctx, `LISTEN `+pgx.Identifier{Channel(schema.Name)}.Sanitize())
-	require.NoError(t, err)
+	listener := listenForWaiters(t, schema)
 
 	finish := func(ref idemdriver.LockRef) error {
 		tx, err := st.BeginPhase(ctx, idemdriver.PhaseOptions{Isolation: pgx.ReadCommitted})
@@ -399,23 +385,12 @@ func TestFinishNotifiesAMarkThatCommittedWhileItWaited(t *testing.T) {
 	require.NoError(t, finish(unmarked))
 
 	ref := holdKey(t, st, "k")
-	mark, err := schema.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = mark.Rollback(ctx) }()
-	var over bool
-	var left float64
-	require.NoError(t, mark.QueryRow(ctx, st.q.waitMark, ref.ID, ref.Fence, ref.Scope).Scan(&over, &left))
-	require.False(t, over)
+	mark := pendingMark(t, st, schema, ref)
 
 	finished := make(chan error, 1)
 	go func() { finished <- finish(ref) }()
 	// The finish waits for the mark's lock on the progress row.
-	require.Eventually(t, func() bool {
-		var waiting bool
-		err := schema.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND query LIKE '%finished_at%' AND strpos(query, $1) > 0)`, st.q.table).Scan(&waiting)
-		return err == nil && waiting
-	}, time.Minute, 5*time.Millisecond)
+	waitsForLock(t, schema, `finished_at`, st.q.table)
 	require.NoError(t, mark.Commit(ctx))
 	require.NoError(t, <-finished)
 
@@ -440,5 +415,129 @@ func pendingRelease(t *testing.T, st *Store, schema *pgtest.Schema, ref idemdriv
 	var matched int
 	require.NoError(t, tx.QueryRow(ctx, st.q.release, ref.ID, ref.Fence, "failed", ref.Scope).Scan(&matched))
 	require.Equal(t, 1, matched)
+	return tx
+}
+
+// A release (or a parking) that waits for a waiter's mark to commit must
+// unlock the lease row the mark made: the key had none when the release's
+// statement began, so an update of the lease rows its snapshot sees misses
+// it, and the key would read as held (and its waiter stay asleep) until the
+// first lease ran out.
+func TestUnlockMeetsTheLeaseRowAMarkMadeWhileItWaited(t *testing.T) {
+	t.Parallel()
+	for name, unlock := range map[string]func(st *Store, ref idemdriver.LockRef) error{
+		"release": func(st *Store, ref idemdriver.LockRef) error {
+			return st.Release(context.Background(), ref, "failed")
+		},
+		"set needs_reconcile": func(st *Store, ref idemdriver.LockRef) error {
+			return st.SetNeedsReconcile(context.Background(), ref, "in doubt")
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			schema := pgtest.NewMigratedSchema(t)
+			st, err := New(schema.Pool, &Config{Schema: schema.Name, Wait: WaitPoll})
+			require.NoError(t, err)
+			t.Cleanup(st.Close)
+			listener := listenForWaiters(t, schema)
+
+			ref := holdKey(t, st, "k")
+			mark := pendingMark(t, st, schema, ref)
+
+			unlocked := make(chan error, 1)
+			go func() { unlocked <- unlock(st, ref) }()
+			// The unlock waits for the mark's lock on the progress row.
+			waitsForLock(t, schema, `last_error = left($3, 4000)`, st.q.table)
+			require.NoError(t, mark.Commit(ctx))
+			require.NoError(t, <-unlocked)
+
+			rec, err := st.GetKey(ctx, ref.Scope, "k")
+			require.NoError(t, err)
+			require.Nil(t, rec.LockedAt, "the key was unlocked: nobody holds it")
+			over, _, err := st.checkWaited(ctx, ref)
+			require.NoError(t, err)
+			require.True(t, over, "the waited-for attempt is over")
+
+			// A bound for a notification that never comes, not a timing: it
+			// is sent at the unlock's commit, before unlock returned.
+			wctx, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			n, err := listener.Conn().WaitForNotification(wctx)
+			require.NoError(t, err, "the unlock notified nobody")
+			require.Equal(t, fmt.Sprint(ref.ID), n.Payload)
+		})
+	}
+}
+
+// The same for a heartbeat that makes the lease row after the release's
+// statement began (it waits here for a waiter's lock on the progress row,
+// which a heartbeat does not wait for): the lease row the heartbeat
+// renewed is unlocked, not left held for another lease.
+func TestReleaseMeetsTheLeaseRowAHeartbeatMadeWhileItWaited(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.NewMigratedSchema(t)
+	st, err := New(schema.Pool, &Config{Schema: schema.Name, Wait: WaitPoll})
+	require.NoError(t, err)
+	t.Cleanup(st.Close)
+	ref := holdKey(t, st, "k")
+
+	waiter, err := schema.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = waiter.Rollback(ctx) }()
+	_, err = waiter.Exec(ctx, `SELECT 1 FROM `+st.q.table+` WHERE scope = $1 AND id = $2 FOR SHARE`, ref.Scope, ref.ID)
+	require.NoError(t, err)
+
+	released := make(chan error, 1)
+	go func() { released <- st.Release(ctx, ref, "failed") }()
+	waitsForLock(t, schema, `last_error = left($3, 4000)`, st.q.table)
+	_, err = st.Heartbeat(ctx, ref, time.Hour, nil)
+	require.NoError(t, err, "the heartbeat makes the lease row")
+	require.NoError(t, waiter.Commit(ctx))
+	require.NoError(t, <-released)
+
+	rec, err := st.GetKey(ctx, ref.Scope, "k")
+	require.NoError(t, err)
+	require.Nil(t, rec.LockedAt, "the key was released: nobody holds it")
+}
+
+// waitsForLock returns once a statement containing text and the name of
+// table waits for a lock (msgAndArgs as require's).
+func waitsForLock(t *testing.T, schema *pgtest.Schema, text, table string, msgAndArgs ...any) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := schema.Pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND strpos(query, $2) > 0 AND strpos(query, $1) > 0)`, table, text).Scan(&waiting)
+		return err == nil && waiting
+	}, time.Minute, 5*time.Millisecond, msgAndArgs...)
+}
+
+// listenForWaiters is a connection that listens on the schema's channel,
+// released at the test's end.
+func listenForWaiters(t *testing.T, schema *pgtest.Schema) *pgxpool.Conn {
+	t.Helper()
+	listener, err := schema.Pool.Acquire(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(listener.Release)
+	_, err = listener.Exec(context.Background(), `LISTEN `+pgx.Identifier{Channel(schema.Name)}.Sanitize())
+	require.NoError(t, err)
+	return listener
+}
+
+// pendingMark marks ref as waited for in a transaction it leaves open
+// (rolled back at the test's end), so the key's progress row stays locked
+// FOR SHARE by a mark nobody has seen yet.
+func pendingMark(t *testing.T, st *Store, schema *pgtest.Schema, ref idemdriver.LockRef) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := schema.Pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	var over bool
+	var left float64
+	require.NoError(t, tx.QueryRow(ctx, st.q.waitMark, ref.ID, ref.Fence, ref.Scope).Scan(&over, &left))
+	require.False(t, over)
 	return tx
 }

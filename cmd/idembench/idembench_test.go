@@ -472,7 +472,7 @@ func TestProfileSection(t *testing.T) {
 	runner, ok := paths["runner, new key"]
 	require.True(t, ok, "%v", rep.Paths)
 	// A new key is acquired, and committed, on its own.
-	require.Equal(t, "acquisition", runner.Rows[0].Label)
+	require.Equal(t, "acquisition (insert or report)", runner.Rows[0].Label)
 	require.Equal(t, 1.0, runner.Rows[0].PerRequest)
 	require.Len(t, runner.Rows, 7, "the acquisition and two round trips per phase: %+v", runner.Rows)
 	require.Equal(t, "phase receipt_enqueued: guarded finish + COMMIT", runner.Rows[6].Label)
@@ -487,13 +487,15 @@ func TestProfileSection(t *testing.T) {
 	require.Positive(t, runner.Server)
 	out := renderProfile(rep)
 	require.Contains(t, out, "## 7. Where the time goes")
-	require.Contains(t, out, "| runner, new key | acquisition | 1 |")
+	require.Contains(t, out, "| runner, new key | acquisition (insert or report) | 1 |")
 }
 
 func TestDescribeTrip(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, "claim (INSERT ON CONFLICT)", describeTrip([]string{baseAcquireSQL}))
 	require.Equal(t, "acquisition", describeTrip([]string{"SELECT * FROM s.idem_acquire($1, $2)"}))
+	require.Equal(t, "acquisition (insert or report)", describeTrip([]string{"WITH clock AS (SELECT 1), ins AS (INSERT INTO s.idem_keys AS k VALUES (1)) SELECT 'created' AS acquired"}))
+	require.Equal(t, "acquisition (look up)", describeTrip([]string{"WITH clock AS (SELECT 1)\nSELECT 'none' AS acquired, c.t FROM s.idem_keys k"}))
 	require.Equal(t, "BEGIN + INSERT base_rides", describeTrip([]string{"begin", baseInsertRideSQL}))
 	require.Equal(t, "INSERT single_jobs + finish key (UPDATE) + COMMIT", describeTrip([]string{insertJobSQL("single"), singleFinishSQL, "commit"}))
 	require.Equal(t, "guarded finish", describeStatement("WITH guarded AS (\nUPDATE s.idem_keys\nSET status           = 'finished' WHERE id = $1) SELECT 1"))

@@ -210,6 +210,10 @@ func describeStatement(sql string) string {
 		return "guarded finish"
 	case strings.Contains(lower, "guarded as ("):
 		return "guarded phase update"
+	case strings.HasPrefix(lower, "with clock") && strings.Contains(lower, "ins as ("):
+		return "acquisition (insert or report)"
+	case strings.HasPrefix(lower, "with clock") && strings.Contains(lower, "'none' as acquired"):
+		return "acquisition (look up)"
 	case strings.HasPrefix(lower, "with clock") && strings.Contains(lower, "inserted as"),
 		strings.Contains(lower, "idem_acquire("):
 		return "acquisition"

@@ -76,6 +76,13 @@ $$;
 
 ALTER TABLE {{schema}}idem_keys
     DROP COLUMN generation,
+    DROP COLUMN holder_pid,
+    DROP COLUMN locked_at,
+    DROP COLUMN lease_expires_at,
+    DROP COLUMN holder_instance,
+    DROP COLUMN holder_host,
+    DROP COLUMN holder_boot,
+    ADD COLUMN request_id uuid NOT NULL DEFAULT gen_random_uuid(),
     ADD COLUMN downstream_scheme smallint NOT NULL DEFAULT 2;
 
 -- Version 3's lease table, empty: every key is finished.

@@ -15,7 +15,12 @@
 --    DELETE SET NULL); their foreign keys are moved onto it here;
 --  - one acquisition function, idem_acquire, which also names the lease's
 --    holder; the lease's holder and waiters (waited_at, notified when an
---    attempt ends) on the lease row.
+--    attempt ends) on the lease row;
+--  - one row per key for a request that needs no more: idem_keys carries the
+--    key's first lease, and its lease row is made only when something must
+--    write the lease. The table is rebuilt with its columns in the order of
+--    what writes them, and without request_id (random, per row, which no
+--    v0.2 derivation reads).
 --
 -- A key in flight cannot cross: its fingerprint and its downstream keys
 -- change. The migration refuses (SQLSTATE IDEM1, migrations.ErrRefused)
@@ -63,35 +68,151 @@ $$;
 -- is made anew with the scope.
 DROP TABLE {{schema}}idem_leases;
 
-ALTER TABLE {{schema}}idem_keys
-    DROP COLUMN downstream_scheme,
+-- idem_keys is made anew, its rows (all finished) copied: v0.2's row carries
+-- its first lease, and its columns are ordered for what writes them. An
+-- update's WAL record logs only the bytes between the longest unchanged
+-- prefix and suffix of the row, and a phase commit rewrites the last
+-- columns: fixed-width columns written once come first, then the immutable
+-- variable-width ones, then what the finish writes once, and last what every
+-- phase commit rewrites (a fixed-width column placed after a growing
+-- checkpoint would move with it and be logged again on every commit).
+--
+-- Business tables' foreign keys to idem_keys (id) are dropped and made again,
+-- the same, on the new table's unique id (idem_keys_id); the sequence goes on
+-- from the old table's, so no id is ever reused.
+DO $$
+DECLARE
+    fk record;
+    v_next bigint;
+BEGIN
+    CREATE TEMPORARY TABLE idem_business_fks (stmt text) ON COMMIT DROP;
+    FOR fk IN SELECT conrelid::regclass AS tbl, conname, pg_get_constraintdef(oid) AS def
+              FROM pg_catalog.pg_constraint
+              WHERE contype = 'f' AND confrelid = '{{schema}}idem_keys'::regclass
+                AND conparentid = 0 LOOP
+        INSERT INTO idem_business_fks VALUES (format('ALTER TABLE %s ADD CONSTRAINT %I %s', fk.tbl, fk.conname, fk.def));
+        EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', fk.tbl, fk.conname);
+    END LOOP;
+    EXECUTE format('SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END FROM %s',
+                   pg_get_serial_sequence('{{schema}}idem_keys', 'id')) INTO v_next;
+    CREATE TEMPORARY TABLE idem_next_id (v bigint) ON COMMIT DROP;
+    INSERT INTO idem_next_id VALUES (v_next);
+END
+$$;
+
+ALTER TABLE {{schema}}idem_keys RENAME TO idem_keys_v01;
+ALTER TABLE {{schema}}idem_keys_v01
+    RENAME CONSTRAINT idem_keys_pkey TO idem_keys_v01_pkey;
+ALTER TABLE {{schema}}idem_keys_v01
+    RENAME CONSTRAINT idem_keys_scope_key TO idem_keys_v01_scope_key;
+ALTER TABLE {{schema}}idem_keys_v01
+    RENAME CONSTRAINT idem_keys_finished_has_response TO idem_keys_v01_finished_has_response;
+ALTER TABLE {{schema}}idem_keys_v01
+    RENAME CONSTRAINT idem_keys_scope_check TO idem_keys_v01_scope_check;
+ALTER INDEX {{schema}}idem_keys_reap RENAME TO idem_keys_v01_reap;
+DO $$
+BEGIN
+    EXECUTE format('ALTER SEQUENCE %s RENAME TO idem_keys_v01_id_seq',
+                   pg_get_serial_sequence('{{schema}}idem_keys_v01', 'id'));
+END
+$$;
+ALTER INDEX {{schema}}idem_keys_unfinished RENAME TO idem_keys_v01_unfinished;
+
+CREATE TABLE {{schema}}idem_keys (
+    -- Fixed-width, written by the insert; fence and attempts also by the
+    -- rare statements that take a key over or unlock it.
+    id               bigint      GENERATED ALWAYS AS IDENTITY,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    fence            bigint      NOT NULL DEFAULT 1,
+    attempts         int         NOT NULL DEFAULT 1,
     -- generation counts the requests a (scope, key) carried while its rows
     -- were replaced: 0 for a key never seen, one more than the expired key's
     -- for a key that replaces one. Downstream keys hash it in when it is not
     -- 0, so a provider that still remembers the expired request's keys does
     -- not answer the new one with its result.
-    ADD COLUMN generation int NOT NULL DEFAULT 0,
+    generation       int         NOT NULL DEFAULT 0,
+    -- The key's first lease, taken by the insert that made the row. It holds
+    -- until a lease row (idem_leases) exists for the key, which then holds
+    -- the lease for good: the row is made only when something must write
+    -- the lease (a heartbeat, a foreign mark, a waiter's mark, a takeover,
+    -- an unlock), so that a request that needs none writes one row. A
+    -- release unlocks both.
+    holder_pid       int,
+    locked_at        timestamptz,
+    lease_expires_at timestamptz,
+
+    -- Variable-width, written by the insert.
+    scope            text        NOT NULL CHECK (char_length(scope) BETWEEN 1 AND 255),
+    key              {{schema}}idem_key NOT NULL,
+    flow             {{schema}}idem_flow NOT NULL,
+    method           {{schema}}idem_method NOT NULL,
+    path             {{schema}}idem_path NOT NULL,
+    fingerprint      bytea       NOT NULL,
+    params_key_id    text,
+    holder_instance  text,
+    holder_host      text,
+    holder_boot      text,
+    params           jsonb       NOT NULL,
+
+    -- Written once, by the phase that responds (NULL until then).
+    finished_at      timestamptz,
+    expires_at       timestamptz,
+    response_status  int,
+    response_key_id  text,
+    response_headers jsonb,
+    response_body    bytea,
+    last_error       text,
+    -- Written by every phase commit, but changed only by the finish (or a
+    -- reconcile run's first commit): unchanged, it is in the prefix an
+    -- advance's WAL record leaves out.
+    status           {{schema}}idem_status NOT NULL DEFAULT 'running',
+
+    -- Rewritten by every phase commit.
+    last_run_at      timestamptz NOT NULL DEFAULT now(),
+    recovery_point   {{schema}}idem_recovery_point NOT NULL DEFAULT 'started',
+    checkpoint       jsonb       NOT NULL DEFAULT '{}',
+
+    CONSTRAINT idem_keys_finished_has_response
+        CHECK (status <> 'finished' OR (response_status IS NOT NULL AND expires_at IS NOT NULL))
+)
+-- Every phase commit updates its key's row. Free room on the page lets
+-- those updates be HOT (no index touched), provided they change no indexed
+-- column: no index below covers a column a phase's advance writes.
+WITH (fillfactor = 80);
+
+INSERT INTO {{schema}}idem_keys (id, created_at, fence, attempts, scope, key, flow, method, path,
+    fingerprint, params_key_id, params, finished_at, expires_at, response_status, response_key_id,
+    response_headers, response_body, last_error, last_run_at, status, recovery_point, checkpoint)
+OVERRIDING SYSTEM VALUE
+SELECT id, created_at, fence, attempts, scope, key, flow, method, path,
+    fingerprint, params_key_id, params, finished_at, expires_at, response_status, response_key_id,
+    response_headers, response_body, last_error, last_run_at, status, recovery_point, checkpoint
+FROM {{schema}}idem_keys_v01;
+
+DROP TABLE {{schema}}idem_keys_v01;
+
+SELECT setval(pg_get_serial_sequence('{{schema}}idem_keys', 'id'), v, false) FROM idem_next_id;
+
+-- The primary key leads with the scope, the distribution column on Citus;
+-- idem_keys_id is what business tables reference (plain PostgreSQL only).
+ALTER TABLE {{schema}}idem_keys
+    ADD CONSTRAINT idem_keys_pkey PRIMARY KEY (scope, id),
+    ADD CONSTRAINT idem_keys_scope_key UNIQUE (scope, key),
     ADD CONSTRAINT idem_keys_id UNIQUE (id);
 
--- The primary key becomes (scope, id). Business tables' foreign keys to
--- idem_keys (id) depend on its index: each is dropped and made again, the
--- same, on idem_keys_id.
+-- The reaper walks finished rows by expiry; unfinished rows are never reaped.
+CREATE INDEX idem_keys_reap ON {{schema}}idem_keys (expires_at) WHERE status = 'finished';
+
+-- The completer, the reconcile runs and the backlog look only at the (few)
+-- unfinished rows. Indexed by id, not by last_run_at, which every phase
+-- commit writes.
+CREATE INDEX idem_keys_unfinished ON {{schema}}idem_keys (id) WHERE status <> 'finished';
+
 DO $$
 DECLARE
-    fk record;
-    again text[] := '{}';
     stmt text;
 BEGIN
-    FOR fk IN SELECT conrelid::regclass AS tbl, conname, pg_get_constraintdef(oid) AS def
-              FROM pg_catalog.pg_constraint
-              WHERE contype = 'f' AND confrelid = '{{schema}}idem_keys'::regclass
-                AND conparentid = 0 LOOP
-        again := again || format('ALTER TABLE %s ADD CONSTRAINT %I %s', fk.tbl, fk.conname, fk.def);
-        EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', fk.tbl, fk.conname);
-    END LOOP;
-    ALTER TABLE {{schema}}idem_keys DROP CONSTRAINT idem_keys_pkey;
-    ALTER TABLE {{schema}}idem_keys ADD CONSTRAINT idem_keys_pkey PRIMARY KEY (scope, id);
-    FOREACH stmt IN ARRAY again LOOP
+    FOR stmt IN SELECT f.stmt FROM idem_business_fks f LOOP
         EXECUTE stmt;
     END LOOP;
 END
@@ -105,6 +226,16 @@ $$;
 -- under the same instance name takes over its predecessor's keys at once.
 -- waited_at is when a process first waited for the key (NULL: never): only
 -- then does the end of its attempt notify.
+--
+-- A key's lease row is made when something first writes its lease: a
+-- heartbeat, a foreign mark, a waiter's mark, a takeover, an unlock
+-- (pgstore's statements, each an upsert guarded by the key's fence that
+-- reads the progress row without writing it). Until then the key row's
+-- first lease (locked_at, lease_expires_at, holder_*) is the lease; from then
+-- on, the lease row is, and every reader of the lease reads it first. A
+-- statement that decides nobody holds a key decides it on the lease row's
+-- newest version (an upsert's conflict, or a locking read), never on a
+-- snapshot that may predate the lease row.
 CREATE TABLE {{schema}}idem_leases (
     scope              text        NOT NULL,
     key_id             bigint      NOT NULL,
@@ -155,9 +286,10 @@ $idem_acquire$;
 --  - reports it if it is live. A finished key past its expiry is absent,
 --    whether or not the reaper has run, and is never replayed;
 --  - otherwise, unless p_no_create, deletes the expired key (its lease row
---    goes with it, ON DELETE CASCADE) and inserts the key and its lease row,
---    locked, one generation on from the expired key it replaces (0 for a key
---    never seen). ON CONFLICT DO NOTHING turns a concurrent insert of the
+--    goes with it, ON DELETE CASCADE) and inserts the key, locked by its
+--    first lease on the row itself (no lease row: see idem_keys), one
+--    generation on from the expired key it replaces (0 for a key never
+--    seen). ON CONFLICT DO NOTHING turns a concurrent insert of the
 --    same key into "nothing inserted" instead of a unique violation that
 --    would abort the caller; the loop then reads the winner's key.
 --
@@ -188,7 +320,7 @@ CREATE FUNCTION {{schema}}idem_acquire(
     p_holder_instance text, p_holder_host text, p_holder_pid int, p_holder_boot text)
 RETURNS TABLE (
     acquired text, db_now timestamptz,
-    id bigint, request_id text, scope text, key text, flow text, method text, path text,
+    id bigint, scope text, key text, flow text, method text, path text,
     fingerprint bytea, params jsonb, status text, recovery_point text, checkpoint jsonb,
     foreign_mark text, locked_at timestamptz, lease_expires_at timestamptz, fence bigint,
     response_status int, response_headers jsonb, response_body bytea, attempts int, last_error text,
@@ -229,18 +361,16 @@ BEGIN
         END IF;
 
         INSERT INTO {{schema}}idem_keys AS t
-            (scope, key, flow, method, path, fingerprint, params, created_at, last_run_at, params_key_id, generation)
+            (scope, key, flow, method, path, fingerprint, params, created_at, last_run_at, params_key_id, generation,
+             locked_at, lease_expires_at, holder_instance, holder_host, holder_pid, holder_boot)
         VALUES (p_scope, p_key, p_flow, p_method, p_path, p_fingerprint, p_params::jsonb, v_now, v_now,
-                nullif(p_params_key_id, ''), v_generation)
+                nullif(p_params_key_id, ''), v_generation,
+                v_now, v_now + p_lease * interval '1 microsecond',
+                nullif(p_holder_instance, ''), nullif(p_holder_host, ''), nullif(p_holder_pid, 0),
+                nullif(p_holder_boot, ''))
         ON CONFLICT ON CONSTRAINT idem_keys_scope_key DO NOTHING
         RETURNING * INTO k;
         IF FOUND THEN
-            INSERT INTO {{schema}}idem_leases AS t (scope, key_id, fence, locked_at, lease_expires_at,
-                holder_instance, holder_host, holder_pid, holder_boot, holder_fence)
-            VALUES (p_scope, k.id, k.fence, v_now, v_now + p_lease * interval '1 microsecond',
-                nullif(p_holder_instance, ''), nullif(p_holder_host, ''), nullif(p_holder_pid, 0),
-                nullif(p_holder_boot, ''), k.fence)
-            RETURNING * INTO l;
             v_acquired := 'created';
             EXIT;
         END IF;
@@ -256,23 +386,29 @@ BEGIN
 
     -- pgstore's recordColumns over k and l, except for a finished key's
     -- params and checkpoint. Columns of domain types (migration 0006) are
-    -- cast to text: RETURN QUERY needs the declared types exactly.
+    -- cast to text: RETURN QUERY needs the declared types exactly. The lease
+    -- is the lease row's, or the key row's first lease while it has none.
     RETURN QUERY SELECT v_acquired, v_now,
-        k.id, k.request_id::text, k.scope, k.key::text, k.flow::text, k.method::text, k.path::text,
+        k.id, k.scope, k.key::text, k.flow::text, k.method::text, k.path::text,
         k.fingerprint, CASE WHEN k.status <> 'finished' THEN k.params END,
         k.status::text, k.recovery_point::text, CASE WHEN k.status <> 'finished' THEN k.checkpoint END,
         CASE WHEN k.status <> 'finished' AND l.foreign_mark_after = k.recovery_point
              THEN coalesce(l.foreign_mark, '') ELSE '' END,
-        CASE WHEN k.status <> 'finished' THEN l.locked_at END,
-        CASE WHEN k.status <> 'finished' THEN l.lease_expires_at END, k.fence,
+        CASE WHEN k.status = 'finished' THEN NULL WHEN l.key_id IS NULL THEN k.locked_at ELSE l.locked_at END,
+        CASE WHEN k.status = 'finished' THEN NULL WHEN l.key_id IS NULL THEN k.lease_expires_at ELSE l.lease_expires_at END,
+        k.fence,
         coalesce(k.response_status, 0), coalesce(k.response_headers, '{}'),
         k.response_body, k.attempts, coalesce(k.last_error, ''),
         k.created_at, k.last_run_at, k.finished_at, k.expires_at,
         coalesce(k.params_key_id, ''), coalesce(k.response_key_id, ''), k.generation,
-        CASE WHEN k.status <> 'finished' AND l.holder_fence = l.fence THEN coalesce(l.holder_instance, '') ELSE '' END,
-        CASE WHEN k.status <> 'finished' AND l.holder_fence = l.fence THEN coalesce(l.holder_host, '') ELSE '' END,
-        CASE WHEN k.status <> 'finished' AND l.holder_fence = l.fence THEN coalesce(l.holder_pid, 0) ELSE 0 END,
-        CASE WHEN k.status <> 'finished' AND l.holder_fence = l.fence THEN coalesce(l.holder_boot, '') ELSE '' END;
+        CASE WHEN k.status = 'finished' THEN '' WHEN l.key_id IS NULL THEN coalesce(k.holder_instance, '')
+             WHEN l.holder_fence = l.fence THEN coalesce(l.holder_instance, '') ELSE '' END,
+        CASE WHEN k.status = 'finished' THEN '' WHEN l.key_id IS NULL THEN coalesce(k.holder_host, '')
+             WHEN l.holder_fence = l.fence THEN coalesce(l.holder_host, '') ELSE '' END,
+        CASE WHEN k.status = 'finished' THEN 0 WHEN l.key_id IS NULL THEN coalesce(k.holder_pid, 0)
+             WHEN l.holder_fence = l.fence THEN coalesce(l.holder_pid, 0) ELSE 0 END,
+        CASE WHEN k.status = 'finished' THEN '' WHEN l.key_id IS NULL THEN coalesce(k.holder_boot, '')
+             WHEN l.holder_fence = l.fence THEN coalesce(l.holder_boot, '') ELSE '' END;
 END
 $idem_acquire$;
 
