@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/testfixture"
 )
 
@@ -22,10 +23,10 @@ func TestReapEndsAbandonedKeys(t *testing.T) {
 	ctx := context.Background()
 	now := b.clock.Now()
 	// Keys created 25 hours ago.
-	b.insertKeys(t, "stale", 5, idem.KeyStateStale, now)
-	b.insertKeys(t, "running", 3, idem.KeyStateRunning, now) // leases live for another hour
-	b.insertKeys(t, "reconcile", 2, idem.KeyStateNeedsReconcile, now)
-	b.insertKeys(t, "live", 2, idem.KeyStateFinished, now)
+	b.insertKeys(t, "stale", 5, idemtype.KeyStateStale, now)
+	b.insertKeys(t, "running", 3, idemtype.KeyStateRunning, now) // leases live for another hour
+	b.insertKeys(t, "reconcile", 2, idemtype.KeyStateNeedsReconcile, now)
+	b.insertKeys(t, "live", 2, idemtype.KeyStateFinished, now)
 	_, err := b.pool.Exec(ctx, `INSERT INTO rides (key_id, origin) SELECT id, key FROM idem_keys`)
 	require.NoError(t, err)
 	count := func() map[string]int {
@@ -62,7 +63,7 @@ func TestReapEndsAbandonedKeys(t *testing.T) {
 	require.Equal(t, map[string]int{"stale": 0, "running": 0, "reconcile": 2, "live": 0}, count())
 
 	// A negative AbandonAfter keeps keys forever.
-	b.insertKeys(t, "kept", 2, idem.KeyStateStale, b.clock.Now().Add(-30*24*time.Hour))
+	b.insertKeys(t, "kept", 2, idemtype.KeyStateStale, b.clock.Now().Add(-30*24*time.Hour))
 	res, err = b.runner(t, &idem.Config{AbandonAfter: -1}).Reap(ctx, nil)
 	require.NoError(t, err)
 	require.Zero(t, res.Abandoned)

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // A body is a phase-like body: a phase's Do, or a reconcile hook speaking for
@@ -92,7 +93,7 @@ func (r *Runner) attemptBody(ctx context.Context, h *held, b body, iso pgx.TxIso
 		return res, r.classify(ctx, h, tx, err)
 	}
 
-	if cp.Status == StatusFinished {
+	if cp.Status == idemtype.StatusFinished {
 		h.lettingGo.Store(true)
 	}
 	// The commit does not depend on the caller staying: a phase whose body
@@ -115,7 +116,7 @@ func (r *Runner) attemptBody(ctx context.Context, h *held, b body, iso pgx.TxIso
 		}
 	}
 	h.committed(cp)
-	if cp.RecoveryPoint != h.phaseName() && cp.Status != StatusFinished {
+	if cp.RecoveryPoint != h.phaseName() && cp.Status != idemtype.StatusFinished {
 		// A reconcile verdict of not done: it cleared the mark and left the
 		// recovery point where it was; the phase itself has not committed.
 		return res, nil
@@ -189,7 +190,7 @@ func (r *Runner) commitLanded(ctx context.Context, h *held, cp *idemdriver.Commi
 // the request's retry resumes.
 func (r *Runner) afterWrites(h *held, err error) error {
 	if errors.Is(err, ErrInvalidRequest) && !errors.Is(err, ErrPhaseFailed) &&
-		(h.rec.RecoveryPoint != RecoveryPointStarted || h.foreignBy != "") {
+		(h.rec.RecoveryPoint != idemtype.RecoveryPointStarted || h.foreignBy != "") {
 		return fmt.Errorf("%w: phase %q: %w", ErrPhaseFailed, h.phaseName(), err)
 	}
 	return err

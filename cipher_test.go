@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/migrations"
 	"github.com/go-idem/idem/pgstore"
 )
@@ -125,10 +126,10 @@ func TestCipherSealsParamsAndResponseAtRest(t *testing.T) {
 	require.ErrorIs(t, err, pgstore.ErrCannotOpen)
 
 	// Listing needs no key unless it reveals the payload.
-	list, err := noKeys.ListKeys(ctx, idem.KeyQuery{AllScopes: true})
+	list, err := noKeys.ListKeys(ctx, idemtype.KeyQuery{AllScopes: true})
 	require.NoError(t, err)
 	require.Len(t, list.Keys, 3)
-	_, err = noKeys.ListKeys(ctx, idem.KeyQuery{AllScopes: true, Reveal: true})
+	_, err = noKeys.ListKeys(ctx, idemtype.KeyQuery{AllScopes: true, Reveal: true})
 	require.ErrorIs(t, err, pgstore.ErrCannotOpen)
 	res, err := noKeys.UnlockKey(ctx, "user:1", "sealed", "")
 	require.NoError(t, err, "an operator unlocks without the keyring")
@@ -178,7 +179,7 @@ func TestCompleterResumesASealedKey(t *testing.T) {
 	require.Equal(t, &idem.CompleteResult{Claimed: 1, Completed: 1}, res)
 	rec, err := st.GetKey(ctx, "user:1", "k1")
 	require.NoError(t, err)
-	require.Equal(t, idem.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StatusFinished, rec.Status)
 	require.Equal(t, 1, b.countRows(t, "rides WHERE origin = 'Secret St'"))
 }
 
@@ -226,7 +227,7 @@ func TestAKeyThatCannotBeOpenedIsNotLeftLocked(t *testing.T) {
 	rec, err := k1.GetKey(ctx, "user:1", "k1")
 	require.NoError(t, err)
 	require.Nil(t, rec.LockedAt, "the claim was let go")
-	require.Equal(t, idem.StatusNeedsReconcile, rec.Status)
+	require.Equal(t, idemtype.StatusNeedsReconcile, rec.Status)
 	require.Contains(t, rec.LastError, "cannot open")
 	_, err = r.Reconcile(ctx, "user:1", "k1")
 	require.ErrorIs(t, err, pgstore.ErrCannotOpen, "still the clear error, not in progress")

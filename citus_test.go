@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 	"github.com/go-idem/idem/internal/testfixture"
 	"github.com/go-idem/idem/migrations"
@@ -78,7 +79,7 @@ func TestCitusNewKeyReplayMismatchInProgress(t *testing.T) {
 	require.Equal(t, idem.OutcomeExecuted, first.Kind)
 	require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "receipt_enqueued": 1}, b.counts.Get())
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StatusFinished, rec.Status)
 	require.Equal(t, b.clock.Now().Add(24*time.Hour), rec.ExpiresAt.UTC())
 
 	again, err := b.runner(t, nil).Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
@@ -227,7 +228,7 @@ func TestCitusMaintenance(t *testing.T) {
 	res, err := completer.Complete(ctx, &idem.CompleteConfig{IdleFor: 5 * time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, &idem.CompleteResult{Claimed: 1, Completed: 1}, res)
-	require.Equal(t, idem.StatusFinished, b.key(t, "k1").Status)
+	require.Equal(t, idemtype.StatusFinished, b.key(t, "k1").Status)
 	require.Equal(t, 1, b.provider.Charges(), "exactly one charge")
 	out, err := b.runner(t, nil).Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
@@ -240,7 +241,7 @@ func TestCitusMaintenance(t *testing.T) {
 	req.Scope = "user:2"
 	_, err = crashing.Execute(ctx, b.flow, req)
 	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
-	list, err := b.runner(t, nil).ListKeys(ctx, idem.KeyQuery{AllScopes: true, Limit: 10})
+	list, err := b.runner(t, nil).ListKeys(ctx, idemtype.KeyQuery{AllScopes: true, Limit: 10})
 	require.NoError(t, err)
 	require.Len(t, list.Keys, 2)
 	backlog, err := b.runner(t, nil).Backlog(ctx)
@@ -287,7 +288,7 @@ func TestCitusReconcileAllResolvesIdleKeys(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, &idem.ReconcileResult{Claimed: 3, Resolved: 3}, res)
 	for _, key := range keys {
-		require.Equal(t, idem.StatusFinished, b.key(t, key).Status, key)
+		require.Equal(t, idemtype.StatusFinished, b.key(t, key).Status, key)
 		require.Equal(t, 1, b.gateway.times(b.ref(t, key)), key)
 	}
 	t.Logf("reconcile: %+v", res)

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/go-idem/idem/idemtype"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -207,7 +208,7 @@ type HookPoint struct {
 	Phase   string
 	Attempt int
 	// Key is the key as the runner knows it at that point.
-	Key *KeyRecord
+	Key *idemtype.KeyRecord
 	// ForeignKind is the phase's declared Phase.Foreign, so a test can tell
 	// a not-idempotent call (which must never run twice) from one the
 	// provider deduplicates.

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // swallowingFlow's charge phase turns every error of its foreign call into
@@ -63,7 +64,7 @@ func TestASimulatedCrashCommitsNothingWhateverThePhaseReturns(t *testing.T) {
 	require.Empty(t, afterCrash, "a dead worker reaches no later point")
 
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusRunning, rec.Status)
+	require.Equal(t, idemtype.StatusRunning, rec.Status)
 	require.Equal(t, "created", rec.RecoveryPoint, "the phase that got the crash from Foreign committed nothing")
 	require.NotNil(t, rec.LockedAt, "a dead worker releases nothing")
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -97,7 +98,7 @@ func (r *Runner) commitFor(h *held, res Result) *idemdriver.CommitParams {
 		Flow:            h.rec.Flow,
 		Generation:      h.rec.Generation,
 		RecoveryPoint:   h.phaseName(),
-		Status:          StatusRunning,
+		Status:          idemtype.StatusRunning,
 		CheckpointPatch: h.patch,
 		Retention:       r.config.Retention,
 		Now:             r.now(),
@@ -106,7 +107,7 @@ func (r *Runner) commitFor(h *held, res Result) *idemdriver.CommitParams {
 		cp.Retention = h.flow.retentionOr(cp.Retention)
 	}
 	if res.Responds() {
-		cp.RecoveryPoint, cp.Status, cp.Response = RecoveryPointFinished, StatusFinished, res.response
+		cp.RecoveryPoint, cp.Status, cp.Response = idemtype.RecoveryPointFinished, idemtype.StatusFinished, res.response
 	}
 	return cp
 }

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // Sentinel errors. Callers branch with errors.Is. An error may wrap more than
@@ -16,7 +16,7 @@ var (
 	// ErrInvalidRequest: the request itself is unusable (empty scope, a key
 	// that is not 1-255 printable ASCII characters, params that do not decode
 	// into the flow's input). Nothing was written.
-	ErrInvalidRequest = idemdriver.ErrInvalidRequest
+	ErrInvalidRequest = idemtype.ErrInvalidRequest
 
 	// ErrInvalidParams: the params do not decode into the flow's input, are
 	// JSON that Fingerprint refuses, or hold what the key store cannot keep
@@ -41,11 +41,11 @@ var (
 	// ErrLockLost: the lease was taken over (or the key force-unlocked) while
 	// this worker ran; its uncommitted phase was rolled back. Another worker
 	// owns the request now.
-	ErrLockLost = idemdriver.ErrLockLost
+	ErrLockLost = idemtype.ErrLockLost
 
 	// ErrStoreUnavailable: the database could not be reached. When it happens
 	// before acquisition no phase ran (fail closed).
-	ErrStoreUnavailable = idemdriver.ErrStoreUnavailable
+	ErrStoreUnavailable = idemtype.ErrStoreUnavailable
 
 	// ErrPhaseFailed: a phase returned an error or panicked. Its transaction
 	// rolled back, the lock was released and no response was stored, so a
@@ -59,7 +59,7 @@ var (
 
 	// ErrSerialization is what a store maps serialization failures and
 	// deadlocks to; the runner retries phases that fail with it.
-	ErrSerialization = idemdriver.ErrSerialization
+	ErrSerialization = idemtype.ErrSerialization
 
 	// ErrSecondForeignCall: a phase called Attempt.Foreign twice. A phase may
 	// make at most one foreign call, so that a crash between two calls can
@@ -98,12 +98,12 @@ var (
 	ErrUndecodableParams = errors.New("idem: the params stored with the key do not decode into the flow's input")
 
 	// ErrNotFound: no key with that scope and key exists.
-	ErrNotFound = idemdriver.ErrNotFound
+	ErrNotFound = idemtype.ErrNotFound
 
 	// ErrPhaseOwnsTx is what Commit and Rollback of [Attempt.PgxTx] return:
 	// only the runner ends a phase's transaction, together with the key's
 	// recovery point.
-	ErrPhaseOwnsTx = idemdriver.ErrPhaseOwnsTx
+	ErrPhaseOwnsTx = idemtype.ErrPhaseOwnsTx
 
 	// ErrSimulatedCrash is returned by a Config.Test.Hook to make the runner
 	// behave as if its process died at that point: the open transaction is

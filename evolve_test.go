@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/testfixture"
 )
 
@@ -266,7 +267,7 @@ func TestFormerAndRetiredNamesAreChecked(t *testing.T) {
 	}
 	// A retired phase may stand for a former name, or for the start.
 	_, err := idem.NewFlow("f", []idem.Phase[evolveInput]{b.charge("a", "old_a"), b.respond("c")},
-		&idem.FlowConfig[evolveInput]{RetiredPhases: map[string]string{"x": "old_a", "y": idem.RecoveryPointStarted}})
+		&idem.FlowConfig[evolveInput]{RetiredPhases: map[string]string{"x": "old_a", "y": idemtype.RecoveryPointStarted}})
 	require.NoError(t, err)
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 	"github.com/go-idem/idem/internal/testfixture"
 	"github.com/go-idem/idem/migrations"
@@ -173,7 +174,7 @@ func TestFailoverRunnerAndMaintainerCarryOn(t *testing.T) {
 	lease := runner.Config().Lease
 	for _, key := range []string{"in-flight", "abandoned"} {
 		rec := b.key(t, key)
-		require.Equal(t, idem.StatusRunning, rec.Status, key)
+		require.Equal(t, idemtype.StatusRunning, rec.Status, key)
 		require.True(t, b.clock.Now().Add(lease).Equal(*rec.LeaseExpiresAt), "%s: lease until %s", key, rec.LeaseExpiresAt)
 	}
 	out, err := execute(ctx, "in-flight")
@@ -193,7 +194,7 @@ func TestFailoverRunnerAndMaintainerCarryOn(t *testing.T) {
 	events.waitFor(ctx, t, "the completer finishes the abandoned request", func(l *eventLog) bool {
 		return l.completed["abandoned"] > 0
 	})
-	require.Equal(t, idem.StatusFinished, b.key(t, "abandoned").Status)
+	require.Equal(t, idemtype.StatusFinished, b.key(t, "abandoned").Status)
 
 	// And its reaper deletes every key once their retention is over.
 	b.clock.Advance(runner.Config().Retention + time.Second)

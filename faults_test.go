@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -208,7 +209,7 @@ func TestLostAckOfFinalCommitReportsTheResponse(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.Equal(t, http.StatusCreated, out.Response.Status)
-	require.Equal(t, idem.StatusFinished, b.key(t, "k1").Status)
+	require.Equal(t, idemtype.StatusFinished, b.key(t, "k1").Status)
 }
 
 // The first answer is exactly what every replay gets: headers that are never
@@ -317,7 +318,7 @@ func TestPhaseThatCommitsThroughItsConnectionFails(t *testing.T) {
 	out, err := r.Execute(context.Background(), flow, b.request("k1", rideInput{Origin: "SF"}))
 	require.ErrorIs(t, err, pgstore.ErrPhaseEndedTx)
 	require.Equal(t, idem.OutcomeFailed, out.Kind)
-	require.Equal(t, idem.RecoveryPointStarted, b.key(t, "k1").RecoveryPoint, "no recovery point without the phase's transaction")
+	require.Equal(t, idemtype.RecoveryPointStarted, b.key(t, "k1").RecoveryPoint, "no recovery point without the phase's transaction")
 }
 
 // Input the database refuses in a later phase is a phase failure, not "bad

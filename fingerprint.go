@@ -22,7 +22,7 @@ const MinFingerprintKeyLength = 32
 // numbers do not change it, any change of value does). The decoded input
 // type plays no part in it, so a deploy that changes the flow's input type
 // does not change it. (v0.1.0's fingerprints, over the decoded input, were
-// 32 bytes without a scheme byte; see idemdriver.KeyRecord.FromV01.)
+// 32 bytes without a scheme byte; see idemtype.KeyRecord.FromV01.)
 //
 // The encoding is unambiguous: a flow name has no 0x00, and the target ends
 // at the first 0x00 after it (a request target has no 0x00 either).

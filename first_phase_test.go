@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // A new key commits on its own before its first phase: a worker that dies
@@ -36,7 +37,7 @@ func TestNewKeyCommitsBeforeItsFirstPhase(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
 	require.Equal(t, 1, created)
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.RecoveryPointStarted, rec.RecoveryPoint, "the key committed before the phase")
+	require.Equal(t, idemtype.RecoveryPointStarted, rec.RecoveryPoint, "the key committed before the phase")
 	require.NotNil(t, rec.LockedAt, "a crash releases nothing")
 	require.Zero(t, b.countRows(t, "rides"), "the phase's writes rolled back")
 
@@ -69,7 +70,7 @@ func TestDuplicateDuringTheFirstPhase(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrInProgress)
 	require.Equal(t, idem.OutcomeInProgress, out.Kind)
 	require.NotNil(t, out.Record, "the key is committed and shows")
-	require.Equal(t, idem.RecoveryPointStarted, out.Record.RecoveryPoint)
+	require.Equal(t, idemtype.RecoveryPointStarted, out.Record.RecoveryPoint)
 	require.GreaterOrEqual(t, out.RetryAfter, time.Second)
 	other := b.request("k1", rideInput{Origin: "LA", Amount: 20})
 	out, err = r.Execute(dctx, b.flow, other)
@@ -154,8 +155,8 @@ func TestFailedFirstPhaseIsRecordedOnItsKey(t *testing.T) {
 	_, err := b.runner(t, nil).Execute(ctx, b.flow, req)
 	require.ErrorContains(t, err, "the fraud check is down")
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusRunning, rec.Status)
-	require.Equal(t, idem.RecoveryPointStarted, rec.RecoveryPoint)
+	require.Equal(t, idemtype.StatusRunning, rec.Status)
+	require.Equal(t, idemtype.RecoveryPointStarted, rec.RecoveryPoint)
 	require.Nil(t, rec.LockedAt, "released")
 	require.Contains(t, rec.LastError, "the fraud check is down")
 	require.Equal(t, int64(1), rec.Fence)

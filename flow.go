@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/go-idem/idem/idemtype"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -110,7 +111,7 @@ func NewFlow[In any](name string, phases []Phase[In], config *FlowConfig[In]) (*
 		switch {
 		case !phaseNamePattern.MatchString(p.Name):
 			return nil, fmt.Errorf("idem: flow %q phase %d: name %q: use lowercase letters, digits and _ starting with a letter, at most 64", name, i, p.Name)
-		case p.Name == RecoveryPointStarted || p.Name == RecoveryPointFinished:
+		case p.Name == idemtype.RecoveryPointStarted || p.Name == idemtype.RecoveryPointFinished:
 			return nil, fmt.Errorf("idem: flow %q: %q is a reserved recovery point, not a phase name", name, p.Name)
 		case p.Do == nil:
 			return nil, fmt.Errorf("idem: flow %q phase %q has no Do function", name, p.Name)
@@ -146,13 +147,13 @@ func NewFlow[In any](name string, phases []Phase[In], config *FlowConfig[In]) (*
 		if err := f.checkNewName(retired); err != nil {
 			return nil, fmt.Errorf("idem: flow %q: retired phase: %w", name, err)
 		}
-		next, ok := 0, point == RecoveryPointStarted
+		next, ok := 0, point == idemtype.RecoveryPointStarted
 		if i, known := f.index[point]; known {
 			next, ok = i+1, true
 		}
 		switch {
 		case !ok:
-			return nil, fmt.Errorf("idem: flow %q: retired phase %q stands for %q, which is neither %q nor a phase of the flow", name, retired, point, RecoveryPointStarted)
+			return nil, fmt.Errorf("idem: flow %q: retired phase %q stands for %q, which is neither %q nor a phase of the flow", name, retired, point, idemtype.RecoveryPointStarted)
 		case next >= len(f.phases):
 			return nil, fmt.Errorf("idem: flow %q: retired phase %q stands for %q, the last phase: nothing would be left to run", name, retired, point)
 		}
@@ -167,7 +168,7 @@ func (f *Flow[In]) checkNewName(n string) error {
 	switch _, taken := f.index[n]; {
 	case !phaseNamePattern.MatchString(n):
 		return fmt.Errorf("name %q: use lowercase letters, digits and _ starting with a letter, at most 64", n)
-	case n == RecoveryPointStarted || n == RecoveryPointFinished:
+	case n == idemtype.RecoveryPointStarted || n == idemtype.RecoveryPointFinished:
 		return fmt.Errorf("%q is a reserved recovery point", n)
 	case taken:
 		return fmt.Errorf("%q is already a name or former name of phase %q", n, f.names[f.index[n]])
@@ -300,7 +301,7 @@ func (f *Flow[In]) CurrentName(name string) (string, bool) {
 }
 
 func (f *Flow[In]) resumeAt(recoveryPoint string) (int, bool) {
-	if recoveryPoint == RecoveryPointStarted {
+	if recoveryPoint == idemtype.RecoveryPointStarted {
 		return 0, true
 	}
 	if i, ok := f.index[recoveryPoint]; ok {
@@ -350,7 +351,7 @@ func (f *Flow[In]) namesOf(i int) []string {
 }
 
 func (f *Flow[In]) recoveryPoints() []string {
-	points := []string{RecoveryPointStarted}
+	points := []string{idemtype.RecoveryPointStarted}
 	// Not the last phase: it responds, and its key is finished; nor one
 	// the next phase joins: their commit records the later one.
 	for i, p := range f.phases[:len(f.phases)-1] {

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // retryProvider answers each call with the next of its errors (nil once
@@ -71,23 +72,23 @@ func TestForeignRetrying(t *testing.T) {
 		timeout time.Duration
 		calls   int
 		want    error // nil: the request succeeds
-		status  idem.Status
+		status  idemtype.Status
 	}{
 		{name: "idempotent, transient twice", kind: idem.ForeignIdempotent, policy: fast,
-			errs: []error{transient, transient}, calls: 3, status: idem.StatusFinished},
+			errs: []error{transient, transient}, calls: 3, status: idemtype.StatusFinished},
 		{name: "idempotent, tries run out", kind: idem.ForeignIdempotent, policy: fast,
-			errs: []error{transient, transient, transient, transient}, calls: 3, want: idem.ErrPhaseFailed, status: idem.StatusRunning},
+			errs: []error{transient, transient, transient, transient}, calls: 3, want: idem.ErrPhaseFailed, status: idemtype.StatusRunning},
 		{name: "idempotent, not retryable", kind: idem.ForeignIdempotent,
 			policy: idem.ForeignRetry{Attempts: 3, Backoff: time.Millisecond, Retryable: func(err error) bool { return !errors.Is(err, transient) }},
-			errs:   []error{transient}, calls: 1, want: idem.ErrPhaseFailed, status: idem.StatusRunning},
+			errs:   []error{transient}, calls: 1, want: idem.ErrPhaseFailed, status: idemtype.StatusRunning},
 		{name: "not idempotent, not sent", kind: idem.ForeignNotIdempotent, policy: fast,
-			errs: []error{idem.NotSent(transient), idem.NotSent(transient)}, calls: 3, status: idem.StatusFinished},
+			errs: []error{idem.NotSent(transient), idem.NotSent(transient)}, calls: 3, status: idemtype.StatusFinished},
 		{name: "not idempotent, in doubt", kind: idem.ForeignNotIdempotent, policy: fast,
-			errs: []error{transient}, calls: 1, want: idem.ErrNeedsReconcile, status: idem.StatusNeedsReconcile},
+			errs: []error{transient}, calls: 1, want: idem.ErrNeedsReconcile, status: idemtype.StatusNeedsReconcile},
 		{name: "not idempotent, not sent then in doubt", kind: idem.ForeignNotIdempotent, policy: fast,
-			errs: []error{idem.NotSent(transient), transient}, calls: 2, want: idem.ErrNeedsReconcile, status: idem.StatusNeedsReconcile},
+			errs: []error{idem.NotSent(transient), transient}, calls: 2, want: idem.ErrNeedsReconcile, status: idemtype.StatusNeedsReconcile},
 		{name: "no try past the deadline", kind: idem.ForeignIdempotent, policy: idem.ForeignRetry{Attempts: 3, Backoff: time.Hour},
-			errs: []error{transient}, timeout: time.Minute, calls: 1, want: idem.ErrPhaseFailed, status: idem.StatusRunning},
+			errs: []error{transient}, timeout: time.Minute, calls: 1, want: idem.ErrPhaseFailed, status: idemtype.StatusRunning},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // held is the runner's state for a key this worker holds the lock on, shared
@@ -18,7 +19,7 @@ import (
 type held struct {
 	runner *Runner
 	flow   AnyFlow
-	rec    *KeyRecord
+	rec    *idemtype.KeyRecord
 	ref    idemdriver.LockRef
 	input  any
 	// tookOver: this call resumed a key another attempt left unfinished.
@@ -58,7 +59,7 @@ type held struct {
 	renewedAt time.Time
 }
 
-func (r *Runner) hold(flow AnyFlow, rec *KeyRecord, input any, tookOver bool, acquiredAt time.Time) *held {
+func (r *Runner) hold(flow AnyFlow, rec *idemtype.KeyRecord, input any, tookOver bool, acquiredAt time.Time) *held {
 	return &held{runner: r, flow: flow, rec: rec, ref: idemdriver.LockRef{ID: rec.ID, Fence: rec.Fence, Scope: rec.Scope}, input: input,
 		tookOver: tookOver, renewedAt: acquiredAt}
 }
@@ -154,7 +155,7 @@ func (h *held) event(kind EventKind, err error) Event {
 
 // outcome is the outcome of a held request so far; resp is its response
 // when it responded.
-func (h *held) outcome(resp *Response) *Outcome {
+func (h *held) outcome(resp *idemtype.Response) *Outcome {
 	return &Outcome{Response: resp, Record: h.rec.Clone(), TookOver: h.tookOver}
 }
 

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // Listing keys across tenants is explicit (AllScopes), as GetKey and
@@ -22,31 +23,31 @@ func TestListKeysNeedsAScopeOrAllScopes(t *testing.T) {
 		require.NoError(t, err)
 	}
 
-	for name, q := range map[string]idem.KeyQuery{
+	for name, q := range map[string]idemtype.KeyQuery{
 		"no scope":                {},
-		"no scope, by state":      {State: idem.KeyStateFinished},
+		"no scope, by state":      {State: idemtype.KeyStateFinished},
 		"a scope and all of them": {Scope: "tenant:1", AllScopes: true},
 	} {
 		_, err := r.ListKeys(ctx, q)
 		require.ErrorIs(t, err, idem.ErrInvalidRequest, name)
 	}
 
-	list, err := r.ListKeys(ctx, idem.KeyQuery{AllScopes: true})
+	list, err := r.ListKeys(ctx, idemtype.KeyQuery{AllScopes: true})
 	require.NoError(t, err)
 	require.Len(t, list.Keys, 2)
-	list, err = r.ListKeys(ctx, idem.KeyQuery{Scope: "tenant:2"})
+	list, err = r.ListKeys(ctx, idemtype.KeyQuery{Scope: "tenant:2"})
 	require.NoError(t, err)
 	require.Len(t, list.Keys, 1)
 	k := list.Keys[0]
 	require.Equal(t, "tenant:2", k.Scope)
-	require.Equal(t, idem.StatusFinished, k.Status)
+	require.Equal(t, idemtype.StatusFinished, k.Status)
 	require.Equal(t, 201, k.ResponseStatus, "metadata is listed")
 	require.Nil(t, k.Params, "the input is not, without Reveal")
 	require.Empty(t, k.Checkpoint)
 	require.Empty(t, k.ResponseHeaders)
 	require.Nil(t, k.ResponseBody)
 
-	list, err = r.ListKeys(ctx, idem.KeyQuery{Scope: "tenant:2", Reveal: true})
+	list, err = r.ListKeys(ctx, idemtype.KeyQuery{Scope: "tenant:2", Reveal: true})
 	require.NoError(t, err)
 	k = list.Keys[0]
 	require.JSONEq(t, `{"origin": "SF", "amount": 5}`, string(k.Params))

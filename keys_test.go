@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 )
 
 func TestListKeysByState(t *testing.T) {
@@ -17,18 +18,18 @@ func TestListKeysByState(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	now := b.clock.Now()
-	b.insertKeys(t, "running", 2, idem.KeyStateRunning, now)
-	b.insertKeys(t, "stale", 3, idem.KeyStateStale, now)
-	b.insertKeys(t, "reconcile", 4, idem.KeyStateNeedsReconcile, now)
-	b.insertKeys(t, "finished", 5, idem.KeyStateFinished, now)
-	b.insertKeys(t, "expired", 6, idem.KeyStateExpired, now)
+	b.insertKeys(t, "running", 2, idemtype.KeyStateRunning, now)
+	b.insertKeys(t, "stale", 3, idemtype.KeyStateStale, now)
+	b.insertKeys(t, "reconcile", 4, idemtype.KeyStateNeedsReconcile, now)
+	b.insertKeys(t, "finished", 5, idemtype.KeyStateFinished, now)
+	b.insertKeys(t, "expired", 6, idemtype.KeyStateExpired, now)
 	r := b.runner(t, nil)
 
-	for state, want := range map[idem.KeyState]int{
-		idem.KeyStateRunning: 2, idem.KeyStateStale: 3, idem.KeyStateNeedsReconcile: 4,
-		idem.KeyStateFinished: 5, idem.KeyStateExpired: 6, "": 20,
+	for state, want := range map[idemtype.KeyState]int{
+		idemtype.KeyStateRunning: 2, idemtype.KeyStateStale: 3, idemtype.KeyStateNeedsReconcile: 4,
+		idemtype.KeyStateFinished: 5, idemtype.KeyStateExpired: 6, "": 20,
 	} {
-		list, err := r.ListKeys(ctx, idem.KeyQuery{AllScopes: true, State: state})
+		list, err := r.ListKeys(ctx, idemtype.KeyQuery{AllScopes: true, State: state})
 		require.NoError(t, err, state)
 		require.Len(t, list.Keys, want, state)
 		require.Equal(t, now, list.Now.UTC(), "the runner's clock")
@@ -41,16 +42,16 @@ func TestListKeysByState(t *testing.T) {
 			}
 		}
 	}
-	list, err := r.ListKeys(ctx, idem.KeyQuery{AllScopes: true, State: "needs_reconcile"})
+	list, err := r.ListKeys(ctx, idemtype.KeyQuery{AllScopes: true, State: "needs_reconcile"})
 	require.NoError(t, err)
 	require.Len(t, list.Keys, 4, "the status spelling is accepted too")
 
 	// Leases and expiry move with the clock.
 	b.clock.Advance(2 * time.Hour)
-	list, err = r.ListKeys(ctx, idem.KeyQuery{AllScopes: true, State: idem.KeyStateStale})
+	list, err = r.ListKeys(ctx, idemtype.KeyQuery{AllScopes: true, State: idemtype.KeyStateStale})
 	require.NoError(t, err)
 	require.Len(t, list.Keys, 5, "the running keys' leases expired")
-	list, err = r.ListKeys(ctx, idem.KeyQuery{AllScopes: true, State: idem.KeyStateExpired})
+	list, err = r.ListKeys(ctx, idemtype.KeyQuery{AllScopes: true, State: idemtype.KeyStateExpired})
 	require.NoError(t, err)
 	require.Len(t, list.Keys, 11)
 }
@@ -59,17 +60,17 @@ func TestListKeysFilters(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	b.insertKeys(t, "a", 30, idem.KeyStateFinished, b.clock.Now())
+	b.insertKeys(t, "a", 30, idemtype.KeyStateFinished, b.clock.Now())
 	r := b.runner(t, nil)
 	_, err := r.Execute(ctx, b.flow, idem.Request{Scope: "tenant:9", Key: "mine", Params: rideInput{Origin: "SF"}})
 	require.NoError(t, err)
 
-	list, err := r.ListKeys(ctx, idem.KeyQuery{Scope: "tenant:9"})
+	list, err := r.ListKeys(ctx, idemtype.KeyQuery{Scope: "tenant:9"})
 	require.NoError(t, err)
 	require.Len(t, list.Keys, 1)
 	require.Equal(t, "mine", list.Keys[0].Key)
 
-	list, err = r.ListKeys(ctx, idem.KeyQuery{AllScopes: true, Flow: "nope"})
+	list, err = r.ListKeys(ctx, idemtype.KeyQuery{AllScopes: true, Flow: "nope"})
 	require.NoError(t, err)
 	require.Empty(t, list.Keys)
 	require.Equal(t, b.clock.Now(), list.Now.UTC(), "an empty page still carries the clock")
@@ -78,7 +79,7 @@ func TestListKeysFilters(t *testing.T) {
 	var seen []int64
 	before := int64(0)
 	for {
-		list, err := r.ListKeys(ctx, idem.KeyQuery{AllScopes: true, Flow: "rides.create", Limit: 10, BeforeID: before})
+		list, err := r.ListKeys(ctx, idemtype.KeyQuery{AllScopes: true, Flow: "rides.create", Limit: 10, BeforeID: before})
 		require.NoError(t, err)
 		for _, k := range list.Keys {
 			seen = append(seen, k.ID)
@@ -92,14 +93,14 @@ func TestListKeysFilters(t *testing.T) {
 
 	rec, now, err := r.GetKey(ctx, "tenant:9", "mine")
 	require.NoError(t, err)
-	require.Equal(t, idem.KeyStateFinished, rec.State(now))
+	require.Equal(t, idemtype.KeyStateFinished, rec.State(now))
 	_, _, err = r.GetKey(ctx, "tenant:9", "other")
 	require.ErrorIs(t, err, idem.ErrNotFound)
 
-	for name, q := range map[string]idem.KeyQuery{
+	for name, q := range map[string]idemtype.KeyQuery{
 		"bad state":      {AllScopes: true, State: "sleeping"},
 		"negative limit": {AllScopes: true, Limit: -1},
-		"huge limit":     {AllScopes: true, Limit: idem.MaxKeyListLimit + 1},
+		"huge limit":     {AllScopes: true, Limit: idemtype.MaxKeyListLimit + 1},
 	} {
 		_, err := r.ListKeys(ctx, q)
 		require.ErrorIs(t, err, idem.ErrInvalidRequest, name)
@@ -152,7 +153,7 @@ func TestUnlockKeyStopsALiveHolder(t *testing.T) {
 	res, err = b.runner(t, nil).UnlockKey(ctx, "user:1", "k1", "")
 	require.NoError(t, err)
 	require.False(t, res.Unlocked)
-	require.Equal(t, idem.StatusFinished, res.Record.Status)
+	require.Equal(t, idemtype.StatusFinished, res.Record.Status)
 	require.Equal(t, b.key(t, "k1").Fence, res.Record.Fence)
 	_, err = b.runner(t, nil).UnlockKey(ctx, "user:1", "nope", "")
 	require.True(t, errors.Is(err, idem.ErrNotFound))
@@ -162,15 +163,15 @@ func TestUnlockKeyStopsALiveHolder(t *testing.T) {
 
 func TestParseKeyState(t *testing.T) {
 	t.Parallel()
-	for _, st := range idem.KeyStates() {
-		got, err := idem.ParseKeyState(string(st))
+	for _, st := range idemtype.KeyStates() {
+		got, err := idemtype.ParseKeyState(string(st))
 		require.NoError(t, err)
 		require.Equal(t, st, got)
 	}
-	got, err := idem.ParseKeyState("needs_reconcile")
+	got, err := idemtype.ParseKeyState("needs_reconcile")
 	require.NoError(t, err)
-	require.Equal(t, idem.KeyStateNeedsReconcile, got)
-	_, err = idem.ParseKeyState("done")
+	require.Equal(t, idemtype.KeyStateNeedsReconcile, got)
+	_, err = idemtype.ParseKeyState("done")
 	require.ErrorContains(t, err, "unknown key state")
 }
 
@@ -192,7 +193,7 @@ func TestUnlockKeyTxJoinsTheCallersTransaction(t *testing.T) {
 		res, err := b.storeFor(t).UnlockKeyTx(ctx, tx, idemdriver.UnlockParams{Scope: "user:1", Key: "k1", Reason: "tx"})
 		require.NoError(t, err)
 		require.True(t, res.Unlocked)
-		list, err := b.storeFor(t).ListKeysTx(ctx, tx, idemdriver.ListKeysParams{KeyQuery: idem.KeyQuery{AllScopes: true, State: idem.KeyStateStale, Limit: 10}})
+		list, err := b.storeFor(t).ListKeysTx(ctx, tx, idemdriver.ListKeysParams{KeyQuery: idemtype.KeyQuery{AllScopes: true, State: idemtype.KeyStateStale, Limit: 10}})
 		require.NoError(t, err)
 		require.Len(t, list.Keys, 1, "the transaction sees its own unlock")
 		if commit {

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // workTally adds up what several maintainers report and says when all of
@@ -67,7 +68,7 @@ func twoMaintainersDoNoDoubleWork(t *testing.T, b *smsBundle) {
 	ctx := context.Background()
 	const expired, abandoned, doubtful = 300, 12, 4
 
-	b.insertKeys(t, "expired", expired, idem.KeyStateExpired, b.clock.Now())
+	b.insertKeys(t, "expired", expired, idemtype.KeyStateExpired, b.clock.Now())
 	for i := range abandoned {
 		b.abandon(t, fmt.Sprint("ab-", i))
 	}
@@ -133,7 +134,7 @@ func twoMaintainersDoNoDoubleWork(t *testing.T, b *smsBundle) {
 	require.Equal(t, abandoned, b.provider.Charges())
 	for i := range doubtful {
 		key := fmt.Sprint("sms-", i)
-		require.Equal(t, idem.StatusFinished, b.key(t, key).Status)
+		require.Equal(t, idemtype.StatusFinished, b.key(t, key).Status)
 		require.Equal(t, 1, b.gateway.times(b.ref(t, key)), key)
 	}
 }
@@ -166,7 +167,7 @@ func TestMaintainerStopsCleanly(t *testing.T) {
 	require.NoError(t, <-stopped)
 
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusRunning, rec.Status)
+	require.Equal(t, idemtype.StatusRunning, rec.Status)
 	require.Equal(t, "ride_created", rec.RecoveryPoint)
 	require.Nil(t, rec.LockedAt, "released, not left for the lease to expire")
 	require.Equal(t, 0, b.countRows(t, "jobs"))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/go-idem/idem/idemtype"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -118,7 +119,7 @@ func (k ForeignKind) String() string {
 // Result is how a phase ends. Build one with [Advance], [Respond],
 // [RespondJSON] or [RespondJSONWith].
 type Result struct {
-	response *Response
+	response *idemtype.Response
 	err      error
 }
 
@@ -136,7 +137,7 @@ func Respond(status int, header http.Header, body []byte) Result {
 	if err := checkStatus(status); err != nil {
 		return Result{err: err}
 	}
-	return Result{response: &Response{Status: status, Header: header.Clone(), Body: append([]byte(nil), body...)}}
+	return Result{response: &idemtype.Response{Status: status, Header: header.Clone(), Body: append([]byte(nil), body...)}}
 }
 
 // RespondJSON is Respond with v encoded as JSON and Content-Type set. An
@@ -165,7 +166,7 @@ func RespondJSONWith(status int, header http.Header, v any) Result {
 	if h.Get("Content-Type") == "" {
 		h.Set("Content-Type", "application/json")
 	}
-	return Result{response: &Response{Status: status, Header: h, Body: body}}
+	return Result{response: &idemtype.Response{Status: status, Header: h, Body: body}}
 }
 
 // checkStatus refuses what cannot be a request's stored outcome: a 1xx is

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // A running key whose not-idempotent call is in doubt (its foreign mark
@@ -36,7 +37,7 @@ func TestReaperParksAbandonedKeyWithCallInDoubt(t *testing.T) {
 	require.Zero(t, res.Abandoned)
 	require.Equal(t, 1, res.NeedsReconcile)
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusNeedsReconcile, rec.Status)
+	require.Equal(t, idemtype.StatusNeedsReconcile, rec.Status)
 	require.Equal(t, "sms_sent", rec.ForeignMark, "the mark still names the phase in doubt")
 
 	// The client comes back.

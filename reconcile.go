@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // ErrNothingToReconcile is returned by [Runner.Reconcile] for a key that is
@@ -59,7 +60,7 @@ func (r *Runner) reconcile(ctx context.Context, scope, key string) (*Outcome, er
 		return &Outcome{}, fmt.Errorf("%w: scope %q key %q", ErrNotFound, scope, key)
 	}
 	if acq.Acquired == idemdriver.AcquiredNone {
-		if rec.Status == StatusNeedsReconcile {
+		if rec.Status == idemtype.StatusNeedsReconcile {
 			return &Outcome{Record: rec, RetryAfter: retryAfter(rec, acq.DBNow, r.config.MaxRetryAfter)},
 				fmt.Errorf("%w: another worker is reconciling key %q", ErrInProgress, key)
 		}
@@ -131,7 +132,7 @@ func (r *Runner) refuseWithoutHook(ctx context.Context, scope, key string) (*Out
 	gctx, cancel := r.storeContext(ctx)
 	rec, err := r.store.GetKey(gctx, scope, key)
 	cancel()
-	if err != nil || rec.Status != StatusNeedsReconcile || rec.ForeignMark == "" {
+	if err != nil || rec.Status != idemtype.StatusNeedsReconcile || rec.ForeignMark == "" {
 		return nil, nil
 	}
 	flow, ok := r.flows[rec.Flow]
@@ -197,7 +198,7 @@ func (r *Runner) CheckReconcileHooks(ctx context.Context) ([]MissingHook, error)
 		}
 		m := &missing[i]
 		m.Keys += g.Keys
-		if g.Status == StatusNeedsReconcile {
+		if g.Status == idemtype.StatusNeedsReconcile {
 			m.NeedsReconcile += g.Keys
 		}
 	}
@@ -401,7 +402,7 @@ func (r *Runner) ReconcileAll(ctx context.Context, config *ReconcileConfig) (*Re
 		return nil, fmt.Errorf("%w: Config.Flows is empty, so this runner cannot reconcile any key", ErrUnknownFlow)
 	}
 	res := &ReconcileResult{}
-	err := r.sweep(ctx, StatusNeedsReconcile, flows, cfg.IdleFor, 0, cfg.BatchSize, cfg.MaxKeys, func(rec *KeyRecord) {
+	err := r.sweep(ctx, idemtype.StatusNeedsReconcile, flows, cfg.IdleFor, 0, cfg.BatchSize, cfg.MaxKeys, func(rec *idemtype.KeyRecord) {
 		res.Claimed++
 		out, err := r.Reconcile(ctx, rec.Scope, rec.Key)
 		log := r.log.With(r.logAttrs(rec.Scope, rec.Key, rec.ID, "flow", rec.Flow)...)

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // smsFlowWithoutHook is the SMS flow as a binary declares it that does not
@@ -35,7 +36,7 @@ func (b *smsBundle) parkInDoubt(t *testing.T, key string) {
 	_, err := b.runner(t, nil).Execute(context.Background(), b.flow, b.req(key))
 	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
 	rec := b.key(t, key)
-	require.Equal(t, idem.StatusNeedsReconcile, rec.Status)
+	require.Equal(t, idemtype.StatusNeedsReconcile, rec.Status)
 	require.Equal(t, "sms_sent", rec.ForeignMark)
 }
 
@@ -71,7 +72,7 @@ func TestReconcileWithoutHookIsAStableErrorAndMovesNoCounter(t *testing.T) {
 		&idem.MissingHookError{Flow: "sms.send", Phase: "sms_sent"})
 	require.Equal(t, before.Fence, after.Fence, "no fence moved")
 	require.Equal(t, before.Attempts, after.Attempts, "no attempt counted")
-	require.Equal(t, idem.StatusNeedsReconcile, after.Status)
+	require.Equal(t, idemtype.StatusNeedsReconcile, after.Status)
 	require.Equal(t, "sms_sent", after.ForeignMark)
 	require.Equal(t, before.LastError, after.LastError)
 

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // smsGateway has no idempotency keys: every send is a new message. It can
@@ -177,7 +178,7 @@ func TestNotIdempotentCrashGoesToReconcileNotToASecondSend(t *testing.T) {
 		require.Equal(t, idem.OutcomeNeedsReconcile, out.Kind)
 	}
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusNeedsReconcile, rec.Status)
+	require.Equal(t, idemtype.StatusNeedsReconcile, rec.Status)
 	require.Nil(t, rec.LockedAt)
 	require.Equal(t, 1, b.gateway.times(ref), "never re-sent blindly")
 
@@ -232,7 +233,7 @@ func TestReconcileUnknownLeavesTheKeyForLater(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
 	require.Equal(t, idem.OutcomeNeedsReconcile, out.Kind)
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusNeedsReconcile, rec.Status)
+	require.Equal(t, idemtype.StatusNeedsReconcile, rec.Status)
 	require.Nil(t, rec.LockedAt)
 	require.Contains(t, rec.LastError, "gateway lookup timed out")
 
@@ -343,7 +344,7 @@ func TestLastPhaseMustRespond(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrPhaseFailed)
 	require.ErrorContains(t, err, "must respond")
 	require.Equal(t, idem.OutcomeFailed, out.Kind)
-	require.Equal(t, idem.RecoveryPointStarted, b.key(t, "k1").RecoveryPoint)
+	require.Equal(t, idemtype.RecoveryPointStarted, b.key(t, "k1").RecoveryPoint)
 }
 
 // A deploy that renamed a phase strands keys whose recovery point it was:

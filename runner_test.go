@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/testfixture"
 	"github.com/go-idem/idem/pgstore"
 )
@@ -42,8 +43,8 @@ func TestNewKeyRunsEveryPhaseOnceInOrder(t *testing.T) {
 	require.Equal(t, http.StatusCreated, out.Response.Status)
 
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusFinished, rec.Status)
-	require.Equal(t, idem.RecoveryPointFinished, rec.RecoveryPoint)
+	require.Equal(t, idemtype.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.RecoveryPointFinished, rec.RecoveryPoint)
 	require.Equal(t, http.StatusCreated, rec.ResponseStatus)
 	require.Equal(t, out.Response.Body, rec.ResponseBody)
 	require.Nil(t, rec.LockedAt)
@@ -347,7 +348,7 @@ func fencingStopsATakenOverWorker(t *testing.T, b *testBundle) {
 	require.Equal(t, 0, b.countRows(t, "jobs WHERE kind = 'stale-worker-write'"), "the stale worker's writes rolled back")
 	require.Equal(t, 1, b.countRows(t, "rides"), "only the new owner's ride exists")
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StatusFinished, rec.Status)
 	require.Equal(t, int64(2), rec.Fence)
 }
 
@@ -462,7 +463,7 @@ func TestSerializationFailuresAndDeadlocksAreRetried(t *testing.T) {
 		require.Equal(t, 2, retried)
 		rec := b.key(t, "k1")
 		require.Nil(t, rec.LockedAt, "released for a later retry")
-		require.Equal(t, idem.RecoveryPointStarted, rec.RecoveryPoint)
+		require.Equal(t, idemtype.RecoveryPointStarted, rec.RecoveryPoint)
 
 		conflicts = 0
 		out, err = r.Execute(context.Background(), b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
@@ -591,7 +592,7 @@ func TestDeclineIsStoredAndReplayed(t *testing.T) {
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.Equal(t, http.StatusPaymentRequired, out.Response.Status)
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StatusFinished, rec.Status)
 	require.Equal(t, http.StatusPaymentRequired, rec.ResponseStatus)
 
 	again, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 99}))

@@ -17,12 +17,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/pgstore"
 )
 
 // declinedSealed stores, through a sealing store, a finished key "k1"
 // whose charge was declined (402), and returns that store's runner.
-func (b *testBundle) declinedSealed(t *testing.T) (*idem.Runner, *idem.Response) {
+func (b *testBundle) declinedSealed(t *testing.T) (*idem.Runner, *idemtype.Response) {
 	t.Helper()
 	b.provider.Decline(13)
 	r := b.runnerOn(t, b.storeWith(t, &pgstore.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}}), nil)

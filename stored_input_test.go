@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 type cardInput struct {
@@ -121,8 +122,8 @@ func TestCompleterRedrivesOnlyFromWhatWasStored(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, &idem.CompleteResult{Claimed: 1, Completed: 1}, res)
 	require.Equal(t, []string{testCard, ""}, redrives.saw(), "resumed from the stored projection")
-	require.Equal(t, idem.StatusFinished, b.key(t, "cards.redrive").Status)
-	require.Equal(t, idem.StatusRunning, b.key(t, "cards.wait").Status, "not claimed")
+	require.Equal(t, idemtype.StatusFinished, b.key(t, "cards.redrive").Status)
+	require.Equal(t, idemtype.StatusRunning, b.key(t, "cards.wait").Status, "not claimed")
 
 	out, err := r.Execute(ctx, waits.flow, idem.Request{Scope: "user:1", Key: "cards.wait", Params: cardInput{Card: testCard, Amount: 5}})
 	require.NoError(t, err)
@@ -178,7 +179,7 @@ func TestReconcileHandsANoRedriveKeyBackToItsClient(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, &idem.ReconcileResult{Claimed: 1, Resolved: 1}, res)
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusRunning, rec.Status)
+	require.Equal(t, idemtype.StatusRunning, rec.Status)
 	require.Equal(t, "charged", rec.RecoveryPoint, "the verdict committed the phase in doubt")
 	require.Nil(t, rec.LockedAt)
 	require.Contains(t, rec.LastError, "client's retry")

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // strandAt leaves key in flight at the recovery point before phase, with
@@ -40,7 +41,7 @@ func TestCompleterDecodesStoredParamsTolerantly(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, &idem.CompleteResult{Claimed: 1, Completed: 1}, res)
 	require.Equal(t, []float64{0}, amounts, "a field the stored params lack: its zero value")
-	require.Equal(t, idem.StatusFinished, b.key(t, "k1").Status)
+	require.Equal(t, idemtype.StatusFinished, b.key(t, "k1").Status)
 	t.Logf("tolerant decode: %+v", *res)
 }
 
@@ -63,7 +64,7 @@ func TestCompleterReportsUndecodableParams(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, &idem.CompleteResult{Claimed: 1, Failed: 1}, res)
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusRunning, rec.Status)
+	require.Equal(t, idemtype.StatusRunning, rec.Status)
 	require.Nil(t, rec.LockedAt, "released, not left locked")
 	require.Equal(t, before+1, rec.Attempts)
 	require.Contains(t, rec.LastError, idem.ErrUndecodableParams.Error())
@@ -105,7 +106,7 @@ func TestReconcileReportsUndecodableParams(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
 	require.Equal(t, idem.OutcomeNeedsReconcile, out.Kind)
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusNeedsReconcile, rec.Status)
+	require.Equal(t, idemtype.StatusNeedsReconcile, rec.Status)
 	require.Contains(t, rec.LastError, idem.ErrUndecodableParams.Error())
 	require.Zero(t, b.counts.Get()["reconcile"], "no hook ran on an input it cannot see")
 	t.Logf("reconcile: %s, last error %q", out.Kind, rec.LastError)

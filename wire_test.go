@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -70,7 +71,7 @@ func TestLostCommitReplyOfNotIdempotentPhase(t *testing.T) {
 	require.Equal(t, http.StatusCreated, out.Response.Status)
 	require.Equal(t, 1, b.gateway.times(b.ref(t, "k1")), "sent exactly once")
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StatusFinished, rec.Status)
 	require.Empty(t, rec.ForeignMark)
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/migrations"
 )
 
@@ -192,20 +193,20 @@ var commands = []*command{
 			scope := fs.String("scope", "", "only keys of `scope` (this or --all-scopes is required)")
 			allScopes := fs.Bool("all-scopes", false, "list the keys of every scope (tenant)")
 			flow := fs.String("flow", "", "only keys of `flow`")
-			limit := fs.Int("limit", 50, fmt.Sprintf("print at most `n` keys (1-%d)", idem.MaxKeyListLimit))
+			limit := fs.Int("limit", 50, fmt.Sprintf("print at most `n` keys (1-%d)", idemtype.MaxKeyListLimit))
 			before := fs.Int64("before-id", 0, "only keys with an id below `id` (paging)")
 			reveal := fs.Bool("reveal", false, "with --json, include each key's params, checkpoint data and stored response")
 			return func(ctx context.Context, e *env, _ []string) error {
-				q := idem.KeyQuery{Scope: *scope, AllScopes: *allScopes, Flow: *flow, Limit: *limit, BeforeID: *before, Reveal: *reveal}
+				q := idemtype.KeyQuery{Scope: *scope, AllScopes: *allScopes, Flow: *flow, Limit: *limit, BeforeID: *before, Reveal: *reveal}
 				if *state != "" {
-					st, err := idem.ParseKeyState(*state)
+					st, err := idemtype.ParseKeyState(*state)
 					if err != nil {
 						return usageError(e.cmd, "--state: %v", err)
 					}
 					q.State = st
 				}
-				if *limit < 1 || *limit > idem.MaxKeyListLimit {
-					return usageError(e.cmd, "--limit %d is outside 1-%d", *limit, idem.MaxKeyListLimit)
+				if *limit < 1 || *limit > idemtype.MaxKeyListLimit {
+					return usageError(e.cmd, "--limit %d is outside 1-%d", *limit, idemtype.MaxKeyListLimit)
 				}
 				switch {
 				case *scope == "" && !*allScopes:
@@ -217,7 +218,7 @@ var commands = []*command{
 					return err
 				}
 				// One key more than the page tells whether older ones exist.
-				if q.Limit < idem.MaxKeyListLimit {
+				if q.Limit < idemtype.MaxKeyListLimit {
 					q.Limit++
 				}
 				list, err := e.runner.ListKeys(ctx, q)
@@ -249,7 +250,7 @@ var commands = []*command{
 			id := fs.Int64("id", 0, "the key's row `id` (key_id in logs), instead of KEY and --scope")
 			reveal := fs.Bool("reveal", false, "include the key's params, checkpoint data and stored response")
 			return func(ctx context.Context, e *env, args []string) error {
-				q := idem.KeyQuery{Limit: 1, Reveal: *reveal}
+				q := idemtype.KeyQuery{Limit: 1, Reveal: *reveal}
 				switch {
 				case *id < 0:
 					return usageError(e.cmd, "keys show: --id %d is not a key's id", *id)
@@ -376,7 +377,7 @@ var commands = []*command{
 							return usageError(e.cmd, "--body: %v", err)
 						}
 					}
-					res.Response = &idem.Response{Status: *status, Body: data}
+					res.Response = &idemtype.Response{Status: *status, Body: data}
 					if len(data) > 0 {
 						res.Response.Header = map[string][]string{"Content-Type": {*contentType}}
 					}

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 	"github.com/go-idem/idem/pgstore"
 )
@@ -170,7 +171,7 @@ func TestKeysResolve(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(stdout), &printed))
 	require.Equal(t, "abandon", printed.Verdict)
 	require.False(t, printed.DryRun)
-	require.Equal(t, idem.RecoveryPointAbandoned, printed.Key.RecoveryPoint)
+	require.Equal(t, idemtype.RecoveryPointAbandoned, printed.Key.RecoveryPoint)
 	require.Contains(t, printed.Key.LastError, "resolved by alice: abandon: INC-42: checked the gateway log")
 	_, err = f.execute("dropped")
 	require.ErrorIs(t, err, idem.ErrRequestAbandoned)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // StatusClientClosedRequest (499, nginx's "client closed request") is what
@@ -109,7 +110,7 @@ func (h *Handler[In]) inProgress(req idem.Request) problemSpec {
 // writeResponse writes a flow's response: the stored status and body, and
 // of its headers only Content-Type and Config.ReplayHeaders, so the first
 // response and every replay are the same.
-func (h *Handler[In]) writeResponse(w http.ResponseWriter, r *http.Request, resp *idem.Response, replayed bool) {
+func (h *Handler[In]) writeResponse(w http.ResponseWriter, r *http.Request, resp *idemtype.Response, replayed bool) {
 	if resp == nil || resp.Status < 200 || resp.Status > 599 {
 		status := 0
 		if resp != nil {

@@ -66,6 +66,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // ScopeName is the instrumentation scope of the meter and the tracer.
@@ -256,7 +257,7 @@ func failure(kind idem.OutcomeKind) bool {
 
 // Backlogger is what [Observer.ObserveBacklog] reads: *idem.Runner.
 type Backlogger interface {
-	Backlog(ctx context.Context) (*idem.Backlog, error)
+	Backlog(ctx context.Context) (*idemtype.Backlog, error)
 }
 
 // ObserveBacklog registers the backlog gauges, idem.keys and

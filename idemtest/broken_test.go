@@ -14,6 +14,7 @@ import (
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemdriver"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -146,7 +147,7 @@ func TestWritesOutsideTheTransactionAreCaught(t *testing.T) {
 			},
 		}, config)
 	}
-	oneAuditRow := func(ctx context.Context, key *idem.KeyRecord) error {
+	oneAuditRow := func(ctx context.Context, key *idemtype.KeyRecord) error {
 		var n int
 		if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM audit WHERE key_id = $1`, key.ID).Scan(&n); err != nil {
 			return err
@@ -205,7 +206,7 @@ func TestCatchesAReconcileHookThatLies(t *testing.T) {
 	b := setup(t)
 	cfg := idemtest.Config[orderInput]{
 		Pool: b.pool, Input: orderInput{Item: "book"},
-		Check: func(_ context.Context, key *idem.KeyRecord) error { return b.provider.ExpectOne(key.Key) },
+		Check: func(_ context.Context, key *idemtype.KeyRecord) error { return b.provider.ExpectOne(key.Key) },
 	}
 
 	cfg.Flow = b.notifyFlow("notify.truthful", false)
@@ -379,7 +380,7 @@ func TestWireScenariosCatchAFallbackWriteOutsideTheTransaction(t *testing.T) {
 	}}, nil)
 	cfg := idemtest.Config[orderInput]{
 		Pool: b.pool, DatabaseURL: b.url, Flow: flow, Input: orderInput{Item: "book"},
-		Check: func(ctx context.Context, key *idem.KeyRecord) error {
+		Check: func(ctx context.Context, key *idemtype.KeyRecord) error {
 			var n int
 			if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM audit WHERE what = 'order created: ' || $1::text`, key.Key).Scan(&n); err != nil {
 				return err

@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -88,7 +89,7 @@ type Config[In any] struct {
 	// the kit sees your tables and your providers, so it is what catches
 	// writes made outside the phase's transaction and foreign calls made
 	// outside Attempt.Foreign.
-	Check func(ctx context.Context, key *idem.KeyRecord) error
+	Check func(ctx context.Context, key *idemtype.KeyRecord) error
 
 	// Providers are the fake providers the flow can reach, every one of
 	// them: *Provider, or a fake of your own with a Calls method (see
@@ -156,7 +157,7 @@ type Config[In any] struct {
 
 // Comparator reports how got, a scenario's final response, differs from
 // baseline, the uninterrupted run's; nil means they are the same.
-type Comparator func(baseline, got *idem.Response) error
+type Comparator func(baseline, got *idemtype.Response) error
 
 // Kind is a kind of fault the kit injects. Each kind applies at one point
 // of a phase; a scenario is a kind at one phase, named "kind@phase".

@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -135,7 +136,7 @@ type explorer[In any] struct {
 	// scenarios that ended, for Scenario.ended.
 	handed   sync.Map
 	ended    atomic.Int64
-	response *idem.Response
+	response *idemtype.Response
 
 	// From the wire baseline: how many round trips the request made
 	// through the proxy, and how many it had made at each hook point.
@@ -253,7 +254,7 @@ func (x *explorer[In]) runScenario(ctx context.Context, kind Kind, phase, foreig
 	sc := x.newScenario(ctx, string(kind)+"@"+phase, kind, phase, kind.describe(phase, foreign))
 	defer sc.end()
 	f := &fault{kind: kind, phase: phase, bypass: x.newBypassWatch(kind)}
-	var final *idem.Response
+	var final *idemtype.Response
 	if kind == LeaseTakeover {
 		final = x.takeover(ctx, sc, f)
 	} else {

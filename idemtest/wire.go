@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idem/idem"
-	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -380,14 +380,14 @@ func (x *explorer[In]) faultedCall(ctx context.Context, sc *scenario, p *wirePro
 func (x *explorer[In]) commitsNobodySaw(ctx context.Context, sc *scenario) {
 	rec, err := x.store.GetKey(ctx, sc.scope, sc.report.Key)
 	switch {
-	case errors.Is(err, idemdriver.ErrNotFound):
+	case errors.Is(err, idemtype.ErrNotFound):
 		return
 	case err != nil:
 		sc.violate("could not read the key after the faulted request: %v", err)
 		return
 	}
 	landed := x.phases
-	if rec.Status != idem.StatusFinished {
+	if rec.Status != idemtype.StatusFinished {
 		landed = x.phases[:slices.Index(x.phases, rec.RecoveryPoint)+1]
 	}
 	sc.mu.Lock()

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // worker is one runner making one call: a process of its own.
@@ -65,7 +66,7 @@ func (w *worker) hook(ctx context.Context, at idem.HookPoint) error {
 		return nil
 	}
 	f.fired = true
-	f.finished = at.Key.Status == idem.StatusFinished
+	f.finished = at.Key.Status == idemtype.StatusFinished
 	f.bypass.strike(ctx) // see bypass.go
 	return f.inject(ctx, w)
 }

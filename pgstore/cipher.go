@@ -14,6 +14,7 @@ import (
 	"strconv"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // Keyring holds the keys that seal what the store keeps of a request at
@@ -198,7 +199,7 @@ func (s *sealer) sealBody(p idemdriver.CommitParams) (string, []byte, error) {
 	resp := p.Response
 	var aadErr error
 	id, sealed, err := s.seal(resp.Body, func(keyID string) []byte {
-		aad, err := bodyAAD(p.Ref.ID, p.Generation, p.Flow, keyID, cmp.Or(p.RecoveryPoint, idemdriver.RecoveryPointFinished), resp.Status, resp.Header)
+		aad, err := bodyAAD(p.Ref.ID, p.Generation, p.Flow, keyID, cmp.Or(p.RecoveryPoint, idemtype.RecoveryPointFinished), resp.Status, resp.Header)
 		aadErr = err
 		return aad
 	})
@@ -232,12 +233,12 @@ func (s *Store) sealParams(p idemdriver.AcquireParams) (json.RawMessage, string,
 // open replaces rec's sealed params and response body with their plain
 // values; ErrCannotOpen when it cannot. Params that were not read (a finished
 // key's, from the acquisition) are left as they are: nil.
-func (s *Store) open(rec *idemdriver.KeyRecord) error {
+func (s *Store) open(rec *idemtype.KeyRecord) error {
 	if s.seal != nil && !s.seal.acceptUnsealed {
 		switch {
 		case rec.ParamsKeyID == "" && rec.Params != nil:
 			return fmt.Errorf("%w: the params of key %d are stored in the clear, and the store seals (Keyring.AcceptUnsealed is off): refused", ErrCannotOpen, rec.ID)
-		case rec.ResponseKeyID == "" && rec.Status == idemdriver.StatusFinished && (rec.ResponseBody != nil || rec.ResponseHeaders != nil):
+		case rec.ResponseKeyID == "" && rec.Status == idemtype.StatusFinished && (rec.ResponseBody != nil || rec.ResponseHeaders != nil):
 			// A statement that reads the response reads its headers as a
 			// map ('{}' when none), so a finished key whose body was made
 			// NULL is refused too; one that does not (a listing without

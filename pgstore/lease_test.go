@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 )
 
@@ -95,9 +96,9 @@ func TestFenceMovesOnBothRows(t *testing.T) {
 	k, l := fences()
 	require.Equal(t, [2]int64{2, 2}, [2]int64{k, l})
 	_, err = store.Heartbeat(ctx, ref, time.Minute, &t0)
-	require.ErrorIs(t, err, idemdriver.ErrLockLost)
-	require.ErrorIs(t, store.MarkForeign(ctx, ref, "call"), idemdriver.ErrLockLost)
-	require.ErrorIs(t, store.Release(ctx, ref, "x"), idemdriver.ErrLockLost)
+	require.ErrorIs(t, err, idemtype.ErrLockLost)
+	require.ErrorIs(t, store.MarkForeign(ctx, ref, "call"), idemtype.ErrLockLost)
+	require.ErrorIs(t, store.Release(ctx, ref, "x"), idemtype.ErrLockLost)
 
 	taken, err := store.Acquire(ctx, p) // unlocked: taken over
 	require.NoError(t, err)
@@ -118,7 +119,7 @@ func TestFenceMovesOnBothRows(t *testing.T) {
 	require.Equal(t, "call", claimed.Record.ForeignMark)
 	k, l = fences()
 	require.Equal(t, [2]int64{4, 4}, [2]int64{k, l})
-	require.ErrorIs(t, store.ClearForeignMark(ctx, ref), idemdriver.ErrLockLost, "the old fence clears nothing")
+	require.ErrorIs(t, store.ClearForeignMark(ctx, ref), idemtype.ErrLockLost, "the old fence clears nothing")
 	ref.Fence = 4
 	require.NoError(t, store.ClearForeignMark(ctx, ref))
 	rec, err = store.GetKey(ctx, "s", "k")

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 	"github.com/go-idem/idem/internal/testfixture"
 	"github.com/go-idem/idem/internal/wirecount"
@@ -392,8 +393,8 @@ func TestFinishNotifiesAMarkThatCommittedWhileItWaited(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		return tx.CommitPhase(ctx, idemdriver.CommitParams{Ref: ref, Status: idemdriver.StatusFinished,
-			Response: &idemdriver.Response{Status: 201}, Retention: time.Hour})
+		return tx.CommitPhase(ctx, idemdriver.CommitParams{Ref: ref, Status: idemtype.StatusFinished,
+			Response: &idemtype.Response{Status: 201}, Retention: time.Hour})
 	}
 	unmarked := holdKey(t, st, "unmarked")
 	require.NoError(t, finish(unmarked))

@@ -20,6 +20,7 @@ import (
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/cmd/idem/internal/testflows"
 	"github.com/go-idem/idem/idemcli"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 	"github.com/go-idem/idem/migrations"
 	"github.com/go-idem/idem/pgstore"
@@ -172,7 +173,7 @@ func (b *bundle) count(t *testing.T, sql string) int {
 	return n
 }
 
-func (b *bundle) key(t *testing.T, scope, key string) *idem.KeyRecord {
+func (b *bundle) key(t *testing.T, scope, key string) *idemtype.KeyRecord {
 	t.Helper()
 	rec, err := b.store.GetKey(context.Background(), scope, key)
 	require.NoError(t, err)
@@ -499,7 +500,7 @@ func TestBinary(t *testing.T) {
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
 		require.Equal(t, "claimed 1 idle key(s): 1 completed, 0 skipped (a client got there first), 0 need reconciliation, 0 failed\n", res.stdout)
 		rec := b.key(t, "user:1", "k1")
-		require.Equal(t, idem.StatusFinished, rec.Status)
+		require.Equal(t, idemtype.StatusFinished, rec.Status)
 		require.Equal(t, 1, b.count(t, "count(*) FROM charges"), "exactly one charge")
 		require.Equal(t, 2, b.count(t, "calls FROM charges"), "the charge was re-sent with the same downstream key")
 		require.Equal(t, 1, b.count(t, "count(*) FROM orders"))
@@ -528,7 +529,7 @@ func TestBinary(t *testing.T) {
 		res = b.run(t, bins.flowapp, "reconcile", "t1", "--scope", "user:2")
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
 		require.Equal(t, "key \"t1\" (scope \"user:2\"): reconciled: the key finished with status 201\n", res.stdout)
-		require.Equal(t, idem.StatusFinished, b.key(t, "user:2", "t1").Status)
+		require.Equal(t, idemtype.StatusFinished, b.key(t, "user:2", "t1").Status)
 
 		res = b.run(t, bins.flowapp, "reconcile", "t1", "--scope", "user:2")
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
@@ -542,8 +543,8 @@ func TestBinary(t *testing.T) {
 		require.Equal(t, idemcli.ExitFailure, res.code, res.stderr)
 		require.JSONEq(t, `{"claimed": 2, "resolved": 1, "unresolved": 1, "skipped": 0, "failed": 0, "no_hook": 0}`, res.stdout)
 		require.Contains(t, res.stderr, "1 key(s) still need attention")
-		require.Equal(t, idem.StatusFinished, b.key(t, "user:2", "t2").Status)
-		require.Equal(t, idem.StatusNeedsReconcile, b.key(t, "user:2", "t3").Status)
+		require.Equal(t, idemtype.StatusFinished, b.key(t, "user:2", "t2").Status)
+		require.Equal(t, idemtype.StatusNeedsReconcile, b.key(t, "user:2", "t3").Status)
 		require.Equal(t, 3, b.count(t, "count(*) FROM texts_sent"), "one message per key, none re-sent")
 
 		res = b.run(t, bins.flowapp, "reconcile", "t3", "--scope", "user:2")

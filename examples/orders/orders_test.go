@@ -19,6 +19,7 @@ import (
 	"github.com/go-idem/idem/examples/orders"
 	"github.com/go-idem/idem/examples/orders/db"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -50,8 +51,8 @@ func ordersTables(t *testing.T, schema *idemtest.Schema) *pgxpool.Pool {
 // exactlyOneOrderAndOneCharge is the business invariant of a finished key:
 // one order for it, charged, one outbox message, and one charge at the
 // provider for the order.
-func exactlyOneOrderAndOneCharge(pool *pgxpool.Pool, payments *idemtest.Provider) func(context.Context, *idem.KeyRecord) error {
-	return func(ctx context.Context, key *idem.KeyRecord) error {
+func exactlyOneOrderAndOneCharge(pool *pgxpool.Pool, payments *idemtest.Provider) func(context.Context, *idemtype.KeyRecord) error {
+	return func(ctx context.Context, key *idemtype.KeyRecord) error {
 		q := db.New(pool) // outside any phase, the pool is right
 		n, err := q.CountOrdersForKey(ctx, pgtype.Int8{Int64: key.ID, Valid: true})
 		if err != nil {
@@ -102,7 +103,7 @@ func TestCreateOrderUnknownSKU(t *testing.T) {
 		Pool: pool, Flow: orders.NewFlow(fakePayments{payments}),
 		Input: orders.Params{SKU: "warp-drive", Quantity: 1}, Scope: "tenant:acme",
 		Providers: []idemtest.FakeProvider{payments},
-		Check: func(ctx context.Context, key *idem.KeyRecord) error {
+		Check: func(ctx context.Context, key *idemtype.KeyRecord) error {
 			n, err := db.New(pool).CountOrdersForKey(ctx, pgtype.Int8{Int64: key.ID, Valid: true})
 			if err == nil && (n != 0 || len(payments.Effects("")) != 0) {
 				err = fmt.Errorf("%d orders and %d charges, want none", n, len(payments.Effects("")))

@@ -16,6 +16,7 @@ import (
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/examples/sms"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 	"github.com/go-idem/idem/pgstore"
 )
@@ -82,7 +83,7 @@ func (b *bundle) messageOf(ctx context.Context, keyID int64) (*message, error) {
 // sentOnce is the business invariant: the key's message row is marked sent
 // with the id of the one and only message the gateway sent under its
 // reference.
-func (b *bundle) sentOnce(ctx context.Context, key *idem.KeyRecord) error {
+func (b *bundle) sentOnce(ctx context.Context, key *idemtype.KeyRecord) error {
 	m, err := b.messageOf(ctx, key.ID)
 	if err != nil {
 		return fmt.Errorf("the key's message row: %w", err)
@@ -156,7 +157,7 @@ func TestExploreARejectedNumber(t *testing.T) {
 	rep := idemtest.Explore(t, idemtest.Config[sms.Params]{
 		Pool: b.pool, Schema: b.schema, DatabaseURL: b.url,
 		Flow: b.sender.Flow(), Input: hello,
-		Check: func(ctx context.Context, key *idem.KeyRecord) error {
+		Check: func(ctx context.Context, key *idemtype.KeyRecord) error {
 			m, err := b.messageOf(ctx, key.ID)
 			if err == nil && m.Status != "rejected" {
 				err = fmt.Errorf("message %d is %s, want rejected", m.ID, m.Status)
@@ -213,7 +214,7 @@ func TestACrashAfterSendingNeedsReconcileAndIsNeverResent(t *testing.T) {
 	require.Len(t, b.gateway.Sent(), 1, "never re-sent blindly")
 	rec, err := b.store.GetKey(ctx, "user:1", "k1")
 	require.NoError(t, err)
-	require.Equal(t, idem.StatusNeedsReconcile, rec.Status)
+	require.Equal(t, idemtype.StatusNeedsReconcile, rec.Status)
 	require.Equal(t, sms.PhaseSent, rec.ForeignMark)
 
 	out, err = b.runner(t, nil).Reconcile(ctx, "user:1", "k1")
@@ -280,7 +281,7 @@ func TestReconcileVerdicts(t *testing.T) {
 		require.Equal(t, idem.OutcomeNeedsReconcile, out.Kind)
 		rec, err := b.store.GetKey(ctx, "user:1", "k1")
 		require.NoError(t, err)
-		require.Equal(t, idem.StatusNeedsReconcile, rec.Status)
+		require.Equal(t, idemtype.StatusNeedsReconcile, rec.Status)
 		require.Nil(t, rec.LockedAt, "left unlocked for the next reconcile run")
 		require.Contains(t, rec.LastError, "gateway lookup of msg-")
 		require.Contains(t, rec.LastError, "lookup unavailable")

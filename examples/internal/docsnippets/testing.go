@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -31,7 +32,7 @@ func provider(ctx context.Context, run *idem.Attempt[ticket], cfg *idemtest.Conf
 
 	// In the test:
 	cfg.Providers = []idemtest.FakeProvider{payments}
-	cfg.Check = func(ctx context.Context, key *idem.KeyRecord) error { return payments.ExpectOne(key.Key) }
+	cfg.Check = func(ctx context.Context, key *idemtype.KeyRecord) error { return payments.ExpectOne(key.Key) }
 	return charge, err
 }
 

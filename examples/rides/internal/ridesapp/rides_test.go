@@ -15,6 +15,7 @@ import (
 	"github.com/go-idem/idem/examples/rides/fakepay"
 	"github.com/go-idem/idem/examples/rides/internal/ridesapp"
 	"github.com/go-idem/idem/idemhttp"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // The tests below port rocket-rides-atomic's spec/api_spec.rb, one for one
@@ -47,7 +48,7 @@ func requireOneRide(t *testing.T, b *testBundle, key string, ride ridesapp.RideR
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM rides WHERE id = $1 AND charge_reference = $2`,
 		ride.RideID, rec.DownstreamKey(ridesapp.PhaseChargeCreated)))
 	require.Equal(t, ridesapp.ChargeDescription(rec.DownstreamKey(ridesapp.PhaseChargeCreated)), charges[0].Description)
-	require.Equal(t, idem.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StatusFinished, rec.Status)
 	require.Nil(t, rec.LockedAt)
 }
 
@@ -109,7 +110,7 @@ func TestPassesForKeysThatAreUnlocked(t *testing.T) {
 	require.Equal(t, http.StatusInternalServerError, b.ride(t, key).status)
 	rec := b.key(t, b.goodUserID, key)
 	require.Nil(t, rec.LockedAt)
-	require.Equal(t, idem.RecoveryPointStarted, rec.RecoveryPoint)
+	require.Equal(t, idemtype.RecoveryPointStarted, rec.RecoveryPoint)
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM rides`), "the failed phase rolled back")
 
 	b.setHook(nil)
@@ -153,7 +154,7 @@ func TestStoresResultsForAPermanentFailure(t *testing.T) {
 	rideID := int64(p["ride_id"].(float64))
 
 	rec := b.key(t, b.badUserID, key)
-	require.Equal(t, idem.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StatusFinished, rec.Status)
 	require.Equal(t, http.StatusPaymentRequired, rec.ResponseStatus)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM rides WHERE id = $1 AND payment_status = 'declined' AND charge_id IS NULL`, rideID))
 	require.Empty(t, b.provider.Charges())
@@ -180,7 +181,7 @@ func TestContinuesFromRecoveryPoint(t *testing.T) {
 		recoveryPoint string
 		crashIn       string
 	}{
-		{idem.RecoveryPointStarted, ridesapp.PhaseRideCreated},
+		{idemtype.RecoveryPointStarted, ridesapp.PhaseRideCreated},
 		{ridesapp.PhaseRideCreated, ridesapp.PhaseChargeCreated},
 		{ridesapp.PhaseChargeCreated, ridesapp.PhaseReceiptEnqueued},
 	} {

@@ -25,6 +25,7 @@ import (
 	"github.com/go-idem/idem/examples/rides/fakepay"
 	"github.com/go-idem/idem/examples/rides/internal/ridesapp"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 )
 
@@ -260,7 +261,7 @@ func (b *testBundle) count(t *testing.T, sql string, args ...any) int {
 	return n
 }
 
-func (b *testBundle) key(t *testing.T, userID int64, key string) *idem.KeyRecord {
+func (b *testBundle) key(t *testing.T, userID int64, key string) *idemtype.KeyRecord {
 	t.Helper()
 	rec, err := b.app.Store().GetKey(context.Background(), "user:"+itoa(userID), key)
 	require.NoError(t, err)

@@ -1,4 +1,4 @@
-package idemdriver
+package idemtype
 
 import (
 	"bytes"
