@@ -21,9 +21,9 @@ var (
 
 // storeWith is a store on the bundle's schema that seals with keyring (nil:
 // in the clear).
-func (b *testBundle) storeWith(t *testing.T, keyring *pgstore.Keyring) *pgstore.Store {
+func (b *testBundle) storeWith(t *testing.T, keyring *idemtype.Keyring) *pgstore.Store {
 	t.Helper()
-	st, err := pgstore.New(b.pool, &pgstore.Config{Schema: b.schema.Name, Cipher: keyring})
+	st, err := pgstore.New(b.pool, &pgstore.Config{Schema: b.schema.Name, Keyring: keyring})
 	require.NoError(t, err)
 	t.Cleanup(st.Close)
 	return st
@@ -53,7 +53,7 @@ func (b *testBundle) rawKey(t *testing.T, key string) (params string, body []byt
 	return params, body, paramsKeyID, bodyKeyID
 }
 
-// pgstore.Config.Cipher seals a key's params and response body at rest with
+// pgstore.Config.Keyring seals a key's params and response body at rest with
 // AES-256-GCM, naming the key each is sealed with per row, so keys rotate:
 // rows keep opening with the key they were sealed with.
 func TestCipherSealsParamsAndResponseAtRest(t *testing.T) {
@@ -64,7 +64,7 @@ func TestCipherSealsParamsAndResponseAtRest(t *testing.T) {
 	_, err := plainBefore.Execute(ctx, b.flow, b.request("clear", rideInput{Origin: "Clear St", Amount: 1}))
 	require.NoError(t, err)
 
-	k1 := b.storeWith(t, &pgstore.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}})
+	k1 := b.storeWith(t, &idemtype.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}})
 	r := b.runnerOn(t, k1, nil)
 	first, err := r.Execute(ctx, b.flow, b.request("sealed", rideInput{Origin: "Secret St", Amount: 5}))
 	require.NoError(t, err)
@@ -92,17 +92,17 @@ func TestCipherSealsParamsAndResponseAtRest(t *testing.T) {
 	require.Equal(t, "k1", rec.ParamsKeyID)
 	// A row in the clear is what anyone who can write the table could put in
 	// place of a sealed one: with a keyring it is refused, unless the
-	// keyring accepts rows written before it (AcceptUnsealed).
+	// keyring accepts rows written before it (AcceptUnkeyed).
 	out, err = r.Execute(ctx, b.flow, b.request("clear", rideInput{Origin: "Clear St", Amount: 1}))
 	require.ErrorIs(t, err, pgstore.ErrCannotOpen)
 	require.Nil(t, out.Response)
-	accepting := b.runnerOn(t, b.storeWith(t, &pgstore.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}, AcceptUnsealed: true}), nil)
+	accepting := b.runnerOn(t, b.storeWith(t, &idemtype.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}, AcceptUnkeyed: true}), nil)
 	out, err = accepting.Execute(ctx, b.flow, b.request("clear", rideInput{Origin: "Clear St", Amount: 1}))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeReplayed, out.Kind)
 
 	// Rotation: k2 seals new values, k1 still opens old ones.
-	k2 := b.storeWith(t, &pgstore.Keyring{Current: "k2", Keys: map[string][]byte{"k1": sealKey1, "k2": sealKey2}})
+	k2 := b.storeWith(t, &idemtype.Keyring{Current: "k2", Keys: map[string][]byte{"k1": sealKey1, "k2": sealKey2}})
 	r2 := b.runnerOn(t, k2, nil)
 	out, err = r2.Execute(ctx, b.flow, b.request("sealed", rideInput{Origin: "Secret St", Amount: 5}))
 	require.NoError(t, err)
@@ -115,7 +115,7 @@ func TestCipherSealsParamsAndResponseAtRest(t *testing.T) {
 
 	// A store that lacks the key a row was sealed with fails clearly: never
 	// a replay of what it cannot open.
-	onlyK2 := b.runnerOn(t, b.storeWith(t, &pgstore.Keyring{Current: "k2", Keys: map[string][]byte{"k2": sealKey2}}), nil)
+	onlyK2 := b.runnerOn(t, b.storeWith(t, &idemtype.Keyring{Current: "k2", Keys: map[string][]byte{"k2": sealKey2}}), nil)
 	out, err = onlyK2.Execute(ctx, b.flow, b.request("sealed", rideInput{Origin: "Secret St", Amount: 5}))
 	require.ErrorIs(t, err, pgstore.ErrCannotOpen)
 	require.ErrorContains(t, err, `"k1"`)
@@ -164,7 +164,7 @@ func TestCompleterResumesASealedKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	st := b.storeWith(t, &pgstore.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}})
+	st := b.storeWith(t, &idemtype.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}})
 	_, err := b.runnerOn(t, st, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charge_created")}}).
 		Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "Secret St", Amount: 5}))
 	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
@@ -186,13 +186,13 @@ func TestCompleterResumesASealedKey(t *testing.T) {
 func TestKeyringIsChecked(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	for name, k := range map[string]*pgstore.Keyring{
+	for name, k := range map[string]*idemtype.Keyring{
 		"no current":      {Keys: map[string][]byte{"k1": sealKey1}},
 		"unknown current": {Current: "k2", Keys: map[string][]byte{"k1": sealKey1}},
 		"short key":       {Current: "k1", Keys: map[string][]byte{"k1": sealKey1[:16]}},
 		"bad id":          {Current: "k 1", Keys: map[string][]byte{"k 1": sealKey1}},
 	} {
-		_, err := pgstore.New(b.pool, &pgstore.Config{Cipher: k})
+		_, err := pgstore.New(b.pool, &pgstore.Config{Keyring: k})
 		require.Error(t, err, name)
 	}
 }
@@ -204,13 +204,13 @@ func TestAKeyThatCannotBeOpenedIsNotLeftLocked(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	k1 := b.storeWith(t, &pgstore.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}})
+	k1 := b.storeWith(t, &idemtype.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}})
 	_, err := b.runnerOn(t, k1, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charge_created")}}).
 		Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "Secret St", Amount: 5}))
 	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
 	b.clock.Advance(time.Hour)
 
-	onlyK2 := b.storeWith(t, &pgstore.Keyring{Current: "k2", Keys: map[string][]byte{"k2": sealKey2}})
+	onlyK2 := b.storeWith(t, &idemtype.Keyring{Current: "k2", Keys: map[string][]byte{"k2": sealKey2}})
 	r := b.runnerOn(t, onlyK2, nil)
 	_, err = r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "Secret St", Amount: 5}))
 	require.ErrorIs(t, err, pgstore.ErrCannotOpen)

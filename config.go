@@ -111,35 +111,29 @@ type Config struct {
 	// doubles per retry, with jitter. Default 10ms.
 	PhaseRetryBackoff time.Duration
 
-	// FingerprintKey, when set, keys request fingerprints with this server
-	// secret: HMAC-SHA-256 instead of SHA-256 (over the payload the client
-	// sent; see Request.Payload). The fingerprint is stored with every key;
-	// unkeyed, a
-	// fingerprint of a low-entropy input (a card number) can be inverted by
-	// trying every value. At least 32 bytes; keep it as secret as a
-	// password pepper.
+	// FingerprintKeys, when set, keys request fingerprints with a server
+	// secret: HMAC-SHA-256 under its Current key instead of SHA-256 (over
+	// the payload the client sent; see Request.Payload). The fingerprint is
+	// stored with every key; unkeyed, a fingerprint of a low-entropy input
+	// (a card number) can be inverted by trying every value. Each key is at
+	// least MinFingerprintKeyLength bytes.
+	//
+	// A key whose stored fingerprint is the request's under any key of the
+	// keyring is that request: it is replayed or resumed, and keeps its
+	// fingerprint. The request's fingerprint under each travels in the one
+	// acquisition; each key beyond Current costs every request one HMAC more
+	// over its canonical payload, which is made once. With AcceptUnkeyed,
+	// keys fingerprinted before any key was set (plain SHA-256) match too.
 	//
 	// Switching changes every new fingerprint, so a retry of a key made
 	// before the switch (in flight, or finished and replayed within its
 	// retention) no longer matches its key: it is refused as a mismatch
 	// (422 in idemhttp), and a half-done request cannot be resumed by its
-	// client. To switch safely, set AcceptUnkeyedFingerprints (or, to rotate
-	// a key, list the old one in PreviousFingerprintKeys) together with the
-	// new key, and keep it until every key made before is gone: the longest
-	// of Retention and AbandonAfter after the switch.
-	FingerprintKey []byte
-
-	// PreviousFingerprintKeys are fingerprint keys used before
-	// FingerprintKey. A key whose stored fingerprint is the request's
-	// under one of them is that request: it is replayed or resumed, and
-	// keeps its fingerprint. The request's fingerprint under each travels
-	// in the one acquisition; each costs every request one HMAC more over
-	// its canonical payload, which is made once.
-	PreviousFingerprintKeys [][]byte
-
-	// AcceptUnkeyedFingerprints is PreviousFingerprintKeys for keys
-	// fingerprinted before FingerprintKey was set (unkeyed SHA-256).
-	AcceptUnkeyedFingerprints bool
+	// client. To switch safely, set AcceptUnkeyed (or, to rotate a key, keep
+	// the old one in Keys) together with the new Current, and keep it until
+	// every key made before is gone: the longest of Retention and
+	// AbandonAfter after the switch.
+	FingerprintKeys *idemtype.Keyring
 
 	// Flows registers flows by name, so keys can be completed and
 	// reconciled by the maintenance services and the CLI, which have only
@@ -320,12 +314,9 @@ func (c *Config) validate() error {
 	if c.LeaseMargin < 0 || c.LeaseMargin >= c.Lease-c.HeartbeatInterval {
 		errs = append(errs, fmt.Errorf("LeaseMargin %s must be positive and leave room for a heartbeat (Lease %s minus HeartbeatInterval %s)", c.LeaseMargin, c.Lease, c.HeartbeatInterval))
 	}
-	if n := len(c.FingerprintKey); n > 0 && n < MinFingerprintKeyLength {
-		errs = append(errs, fmt.Errorf("FingerprintKey is %d bytes, under %d", n, MinFingerprintKeyLength))
-	}
-	for i, key := range c.PreviousFingerprintKeys {
-		if len(key) < MinFingerprintKeyLength {
-			errs = append(errs, fmt.Errorf("PreviousFingerprintKeys[%d] is %d bytes, under %d", i, len(key), MinFingerprintKeyLength))
+	if c.FingerprintKeys != nil {
+		if err := c.FingerprintKeys.Check(MinFingerprintKeyLength, 0); err != nil {
+			errs = append(errs, fmt.Errorf("FingerprintKeys: %w", err))
 		}
 	}
 	if c.PhaseRetryBackoff < 0 {

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 var (
@@ -18,14 +19,14 @@ var (
 	fingerprintKey2 = bytes.Repeat([]byte{9}, 32)
 )
 
-// Config.FingerprintKey makes fingerprints an HMAC under a server secret,
+// Config.FingerprintKeys makes fingerprints an HMAC under a server secret,
 // so a stored fingerprint of a card number cannot be inverted by trying
 // every number.
 func TestFingerprintKeyedWithAServerSecret(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	r := b.runner(t, &idem.Config{FingerprintKey: fingerprintKey})
+	r := b.runner(t, &idem.Config{FingerprintKeys: &idemtype.Keyring{Current: "k1", Keys: map[string][]byte{"k1": fingerprintKey}}})
 	_, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 5}))
 	require.NoError(t, err)
 
@@ -44,10 +45,17 @@ func TestFingerprintKeyedWithAServerSecret(t *testing.T) {
 	_, err = r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 6}))
 	require.ErrorIs(t, err, idem.ErrMismatch)
 
-	for _, cfg := range []*idem.Config{{FingerprintKey: []byte("short")}, {PreviousFingerprintKeys: [][]byte{[]byte("short")}}} {
-		_, err = idem.NewRunner(b.storeFor(t), cfg)
-		require.ErrorContains(t, err, "under 32")
+	for name, k := range map[string]*idemtype.Keyring{
+		"short current":   {Current: "k1", Keys: map[string][]byte{"k1": []byte("short")}},
+		"short earlier":   {Current: "k1", Keys: map[string][]byte{"k1": fingerprintKey, "k0": []byte("short")}},
+		"unknown current": {Current: "k2", Keys: map[string][]byte{"k1": fingerprintKey}},
+		"bad id":          {Current: "k 1", Keys: map[string][]byte{"k 1": fingerprintKey}},
+	} {
+		_, err = idem.NewRunner(b.storeFor(t), &idem.Config{FingerprintKeys: k})
+		require.ErrorContains(t, err, "FingerprintKeys", name)
 	}
+	_, err = idem.NewRunner(b.storeFor(t), &idem.Config{FingerprintKeys: &idemtype.Keyring{Current: "k1", Keys: map[string][]byte{"k1": []byte("short")}}})
+	require.ErrorContains(t, err, "under 32")
 }
 
 // Switching fingerprints: keys made before the switch no longer match their
@@ -67,14 +75,16 @@ func TestSwitchingToAFingerprintKey(t *testing.T) {
 	b.clock.Advance(time.Hour) // the crashed worker's lease is long gone
 
 	// A switch that accepts nothing older: retries of older keys mismatch.
-	strict := b.runner(t, &idem.Config{FingerprintKey: fingerprintKey})
+	strict := b.runner(t, &idem.Config{FingerprintKeys: &idemtype.Keyring{Current: "k1", Keys: map[string][]byte{"k1": fingerprintKey}}})
 	for _, key := range []string{"in-flight", "finished"} {
 		_, err := strict.Execute(ctx, b.flow, b.request(key, rideInput{Origin: "SF", Amount: 5}))
 		require.ErrorIs(t, err, idem.ErrMismatch, key)
 	}
 
 	// The safe switch.
-	r := b.runner(t, &idem.Config{FingerprintKey: fingerprintKey, AcceptUnkeyedFingerprints: true})
+	r := b.runner(t, &idem.Config{FingerprintKeys: &idemtype.Keyring{
+		Current: "k1", Keys: map[string][]byte{"k1": fingerprintKey}, AcceptUnkeyed: true,
+	}})
 	out, err := r.Execute(ctx, b.flow, b.request("in-flight", rideInput{Origin: "SF", Amount: 5}))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
@@ -87,10 +97,12 @@ func TestSwitchingToAFingerprintKey(t *testing.T) {
 	_, err = r.Execute(ctx, b.flow, b.request("finished", rideInput{Origin: "LA", Amount: 5}))
 	require.ErrorIs(t, err, idem.ErrMismatch, "other params are still another request")
 
-	// Rotating the key: the old one listed as previous.
+	// Rotating the key: the old one kept in Keys.
 	_, err = r.Execute(ctx, b.flow, b.request("keyed", rideInput{Origin: "SF", Amount: 5}))
 	require.NoError(t, err)
-	rotated := b.runner(t, &idem.Config{FingerprintKey: fingerprintKey2, PreviousFingerprintKeys: [][]byte{fingerprintKey}})
+	rotated := b.runner(t, &idem.Config{FingerprintKeys: &idemtype.Keyring{
+		Current: "k2", Keys: map[string][]byte{"k1": fingerprintKey, "k2": fingerprintKey2},
+	}})
 	out, err = rotated.Execute(ctx, b.flow, b.request("keyed", rideInput{Origin: "SF", Amount: 5}))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeReplayed, out.Kind)

@@ -160,8 +160,8 @@ type AcquireParams struct {
 	Scope, Key, Flow, Method, Path string
 	// Fingerprints are the request's fingerprint under the current
 	// fingerprint key, which a new key stores as KeyRecord.Fingerprint,
-	// then under the keys used before it (idem.Config's
-	// PreviousFingerprintKeys): an existing key is this request when its
+	// then under the keys used before it (the other keys
+	// of idem.Config.FingerprintKeys): an existing key is this request when its
 	// fingerprint is any of them (KeyRecord.SameRequest), and a store takes
 	// it over by the fingerprint it has. One acquisition serves a rotation.
 	Fingerprints [][]byte

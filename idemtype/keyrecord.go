@@ -69,7 +69,7 @@ type KeyRecord struct {
 	// listings and claims without it (see Store.ListKeys, Store.ClaimIdle).
 	Params json.RawMessage `db:"params" json:"params"`
 	// ParamsKeyID names the key of the store's keyring that seals Params at
-	// rest (pgstore.Config.Cipher); empty when it is stored in the clear.
+	// rest (pgstore.Config.Keyring); empty when it is stored in the clear.
 	ParamsKeyID string `db:"params_key_id" json:"params_key_id,omitempty"`
 
 	Status        Status `db:"status" json:"status"`

@@ -131,8 +131,8 @@ func TestReplayDoesNotOpenTheParams(t *testing.T) {
 	schema := pgtest.NewMigratedSchema(t)
 	// The response is written in the clear: accepted, to keep this test
 	// about the params.
-	store, err := New(schema.Pool, &Config{Schema: schema.Name, Cipher: &Keyring{
-		Current: "new", Keys: map[string][]byte{"new": make([]byte, 32)}, AcceptUnsealed: true,
+	store, err := New(schema.Pool, &Config{Schema: schema.Name, Keyring: &idemtype.Keyring{
+		Current: "new", Keys: map[string][]byte{"new": make([]byte, 32)}, AcceptUnkeyed: true,
 	}})
 	require.NoError(t, err)
 	t.Cleanup(store.Close)

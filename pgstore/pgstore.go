@@ -61,11 +61,14 @@ type Config struct {
 	// otherwise db itself, and sizing it is the caller's business.
 	ControlDB DB
 
-	// Cipher, when set, seals each key's params and response body at rest
-	// with its keys (AES-256-GCM), naming per row the key each was sealed
-	// with; see Keyring. Rows written in the clear stay readable. Default:
-	// stored in the clear.
-	Cipher *Keyring
+	// Keyring, when set, seals each key's params and response body at rest
+	// with its keys (AES-256-GCM, 32-byte keys), naming per row the key each
+	// was sealed with, so keys rotate. Rows written in the clear are
+	// refused unless its AcceptUnkeyed is set. Response headers, checkpoint
+	// data, last_error and the key's metadata are not sealed (see
+	// docs/operations.md, Data and retention). Default: stored in the
+	// clear.
+	Keyring *idemtype.Keyring
 
 	// Instance names this process among the application's instances, with a
 	// name it keeps across restarts and no live process shares: a
@@ -153,7 +156,7 @@ func New(db DB, config *Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %w", err)
 	}
-	seal, err := newSealer(config.Cipher)
+	seal, err := newSealer(config.Keyring)
 	if err != nil {
 		return nil, err
 	}
