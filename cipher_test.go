@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/migrations"
 	"github.com/go-idem/idem/pgstore"
@@ -165,9 +166,9 @@ func TestCompleterResumesASealedKey(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	st := b.storeWith(t, &idemtype.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}})
-	_, err := b.runnerOn(t, st, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charge_created")}}).
+	_, err := b.runnerOn(t, st, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookPhaseStart, "charge_created"))}).
 		Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "Secret St", Amount: 5}))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	b.clock.Advance(time.Hour)
 
 	res, err := b.runnerOn(t, b.storeWith(t, nil), nil).Complete(ctx, nil)
@@ -205,9 +206,9 @@ func TestAKeyThatCannotBeOpenedIsNotLeftLocked(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	k1 := b.storeWith(t, &idemtype.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}})
-	_, err := b.runnerOn(t, k1, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charge_created")}}).
+	_, err := b.runnerOn(t, k1, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookPhaseStart, "charge_created"))}).
 		Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "Secret St", Amount: 5}))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	b.clock.Advance(time.Hour)
 
 	onlyK2 := b.storeWith(t, &idemtype.Keyring{Current: "k2", Keys: map[string][]byte{"k2": sealKey2}})

@@ -236,11 +236,11 @@ func TestCitusMaintenance(t *testing.T) {
 
 	// A key abandoned before its charge, in another scope, and a stuck one
 	// an operator unlocks.
-	crashing := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookAfterCommit, "ride_created")}})
+	crashing := b.runner(t, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookAfterCommit, "ride_created"))})
 	req := b.request("k2", rideInput{Origin: "SF", Amount: 20})
 	req.Scope = "user:2"
 	_, err = crashing.Execute(ctx, b.flow, req)
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	list, err := b.runner(t, nil).ListKeys(ctx, idemtype.KeyQuery{AllScopes: true, Limit: 10})
 	require.NoError(t, err)
 	require.Len(t, list.Keys, 2)

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/idemtype"
 )
 
@@ -17,10 +18,10 @@ var errProviderDown = errors.New("payment provider unreachable")
 
 // crashAt returns a test hook that crashes the runner at one point of one
 // phase, the way a killed process stops.
-func crashAt(where idem.HookWhere, phase string) func(context.Context, idem.HookPoint) error {
-	return func(_ context.Context, at idem.HookPoint) error {
+func crashAt(where idemtest.HookWhere, phase string) func(context.Context, idemtest.HookPoint) error {
+	return func(_ context.Context, at idemtest.HookPoint) error {
 		if at.Where == where && at.Phase == phase {
-			return idem.ErrSimulatedCrash
+			return idemtest.ErrSimulatedCrash
 		}
 		return nil
 	}
@@ -31,10 +32,9 @@ func crashAt(where idem.HookWhere, phase string) func(context.Context, idem.Hook
 // for a client to give up.
 func (b *testBundle) abandon(t *testing.T, key string) {
 	t.Helper()
-	crashing := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookAfterForeign, "charge_created")}})
-	out, err := crashing.Execute(context.Background(), b.flow, b.request(key, rideInput{Origin: "SF", Amount: 20}))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
-	require.Equal(t, idem.OutcomeAbandoned, out.Kind)
+	crashing := b.runner(t, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookAfterForeign, "charge_created"))})
+	_, err := crashing.Execute(context.Background(), b.flow, b.request(key, rideInput{Origin: "SF", Amount: 20}))
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 }
 
 // The completer finishes a request its client abandoned after the charge:
@@ -121,9 +121,9 @@ func TestCompleterPicksOnlyIdleRunningKeysOfItsFlows(t *testing.T) {
 	_, err = b.pool.Exec(ctx, `UPDATE idem_keys SET attempts = 10 WHERE key LIKE 'tried-%'`)
 	require.NoError(t, err)
 	other := b.rideFlow("rides.other")
-	_, err = b.runner(t, &idem.Config{Flows: []idem.AnyFlow{other}, Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charge_created")}}).
+	_, err = b.runner(t, &idem.Config{Flows: []idem.AnyFlow{other}, Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookPhaseStart, "charge_created"))}).
 		Execute(ctx, other, b.request("other-flow", rideInput{Origin: "LA"}))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 
 	b.clock.Advance(10 * time.Minute)
 	obs := newCountingObserver()
@@ -154,8 +154,8 @@ func TestCompleterHandsDoubtfulKeysToReconcile(t *testing.T) {
 	t.Parallel()
 	b := setupSMS(t)
 	ctx := context.Background()
-	_, err := b.runner(t, crashAt(idem.HookAfterForeign, "sms_sent")).Execute(ctx, b.flow, b.req("k1"))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	_, err := b.runner(t, crashAt(idemtest.HookAfterForeign, "sms_sent")).Execute(ctx, b.flow, b.req("k1"))
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	b.clock.Advance(10 * time.Minute)
 
 	r := b.runner(t, nil)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-idem/idem/idemtype"
+	"github.com/go-idem/idem/internal/hooks"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -184,71 +185,14 @@ type TestConfig struct {
 	// expire a lease without waiting. Nil uses the database's now().
 	Now func() time.Time
 
-	// Hook is called at every [HookPoint]. Returning ErrSimulatedCrash makes
-	// the runner stop as a dead process would: its open transaction rolls
-	// back and nothing is released. Returning another error fails the phase
-	// as if the phase had returned it (a serialization failure is retried),
-	// except at HookAfterCommit, where it plays a lost commit
-	// acknowledgement: the phase did commit, but the runner sees the commit
-	// fail, re-reads the key under its fence, finds the commit landed and
-	// goes on.
-	Hook func(ctx context.Context, at HookPoint) error
+	// hook is the test hook (internal/hooks), which idemtest sets.
+	hook hooks.Func
 }
 
-// HookPoint says where a Config.Test.Hook is being called.
-type HookPoint struct {
-	Where   HookWhere
-	Flow    string
-	Phase   string
-	Attempt int
-	// Key is the key as the runner knows it at that point.
-	Key *idemtype.KeyRecord
-	// ForeignKind is the phase's declared Phase.Foreign, so a test can tell
-	// a not-idempotent call (which must never run twice) from one the
-	// provider deduplicates.
-	ForeignKind ForeignKind
-	// Foreign and DownstreamKey describe the foreign call at
-	// HookBeforeForeign and HookAfterForeign: the name given to
-	// Attempt.Foreign and the idempotency key the call receives.
-	Foreign       string
-	DownstreamKey string
-	// Err is the refusal at HookForeignRefused.
-	Err error
+func init() {
+	hooks.Set = func(tc any, fn hooks.Func) { tc.(*TestConfig).hook = fn }
+	hooks.Get = func(tc any) hooks.Func { return tc.(*TestConfig).hook }
 }
-
-// HookWhere names a point in a phase's life.
-//
-// Phases joined by Phase.JoinPrevious pass the same points as phases of
-// their own, in order, around the one transaction they share: a joined
-// phase's HookPhaseStart comes after the phase before it reached
-// HookBeforeCommit, in the same transaction, and once the shared commit
-// landed every one of them reaches HookAfterCommit.
-type HookWhere string
-
-const (
-	// HookPhaseStart: the phase's transaction has begun; its body has not run.
-	HookPhaseStart HookWhere = "phase_start"
-	// HookBeforeForeign: the phase is about to make its foreign call (a
-	// not-idempotent phase has recorded its mark); the call has not been
-	// made. A test that pauses here past the lease sees the worker fence
-	// itself off.
-	HookBeforeForeign HookWhere = "before_foreign"
-	// HookAfterForeign: the phase's foreign call has returned; the phase has
-	// not committed.
-	HookAfterForeign HookWhere = "after_foreign"
-	// HookBeforeCommit: the phase's body returned; the guarded commit has
-	// not been sent.
-	HookBeforeCommit HookWhere = "before_commit"
-	// HookAfterCommit: the phase committed; the caller has not been told.
-	HookAfterCommit HookWhere = "after_commit"
-	// HookForeignRefused: the runner refused a foreign call of the phase
-	// (a second one in its transaction, ErrSecondForeignCall): Foreign
-	// names it, Err is the refusal Attempt.Foreign returns. The call was
-	// not made; a phase that goes on without it has lost an effect, which
-	// a test (the crash kit) reports. An error the hook returns is
-	// returned in the refusal's place.
-	HookForeignRefused HookWhere = "foreign_refused"
-)
 
 // Defaults of [Config]'s fields.
 const (

@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-idem/idem/idemdriver"
 	"github.com/go-idem/idem/idemtype"
+	"github.com/go-idem/idem/internal/hooks"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -79,11 +80,11 @@ func (r *Runner) phaseBody(h *held) body {
 				return res, r.commitFor(h, res), nil
 			}
 			// The phase's work is done and its commit is the next phase's.
-			if err := r.hook(ctx, h, HookBeforeCommit); err != nil {
+			if err := r.hook(ctx, h, hooks.BeforeCommit); err != nil {
 				return res, nil, err
 			}
 			h.phase++
-			if err := r.hook(ctx, h, HookPhaseStart); err != nil {
+			if err := r.hook(ctx, h, hooks.PhaseStart); err != nil {
 				return res, nil, err
 			}
 		}

@@ -104,12 +104,6 @@ var (
 	// only the runner ends a phase's transaction, together with the key's
 	// recovery point.
 	ErrPhaseOwnsTx = idemtype.ErrPhaseOwnsTx
-
-	// ErrSimulatedCrash is returned by a Config.Test.Hook to make the runner
-	// behave as if its process died at that point: the open transaction is
-	// rolled back (as the server would on a dropped connection) and nothing is
-	// released. Only tests produce it.
-	ErrSimulatedCrash = errors.New("idem: simulated crash")
 )
 
 // ErrNoReconcileHook: a key's not-idempotent call is in doubt at a phase that

@@ -83,16 +83,16 @@ func TestFailoverRunnerAndMaintainerCarryOn(t *testing.T) {
 	runner := b.runner(t, &idem.Config{
 		Logger:   slog.New(slog.DiscardHandler),
 		Observer: events,
-		Test: idem.TestConfig{Hook: func(_ context.Context, at idem.HookPoint) error {
+		Test: idemtest.WithHook(idem.TestConfig{}, func(_ context.Context, at idemtest.HookPoint) error {
 			crash := false
-			if at.Key.Key == "abandoned" && at.Phase == "charge_created" && at.Where == idem.HookPhaseStart {
+			if at.Key.Key == "abandoned" && at.Phase == "charge_created" && at.Where == idemtest.HookPhaseStart {
 				crashOnce.Do(func() { crash = true })
 			}
 			if crash {
-				return idem.ErrSimulatedCrash
+				return idemtest.ErrSimulatedCrash
 			}
 			return nil
-		}},
+		}),
 	})
 	maintainerConfig := &idem.MaintainerConfig{
 		ReapInterval: 20 * time.Millisecond, CompleteInterval: 20 * time.Millisecond, ReconcileInterval: -1,
@@ -113,7 +113,7 @@ func TestFailoverRunnerAndMaintainerCarryOn(t *testing.T) {
 	_, err = execute(ctx, "finished")
 	require.NoError(t, err)
 	_, err = execute(ctx, "abandoned")
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	inFlight := make(chan error, 1)
 	go func() {
 		_, err := execute(ctx, "in-flight")

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/idemtype"
 )
 
@@ -66,9 +67,9 @@ func TestSwitchingToAFingerprintKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	before := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "receipt_enqueued")}})
+	before := b.runner(t, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookPhaseStart, "receipt_enqueued"))})
 	_, err := before.Execute(ctx, b.flow, b.request("in-flight", rideInput{Origin: "SF", Amount: 5}))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	_, err = b.runner(t, nil).Execute(ctx, b.flow, b.request("finished", rideInput{Origin: "SF", Amount: 5}))
 	require.NoError(t, err)
 	inFlight := b.key(t, "in-flight")

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
 )
 
 // Fingerprints are over what the caller passed: JSON params are
@@ -79,9 +80,9 @@ func TestRetryOnlyContinuesTheKeyOfItsPayload(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	body := []byte(`{"origin":"SF","amount":20}`)
-	crash := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charge_created")}})
+	crash := b.runner(t, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookPhaseStart, "charge_created"))})
 	_, err := crash.Execute(ctx, b.flow, idem.Request{Scope: "user:1", Key: "k1", Params: body})
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	b.clock.Advance(time.Hour)
 	var amounts []float64
 	b.hooks["charge_created"] = func(_ context.Context, _ idem.Tx, run *idem.Attempt[rideInput]) error {

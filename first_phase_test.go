@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/idemtype"
 )
 
@@ -24,7 +25,7 @@ func TestNewKeyCommitsBeforeItsFirstPhase(t *testing.T) {
 	var mu sync.Mutex
 	created := 0
 	crash := b.runner(t, &idem.Config{
-		Test: idem.TestConfig{Hook: crashAt(idem.HookBeforeCommit, "ride_created")},
+		Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookBeforeCommit, "ride_created")),
 		Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) {
 			if e.Kind == idem.EventCreated {
 				mu.Lock()
@@ -34,7 +35,7 @@ func TestNewKeyCommitsBeforeItsFirstPhase(t *testing.T) {
 		}),
 	})
 	_, err := crash.Execute(ctx, b.flow, req)
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	require.Equal(t, 1, created)
 	rec := b.key(t, "k1")
 	require.Equal(t, idemtype.RecoveryPointStarted, rec.RecoveryPoint, "the key committed before the phase")

@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-idem/idem/idemdriver"
 	"github.com/go-idem/idem/idemtype"
+	"github.com/go-idem/idem/internal/hooks"
 )
 
 // held is the runner's state for a key this worker holds the lock on, shared
@@ -181,7 +182,7 @@ func (h *held) foreign(ctx context.Context, name string, call func(ctx context.C
 		}
 		h.foreignMarked, markedNow = true, true
 	}
-	if err := r.hookAt(ctx, h, HookPoint{Where: HookBeforeForeign, Foreign: name, DownstreamKey: h.downstreamKey()}); err != nil {
+	if err := r.hookAt(ctx, h, hooks.Point{Where: hooks.BeforeForeign, Foreign: name, DownstreamKey: h.downstreamKey()}); err != nil {
 		return err
 	}
 	if !h.leaseSafe() {
@@ -193,7 +194,7 @@ func (h *held) foreign(ctx context.Context, name string, call func(ctx context.C
 	key := h.downstreamKey()
 	err := call(ctx, key)
 	h.foreignErr = err
-	if herr := r.hookAt(ctx, h, HookPoint{Where: HookAfterForeign, Foreign: name, DownstreamKey: key}); herr != nil {
+	if herr := r.hookAt(ctx, h, hooks.Point{Where: hooks.AfterForeign, Foreign: name, DownstreamKey: key}); herr != nil {
 		return herr
 	}
 	if markedNow && errors.Is(err, ErrNotSent) {

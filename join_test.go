@@ -285,14 +285,14 @@ func TestResumingInsideAJoinedChainKeepsItsIsolation(t *testing.T) {
 		}, nil)
 	}
 	before := flow(false)
-	crashing := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{before}, Test: idem.TestConfig{Hook: func(_ context.Context, at idem.HookPoint) error {
-		if at.Where == idem.HookAfterCommit && at.Phase == "first" {
-			return idem.ErrSimulatedCrash
+	crashing := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{before}, Test: idemtest.WithHook(idem.TestConfig{}, func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Where == idemtest.HookAfterCommit && at.Phase == "first" {
+			return idemtest.ErrSimulatedCrash
 		}
 		return nil
-	}}})
+	})})
 	_, err := crashing.Execute(context.Background(), before, b.request("k1", rideInput{}))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	require.Equal(t, "first", b.key(t, "k1").RecoveryPoint)
 
 	b.clock.Advance(idem.LeaseDefault + time.Second)

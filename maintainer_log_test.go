@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/internal/testfixture"
 	"github.com/go-idem/idem/pgstore"
 )
@@ -162,14 +163,14 @@ func TestMaintenanceLogsDoNotCarryTheKeyWithoutLogKeys(t *testing.T) {
 	var logs testfixture.Buffer
 	r := b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	const key = "h3-secret-key"
-	crashing := b.runner(t, func(_ context.Context, at idem.HookPoint) error {
-		if at.Where == idem.HookAfterForeign {
-			return idem.ErrSimulatedCrash
+	crashing := b.runner(t, func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Where == idemtest.HookAfterForeign {
+			return idemtest.ErrSimulatedCrash
 		}
 		return nil
 	})
 	_, err := crashing.Execute(ctx, b.flow, b.req(key))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	b.clock.Advance(time.Hour)
 
 	res, err := r.Complete(ctx, &idem.CompleteConfig{IdleFor: time.Minute})

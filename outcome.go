@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/go-idem/idem/idemtype"
+	"github.com/go-idem/idem/internal/hooks"
 )
 
 // OutcomeKind is what running a request came to. It is derived from the
@@ -58,11 +59,12 @@ const (
 	// runs; every retry with it gets this outcome. HTTP adapters answer a
 	// final, non-retryable problem.
 	OutcomeRequestAbandoned OutcomeKind = "request_abandoned"
-	// OutcomeAbandoned: a Config.Test.Hook simulated a crash
-	// (ErrSimulatedCrash); the key is left exactly as a dead process would
-	// leave it. Only tests see it.
-	OutcomeAbandoned OutcomeKind = "abandoned"
 )
+
+// outcomeSimulatedCrash: a test hook simulated a crash
+// (hooks.ErrSimulatedCrash); the key is left exactly as a dead process would
+// leave it. Only tests see it, and the adapters recognise it by its error.
+const outcomeSimulatedCrash OutcomeKind = "simulated_crash"
 
 // kindOf derives an outcome's kind from the error the runner returned with it:
 // the error is the one source of truth, and this is the one place it is read.
@@ -73,8 +75,8 @@ func kindOf(err error, replayed bool, rec *idemtype.KeyRecord) OutcomeKind {
 		return OutcomeReplayed
 	case err == nil:
 		return OutcomeExecuted
-	case errors.Is(err, ErrSimulatedCrash):
-		return OutcomeAbandoned
+	case errors.Is(err, hooks.ErrSimulatedCrash):
+		return outcomeSimulatedCrash
 	case isCallerGone(err):
 		return OutcomeCanceled
 	case errors.Is(err, ErrNothingToReconcile) && rec != nil:

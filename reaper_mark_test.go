@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/idemtype"
 )
 
@@ -19,9 +20,9 @@ func TestReaperParksAbandonedKeyWithCallInDoubt(t *testing.T) {
 	t.Parallel()
 	b := setupSMS(t)
 	ctx := context.Background()
-	crashing := b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Test: idem.TestConfig{Hook: crashAt(idem.HookAfterForeign, "sms_sent")}})
+	crashing := b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookAfterForeign, "sms_sent"))})
 	_, err := crashing.Execute(ctx, b.flow, b.req("k1"))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	ref := b.ref(t, "k1")
 	require.Equal(t, 1, b.gateway.times(ref))
 	require.Equal(t, "sms_sent", b.key(t, "k1").ForeignMark)

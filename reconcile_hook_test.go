@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/idemtype"
 )
 
@@ -91,9 +92,9 @@ func TestCheckReconcileHooksReportsKeysInDoubtWithoutAHook(t *testing.T) {
 	b := setupSMS(t)
 	ctx := context.Background()
 	b.parkInDoubt(t, "parked")
-	crashing := b.runner(t, crashAt(idem.HookAfterForeign, "sms_sent"))
+	crashing := b.runner(t, crashAt(idemtest.HookAfterForeign, "sms_sent"))
 	_, err := crashing.Execute(ctx, b.flow, b.req("crashed"))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	_, err = b.runner(t, nil).Execute(ctx, b.flow, b.req("fine"))
 	require.NoError(t, err)
 

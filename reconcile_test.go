@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/idemtype"
 )
 
@@ -122,8 +123,8 @@ func markSent(ctx context.Context, tx idem.Tx, run *idem.Attempt[smsInput]) erro
 	return err
 }
 
-func (b *smsBundle) runner(t *testing.T, hook func(context.Context, idem.HookPoint) error) *idem.Runner {
-	return b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Test: idem.TestConfig{Hook: hook}})
+func (b *smsBundle) runner(t *testing.T, hook func(context.Context, idemtest.HookPoint) error) *idem.Runner {
+	return b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Test: idemtest.WithHook(idem.TestConfig{}, hook)})
 }
 
 func (b *smsBundle) req(key string) idem.Request {
@@ -134,14 +135,14 @@ func (b *smsBundle) req(key string) idem.Request {
 // call: the key is left with its foreign mark set.
 func (b *smsBundle) crashAfterSend(t *testing.T, key string) {
 	t.Helper()
-	crashing := b.runner(t, func(_ context.Context, at idem.HookPoint) error {
-		if at.Where == idem.HookAfterForeign {
-			return idem.ErrSimulatedCrash
+	crashing := b.runner(t, func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Where == idemtest.HookAfterForeign {
+			return idemtest.ErrSimulatedCrash
 		}
 		return nil
 	})
 	_, err := crashing.Execute(context.Background(), b.flow, b.req(key))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 }
 
 func (b *smsBundle) ref(t *testing.T, key string) string {
@@ -353,14 +354,14 @@ func TestUnknownRecoveryPointFailsClearly(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	crashing := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: func(_ context.Context, at idem.HookPoint) error {
-		if at.Where == idem.HookAfterCommit {
-			return idem.ErrSimulatedCrash
+	crashing := b.runner(t, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Where == idemtest.HookAfterCommit {
+			return idemtest.ErrSimulatedCrash
 		}
 		return nil
-	}}})
+	})})
 	_, err := crashing.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 
 	renamed := idem.MustNewFlow("rides.create", []idem.Phase[rideInput]{{
 		Name: "ride_made",

@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/migrations"
 )
@@ -173,14 +174,14 @@ func TestResolveRefusesOtherStates(t *testing.T) {
 	require.Equal(t, before, b.keyRow(t, "done"))
 
 	// A running key: its worker died before the send.
-	crashing := b.runner(t, func(_ context.Context, at idem.HookPoint) error {
-		if at.Where == idem.HookPhaseStart && at.Phase == "sms_sent" {
-			return idem.ErrSimulatedCrash
+	crashing := b.runner(t, func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Where == idemtest.HookPhaseStart && at.Phase == "sms_sent" {
+			return idemtest.ErrSimulatedCrash
 		}
 		return nil
 	})
 	_, err = crashing.Execute(ctx, b.flow, b.req("running"))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	before = b.keyRow(t, "running")
 	_, err = r.Resolve(ctx, "user:1", "running", resolution(idem.ResolveAbandon))
 	require.ErrorIs(t, err, idem.ErrNothingToReconcile)
@@ -514,9 +515,9 @@ func TestResolveRecordsTheVerdictOnCitus(t *testing.T) {
 	t.Parallel()
 	b := setupCitus(t)
 	ctx := context.Background()
-	crashing := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charge_created")}})
+	crashing := b.runner(t, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookPhaseStart, "charge_created"))})
 	_, err := crashing.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 5}))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	b.clock.Advance(2 * time.Minute)
 	_, err = b.pool.Exec(ctx, `UPDATE idem_keys SET status = 'needs_reconcile' WHERE scope = 'user:1' AND key = 'k1'`)
 	require.NoError(t, err)

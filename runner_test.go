@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/testfixture"
 	"github.com/go-idem/idem/pgstore"
@@ -246,15 +247,14 @@ func TestCrashLeavesKeyLockedUntilLeaseExpires(t *testing.T) {
 
 func crashLeavesKeyLockedUntilLeaseExpires(t *testing.T, b *testBundle) {
 	ctx := context.Background()
-	crashing := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: func(_ context.Context, at idem.HookPoint) error {
-		if at.Where == idem.HookAfterCommit && at.Phase == "charge_created" {
-			return idem.ErrSimulatedCrash
+	crashing := b.runner(t, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Where == idemtest.HookAfterCommit && at.Phase == "charge_created" {
+			return idemtest.ErrSimulatedCrash
 		}
 		return nil
-	}}})
+	})})
 	out, err := crashing.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
-	require.Equal(t, idem.OutcomeAbandoned, out.Kind)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 
 	rec := b.key(t, "k1")
 	require.Equal(t, "charge_created", rec.RecoveryPoint)
@@ -555,14 +555,14 @@ func TestCheckpointSurvivesACrashIntoANewRunner(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	crashing := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: func(_ context.Context, at idem.HookPoint) error {
-		if at.Where == idem.HookPhaseStart && at.Phase == "charge_created" {
-			return idem.ErrSimulatedCrash
+	crashing := b.runner(t, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Where == idemtest.HookPhaseStart && at.Phase == "charge_created" {
+			return idemtest.ErrSimulatedCrash
 		}
 		return nil
-	}}})
+	})})
 	_, err := crashing.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	var rideID int64
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT id FROM rides`).Scan(&rideID))
 
@@ -687,12 +687,12 @@ func TestLostCommitAcknowledgementIsNotReRun(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	r := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: func(_ context.Context, at idem.HookPoint) error {
-		if at.Where == idem.HookAfterCommit && at.Phase == "ride_created" && at.Key.Attempts == 1 {
+	r := b.runner(t, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Where == idemtest.HookAfterCommit && at.Phase == "ride_created" && at.Key.Attempts == 1 {
 			return errors.New("connection reset while reading the COMMIT reply")
 		}
 		return nil
-	}}})
+	})})
 	out, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)

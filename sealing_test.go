@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/pgstore"
 )
@@ -84,10 +85,10 @@ func TestSealedParamsCannotBeDowngradedOrSwapped(t *testing.T) {
 			b := setup(t)
 			ctx := context.Background()
 			st := b.storeWith(t, &idemtype.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}})
-			crashing := b.runnerOn(t, st, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charge_created")}})
+			crashing := b.runnerOn(t, st, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookPhaseStart, "charge_created"))})
 			for k, origin := range map[string]string{"k1": "Secret St", "k2": "Other St"} {
 				_, err := crashing.Execute(ctx, b.flow, b.request(k, rideInput{Origin: origin, Amount: 5}))
-				require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+				require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 			}
 			_, err := b.pool.Exec(ctx, tamper)
 			require.NoError(t, err)
@@ -127,9 +128,9 @@ func TestRowsSealedByV01KeepWorkingAcrossARotation(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	clear := b.runnerOn(t, b.storeWith(t, nil), &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charge_created")}})
+	clear := b.runnerOn(t, b.storeWith(t, nil), &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookPhaseStart, "charge_created"))})
 	_, err := clear.Execute(ctx, b.flow, b.request("unfinished", rideInput{Origin: "Old St", Amount: 5}))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	finished, err := b.runnerOn(t, b.storeWith(t, nil), nil).Execute(ctx, b.flow, b.request("finished", rideInput{Origin: "Old St", Amount: 6}))
 	require.NoError(t, err)
 

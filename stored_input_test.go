@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/idemtype"
 )
 
@@ -110,10 +111,10 @@ func TestCompleterRedrivesOnlyFromWhatWasStored(t *testing.T) {
 	redrives := newCardFlow("cards.redrive", &idem.FlowConfig[cardInput]{Store: withoutCard})
 	waits := newCardFlow("cards.wait", &idem.FlowConfig[cardInput]{Store: withoutCard, NoRedrive: true})
 	flows := []idem.AnyFlow{redrives.flow, waits.flow}
-	crash := b.runner(t, &idem.Config{Flows: flows, Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charged")}})
+	crash := b.runner(t, &idem.Config{Flows: flows, Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookPhaseStart, "charged"))})
 	for _, c := range []*cardFlow{redrives, waits} {
 		_, err := crash.Execute(ctx, c.flow, idem.Request{Scope: "user:1", Key: c.flow.Name(), Params: cardInput{Card: testCard, Amount: 5}})
-		require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+		require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	}
 	b.clock.Advance(time.Hour)
 
@@ -163,12 +164,12 @@ func TestReconcileHandsANoRedriveKeyBackToItsClient(t *testing.T) {
 			return idem.RespondJSON(http.StatusCreated, "ok"), nil
 		}},
 	}, &idem.FlowConfig[cardInput]{Store: withoutCard, NoRedrive: true})
-	cfg := func(hook func(context.Context, idem.HookPoint) error) *idem.Config {
-		return &idem.Config{Flows: []idem.AnyFlow{flow}, Test: idem.TestConfig{Hook: hook}}
+	cfg := func(hook func(context.Context, idemtest.HookPoint) error) *idem.Config {
+		return &idem.Config{Flows: []idem.AnyFlow{flow}, Test: idemtest.WithHook(idem.TestConfig{}, hook)}
 	}
 	req := idem.Request{Scope: "user:1", Key: "k1", Params: cardInput{Card: testCard, Amount: 5}}
-	_, err := b.runner(t, cfg(crashAt(idem.HookAfterForeign, "charged"))).Execute(ctx, flow, req)
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	_, err := b.runner(t, cfg(crashAt(idemtest.HookAfterForeign, "charged"))).Execute(ctx, flow, req)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	b.clock.Advance(time.Hour)
 	r := b.runner(t, cfg(nil))
 	_, err = r.Execute(ctx, flow, req)

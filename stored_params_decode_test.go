@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/idemtype"
 )
 
@@ -16,9 +17,9 @@ import (
 // would have stored them; and lets its lease expire and the key go idle.
 func (b *testBundle) strandAt(t *testing.T, key, phase, params string) {
 	t.Helper()
-	crashing := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, phase)}})
+	crashing := b.runner(t, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookPhaseStart, phase))})
 	_, err := crashing.Execute(context.Background(), b.flow, b.request(key, rideInput{Origin: "SF", Amount: 20}))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	_, err = b.pool.Exec(context.Background(), `UPDATE idem_keys SET params = $1::jsonb WHERE key = $2`, params, key)
 	require.NoError(t, err)
 	b.clock.Advance(time.Hour)

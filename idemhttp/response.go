@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemtype"
+	"github.com/go-idem/idem/internal/hooks"
 )
 
 // StatusClientClosedRequest (499, nginx's "client closed request") is what
@@ -21,6 +22,11 @@ const StatusClientClosedRequest = 499
 // writeOutcome maps the runner's outcome to the response.
 func (h *Handler[In]) writeOutcome(w http.ResponseWriter, r *http.Request, req idem.Request, out *idem.Outcome, err error) {
 	ctx := r.Context()
+	if errors.Is(err, hooks.ErrSimulatedCrash) {
+		// A test hook simulated a crash. A dead server sends nothing, so the
+		// client sees the connection drop, as it would.
+		panic(http.ErrAbortHandler)
+	}
 	switch out.Kind {
 	case idem.OutcomeExecuted:
 		h.writeResponse(w, r, out.Response, false)
@@ -78,10 +84,6 @@ func (h *Handler[In]) writeOutcome(w http.ResponseWriter, r *http.Request, req i
 		// closed request") without a body, for access logs, and log nothing
 		// at error.
 		w.WriteHeader(StatusClientClosedRequest)
-	case idem.OutcomeAbandoned:
-		// A test hook simulated a crash. A dead server sends nothing, so the
-		// client sees the connection drop, as it would.
-		panic(http.ErrAbortHandler)
 	case idem.OutcomeInvalid:
 		if errors.Is(err, idem.ErrInvalidParams) {
 			// Input that decoded but cannot be kept, such as a NUL

@@ -249,7 +249,7 @@ func (o *Observer) StartPhase(ctx context.Context, flow, phase string, attempt i
 // an answer the client caused or must wait for (a replay, a 409, a 422).
 func failure(kind idem.OutcomeKind) bool {
 	switch kind {
-	case idem.OutcomeFailed, idem.OutcomeStoreUnavailable, idem.OutcomeLockLost, idem.OutcomeAbandoned, "unknown":
+	case idem.OutcomeFailed, idem.OutcomeStoreUnavailable, idem.OutcomeLockLost, "unknown":
 		return true
 	}
 	return false

@@ -28,7 +28,7 @@ func EqualStatusAndBody(baseline, got *idemtype.Response) error {
 // not matter) once every object member named in ignore is removed, at any
 // depth. Ignore what each run generates afresh:
 //
-//	Compare: idemtest.EqualJSON("ride_id", "charge_id"),
+//	Compare: EqualJSON("ride_id", "charge_id"),
 func EqualJSON(ignore ...string) Comparator {
 	skip := make(map[string]bool, len(ignore))
 	for _, name := range ignore {

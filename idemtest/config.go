@@ -66,7 +66,7 @@ type Config[In any] struct {
 	// Runner is the base configuration of every runner the kit makes: your
 	// Lease, Isolation, MaxPhaseRetries, Observer and so on. The kit adds
 	// Flow to Flows, replaces Test.Now with its own clock, calls your
-	// Test.Hook before its own, sends every event to your Observer after
+	// hook (WithHook) before its own, sends every event to your Observer after
 	// recording it, and discards logs unless Logger is set. Nil means the
 	// defaults.
 	Runner *idem.Config
@@ -225,14 +225,14 @@ func AllKinds() []Kind {
 func (k Kind) Wire() bool { return k == LostReply || k == StalledReply }
 
 // where is the hook point at which the kind's fault is injected.
-func (k Kind) where() idem.HookWhere {
+func (k Kind) where() HookWhere {
 	switch k {
 	case CrashAfterForeign:
-		return idem.HookAfterForeign
+		return HookAfterForeign
 	case CrashAfterCommit, LostCommitAck:
-		return idem.HookAfterCommit
+		return HookAfterCommit
 	}
-	return idem.HookBeforeCommit
+	return HookBeforeCommit
 }
 
 // describe says in a sentence what the scenario does at phase.

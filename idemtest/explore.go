@@ -29,9 +29,9 @@ import (
 //
 //	func TestCreateOrder(t *testing.T) {
 //		t.Parallel()
-//		idemtest.Explore(t, idemtest.Config[orders.Params]{
+//		Explore(t, Config[orders.Params]{
 //			Pool: pool, Flow: orders.NewFlow(payments), Input: orders.Params{SKU: "rocket", Quantity: 2},
-//			Compare: idemtest.EqualJSON("id", "charge_id"),
+//			Compare: EqualJSON("id", "charge_id"),
 //			Check:   exactlyOneOrderAndOneCharge,
 //		})
 //	}
@@ -65,7 +65,7 @@ func ExploreContext[In any](ctx context.Context, cfg Config[In]) (*Report, error
 	if cfg.Runner != nil {
 		x.base = *cfg.Runner
 	}
-	x.userHook, x.base.Test = x.base.Test.Hook, idem.TestConfig{}
+	x.userHook, x.base.Test = hookOf(x.base.Test), idem.TestConfig{}
 	x.lease = x.base.WithDefaults().Lease
 	if _, err := idem.NewRunner(store, x.runnerConfig(nil, nil)); err != nil {
 		return nil, fmt.Errorf("%w: Runner: %w", ErrInvalidConfig, err)
@@ -120,7 +120,7 @@ type explorer[In any] struct {
 	store    idemdriver.Store
 	db       pgstore.DB
 	base     idem.Config
-	userHook func(context.Context, idem.HookPoint) error
+	userHook func(context.Context, HookPoint) error
 	lease    time.Duration
 	runID    string
 
@@ -167,7 +167,7 @@ func (x *explorer[In]) runnerConfig(w *worker, now func() time.Time) *idem.Confi
 		c.Logger = discardLogger
 	}
 	if w != nil {
-		c.Test = idem.TestConfig{Now: now, Hook: w.hook}
+		c.Test = WithHook(idem.TestConfig{Now: now}, w.hook)
 		c.Observer = observerFor(w, x.base.Observer)
 	}
 	return &c

@@ -38,10 +38,10 @@ func (x *explorer[In]) settle(ctx context.Context, sc *scenario, out *idem.Outco
 			sc.violate("gave up retrying: %v", context.Cause(ctx))
 			return nil
 		}
-		switch out.Kind {
-		case idem.OutcomeAbandoned:
+		switch {
+		case errors.Is(err, ErrSimulatedCrash):
 			sc.advance(x.lease+time.Second, "the dead worker's lease runs out")
-		case idem.OutcomeInProgress:
+		case out.Kind == idem.OutcomeInProgress:
 			sc.advance(x.lease+time.Second, "the lease holding the key runs out")
 		}
 		op := opRun

@@ -50,7 +50,7 @@ const (
 // tripMark is how many round trips the wire baseline's request had sent
 // when it reached a hook point of its key.
 type tripMark struct {
-	where idem.HookWhere
+	where HookWhere
 	phase string
 	sent  int64
 }
@@ -238,15 +238,15 @@ func (x *explorer[In]) tripAt(n int) (phase, where string) {
 		return "", fmt.Sprintf("before phase %q began", first)
 	}
 	switch last.where {
-	case idem.HookPhaseStart:
+	case HookPhaseStart:
 		where = "in phase %q"
-	case idem.HookBeforeForeign:
+	case HookBeforeForeign:
 		where = "in phase %q, during its foreign call"
-	case idem.HookAfterForeign:
+	case HookAfterForeign:
 		where = "in phase %q, after its foreign call"
-	case idem.HookBeforeCommit:
+	case HookBeforeCommit:
 		where = "the commit of phase %q"
-	case idem.HookAfterCommit:
+	case HookAfterCommit:
 		where = "after phase %q committed"
 	default:
 		return last.phase, fmt.Sprintf("at %s of phase %q", last.where, last.phase)

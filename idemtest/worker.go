@@ -28,20 +28,20 @@ type worker struct {
 	tripMarks []tripMark
 }
 
-func (w *worker) hook(ctx context.Context, at idem.HookPoint) error {
+func (w *worker) hook(ctx context.Context, at HookPoint) error {
 	ours := at.Key != nil && at.Key.Scope == w.sc.scope && at.Key.Key == w.sc.report.Key
 	if ours {
 		// Record first: what happened happened, whatever the user's hook
 		// then decides.
 		switch at.Where {
-		case idem.HookBeforeForeign:
+		case HookBeforeForeign:
 			// Before the call leaves: a provider may see it before
 			// HookAfterForeign, and must tell whose it is.
 			w.sc.handed.Store(at.DownstreamKey, w.sc.report.Key)
-		case idem.HookAfterForeign:
+		case HookAfterForeign:
 			w.sc.handed.Store(at.DownstreamKey, w.sc.report.Key)
 			w.foreignCall(at)
-		case idem.HookForeignRefused:
+		case HookForeignRefused:
 			w.refused(at)
 		}
 		if w.trips != nil {
@@ -96,11 +96,11 @@ func (w *worker) observe(e idem.Event) {
 	}
 }
 
-func (w *worker) foreignCall(at idem.HookPoint) {
+func (w *worker) foreignCall(at HookPoint) {
 	sc := w.sc
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
-	c := foreignCall{worker: w.n, phase: at.Phase, name: at.Foreign, key: at.DownstreamKey, kind: at.ForeignKind}
+	c := foreignCall{worker: w.n, phase: at.Phase, name: at.Foreign, key: at.DownstreamKey, kind: idem.ForeignKind(at.ForeignKind)}
 	sc.calls = append(sc.calls, c)
 	if c.kind == idem.ForeignNotIdempotent {
 		w.notes = append(w.notes, fmt.Sprintf("made the not-idempotent call %q of %s", c.name, c.phase))
@@ -121,7 +121,7 @@ func (w *worker) foreignCall(at idem.HookPoint) {
 // refused records a foreign call the runner refused. The call was not
 // made: whatever the phase then did, an effect the flow meant to have is
 // missing, or the phase fails on every retry.
-func (w *worker) refused(at idem.HookPoint) {
+func (w *worker) refused(at HookPoint) {
 	sc := w.sc
 	sc.mu.Lock()
 	defer sc.mu.Unlock()

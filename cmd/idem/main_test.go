@@ -20,6 +20,7 @@ import (
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/cmd/idem/internal/testflows"
 	"github.com/go-idem/idem/idemcli"
+	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 	"github.com/go-idem/idem/migrations"
@@ -117,11 +118,11 @@ func (b *bundle) runEnv(t *testing.T, bin string, env []string, args ...string) 
 
 // runner is an application process. clock, when set, replaces the
 // database clock, to leave keys that look hours old.
-func (b *bundle) runner(t *testing.T, clock func() time.Time, hook func(context.Context, idem.HookPoint) error) *idem.Runner {
+func (b *bundle) runner(t *testing.T, clock func() time.Time, hook func(context.Context, idemtest.HookPoint) error) *idem.Runner {
 	t.Helper()
 	r, err := idem.NewRunner(b.store, &idem.Config{
 		Lease: time.Hour, Flows: []idem.AnyFlow{b.orders, b.texts}, Logger: slog.New(slog.DiscardHandler),
-		Test: idem.TestConfig{Now: clock, Hook: hook},
+		Test: idemtest.WithHook(idem.TestConfig{Now: clock}, hook),
 	})
 	require.NoError(t, err)
 	return r
@@ -129,10 +130,10 @@ func (b *bundle) runner(t *testing.T, clock func() time.Time, hook func(context.
 
 func at(t time.Time) func() time.Time { return func() time.Time { return t } }
 
-func crashAt(where idem.HookWhere, phase string) func(context.Context, idem.HookPoint) error {
-	return func(_ context.Context, at idem.HookPoint) error {
+func crashAt(where idemtest.HookWhere, phase string) func(context.Context, idemtest.HookPoint) error {
+	return func(_ context.Context, at idemtest.HookPoint) error {
 		if at.Where == where && at.Phase == phase {
-			return idem.ErrSimulatedCrash
+			return idemtest.ErrSimulatedCrash
 		}
 		return nil
 	}
@@ -150,9 +151,9 @@ func text(key string, unknown bool) idem.Request {
 // expired: the client gave up an hour ago.
 func (b *bundle) abandonOrder(t *testing.T, key string) {
 	t.Helper()
-	_, err := b.runner(t, at(time.Now().Add(-2*time.Hour)), crashAt(idem.HookAfterForeign, "charged")).
+	_, err := b.runner(t, at(time.Now().Add(-2*time.Hour)), crashAt(idemtest.HookAfterForeign, "charged")).
 		Execute(context.Background(), b.orders, order(key))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 }
 
 // doubtfulText leaves a text in needs_reconcile, idle for an hour: the
@@ -160,8 +161,8 @@ func (b *bundle) abandonOrder(t *testing.T, key string) {
 func (b *bundle) doubtfulText(t *testing.T, key string, unknown bool) {
 	t.Helper()
 	ctx := context.Background()
-	_, err := b.runner(t, at(time.Now().Add(-3*time.Hour)), crashAt(idem.HookAfterForeign, "sent")).Execute(ctx, b.texts, text(key, unknown))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	_, err := b.runner(t, at(time.Now().Add(-3*time.Hour)), crashAt(idemtest.HookAfterForeign, "sent")).Execute(ctx, b.texts, text(key, unknown))
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	_, err = b.runner(t, at(time.Now().Add(-time.Hour)), nil).Execute(ctx, b.texts, text(key, unknown))
 	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
 }
@@ -336,8 +337,8 @@ func TestBinary(t *testing.T) {
 		require.NoError(t, err)
 		_, err = b.runner(t, at(now.Add(-48*time.Hour)), nil).Execute(ctx, b.orders, order("expired-1"))
 		require.NoError(t, err)
-		_, err = b.runner(t, nil, crashAt(idem.HookPhaseStart, "charged")).Execute(ctx, b.orders, order("running-1"))
-		require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+		_, err = b.runner(t, nil, crashAt(idemtest.HookPhaseStart, "charged")).Execute(ctx, b.orders, order("running-1"))
+		require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 		b.abandonOrder(t, "stale-1")
 		b.doubtfulText(t, "doubtful-1", false)
 
@@ -414,8 +415,8 @@ func TestBinary(t *testing.T) {
 		b := setup(t, bins, true)
 		ctx := context.Background()
 		beforeCommit, unlocked := make(chan struct{}), make(chan struct{})
-		holder := b.runner(t, nil, func(_ context.Context, at idem.HookPoint) error {
-			if at.Where == idem.HookBeforeCommit && at.Phase == "charged" {
+		holder := b.runner(t, nil, func(_ context.Context, at idemtest.HookPoint) error {
+			if at.Where == idemtest.HookBeforeCommit && at.Phase == "charged" {
 				close(beforeCommit)
 				<-unlocked
 			}

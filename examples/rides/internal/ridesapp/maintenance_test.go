@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/examples/rides/internal/ridesapp"
+	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/idemtype"
 )
 
@@ -24,7 +25,7 @@ var completeConfig = &idem.CompleteConfig{IdleFor: time.Minute}
 func abandon(t *testing.T, b *testBundle, phase string) string {
 	t.Helper()
 	key := newKey()
-	b.crashAt(phase, idem.HookPhaseStart)
+	b.crashAt(phase, idemtest.HookPhaseStart)
 	_, err := b.post(t, "Bearer "+ridesapp.GoodUserEmail, key, validBody)
 	require.Error(t, err)
 	b.setHook(nil)
