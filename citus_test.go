@@ -14,6 +14,7 @@ import (
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/idemtype"
+	"github.com/go-idem/idem/internal/hooks"
 	"github.com/go-idem/idem/internal/pgtest"
 	"github.com/go-idem/idem/internal/testfixture"
 	"github.com/go-idem/idem/migrations"
@@ -311,8 +312,8 @@ func TestCitusWaitPolls(t *testing.T) {
 	require.Equal(t, idem.OutcomeReplayed, two.out.Kind)
 	require.Equal(t, one.out.Response.Body, two.out.Response.Body)
 	require.Positive(t, two.out.Waited)
-	require.True(t, b.store.Polling(), "on Citus the store polls")
-	require.Zero(t, b.store.Notifications())
+	require.True(t, hooks.StoreWaits(b.store).Polling, "on Citus the store polls")
+	require.Zero(t, hooks.StoreWaits(b.store).Notifications)
 	require.Equal(t, 1, b.provider.Charges())
 }
 

@@ -192,6 +192,11 @@ type TestConfig struct {
 func init() {
 	hooks.Set = func(tc any, fn hooks.Func) { tc.(*TestConfig).hook = fn }
 	hooks.Get = func(tc any) hooks.Func { return tc.(*TestConfig).hook }
+	hooks.CurrentName = func(flow any, name string) (string, bool) {
+		return flow.(interface {
+			currentName(string) (string, bool)
+		}).currentName(name)
+	}
 }
 
 // Defaults of [Config]'s fields.

@@ -290,9 +290,10 @@ func (f *Flow[In]) phaseIndex(name string) (int, bool) {
 	return i, ok
 }
 
-// CurrentName is the name of the phase that name names, as its name or one of
-// its Phase.FormerNames; false when no phase of the flow has it.
-func (f *Flow[In]) CurrentName(name string) (string, bool) {
+// currentName is the name of the phase that name names, as its name or one of
+// its Phase.FormerNames; false when no phase of the flow has it. idemtest
+// reads it through hooks.CurrentName.
+func (f *Flow[In]) currentName(name string) (string, bool) {
 	i, ok := f.index[name]
 	if !ok {
 		return "", false

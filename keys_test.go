@@ -9,8 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
-	"github.com/go-idem/idem/idemdriver"
-	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/idemtype"
 )
 
@@ -174,38 +172,4 @@ func TestParseKeyState(t *testing.T) {
 	require.Equal(t, idemtype.KeyStateNeedsReconcile, got)
 	_, err = idemtype.ParseKeyState("done")
 	require.ErrorContains(t, err, "unknown key state")
-}
-
-// UnlockKeyTx joins the caller's transaction: the unlock takes effect with
-// the caller's commit, and not at all if it rolls back.
-func TestUnlockKeyTxJoinsTheCallersTransaction(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	ctx := context.Background()
-	_, err := b.runner(t, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookPhaseStart, "charge_created"))}).
-		Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF"}))
-	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
-	before := b.key(t, "k1")
-	require.NotNil(t, before.LockedAt)
-
-	for _, commit := range []bool{false, true} {
-		tx, err := b.pool.Begin(ctx)
-		require.NoError(t, err)
-		res, err := b.storeFor(t).UnlockKeyTx(ctx, tx, idemdriver.UnlockParams{Scope: "user:1", Key: "k1", Reason: "tx"})
-		require.NoError(t, err)
-		require.True(t, res.Unlocked)
-		list, err := b.storeFor(t).ListKeysTx(ctx, tx, idemdriver.ListKeysParams{KeyQuery: idemtype.KeyQuery{AllScopes: true, State: idemtype.KeyStateStale, Limit: 10}})
-		require.NoError(t, err)
-		require.Len(t, list.Keys, 1, "the transaction sees its own unlock")
-		if commit {
-			require.NoError(t, tx.Commit(ctx))
-		} else {
-			require.NoError(t, tx.Rollback(ctx))
-			require.Equal(t, before.Fence, b.key(t, "k1").Fence, "rolled back with the caller")
-			require.NotNil(t, b.key(t, "k1").LockedAt)
-		}
-	}
-	after := b.key(t, "k1")
-	require.Equal(t, before.Fence+1, after.Fence)
-	require.Nil(t, after.LockedAt)
 }

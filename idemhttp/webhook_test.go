@@ -365,7 +365,7 @@ func TestNewWebhookConfig(t *testing.T) {
 		Do: func(context.Context, idem.Tx, *idem.Attempt[hookEvent]) (idem.Result, error) {
 			return idem.RespondJSON(http.StatusOK, nil), nil
 		}}}, &idem.FlowConfig[hookEvent]{AbandonAfter: time.Hour})
-	shortRunner, err := idem.NewRunner(b.runner.Store(), &idem.Config{Flows: []idem.AnyFlow{short}})
+	shortRunner, err := idem.NewRunner(b.store, &idem.Config{Flows: []idem.AnyFlow{short}})
 	require.NoError(t, err)
 	_, err = idemhttp.NewWebhook(shortRunner, short, valid())
 	require.ErrorContains(t, err, "keeps the flow's finished keys for 24h0m0s, less than RedeliveryWindow 72h0m0s")

@@ -13,6 +13,7 @@ import (
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemdriver"
 	"github.com/go-idem/idem/idemtype"
+	"github.com/go-idem/idem/internal/hooks"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -382,8 +383,9 @@ func (c Config[In]) withDefaults() (Config[In], idemdriver.Store, pgstore.DB, er
 	if err != nil {
 		return fail("%v", err)
 	}
-	if withTable, ok := store.(interface{ Table() string }); ok && withTable.Table() != own.Table() {
-		return fail("Schema %q gives table %s, but Store uses %s; set Schema to the Store's", c.Schema, own.Table(), withTable.Table())
+	ownTable, _ := hooks.StoreTable(own)
+	if table, ok := hooks.StoreTable(store); ok && table != ownTable {
+		return fail("Schema %q gives table %s, but Store uses %s; set Schema to the Store's", c.Schema, ownTable, table)
 	}
 	if pool, ok := db.(*pgxpool.Pool); ok && slices.Contains(c.Kinds, LeaseTakeover) && pool.Config().MaxConns < minTakeoverConns {
 		return fail("the pool allows %d connections; the lease takeover scenario needs %d: the paused worker's transaction, the second worker's transaction and statements, and the kit's lock-wait query", pool.Config().MaxConns, minTakeoverConns)

@@ -30,7 +30,7 @@ func citusStore(t *testing.T) (*Store, *pgtest.Schema) {
 	require.NoError(t, err)
 	t.Cleanup(store.Close)
 	require.True(t, store.Distributed())
-	require.True(t, store.Polling(), "on Citus, waits poll")
+	require.True(t, store.waitsNow().Polling, "on Citus, waits poll")
 	return store, schema
 }
 

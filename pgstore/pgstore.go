@@ -262,10 +262,6 @@ func (s *Store) Close() {
 // DB returns the handle the store runs on.
 func (s *Store) DB() DB { return s.db }
 
-// Table returns the keys table's (possibly schema-qualified) name, for
-// applications that reference it from their own tables.
-func (s *Store) Table() string { return s.q.table }
-
 // maxAcquireStatements bounds the calls of the acquisition (idem_acquire). A
 // second call is needed only when a concurrent acquirer inserted, replaced or
 // deleted the key in a way the first call's snapshots could not see (see
@@ -490,11 +486,6 @@ func (s *Store) GetKey(ctx context.Context, scope, key string) (*idemtype.KeyRec
 	return s.getKey(ctx, s.control, scope, key)
 }
 
-// GetKeyTx is GetKey inside the caller's transaction.
-func (s *Store) GetKeyTx(ctx context.Context, tx pgx.Tx, scope, key string) (*idemtype.KeyRecord, error) {
-	return s.getKey(ctx, tx, scope, key)
-}
-
 // rowQuerier is a pool or a transaction, for statements that join either.
 type rowQuerier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
@@ -524,11 +515,6 @@ type listRow struct {
 // ListKeys implements idemdriver.Store.
 func (s *Store) ListKeys(ctx context.Context, p idemdriver.ListKeysParams) (*idemtype.KeyList, error) {
 	return s.listKeys(ctx, s.db, p)
-}
-
-// ListKeysTx is ListKeys inside the caller's transaction.
-func (s *Store) ListKeysTx(ctx context.Context, tx pgx.Tx, p idemdriver.ListKeysParams) (*idemtype.KeyList, error) {
-	return s.listKeys(ctx, tx, p)
 }
 
 func (s *Store) listKeys(ctx context.Context, db pgxscan.Querier, p idemdriver.ListKeysParams) (*idemtype.KeyList, error) {
@@ -581,13 +567,6 @@ type unlockRow struct {
 // UnlockKey implements idemdriver.Store.
 func (s *Store) UnlockKey(ctx context.Context, p idemdriver.UnlockParams) (*idemtype.UnlockResult, error) {
 	return s.unlockKey(ctx, s.db, p)
-}
-
-// UnlockKeyTx is UnlockKey inside the caller's transaction: the fence moves
-// on when the caller commits, and the row stays locked against acquisitions
-// until then.
-func (s *Store) UnlockKeyTx(ctx context.Context, tx pgx.Tx, p idemdriver.UnlockParams) (*idemtype.UnlockResult, error) {
-	return s.unlockKey(ctx, tx, p)
 }
 
 func (s *Store) unlockKey(ctx context.Context, db pgxscan.Querier, p idemdriver.UnlockParams) (*idemtype.UnlockResult, error) {

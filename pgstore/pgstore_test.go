@@ -92,7 +92,7 @@ func TestNewValidatesSchema(t *testing.T) {
 	require.ErrorContains(t, err, "invalid schema")
 	prefix, err := migrations.QualifiedPrefix("Billing")
 	require.NoError(t, err)
-	require.True(t, strings.HasPrefix((&Store{q: newQueries(prefix)}).Table(), `"Billing".`))
+	require.True(t, strings.HasPrefix(newQueries(prefix).table, `"Billing".`))
 }
 
 // fakeDB only satisfies the interface for constructor tests; no query runs.

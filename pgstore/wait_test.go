@@ -21,13 +21,13 @@ import (
 )
 
 // A channel name fits the 63 bytes Postgres allows, and names its schema.
-func TestChannel(t *testing.T) {
+func TestChannelName(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, "idem_finished:billing", Channel("billing"))
-	long := Channel(strings.Repeat("s", 63))
+	require.Equal(t, "idem_finished:billing", channel("billing"))
+	long := channel(strings.Repeat("s", 63))
 	require.LessOrEqual(t, len(long), 63)
 	require.Equal(t, "idem_finished:", long[:14])
-	require.NotEqual(t, long, Channel(strings.Repeat("s", 62)+"t"))
+	require.NotEqual(t, long, channel(strings.Repeat("s", 62)+"t"))
 }
 
 // A watch of a key that is gone wakes at once; Close stops the listener,
@@ -233,7 +233,7 @@ func TestListenerDownIsLoggedAndPolled(t *testing.T) {
 	defer stop()
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "cannot LISTEN") }, time.Minute, 5*time.Millisecond)
 	require.Contains(t, logs.String(), "level=WARN")
-	require.False(t, st.Listening())
+	require.False(t, st.waitsNow().Listening)
 
 	ref := holdKey(t, st, "second")
 	woken, stop2 := st.WatchKey(t.Context(), idemdriver.Watch{Ref: ref})
@@ -270,10 +270,10 @@ func TestListenerRunsBeforeConnect(t *testing.T) {
 	t.Cleanup(st.Close)
 	_, stop := st.WatchKey(t.Context(), idemdriver.Watch{Ref: holdKey(t, st, "k")})
 	defer stop()
-	require.Eventually(t, st.Listening, time.Minute, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return st.waitsNow().Listening }, time.Minute, 5*time.Millisecond)
 	var app string
 	require.NoError(t, schema.Pool.QueryRow(context.Background(),
-		`SELECT application_name FROM pg_stat_activity WHERE query = 'LISTEN ' || quote_ident($1)`, Channel(schema.Name)).Scan(&app))
+		`SELECT application_name FROM pg_stat_activity WHERE query = 'LISTEN ' || quote_ident($1)`, channel(schema.Name)).Scan(&app))
 	require.Equal(t, "hooked", app)
 }
 
@@ -385,7 +385,7 @@ func TestFinishNotifiesAMarkThatCommittedWhileItWaited(t *testing.T) {
 	listener, err := schema.Pool.Acquire(ctx)
 	require.NoError(t, err)
 	defer listener.Release()
-	_, err = listener.Exec(ctx, `LISTEN `+pgx.Identifier{Channel(schema.Name)}.Sanitize())
+	_, err = listener.Exec(ctx, `LISTEN `+pgx.Identifier{channel(schema.Name)}.Sanitize())
 	require.NoError(t, err)
 
 	finish := func(ref idemdriver.LockRef) error {
