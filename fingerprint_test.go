@@ -41,17 +41,17 @@ func TestGoAPIFingerprintsWhatTheCallerPassed(t *testing.T) {
 	require.Equal(t, idem.OutcomeReplayed, out.Kind, "same JSON, after the input type gained a field")
 
 	// A struct is fingerprinted as its JSON: that of the new type differs.
-	_, err = b.flow.Execute(ctx, r, idem.Request{Scope: "u", Key: "struct"}, rideInput{Origin: "SF", Amount: 5})
+	_, err = idem.Execute(ctx, r, b.flow, idem.Request{Scope: "u", Key: "struct"}, rideInput{Origin: "SF", Amount: 5})
 	require.NoError(t, err)
-	_, err = v2.Execute(ctx, r2, idem.Request{Scope: "u", Key: "struct"}, rideV2{Origin: "SF", Amount: 5})
+	_, err = idem.Execute(ctx, r2, v2, idem.Request{Scope: "u", Key: "struct"}, rideV2{Origin: "SF", Amount: 5})
 	require.ErrorIs(t, err, idem.ErrMismatch)
 	// ... unless the caller passes what it received as Payload.
-	_, err = b.flow.Execute(ctx, r, idem.Request{Scope: "u", Key: "payload", Payload: body}, rideInput{Origin: "SF", Amount: 5})
+	_, err = idem.Execute(ctx, r, b.flow, idem.Request{Scope: "u", Key: "payload", Payload: body}, rideInput{Origin: "SF", Amount: 5})
 	require.NoError(t, err)
-	out, err = v2.Execute(ctx, r2, idem.Request{Scope: "u", Key: "payload", Payload: body}, rideV2{Origin: "SF", Amount: 5, Note: "server"})
+	out, err = idem.Execute(ctx, r2, v2, idem.Request{Scope: "u", Key: "payload", Payload: body}, rideV2{Origin: "SF", Amount: 5, Note: "server"})
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeReplayed, out.Kind)
-	_, err = v2.Execute(ctx, r2, idem.Request{Scope: "u", Key: "payload", Payload: []byte(`{"origin":"LA","amount":5}`)}, rideV2{Origin: "SF", Amount: 5})
+	_, err = idem.Execute(ctx, r2, v2, idem.Request{Scope: "u", Key: "payload", Payload: []byte(`{"origin":"LA","amount":5}`)}, rideV2{Origin: "SF", Amount: 5})
 	require.ErrorIs(t, err, idem.ErrMismatch, "another payload")
 
 	// The target is bound to the key.

@@ -212,7 +212,7 @@ func TestCompleterFindsTheTenantInTheScope(t *testing.T) {
 		}
 		return nil
 	})})
-	_, err := orders.NewFlow(fakePayments{b.payments}).Execute(ctx, crash, idem.Request{Scope: "tenant:globex", Key: "abandoned"}, orders.Params{SKU: "rocket", Quantity: 3})
+	_, err := idem.Execute(ctx, crash, orders.NewFlow(fakePayments{b.payments}), idem.Request{Scope: "tenant:globex", Key: "abandoned"}, orders.Params{SKU: "rocket", Quantity: 3})
 	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 
 	clock.Advance(idem.CompleteIdleForDefault + idem.LeaseDefault)
@@ -256,7 +256,7 @@ func TestQueriesOnThePoolAreCaught(t *testing.T) {
 
 	// The happy path is happy.
 	flow := pooledFlow("orders.pooled", nil)
-	out, err := flow.Execute(ctx, b.runner(t, nil),
+	out, err := idem.Execute(ctx, b.runner(t, nil), flow,
 		idem.Request{Scope: "tenant:acme", Key: "happy"}, orders.Params{SKU: "rocket", Quantity: 1})
 	require.NoError(t, err)
 	require.Equal(t, http.StatusCreated, out.Response.Status)

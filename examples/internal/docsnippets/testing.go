@@ -26,8 +26,11 @@ func provider(ctx context.Context, run *idem.Attempt[ticket], cfg *idemtest.Conf
 	payments := &idemtest.Provider{}
 
 	// In the phase: one call through the runner, sending the key it hands out.
-	charge, err := idem.ForeignValue(ctx, run, "charge", func(ctx context.Context, key string) (idemtest.Effect, error) {
-		return payments.Do(ctx, key, run.Key().Key) // the key, and what the effect is for
+	var charge idemtest.Effect
+	err := run.Foreign(ctx, "charge", func(ctx context.Context, key string) error {
+		var err error
+		charge, err = payments.Do(ctx, key, run.Key().Key) // the key, and what the effect is for
+		return err
 	})
 
 	// In the test:
