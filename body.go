@@ -94,7 +94,7 @@ func (r *Runner) attemptBody(ctx context.Context, h *held, b body, iso pgx.TxIso
 		return res, r.classify(ctx, h, tx, err)
 	}
 
-	if cp.Status == idemtype.StatusFinished {
+	if cp.Status == idemtype.StoredFinished {
 		h.lettingGo.Store(true)
 	}
 	// The commit does not depend on the caller staying: a phase whose body
@@ -117,7 +117,7 @@ func (r *Runner) attemptBody(ctx context.Context, h *held, b body, iso pgx.TxIso
 		}
 	}
 	h.committed(cp)
-	if cp.RecoveryPoint != h.phaseName() && cp.Status != idemtype.StatusFinished {
+	if cp.RecoveryPoint != h.phaseName() && cp.Status != idemtype.StoredFinished {
 		// A reconcile verdict of not done: it cleared the mark and left the
 		// recovery point where it was; the phase itself has not committed.
 		return res, nil

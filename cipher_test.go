@@ -180,7 +180,7 @@ func TestCompleterResumesASealedKey(t *testing.T) {
 	require.Equal(t, &idem.CompleteResult{Claimed: 1, Completed: 1}, res)
 	rec, err := st.GetKey(ctx, "user:1", "k1")
 	require.NoError(t, err)
-	require.Equal(t, idemtype.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
 	require.Equal(t, 1, b.countRows(t, "rides WHERE origin = 'Secret St'"))
 }
 
@@ -228,7 +228,7 @@ func TestAKeyThatCannotBeOpenedIsNotLeftLocked(t *testing.T) {
 	rec, err := k1.GetKey(ctx, "user:1", "k1")
 	require.NoError(t, err)
 	require.Nil(t, rec.LockedAt, "the claim was let go")
-	require.Equal(t, idemtype.StatusNeedsReconcile, rec.Status)
+	require.Equal(t, idemtype.StoredNeedsReconcile, rec.Status)
 	require.Contains(t, rec.LastError, "cannot open")
 	_, err = r.Reconcile(ctx, "user:1", "k1")
 	require.ErrorIs(t, err, pgstore.ErrCannotOpen, "still the clear error, not in progress")

@@ -80,7 +80,7 @@ func TestCitusNewKeyReplayMismatchInProgress(t *testing.T) {
 	require.Equal(t, idem.OutcomeExecuted, first.Kind)
 	require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "receipt_enqueued": 1}, b.counts.Get())
 	rec := b.key(t, "k1")
-	require.Equal(t, idemtype.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
 	require.Equal(t, b.clock.Now().Add(24*time.Hour), rec.ExpiresAt.UTC())
 
 	again, err := b.runner(t, nil).Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
@@ -229,7 +229,7 @@ func TestCitusMaintenance(t *testing.T) {
 	res, err := completer.Complete(ctx, &idem.CompleteConfig{IdleFor: 5 * time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, &idem.CompleteResult{Claimed: 1, Completed: 1}, res)
-	require.Equal(t, idemtype.StatusFinished, b.key(t, "k1").Status)
+	require.Equal(t, idemtype.StoredFinished, b.key(t, "k1").Status)
 	require.Equal(t, 1, b.provider.Charges(), "exactly one charge")
 	out, err := b.runner(t, nil).Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
@@ -255,11 +255,11 @@ func TestCitusMaintenance(t *testing.T) {
 	// Past the retention, the reaper deletes the finished key; past a day,
 	// it ends the abandoned one.
 	b.clock.Advance(25 * time.Hour)
-	daily := b.rideFlowConfig("rides.create", &idem.FlowConfig[rideInput]{AbandonAfter: 24 * time.Hour})
+	daily := b.rideFlowConfig("rides.create", &idem.FlowConfig[rideInput]{UnfinishedRetention: 24 * time.Hour})
 	reaped, err := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{daily}}).Reap(ctx, nil)
 	require.NoError(t, err)
 	require.Equal(t, 1, reaped.Deleted)
-	require.Equal(t, 1, reaped.Abandoned)
+	require.Equal(t, 1, reaped.Unfinished)
 	_, err = b.storeFor(t).GetKey(ctx, "user:1", "k1")
 	require.ErrorIs(t, err, idem.ErrNotFound)
 	require.Equal(t, 2, b.countRows(t, "rides"), "business rows outlive their keys")
@@ -289,7 +289,7 @@ func TestCitusReconcileAllResolvesIdleKeys(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, &idem.ReconcileResult{Claimed: 3, Resolved: 3}, res)
 	for _, key := range keys {
-		require.Equal(t, idemtype.StatusFinished, b.key(t, key).Status, key)
+		require.Equal(t, idemtype.StoredFinished, b.key(t, key).Status, key)
 		require.Equal(t, 1, b.gateway.times(b.ref(t, key)), key)
 	}
 	t.Logf("reconcile: %+v", res)

@@ -133,7 +133,7 @@ func (r *Runner) Complete(ctx context.Context, config *CompleteConfig) (*Complet
 		// Every flow waits for its clients (FlowConfig.NoRedrive).
 		return res, nil
 	}
-	err := r.sweep(ctx, idemtype.StatusRunning, flows, cfg.IdleFor, cfg.MaxAttempts, cfg.BatchSize, cfg.MaxKeys, func(claimed *idemtype.KeyRecord) {
+	err := r.sweep(ctx, idemtype.StoredRunning, flows, cfg.IdleFor, cfg.MaxAttempts, cfg.BatchSize, cfg.MaxKeys, func(claimed *idemtype.KeyRecord) {
 		res.Claimed++
 		started := time.Now()
 		log := r.log.With(r.logAttrs(claimed.Scope, claimed.Key, claimed.ID, "flow", claimed.Flow)...)

@@ -74,7 +74,7 @@ func TestCompleterFinishesAnAbandonedRequestWithOneCharge(t *testing.T) {
 	require.Equal(t, 1, obs.n(idem.EventTakeover))
 
 	rec = b.key(t, "k1")
-	require.Equal(t, idemtype.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
 	require.Equal(t, http.StatusCreated, rec.ResponseStatus)
 	require.Equal(t, 1, b.provider.Charges(), "exactly one charge")
 	require.Equal(t, 1, b.countRows(t, "rides"))
@@ -130,12 +130,12 @@ func TestCompleterPicksOnlyIdleRunningKeysOfItsFlows(t *testing.T) {
 	res, err := b.runner(t, &idem.Config{Observer: obs}).Complete(ctx, &idem.CompleteConfig{IdleFor: time.Minute, BatchSize: 1})
 	require.NoError(t, err)
 	require.Equal(t, &idem.CompleteResult{Claimed: 1, Completed: 1}, res)
-	require.Equal(t, idemtype.StatusFinished, b.key(t, "released").Status)
+	require.Equal(t, idemtype.StoredFinished, b.key(t, "released").Status)
 	require.Equal(t, 1, b.provider.Charges())
 
-	require.Equal(t, idemtype.StatusRunning, b.key(t, "other-flow").Status, "a flow this runner does not have is left alone")
-	require.Equal(t, idemtype.StatusRunning, b.key(t, "tried-1").Status, "MaxAttempts leaves it for an operator")
-	require.Equal(t, idemtype.StatusNeedsReconcile, b.key(t, "reconcile-1").Status)
+	require.Equal(t, idemtype.StoredRunning, b.key(t, "other-flow").Status, "a flow this runner does not have is left alone")
+	require.Equal(t, idemtype.StoredRunning, b.key(t, "tried-1").Status, "MaxAttempts leaves it for an operator")
+	require.Equal(t, idemtype.StoredNeedsReconcile, b.key(t, "reconcile-1").Status)
 	require.NotNil(t, b.key(t, "live-1").LockedAt)
 
 	// Without a limit on attempts the tried keys are run too; their params
@@ -162,7 +162,7 @@ func TestCompleterHandsDoubtfulKeysToReconcile(t *testing.T) {
 	res, err := r.Complete(ctx, &idem.CompleteConfig{IdleFor: time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, &idem.CompleteResult{Claimed: 1, NeedsReconcile: 1}, res)
-	require.Equal(t, idemtype.StatusNeedsReconcile, b.key(t, "k1").Status)
+	require.Equal(t, idemtype.StoredNeedsReconcile, b.key(t, "k1").Status)
 
 	// The completer never picks it again; reconcile runs do, once it has
 	// been idle long enough.
@@ -174,7 +174,7 @@ func TestCompleterHandsDoubtfulKeysToReconcile(t *testing.T) {
 	rres, err := r.ReconcileAll(ctx, &idem.ReconcileConfig{IdleFor: time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, &idem.ReconcileResult{Claimed: 1, Resolved: 1}, rres)
-	require.Equal(t, idemtype.StatusFinished, b.key(t, "k1").Status)
+	require.Equal(t, idemtype.StoredFinished, b.key(t, "k1").Status)
 	require.Equal(t, 1, b.gateway.times(b.ref(t, "k1")))
 	require.Equal(t, 1, b.counts.Get()["sms_sent"])
 }

@@ -47,16 +47,17 @@ type Config struct {
 	// Default 24h.
 	Retention time.Duration
 
-	// AbandonAfter is how long after its creation an unfinished key (status
-	// running: its request keeps failing, or its client gave up and the
-	// completer could not or may not finish it) is abandoned: the reaper
-	// deletes it, unless a live lease holds it. Keys in needs_reconcile are
-	// never abandoned: whether their foreign call happened is for a
-	// reconcile run or an operator to settle. A request with an abandoned
-	// key runs as a new request, from its first phase. FlowConfig.AbandonAfter
-	// overrides it per flow. Default 7 days (AbandonAfterDefault); negative
-	// keeps unfinished keys forever. At least Lease when positive.
-	AbandonAfter time.Duration
+	// UnfinishedRetention is how long after its creation an unfinished key
+	// (status running: its request keeps failing, or its client gave up and
+	// the completer could not or may not finish it) is kept: past it, the
+	// reaper deletes it, unless a live lease holds it. Keys in
+	// needs_reconcile are never deleted so: whether their foreign call
+	// happened is for a reconcile run or an operator to settle. A request
+	// with a key so deleted runs as a new request, from its first phase.
+	// FlowConfig.UnfinishedRetention overrides it per flow. Default 7 days
+	// (UnfinishedRetentionDefault); negative keeps unfinished keys forever.
+	// At least Lease when positive.
+	UnfinishedRetention time.Duration
 
 	// Admit, when set, is asked before a request creates a new key (never
 	// for a retry of an existing one, which is always let through), so a
@@ -133,7 +134,7 @@ type Config struct {
 	// client. To switch safely, set AcceptUnkeyed (or, to rotate a key, keep
 	// the old one in Keys) together with the new Current, and keep it until
 	// every key made before is gone: the longest of Retention and
-	// AbandonAfter after the switch.
+	// UnfinishedRetention after the switch.
 	FingerprintKeys *idemtype.Keyring
 
 	// Flows registers flows by name, so keys can be completed and
@@ -201,15 +202,15 @@ func init() {
 
 // Defaults of [Config]'s fields.
 const (
-	LeaseDefault             = 90 * time.Second
-	MaxRetryAfterDefault     = 2 * time.Second
-	MaxWaitersDefault        = 1000
-	RetentionDefault         = 24 * time.Hour
-	AbandonAfterDefault      = 7 * 24 * time.Hour
-	IsolationDefault         = pgx.ReadCommitted
-	MaxPhaseRetriesDefault   = 3
-	PhaseRetryBackoffDefault = 10 * time.Millisecond
-	StatementTimeoutDefault  = 5 * time.Second
+	LeaseDefault               = 90 * time.Second
+	MaxRetryAfterDefault       = 2 * time.Second
+	MaxWaitersDefault          = 1000
+	RetentionDefault           = 24 * time.Hour
+	UnfinishedRetentionDefault = 7 * 24 * time.Hour
+	IsolationDefault           = pgx.ReadCommitted
+	MaxPhaseRetriesDefault     = 3
+	PhaseRetryBackoffDefault   = 10 * time.Millisecond
+	StatementTimeoutDefault    = 5 * time.Second
 )
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -223,7 +224,7 @@ func (c *Config) WithDefaults() *Config {
 	out.MaxRetryAfter = cmp.Or(out.MaxRetryAfter, MaxRetryAfterDefault)
 	out.MaxWaiters = cmp.Or(out.MaxWaiters, MaxWaitersDefault)
 	out.Retention = cmp.Or(out.Retention, RetentionDefault)
-	out.AbandonAfter = cmp.Or(out.AbandonAfter, AbandonAfterDefault)
+	out.UnfinishedRetention = cmp.Or(out.UnfinishedRetention, UnfinishedRetentionDefault)
 	out.Isolation = cmp.Or(out.Isolation, IsolationDefault)
 	out.MaxPhaseRetries = cmp.Or(out.MaxPhaseRetries, MaxPhaseRetriesDefault)
 	out.PhaseRetryBackoff = cmp.Or(out.PhaseRetryBackoff, PhaseRetryBackoffDefault)
@@ -249,8 +250,8 @@ func (c *Config) validate() error {
 	if c.Retention < 0 {
 		errs = append(errs, fmt.Errorf("Retention %s is negative", c.Retention))
 	}
-	if c.AbandonAfter > 0 && c.AbandonAfter < c.Lease {
-		errs = append(errs, fmt.Errorf("AbandonAfter %s is shorter than Lease %s", c.AbandonAfter, c.Lease))
+	if c.UnfinishedRetention > 0 && c.UnfinishedRetention < c.Lease {
+		errs = append(errs, fmt.Errorf("UnfinishedRetention %s is shorter than Lease %s", c.UnfinishedRetention, c.Lease))
 	}
 	switch c.Isolation {
 	case pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable:

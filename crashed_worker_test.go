@@ -63,7 +63,7 @@ func TestASimulatedCrashCommitsNothingWhateverThePhaseReturns(t *testing.T) {
 	require.Empty(t, afterCrash, "a dead worker reaches no later point")
 
 	rec := b.key(t, "k1")
-	require.Equal(t, idemtype.StatusRunning, rec.Status)
+	require.Equal(t, idemtype.StoredRunning, rec.Status)
 	require.Equal(t, "created", rec.RecoveryPoint, "the phase that got the crash from Foreign committed nothing")
 	require.NotNil(t, rec.LockedAt, "a dead worker releases nothing")
 }

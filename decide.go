@@ -102,15 +102,15 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request, stored 
 		return &Outcome{}, fmt.Errorf("%w: key %q was first used by flow %q at %s %s, with its own params", ErrMismatch, req.Key, rec.Flow, rec.Method, rec.Path)
 	}
 	switch {
-	case rec.Status == idemtype.StatusFinished && rec.RecoveryPoint == idemtype.RecoveryPointAbandoned:
+	case rec.Status == idemtype.StoredFinished && rec.RecoveryPoint == idemtype.RecoveryPointAbandoned:
 		ev.Kind = EventReplayed
 		r.emit(ctx, ev)
 		return &Outcome{Record: rec}, fmt.Errorf("%w: key %q", ErrRequestAbandoned, req.Key)
-	case rec.Status == idemtype.StatusFinished:
+	case rec.Status == idemtype.StoredFinished:
 		ev.Kind = EventReplayed
 		r.emit(ctx, ev)
 		return &Outcome{replayed: true, Response: rec.Response(), Record: rec}, nil
-	case rec.Status == idemtype.StatusNeedsReconcile:
+	case rec.Status == idemtype.StoredNeedsReconcile:
 		ev.Kind = EventNeedsReconcile
 		r.emit(ctx, ev)
 		return &Outcome{Record: rec}, fmt.Errorf("%w: key %q", ErrNeedsReconcile, req.Key)

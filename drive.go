@@ -99,7 +99,7 @@ func (r *Runner) commitFor(h *held, res Result) *idemdriver.CommitParams {
 		Flow:            h.rec.Flow,
 		Generation:      h.rec.Generation,
 		RecoveryPoint:   h.phaseName(),
-		Status:          idemtype.StatusRunning,
+		Status:          idemtype.StoredRunning,
 		CheckpointPatch: h.patch,
 		Retention:       r.config.Retention,
 		Now:             r.now(),
@@ -108,7 +108,7 @@ func (r *Runner) commitFor(h *held, res Result) *idemdriver.CommitParams {
 		cp.Retention = h.flow.retentionOr(cp.Retention)
 	}
 	if res.Responds() {
-		cp.RecoveryPoint, cp.Status, cp.Response = idemtype.RecoveryPointFinished, idemtype.StatusFinished, res.response
+		cp.RecoveryPoint, cp.Status, cp.Response = idemtype.RecoveryPointFinished, idemtype.StoredFinished, res.response
 	}
 	return cp
 }

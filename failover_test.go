@@ -174,7 +174,7 @@ func TestFailoverRunnerAndMaintainerCarryOn(t *testing.T) {
 	lease := runner.Config().Lease
 	for _, key := range []string{"in-flight", "abandoned"} {
 		rec := b.key(t, key)
-		require.Equal(t, idemtype.StatusRunning, rec.Status, key)
+		require.Equal(t, idemtype.StoredRunning, rec.Status, key)
 		require.True(t, b.clock.Now().Add(lease).Equal(*rec.LeaseExpiresAt), "%s: lease until %s", key, rec.LeaseExpiresAt)
 	}
 	out, err := execute(ctx, "in-flight")
@@ -194,7 +194,7 @@ func TestFailoverRunnerAndMaintainerCarryOn(t *testing.T) {
 	events.waitFor(ctx, t, "the completer finishes the abandoned request", func(l *eventLog) bool {
 		return l.completed["abandoned"] > 0
 	})
-	require.Equal(t, idemtype.StatusFinished, b.key(t, "abandoned").Status)
+	require.Equal(t, idemtype.StoredFinished, b.key(t, "abandoned").Status)
 
 	// And its reaper deletes every key once their retention is over.
 	b.clock.Advance(runner.Config().Retention + time.Second)

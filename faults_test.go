@@ -210,7 +210,7 @@ func TestLostAckOfFinalCommitReportsTheResponse(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.Equal(t, http.StatusCreated, out.Response.Status)
-	require.Equal(t, idemtype.StatusFinished, b.key(t, "k1").Status)
+	require.Equal(t, idemtype.StoredFinished, b.key(t, "k1").Status)
 }
 
 // The first answer is exactly what every replay gets: headers that are never

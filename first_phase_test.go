@@ -156,7 +156,7 @@ func TestFailedFirstPhaseIsRecordedOnItsKey(t *testing.T) {
 	_, err := b.runner(t, nil).Execute(ctx, b.flow, req)
 	require.ErrorContains(t, err, "the fraud check is down")
 	rec := b.key(t, "k1")
-	require.Equal(t, idemtype.StatusRunning, rec.Status)
+	require.Equal(t, idemtype.StoredRunning, rec.Status)
 	require.Equal(t, idemtype.RecoveryPointStarted, rec.RecoveryPoint)
 	require.Nil(t, rec.LockedAt, "released")
 	require.Contains(t, rec.LastError, "the fraud check is down")

@@ -42,12 +42,12 @@ type FlowConfig[In any] struct {
 	// the reaper may delete it. Zero uses Config.Retention (default 24h).
 	Retention time.Duration
 
-	// AbandonAfter is how long after its creation an unfinished key of this
-	// flow is abandoned (see Config.AbandonAfter). Zero uses
-	// Config.AbandonAfter (default 7 days); negative keeps this flow's
+	// UnfinishedRetention is how long after its creation an unfinished key
+	// of this flow is kept (see Config.UnfinishedRetention). Zero uses
+	// Config.UnfinishedRetention (default 7 days); negative keeps this flow's
 	// unfinished keys forever. It applies to flows registered in
 	// Config.Flows, which is how the reaper knows them.
-	AbandonAfter time.Duration
+	UnfinishedRetention time.Duration
 
 	// Store says what of a request's input is stored with its key (the
 	// params column), for a completer or a reconcile run to re-drive the
@@ -64,7 +64,7 @@ type FlowConfig[In any] struct {
 	// NoRedrive says that what Store keeps cannot re-drive the flow: its
 	// phases need what it drops. The completer then never picks up this
 	// flow's keys; an unfinished key waits for its client's retry, which
-	// brings the whole input, or is abandoned (AbandonAfter). A reconcile
+	// brings the whole input, or is abandoned (UnfinishedRetention). A reconcile
 	// run still settles a phase in doubt (its hook sees the stored input),
 	// then leaves the key for the client's retry instead of running later
 	// phases, and says so with ErrNoRedrive.
@@ -106,7 +106,7 @@ func NewFlow[In any](name string, phases []Phase[In], config *FlowConfig[In]) (*
 		return nil, fmt.Errorf("idem: flow %q: negative retention", name)
 	}
 	f := &Flow[In]{name: name, phases: append([]Phase[In](nil), phases...), index: map[string]int{}, retired: map[string]int{},
-		retention: config.Retention, abandon: config.AbandonAfter, store: config.Store, noRedrive: config.NoRedrive}
+		retention: config.Retention, abandon: config.UnfinishedRetention, store: config.Store, noRedrive: config.NoRedrive}
 	for i, p := range f.phases {
 		switch {
 		case !phaseNamePattern.MatchString(p.Name):

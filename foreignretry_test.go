@@ -72,23 +72,23 @@ func TestForeignRetrying(t *testing.T) {
 		timeout time.Duration
 		calls   int
 		want    error // nil: the request succeeds
-		status  idemtype.Status
+		status  idemtype.StoredStatus
 	}{
 		{name: "idempotent, transient twice", kind: idem.ForeignIdempotent, policy: fast,
-			errs: []error{transient, transient}, calls: 3, status: idemtype.StatusFinished},
+			errs: []error{transient, transient}, calls: 3, status: idemtype.StoredFinished},
 		{name: "idempotent, tries run out", kind: idem.ForeignIdempotent, policy: fast,
-			errs: []error{transient, transient, transient, transient}, calls: 3, want: idem.ErrPhaseFailed, status: idemtype.StatusRunning},
+			errs: []error{transient, transient, transient, transient}, calls: 3, want: idem.ErrPhaseFailed, status: idemtype.StoredRunning},
 		{name: "idempotent, not retryable", kind: idem.ForeignIdempotent,
 			policy: idem.ForeignRetry{Attempts: 3, Backoff: time.Millisecond, Retryable: func(err error) bool { return !errors.Is(err, transient) }},
-			errs:   []error{transient}, calls: 1, want: idem.ErrPhaseFailed, status: idemtype.StatusRunning},
+			errs:   []error{transient}, calls: 1, want: idem.ErrPhaseFailed, status: idemtype.StoredRunning},
 		{name: "not idempotent, not sent", kind: idem.ForeignNotIdempotent, policy: fast,
-			errs: []error{idem.NotSent(transient), idem.NotSent(transient)}, calls: 3, status: idemtype.StatusFinished},
+			errs: []error{idem.NotSent(transient), idem.NotSent(transient)}, calls: 3, status: idemtype.StoredFinished},
 		{name: "not idempotent, in doubt", kind: idem.ForeignNotIdempotent, policy: fast,
-			errs: []error{transient}, calls: 1, want: idem.ErrNeedsReconcile, status: idemtype.StatusNeedsReconcile},
+			errs: []error{transient}, calls: 1, want: idem.ErrNeedsReconcile, status: idemtype.StoredNeedsReconcile},
 		{name: "not idempotent, not sent then in doubt", kind: idem.ForeignNotIdempotent, policy: fast,
-			errs: []error{idem.NotSent(transient), transient}, calls: 2, want: idem.ErrNeedsReconcile, status: idemtype.StatusNeedsReconcile},
+			errs: []error{idem.NotSent(transient), transient}, calls: 2, want: idem.ErrNeedsReconcile, status: idemtype.StoredNeedsReconcile},
 		{name: "no try past the deadline", kind: idem.ForeignIdempotent, policy: idem.ForeignRetry{Attempts: 3, Backoff: time.Hour},
-			errs: []error{transient}, timeout: time.Minute, calls: 1, want: idem.ErrPhaseFailed, status: idemtype.StatusRunning},
+			errs: []error{transient}, timeout: time.Minute, calls: 1, want: idem.ErrPhaseFailed, status: idemtype.StoredRunning},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

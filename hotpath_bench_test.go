@@ -42,7 +42,7 @@ func benchFinishedRecord() *idemtype.KeyRecord {
 		ID: 42, RequestID: "0b9f1f5e-7d5c-4e43-9a53-2f1f6c2f0a11", Scope: "user:7", Key: "8e0c2a5e-5f0b-4a44-9d57-3c6f3c2b1a90",
 		Flow: "bench.rides", Method: "POST", Path: "/rides", Fingerprint: make([]byte, 32),
 		Params: json.RawMessage(`{"user_id":7,"origin":"SF","amount":2000}`),
-		Status: idemtype.StatusFinished, RecoveryPoint: idemtype.RecoveryPointFinished,
+		Status: idemtype.StoredFinished, RecoveryPoint: idemtype.RecoveryPointFinished,
 		Checkpoint: map[string]json.RawMessage{"ride_id": json.RawMessage(`123`), "charge_id": json.RawMessage(`"ch_idem-0b9f-charge_created"`)},
 		Fence:      1, ResponseStatus: http.StatusCreated,
 		ResponseHeaders: http.Header{"Content-Type": {"application/json"}, "X-Ride": {"123"}},
@@ -122,7 +122,7 @@ func BenchmarkHeldBookkeeping(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		rec := benchFinishedRecord()
-		rec.Status, rec.RecoveryPoint, rec.Checkpoint = idemtype.StatusRunning, idemtype.RecoveryPointStarted, map[string]json.RawMessage{}
+		rec.Status, rec.RecoveryPoint, rec.Checkpoint = idemtype.StoredRunning, idemtype.RecoveryPointStarted, map[string]json.RawMessage{}
 		h := r.hold(f, rec, in, false, time.Now())
 		for i, name := range names {
 			h.enterPhase(i)
@@ -139,7 +139,7 @@ func BenchmarkHeldBookkeeping(b *testing.B) {
 				b.Fatal(err)
 			}
 			_ = run.IdempotencyKey()
-			h.committed(&idemdriver.CommitParams{Ref: h.ref, RecoveryPoint: name, Status: idemtype.StatusRunning, CheckpointPatch: h.patch})
+			h.committed(&idemdriver.CommitParams{Ref: h.ref, RecoveryPoint: name, Status: idemtype.StoredRunning, CheckpointPatch: h.patch})
 		}
 	}
 }

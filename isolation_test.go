@@ -245,7 +245,7 @@ func isoSlowPhase(t *testing.T, iso pgx.TxIsoLevel) {
 // isoFinished checks the end state every cell shares.
 func isoFinished(t *testing.T, rec *idemtype.KeyRecord, o *isoRun) {
 	t.Helper()
-	require.Equal(t, idemtype.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
 	require.Equal(t, idemtype.RecoveryPointFinished, rec.RecoveryPoint)
 	require.Empty(t, rec.ForeignMark)
 	require.Nil(t, rec.LockedAt)

@@ -40,7 +40,7 @@ func TestListKeysNeedsAScopeOrAllScopes(t *testing.T) {
 	require.Len(t, list.Keys, 1)
 	k := list.Keys[0]
 	require.Equal(t, "tenant:2", k.Scope)
-	require.Equal(t, idemtype.StatusFinished, k.Status)
+	require.Equal(t, idemtype.StoredFinished, k.Status)
 	require.Equal(t, 201, k.ResponseStatus, "metadata is listed")
 	require.Nil(t, k.Params, "the input is not, without Reveal")
 	require.Empty(t, k.Checkpoint)

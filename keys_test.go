@@ -152,7 +152,7 @@ func TestUnlockKeyStopsALiveHolder(t *testing.T) {
 	res, err = b.runner(t, nil).UnlockKey(ctx, "user:1", "k1", "")
 	require.NoError(t, err)
 	require.False(t, res.Unlocked)
-	require.Equal(t, idemtype.StatusFinished, res.Record.Status)
+	require.Equal(t, idemtype.StoredFinished, res.Record.Status)
 	require.Equal(t, b.key(t, "k1").Fence, res.Record.Fence)
 	_, err = b.runner(t, nil).UnlockKey(ctx, "user:1", "nope", "")
 	require.True(t, errors.Is(err, idem.ErrNotFound))

@@ -134,7 +134,7 @@ func twoMaintainersDoNoDoubleWork(t *testing.T, b *smsBundle) {
 	require.Equal(t, abandoned, b.provider.Charges())
 	for i := range doubtful {
 		key := fmt.Sprint("sms-", i)
-		require.Equal(t, idemtype.StatusFinished, b.key(t, key).Status)
+		require.Equal(t, idemtype.StoredFinished, b.key(t, key).Status)
 		require.Equal(t, 1, b.gateway.times(b.ref(t, key)), key)
 	}
 }
@@ -167,7 +167,7 @@ func TestMaintainerStopsCleanly(t *testing.T) {
 	require.NoError(t, <-stopped)
 
 	rec := b.key(t, "k1")
-	require.Equal(t, idemtype.StatusRunning, rec.Status)
+	require.Equal(t, idemtype.StoredRunning, rec.Status)
 	require.Equal(t, "ride_created", rec.RecoveryPoint)
 	require.Nil(t, rec.LockedAt, "released, not left for the lease to expire")
 	require.Equal(t, 0, b.countRows(t, "jobs"))

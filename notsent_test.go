@@ -114,7 +114,7 @@ func TestNotSentCallIsRetriedNotReconciled(t *testing.T) {
 	rec := b.key(t, "t1")
 	t.Logf("key after the refused call: status=%s recovery_point=%s mark=%q locked=%v last_error=%q",
 		rec.Status, rec.RecoveryPoint, rec.ForeignMark, rec.LockedAt != nil, rec.LastError)
-	require.Equal(t, idemtype.StatusRunning, rec.Status, "not sent is not in doubt")
+	require.Equal(t, idemtype.StoredRunning, rec.Status, "not sent is not in doubt")
 	require.Empty(t, rec.ForeignMark, "the mark is withdrawn")
 	require.Nil(t, rec.LockedAt, "the key is released for the retry")
 	require.Contains(t, rec.LastError, "not sent")

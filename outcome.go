@@ -81,9 +81,9 @@ func kindOf(err error, replayed bool, rec *idemtype.KeyRecord) OutcomeKind {
 		return OutcomeCanceled
 	case errors.Is(err, ErrNothingToReconcile) && rec != nil:
 		switch rec.Status {
-		case idemtype.StatusFinished:
+		case idemtype.StoredFinished:
 			return OutcomeReplayed
-		case idemtype.StatusNeedsReconcile:
+		case idemtype.StoredNeedsReconcile:
 			return OutcomeNeedsReconcile
 		}
 		return OutcomeInProgress

@@ -102,7 +102,7 @@ const (
 	// ForeignNotIdempotent: the provider cannot deduplicate (an SMS gateway
 	// without idempotency keys, say). Attempt.Foreign durably marks the attempt
 	// before calling; if the phase then fails to commit, the key goes to
-	// StatusNeedsReconcile and the call is never repeated blindly.
+	// StoredNeedsReconcile and the call is never repeated blindly.
 	ForeignNotIdempotent
 )
 
@@ -210,7 +210,7 @@ func ReconcileDone(result Result) Reconciliation {
 func ReconcileNotDone() Reconciliation { return Reconciliation{verdict: verdictNotDone} }
 
 // ReconcileUnknown says the provider cannot tell yet. The key stays in
-// StatusNeedsReconcile for a later run or an operator; reason is recorded.
+// StoredNeedsReconcile for a later run or an operator; reason is recorded.
 func ReconcileUnknown(reason string) Reconciliation {
 	return Reconciliation{verdict: verdictUnknown, reason: reason}
 }

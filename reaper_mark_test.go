@@ -28,17 +28,17 @@ func TestReaperParksAbandonedKeyWithCallInDoubt(t *testing.T) {
 	require.Equal(t, "sms_sent", b.key(t, "k1").ForeignMark)
 
 	// The process died; nobody retried for a while (a NoRedrive flow, or the
-	// completer had given up at MaxAttempts, or simply an AbandonAfter shorter
+	// completer had given up at MaxAttempts, or simply an UnfinishedRetention shorter
 	// than the completer's cadence).
 	b.clock.Advance(2 * time.Hour)
-	r := b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, AbandonAfter: time.Hour})
+	r := b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, UnfinishedRetention: time.Hour})
 	res, err := r.Reap(ctx, nil)
 	require.NoError(t, err)
-	t.Logf("reaper: abandoned %d, moved to needs_reconcile %d", res.Abandoned, res.NeedsReconcile)
-	require.Zero(t, res.Abandoned)
+	t.Logf("reaper: abandoned %d, moved to needs_reconcile %d", res.Unfinished, res.NeedsReconcile)
+	require.Zero(t, res.Unfinished)
 	require.Equal(t, 1, res.NeedsReconcile)
 	rec := b.key(t, "k1")
-	require.Equal(t, idemtype.StatusNeedsReconcile, rec.Status)
+	require.Equal(t, idemtype.StoredNeedsReconcile, rec.Status)
 	require.Equal(t, "sms_sent", rec.ForeignMark, "the mark still names the phase in doubt")
 
 	// The client comes back.

@@ -14,10 +14,10 @@ import (
 )
 
 // ErrNothingToReconcile is returned by [Runner.Reconcile] for a key that is
-// not in StatusNeedsReconcile. Outcome.Record shows what it is instead.
+// not in StoredNeedsReconcile. Outcome.Record shows what it is instead.
 var ErrNothingToReconcile = errors.New("idem: key does not need reconciliation")
 
-// Reconcile resolves a key in StatusNeedsReconcile: it locks the key, runs
+// Reconcile resolves a key in StoredNeedsReconcile: it locks the key, runs
 // the reconcile hook of the phase whose not-idempotent foreign call is in
 // doubt, and acts on the verdict:
 //
@@ -60,7 +60,7 @@ func (r *Runner) reconcile(ctx context.Context, scope, key string) (*Outcome, er
 		return &Outcome{}, fmt.Errorf("%w: scope %q key %q", ErrNotFound, scope, key)
 	}
 	if acq.Acquired == idemdriver.AcquiredNone {
-		if rec.Status == idemtype.StatusNeedsReconcile {
+		if rec.Status == idemtype.StoredNeedsReconcile {
 			return &Outcome{Record: rec, RetryAfter: retryAfter(rec, acq.DBNow, r.config.MaxRetryAfter)},
 				fmt.Errorf("%w: another worker is reconciling key %q", ErrInProgress, key)
 		}
@@ -132,7 +132,7 @@ func (r *Runner) refuseWithoutHook(ctx context.Context, scope, key string) (*Out
 	gctx, cancel := r.storeContext(ctx)
 	rec, err := r.store.GetKey(gctx, scope, key)
 	cancel()
-	if err != nil || rec.Status != idemtype.StatusNeedsReconcile || rec.ForeignMark == "" {
+	if err != nil || rec.Status != idemtype.StoredNeedsReconcile || rec.ForeignMark == "" {
 		return nil, nil
 	}
 	flow, ok := r.flows[rec.Flow]
@@ -198,7 +198,7 @@ func (r *Runner) CheckReconcileHooks(ctx context.Context) ([]MissingHook, error)
 		}
 		m := &missing[i]
 		m.Keys += g.Keys
-		if g.Status == idemtype.StatusNeedsReconcile {
+		if g.Status == idemtype.StoredNeedsReconcile {
 			m.NeedsReconcile += g.Keys
 		}
 	}
@@ -402,7 +402,7 @@ func (r *Runner) ReconcileAll(ctx context.Context, config *ReconcileConfig) (*Re
 		return nil, fmt.Errorf("%w: Config.Flows is empty, so this runner cannot reconcile any key", ErrUnknownFlow)
 	}
 	res := &ReconcileResult{}
-	err := r.sweep(ctx, idemtype.StatusNeedsReconcile, flows, cfg.IdleFor, 0, cfg.BatchSize, cfg.MaxKeys, func(rec *idemtype.KeyRecord) {
+	err := r.sweep(ctx, idemtype.StoredNeedsReconcile, flows, cfg.IdleFor, 0, cfg.BatchSize, cfg.MaxKeys, func(rec *idemtype.KeyRecord) {
 		res.Claimed++
 		out, err := r.Reconcile(ctx, rec.Scope, rec.Key)
 		log := r.log.With(r.logAttrs(rec.Scope, rec.Key, rec.ID, "flow", rec.Flow)...)

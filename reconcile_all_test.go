@@ -52,7 +52,7 @@ func TestReconcileAllResolvesIdleKeys(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, &idem.ReconcileResult{Claimed: 3, Resolved: 3}, res)
 	for _, key := range keys {
-		require.Equal(t, idemtype.StatusFinished, b.key(t, key).Status, key)
+		require.Equal(t, idemtype.StoredFinished, b.key(t, key).Status, key)
 		require.Equal(t, 1, b.gateway.times(b.ref(t, key)), key)
 	}
 

@@ -37,7 +37,7 @@ func (b *smsBundle) parkInDoubt(t *testing.T, key string) {
 	_, err := b.runner(t, nil).Execute(context.Background(), b.flow, b.req(key))
 	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
 	rec := b.key(t, key)
-	require.Equal(t, idemtype.StatusNeedsReconcile, rec.Status)
+	require.Equal(t, idemtype.StoredNeedsReconcile, rec.Status)
 	require.Equal(t, "sms_sent", rec.ForeignMark)
 }
 
@@ -73,7 +73,7 @@ func TestReconcileWithoutHookIsAStableErrorAndMovesNoCounter(t *testing.T) {
 		&idem.MissingHookError{Flow: "sms.send", Phase: "sms_sent"})
 	require.Equal(t, before.Fence, after.Fence, "no fence moved")
 	require.Equal(t, before.Attempts, after.Attempts, "no attempt counted")
-	require.Equal(t, idemtype.StatusNeedsReconcile, after.Status)
+	require.Equal(t, idemtype.StoredNeedsReconcile, after.Status)
 	require.Equal(t, "sms_sent", after.ForeignMark)
 	require.Equal(t, before.LastError, after.LastError)
 

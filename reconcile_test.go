@@ -179,7 +179,7 @@ func TestNotIdempotentCrashGoesToReconcileNotToASecondSend(t *testing.T) {
 		require.Equal(t, idem.OutcomeNeedsReconcile, out.Kind)
 	}
 	rec := b.key(t, "k1")
-	require.Equal(t, idemtype.StatusNeedsReconcile, rec.Status)
+	require.Equal(t, idemtype.StoredNeedsReconcile, rec.Status)
 	require.Nil(t, rec.LockedAt)
 	require.Equal(t, 1, b.gateway.times(ref), "never re-sent blindly")
 
@@ -234,7 +234,7 @@ func TestReconcileUnknownLeavesTheKeyForLater(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
 	require.Equal(t, idem.OutcomeNeedsReconcile, out.Kind)
 	rec := b.key(t, "k1")
-	require.Equal(t, idemtype.StatusNeedsReconcile, rec.Status)
+	require.Equal(t, idemtype.StoredNeedsReconcile, rec.Status)
 	require.Nil(t, rec.LockedAt)
 	require.Contains(t, rec.LastError, "gateway lookup timed out")
 

@@ -100,7 +100,7 @@ type ResolveResult struct {
 // does not know abandoned keys replays.
 const AbandonedStatus = http.StatusGone
 
-// Resolve gives an operator's verdict on a key in StatusNeedsReconcile whose
+// Resolve gives an operator's verdict on a key in StoredNeedsReconcile whose
 // reconcile hook keeps answering unknown, or that has no hook: its
 // not-idempotent call happened (the key resumes at the next phase, or is
 // finished with a stored answer), did not happen (the phase runs again), or
@@ -128,7 +128,7 @@ func (r *Runner) Resolve(ctx context.Context, scope, key string, res Resolution)
 		return nil, fmt.Errorf("resolve: %w", r.storeError(ctx, err))
 	}
 	out := &ResolveResult{Record: rec, Verdict: res.Verdict, DryRun: res.DryRun}
-	if rec.Status != idemtype.StatusNeedsReconcile {
+	if rec.Status != idemtype.StoredNeedsReconcile {
 		return out, fmt.Errorf("%w: key %q is %s; only a key in needs_reconcile can be resolved", ErrNothingToReconcile, key, rec.Status)
 	}
 	flow := r.flows[rec.Flow]
@@ -162,7 +162,7 @@ func (r *Runner) Resolve(ctx context.Context, scope, key string, res Resolution)
 		return out, fmt.Errorf("%w: scope %q key %q", ErrNotFound, scope, key)
 	case acq.Acquired == idemdriver.AcquiredNone:
 		out.Record = acq.Record
-		if acq.Record.Status == idemtype.StatusNeedsReconcile {
+		if acq.Record.Status == idemtype.StoredNeedsReconcile {
 			return out, fmt.Errorf("%w: another worker holds key %q (a reconcile run, or a resolve); try again when it lets go", ErrInProgress, key)
 		}
 		return out, fmt.Errorf("%w: key %q became %s", ErrNothingToReconcile, key, acq.Record.Status)
@@ -347,14 +347,14 @@ func (r *Runner) applyResolution(ctx context.Context, h *held, res Resolution, n
 	if err != nil {
 		return false, err
 	}
-	if cp.Status == idemtype.StatusFinished {
+	if cp.Status == idemtype.StoredFinished {
 		cp.LastError = note
 	}
 	if err := r.commitResolution(ctx, cp, v); err != nil {
 		return false, err
 	}
 	h.committed(cp)
-	if cp.Status == idemtype.StatusFinished {
+	if cp.Status == idemtype.StoredFinished {
 		h.rec.LastError = note
 		return true, nil
 	}

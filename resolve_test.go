@@ -27,7 +27,7 @@ func (b *smsBundle) inDoubt(t *testing.T, k string) *idem.Runner {
 	_, err := r.Execute(context.Background(), b.flow, b.req(k))
 	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
 	rec := b.key(t, k)
-	require.Equal(t, idemtype.StatusNeedsReconcile, rec.Status)
+	require.Equal(t, idemtype.StoredNeedsReconcile, rec.Status)
 	require.Equal(t, "sms_sent", rec.ForeignMark)
 	return r
 }
@@ -60,7 +60,7 @@ func TestResolveHappenedResumesAtTheNextPhase(t *testing.T) {
 	require.NoError(t, err)
 	t.Logf("action: %s", res.Action)
 	rec := b.key(t, "k1")
-	require.Equal(t, idemtype.StatusRunning, rec.Status)
+	require.Equal(t, idemtype.StoredRunning, rec.Status)
 	require.Equal(t, "sms_sent", rec.RecoveryPoint)
 	require.Empty(t, rec.ForeignMark)
 	require.Nil(t, rec.LockedAt, "released for the retry or the completer")
@@ -89,7 +89,7 @@ func TestResolveHappenedWithAnAnswerFinishesTheKey(t *testing.T) {
 	_, err := r.Resolve(ctx, "user:1", "k1", v)
 	require.NoError(t, err)
 	rec := b.key(t, "k1")
-	require.Equal(t, idemtype.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
 	require.Equal(t, idemtype.RecoveryPointFinished, rec.RecoveryPoint)
 	require.Contains(t, rec.LastError, "resolved by alice: happened")
 
@@ -112,7 +112,7 @@ func TestResolveNotHappenedRunsThePhaseAgain(t *testing.T) {
 	_, err := r.Resolve(ctx, "user:1", "k1", resolution(idem.ResolveNotHappened))
 	require.NoError(t, err)
 	rec := b.key(t, "k1")
-	require.Equal(t, idemtype.StatusRunning, rec.Status)
+	require.Equal(t, idemtype.StoredRunning, rec.Status)
 	require.Equal(t, "message_saved", rec.RecoveryPoint)
 	require.Empty(t, rec.ForeignMark)
 	require.Nil(t, rec.LockedAt)
@@ -137,7 +137,7 @@ func TestResolveAbandonFinishesTheKeyForGood(t *testing.T) {
 	require.NoError(t, err)
 	t.Logf("action: %s; key: status %s, recovery point %s, last error %q", res.Action, res.Record.Status, res.Record.RecoveryPoint, res.Record.LastError)
 	rec := b.key(t, "k1")
-	require.Equal(t, idemtype.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
 	require.Equal(t, idemtype.RecoveryPointAbandoned, rec.RecoveryPoint)
 	require.Equal(t, idem.AbandonedStatus, rec.ResponseStatus)
 	require.Contains(t, rec.LastError, "resolved by alice: abandon: INC-42")
@@ -285,7 +285,7 @@ func TestResolveIsFencedAgainstAConcurrentClaim(t *testing.T) {
 	tx, err := store.BeginPhase(ctx, idemdriver.PhaseOptions{})
 	require.NoError(t, err)
 	err = tx.CommitPhase(ctx, idemdriver.CommitParams{Ref: idemdriver.LockRef{ID: held.Record.ID, Fence: held.Record.Fence, Scope: held.Record.Scope},
-		RecoveryPoint: "sms_sent", Status: idemtype.StatusRunning})
+		RecoveryPoint: "sms_sent", Status: idemtype.StoredRunning})
 	require.ErrorIs(t, err, idem.ErrLockLost, "the old holder is fenced off")
 	require.Equal(t, "message_saved", b.key(t, "k1").RecoveryPoint)
 }
@@ -381,7 +381,7 @@ func TestResolveNotHappenedNeedsConfirmingAndIsRecordedForGood(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, b.gateway.times(b.ref(t, "k1")))
 	rec := b.key(t, "k1")
-	require.Equal(t, idemtype.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
 	require.Empty(t, rec.LastError)
 
 	var sessionUser string
@@ -452,7 +452,7 @@ func TestResolveRecordsTheAnswerAndOnlyVerdictsThatLand(t *testing.T) {
 		RecoveryPoint: rec.RecoveryPoint, Operator: "bob", Reason: "a verdict that will not land", Action: "none"}
 	require.NoError(t, store.RecordVerdict(ctx, tx, lost))
 	err = tx.CommitPhase(ctx, idemdriver.CommitParams{Ref: idemdriver.LockRef{ID: rec.ID, Fence: rec.Fence - 1, Scope: "user:1"},
-		RecoveryPoint: "sms_sent", Status: idemtype.StatusRunning})
+		RecoveryPoint: "sms_sent", Status: idemtype.StoredRunning})
 	require.ErrorIs(t, err, idem.ErrLockLost)
 	verdicts, err = r.Verdicts(ctx, "user:1", "k1")
 	require.NoError(t, err)
@@ -485,7 +485,7 @@ func TestResolveVerdictThatCannotBeRecordedKeepsTheCallInDoubt(t *testing.T) {
 		_, err := r.Resolve(ctx, "user:1", k, v)
 		require.ErrorContains(t, err, "the verdicts table refuses the row", k)
 		rec := b.key(t, k)
-		require.Equal(t, idemtype.StatusNeedsReconcile, rec.Status, k)
+		require.Equal(t, idemtype.StoredNeedsReconcile, rec.Status, k)
 		require.Equal(t, "sms_sent", rec.ForeignMark, "%s: the call is still in doubt", k)
 		require.Equal(t, "message_saved", rec.RecoveryPoint, k)
 		require.Nil(t, rec.LockedAt, k)

@@ -44,7 +44,7 @@ func TestRespondRefusesAStatusOutside200To599(t *testing.T) {
 		require.Equal(t, idem.OutcomeFailed, out.Kind, tc.name)
 
 		rec := b.key(t, key)
-		require.Equal(t, idemtype.StatusRunning, rec.Status, tc.name)
+		require.Equal(t, idemtype.StoredRunning, rec.Status, tc.name)
 		require.Zero(t, rec.ResponseStatus, tc.name)
 		require.Nil(t, rec.LockedAt, tc.name)
 	}

@@ -93,7 +93,7 @@ func countKeys(list []RecoveryPointKeys, flow, point string, g idemdriver.Unfini
 		list = append(list, RecoveryPointKeys{Flow: flow, RecoveryPoint: point})
 	}
 	list[i].Keys += g.Keys
-	if g.Status == idemtype.StatusNeedsReconcile {
+	if g.Status == idemtype.StoredNeedsReconcile {
 		list[i].NeedsReconcile += g.Keys
 	}
 	return list

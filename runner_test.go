@@ -44,7 +44,7 @@ func TestNewKeyRunsEveryPhaseOnceInOrder(t *testing.T) {
 	require.Equal(t, http.StatusCreated, out.Response.Status)
 
 	rec := b.key(t, "k1")
-	require.Equal(t, idemtype.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
 	require.Equal(t, idemtype.RecoveryPointFinished, rec.RecoveryPoint)
 	require.Equal(t, http.StatusCreated, rec.ResponseStatus)
 	require.Equal(t, out.Response.Body, rec.ResponseBody)
@@ -348,7 +348,7 @@ func fencingStopsATakenOverWorker(t *testing.T, b *testBundle) {
 	require.Equal(t, 0, b.countRows(t, "jobs WHERE kind = 'stale-worker-write'"), "the stale worker's writes rolled back")
 	require.Equal(t, 1, b.countRows(t, "rides"), "only the new owner's ride exists")
 	rec := b.key(t, "k1")
-	require.Equal(t, idemtype.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
 	require.Equal(t, int64(2), rec.Fence)
 }
 
@@ -592,7 +592,7 @@ func TestDeclineIsStoredAndReplayed(t *testing.T) {
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.Equal(t, http.StatusPaymentRequired, out.Response.Status)
 	rec := b.key(t, "k1")
-	require.Equal(t, idemtype.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
 	require.Equal(t, http.StatusPaymentRequired, rec.ResponseStatus)
 
 	again, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 99}))

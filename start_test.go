@@ -44,7 +44,7 @@ func TestStartRunsTheMaintenanceServicesUntilStop(t *testing.T) {
 		t.Fatal("the completer Start started did not complete the abandoned request")
 	}
 	require.NoError(t, r.Stop(ctx))
-	require.Equal(t, idemtype.StatusFinished, b.key(t, "k1").Status)
+	require.Equal(t, idemtype.StoredFinished, b.key(t, "k1").Status)
 	require.Equal(t, 1, b.provider.Charges())
 	require.Equal(t, 1, obs.n(idem.EventCompleted))
 	require.NoError(t, r.Stop(ctx))

@@ -42,7 +42,7 @@ func TestCompleterDecodesStoredParamsTolerantly(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, &idem.CompleteResult{Claimed: 1, Completed: 1}, res)
 	require.Equal(t, []float64{0}, amounts, "a field the stored params lack: its zero value")
-	require.Equal(t, idemtype.StatusFinished, b.key(t, "k1").Status)
+	require.Equal(t, idemtype.StoredFinished, b.key(t, "k1").Status)
 	t.Logf("tolerant decode: %+v", *res)
 }
 
@@ -65,7 +65,7 @@ func TestCompleterReportsUndecodableParams(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, &idem.CompleteResult{Claimed: 1, Failed: 1}, res)
 	rec := b.key(t, "k1")
-	require.Equal(t, idemtype.StatusRunning, rec.Status)
+	require.Equal(t, idemtype.StoredRunning, rec.Status)
 	require.Nil(t, rec.LockedAt, "released, not left locked")
 	require.Equal(t, before+1, rec.Attempts)
 	require.Contains(t, rec.LastError, idem.ErrUndecodableParams.Error())
@@ -107,7 +107,7 @@ func TestReconcileReportsUndecodableParams(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
 	require.Equal(t, idem.OutcomeNeedsReconcile, out.Kind)
 	rec := b.key(t, "k1")
-	require.Equal(t, idemtype.StatusNeedsReconcile, rec.Status)
+	require.Equal(t, idemtype.StoredNeedsReconcile, rec.Status)
 	require.Contains(t, rec.LastError, idem.ErrUndecodableParams.Error())
 	require.Zero(t, b.counts.Get()["reconcile"], "no hook ran on an input it cannot see")
 	t.Logf("reconcile: %s, last error %q", out.Kind, rec.LastError)

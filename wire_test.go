@@ -68,7 +68,7 @@ func TestLostCommitReplyOfNotIdempotentPhase(t *testing.T) {
 	require.Equal(t, http.StatusCreated, out.Response.Status)
 	require.Equal(t, 1, b.gateway.times(b.ref(t, "k1")), "sent exactly once")
 	rec := b.key(t, "k1")
-	require.Equal(t, idemtype.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
 	require.Empty(t, rec.ForeignMark)
 }
 

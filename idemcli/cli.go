@@ -189,7 +189,7 @@ type env struct {
 
 	pool   *pgxpool.Pool
 	runner *idem.Runner
-	// abandonAfter, when set, overrides the runner's AbandonAfter (reap).
+	// abandonAfter, when set, overrides the runner's UnfinishedRetention (reap).
 	abandonAfter time.Duration
 }
 
@@ -297,7 +297,7 @@ func (e *env) connect(ctx context.Context) error {
 	}
 	rcfg.Flows = append(append([]idem.AnyFlow(nil), rcfg.Flows...), e.cfg.Flows...)
 	if e.abandonAfter != 0 {
-		rcfg.AbandonAfter = e.abandonAfter
+		rcfg.UnfinishedRetention = e.abandonAfter
 		if e.abandonAfter > 0 {
 			// Over every flow's own setting: an operator's explicit age.
 			rcfg.Flows = nil

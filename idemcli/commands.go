@@ -401,9 +401,9 @@ var commands = []*command{
 		summary: "delete expired and abandoned keys, in small batches",
 		help: "Runs one reaper pass: deletes expired finished keys batch by batch (each batch a short DELETE\n" +
 			"under a statement timeout, skipping rows others have locked) until none is left, then unfinished\n" +
-			"keys abandoned past their flow's AbandonAfter (7 days by default, counted from their creation),\n" +
+			"keys abandoned past their flow's UnfinishedRetention (7 days by default, counted from their creation),\n" +
 			"never one a live lease holds nor one in needs_reconcile. A binary without the application's flows\n" +
-			"does not know their AbandonAfter, so it abandons keys only with --abandon-after, which then applies\n" +
+			"does not know their UnfinishedRetention, so it abandons keys only with --abandon-after, which then applies\n" +
 			"to every flow. Safe to run while the application serves traffic and while other reapers run.",
 		examples: []string{"PROG reap", "PROG reap --batch-size 500 --max-batches 100 --json", "PROG reap --abandon-after 168h"},
 		setup: func(fs *flag.FlagSet) runFunc {
@@ -412,7 +412,7 @@ var commands = []*command{
 			maxBatches := fs.Int("max-batches", 0, "stop after `n` batches (default: until none is left)")
 			timeout := fs.Duration("statement-timeout", def.StatementTimeout, "bound on each batch's statement")
 			abandon := fs.Duration("abandon-after", 0, "abandon unfinished keys this much after their creation, whatever their flow "+
-				"(default: each registered flow's AbandonAfter; none without flows)")
+				"(default: each registered flow's UnfinishedRetention; none without flows)")
 			return func(ctx context.Context, e *env, _ []string) error {
 				switch {
 				case *abandon < 0:

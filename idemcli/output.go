@@ -210,7 +210,7 @@ func (e *env) printKey(k *idemtype.KeyRecord, now time.Time, reveal bool, verdic
 	field("foreign mark", orDash(k.ForeignMark))
 	field("last error", orDash(k.LastError))
 	field("sealed at rest", sealedWith(k))
-	if k.Status == idemtype.StatusFinished {
+	if k.Status == idemtype.StoredFinished {
 		field("response status", fmt.Sprintf("%d %s", k.ResponseStatus, http.StatusText(k.ResponseStatus)))
 	}
 	if err := e.verdictLines(tw, verdicts); err != nil {
@@ -223,7 +223,7 @@ func (e *env) printKey(k *idemtype.KeyRecord, now time.Time, reveal bool, verdic
 	field("params", string(escapeJSONText(k.Params)))
 	checkpoint, _ := json.Marshal(k.Checkpoint)
 	field("checkpoint", string(escapeJSONText(checkpoint)))
-	if k.Status == idemtype.StatusFinished {
+	if k.Status == idemtype.StoredFinished {
 		field("response headers", headerLine(k.ResponseHeaders))
 		// printable escapes what it must itself (or shows base64).
 		fmt.Fprintf(tw, "%s\t%s\n", "response body", printable(k.ResponseBody))
@@ -284,7 +284,7 @@ func (e *env) printVerdictsOfMissingKey(verdicts []idemtype.Verdict) error {
 // holderLine says which process took the key's current (or last) lease.
 func holderLine(k *idemtype.KeyRecord) string {
 	if k.HolderBoot == "" {
-		if k.Status == idemtype.StatusFinished {
+		if k.Status == idemtype.StoredFinished {
 			return "-"
 		}
 		return "- (not recorded: a version before migration 0008 took the lease)"
@@ -312,7 +312,7 @@ func (e *env) printUnlock(res *idemtype.UnlockResult) error {
 	if k.RecoveryPoint == idemtype.RecoveryPointStarted {
 		next = "the next attempt starts it from its first phase"
 	}
-	if k.Status == idemtype.StatusNeedsReconcile {
+	if k.Status == idemtype.StoredNeedsReconcile {
 		next = "it still needs reconciliation"
 	} else if k.ForeignMark != "" {
 		next = "its foreign call in " + safe(k.ForeignMark) + " is in doubt: the next attempt sends it to reconcile"
@@ -340,9 +340,9 @@ func (e *env) printReap(res *idem.ReapResult) error {
 	if e.json {
 		return e.printJSON(res)
 	}
-	_, err := fmt.Fprintf(e.out, "reaped %d expired key(s) in %d batch(es), and %d abandoned unfinished key(s)\n", res.Deleted, res.Batches, res.Abandoned)
+	_, err := fmt.Fprintf(e.out, "reaped %d expired key(s) in %d batch(es), and %d unfinished key(s) past their retention\n", res.Deleted, res.Batches, res.Unfinished)
 	if err == nil && res.NeedsReconcile > 0 {
-		_, err = fmt.Fprintf(e.out, "moved %d abandoned key(s) with a not-idempotent call in doubt to needs_reconcile (not deleted); run `%s reconcile`\n",
+		_, err = fmt.Fprintf(e.out, "moved %d unfinished key(s) with a not-idempotent call in doubt to needs_reconcile (not deleted); run `%s reconcile`\n",
 			res.NeedsReconcile, e.cfg.Name)
 	}
 	return err

@@ -29,7 +29,7 @@ type Store interface {
 	// is absent: it is replaced, atomically, never reported.
 	Acquire(ctx context.Context, p AcquireParams) (*AcquireResult, error)
 
-	// ClaimReconcile locks a key in StatusNeedsReconcile for a reconcile run,
+	// ClaimReconcile locks a key in StoredNeedsReconcile for a reconcile run,
 	// with a new fence. Acquired is AcquiredNone (and Record the row as it is)
 	// when the key does not need reconciling or another worker holds it.
 	ClaimReconcile(ctx context.Context, p ClaimParams) (*AcquireResult, error)
@@ -62,7 +62,7 @@ type Store interface {
 	// because the recovery point does not move.
 	ClearForeignMark(ctx context.Context, ref LockRef) error
 
-	// SetNeedsReconcile moves a held key to StatusNeedsReconcile and unlocks it.
+	// SetNeedsReconcile moves a held key to StoredNeedsReconcile and unlocks it.
 	SetNeedsReconcile(ctx context.Context, ref LockRef, reason string) error
 
 	// GetKey returns one key, or ErrNotFound.
@@ -206,13 +206,13 @@ type CommitParams struct {
 	// (RecoveryPointAbandoned when an operator abandoned the request; empty
 	// means RecoveryPointFinished for a finishing commit).
 	RecoveryPoint string
-	// Status is the key's status after the commit: StatusRunning for a
-	// phase that advances, StatusFinished (with Response) for one that
+	// Status is the key's status after the commit: StoredRunning for a
+	// phase that advances, StoredFinished (with Response) for one that
 	// responds.
-	Status idemtype.Status
+	Status idemtype.StoredStatus
 	// CheckpointPatch is merged into the key's checkpoint data.
 	CheckpointPatch map[string]json.RawMessage
-	// Response is stored when Status is StatusFinished.
+	// Response is stored when Status is StoredFinished.
 	Response *idemtype.Response
 	// Retention sets expires_at of a key that finishes.
 	Retention time.Duration
@@ -221,7 +221,7 @@ type CommitParams struct {
 	// it, as every phase that responds does.
 	LastError string
 	// ClearForeignMark withdraws the key's foreign mark in the commit,
-	// under its fence, with StatusRunning: an operator's verdict that the
+	// under its fence, with StoredRunning: an operator's verdict that the
 	// call in doubt did not happen leaves the recovery point where it is,
 	// so the commit does not retire the mark, and the mark must go if and
 	// only if the verdict (and its record) lands. It writes the lease row,
@@ -269,18 +269,18 @@ type OperationsStore interface {
 	// and runs under p.StatementTimeout.
 	Reap(ctx context.Context, p ReapParams) (int, error)
 
-	// ReapAbandoned ends one batch of at most p.Limit keys in
-	// StatusRunning created longer ago than their flow's abandonment age:
+	// ReapUnfinished ends one batch of at most p.Limit keys in
+	// StoredRunning created longer ago than their flow's abandonment age:
 	// it deletes them, except that a key whose foreign mark stands (a
-	// not-idempotent call in doubt) is moved to StatusNeedsReconcile
+	// not-idempotent call in doubt) is moved to StoredNeedsReconcile
 	// instead, never deleted. It never touches a key a live lease holds or
-	// one in StatusNeedsReconcile, skips rows other transactions have
+	// one in StoredNeedsReconcile, skips rows other transactions have
 	// locked, and runs under p.StatementTimeout.
-	ReapAbandoned(ctx context.Context, p ReapAbandonedParams) (ReapAbandonedResult, error)
+	ReapUnfinished(ctx context.Context, p ReapUnfinishedParams) (ReapUnfinishedResult, error)
 
 	// Backlog counts the unfinished keys by status, with the creation time
 	// of the oldest in each, reading only unfinished rows. It reports
-	// StatusRunning and StatusNeedsReconcile, each even when it has no key.
+	// StoredRunning and StoredNeedsReconcile, each even when it has no key.
 	Backlog(ctx context.Context, p BacklogParams) (*idemtype.Backlog, error)
 
 	// UnfinishedKeys counts the unfinished keys of the given flows by flow,
@@ -296,19 +296,19 @@ type OperationsStore interface {
 // unfinished keys of Flow in Status at RecoveryPoint, whose not-idempotent
 // call at the phase Mark names is in doubt (Mark empty: no call in doubt).
 type UnfinishedKeys struct {
-	Flow          string          `db:"flow"`
-	RecoveryPoint string          `db:"recovery_point"`
-	Mark          string          `db:"mark"`
-	Status        idemtype.Status `db:"status"`
-	Keys          int             `db:"keys"`
+	Flow          string                `db:"flow"`
+	RecoveryPoint string                `db:"recovery_point"`
+	Mark          string                `db:"mark"`
+	Status        idemtype.StoredStatus `db:"status"`
+	Keys          int                   `db:"keys"`
 }
 
-// ReapAbandonedResult is what one batch of [Store.ReapAbandoned] did.
-type ReapAbandonedResult struct {
+// ReapUnfinishedResult is what one batch of [Store.ReapUnfinished] did.
+type ReapUnfinishedResult struct {
 	// Deleted counts the abandoned keys deleted.
 	Deleted int
 	// NeedsReconcile counts the abandoned keys moved to
-	// StatusNeedsReconcile because their not-idempotent call is in doubt.
+	// StoredNeedsReconcile because their not-idempotent call is in doubt.
 	NeedsReconcile int
 }
 
@@ -334,9 +334,9 @@ type UnlockParams struct {
 
 // ClaimIdleParams are the inputs of [Store.ClaimIdle].
 type ClaimIdleParams struct {
-	// Status is StatusRunning (the completer) or StatusNeedsReconcile
+	// Status is StoredRunning (the completer) or StoredNeedsReconcile
 	// (reconcile runs).
-	Status idemtype.Status
+	Status idemtype.StoredStatus
 	// Flows restricts the claim to these flow names: a process claims only
 	// keys it can run. Empty claims nothing.
 	Flows []string
@@ -350,8 +350,8 @@ type ClaimIdleParams struct {
 	Now         *time.Time
 }
 
-// ReapAbandonedParams are the inputs of [Store.ReapAbandoned].
-type ReapAbandonedParams struct {
+// ReapUnfinishedParams are the inputs of [Store.ReapUnfinished].
+type ReapUnfinishedParams struct {
 	// After is how long after its creation an unfinished key is abandoned,
 	// for flows FlowAfter does not name; negative: never.
 	After time.Duration

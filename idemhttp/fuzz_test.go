@@ -61,7 +61,7 @@ func FuzzHandlerBody(f *testing.F) {
 		if res.Code == http.StatusCreated {
 			require.True(t, referenceAccepts(body, contentType), "accepted %q (%q)", body, contentType)
 			require.NotNil(t, row)
-			require.Equal(t, idemtype.StatusFinished, row.Status)
+			require.Equal(t, idemtype.StoredFinished, row.Status)
 			require.Equal(t, res.Body.Bytes(), row.ResponseBody)
 			var params rideInput
 			require.NoError(t, json.Unmarshal(row.Params, &params))

@@ -327,7 +327,7 @@ func (b *bundle) requireFinished(t testing.TB, key string, res *httptest.Respons
 	t.Helper()
 	row := b.keyRow(t, key)
 	require.NotNil(t, row)
-	require.Equal(t, idemtype.StatusFinished, row.Status)
+	require.Equal(t, idemtype.StoredFinished, row.Status)
 	require.Equal(t, idemtype.RecoveryPointFinished, row.RecoveryPoint)
 	require.Nil(t, row.LockedAt)
 	require.Equal(t, http.StatusCreated, row.ResponseStatus)

@@ -214,7 +214,7 @@ func TestWebhookRunsAnEventOnce(t *testing.T) {
 	// The key is the event id, in the provider's scope.
 	rec, err := b.store.GetKey(context.Background(), b.handler.Scope(""), "evt_1")
 	require.NoError(t, err)
-	require.Equal(t, idemtype.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
 	require.Equal(t, "webhook:payments", b.handler.Scope(""))
 	require.Equal(t, "webhook:payments/acct_9", b.handler.Scope("acct_9"))
 }
@@ -266,7 +266,7 @@ func TestWebhookAccountsAreScopes(t *testing.T) {
 		require.Empty(t, res.Header().Get("Idempotent-Replayed"))
 		rec, err := b.store.GetKey(context.Background(), b.handler.Scope(account), "evt_3")
 		require.NoError(t, err)
-		require.Equal(t, idemtype.StatusFinished, rec.Status)
+		require.Equal(t, idemtype.StoredFinished, rec.Status)
 	}
 	require.Equal(t, 2, b.ledger(t, "evt_3"))
 }
@@ -364,7 +364,7 @@ func TestNewWebhookConfig(t *testing.T) {
 	short := idem.MustNewFlow("short.webhook", []idem.Phase[hookEvent]{{Name: "responded",
 		Do: func(context.Context, idem.Tx, *idem.Attempt[hookEvent]) (idem.Result, error) {
 			return idem.RespondJSON(http.StatusOK, nil), nil
-		}}}, &idem.FlowConfig[hookEvent]{AbandonAfter: time.Hour})
+		}}}, &idem.FlowConfig[hookEvent]{UnfinishedRetention: time.Hour})
 	shortRunner, err := idem.NewRunner(b.store, &idem.Config{Flows: []idem.AnyFlow{short}})
 	require.NoError(t, err)
 	_, err = idemhttp.NewWebhook(shortRunner, short, valid())

@@ -332,12 +332,12 @@ const lateBy = 24 * time.Hour
 // lateRetry reports whether the client of a scenario of kind comes back a
 // day later when its fault left the key unfinished: crash_after_commit,
 // unless the runner would by then treat the key as abandoned
-// (Config.AbandonAfter). (A finished key is left alone: a day later it may
+// (Config.UnfinishedRetention). (A finished key is left alone: a day later it may
 // have expired.)
 func (x *explorer[In]) lateRetry(kind Kind) bool {
 	if kind != CrashAfterCommit {
 		return false
 	}
-	abandon := x.base.WithDefaults().AbandonAfter
+	abandon := x.base.WithDefaults().UnfinishedRetention
 	return abandon < 0 || abandon > lateBy+3*x.lease
 }

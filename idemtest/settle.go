@@ -45,7 +45,7 @@ func (x *explorer[In]) settle(ctx context.Context, sc *scenario, out *idem.Outco
 			sc.advance(x.lease+time.Second, "the lease holding the key runs out")
 		}
 		op := opRun
-		if out.Kind == idem.OutcomeNeedsReconcile || (out.Record != nil && out.Record.Status == idemtype.StatusNeedsReconcile) {
+		if out.Kind == idem.OutcomeNeedsReconcile || (out.Record != nil && out.Record.Status == idemtype.StoredNeedsReconcile) {
 			op = opReconcile
 		}
 		out, err = x.call(ctx, sc, nil, op, x.store)

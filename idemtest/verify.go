@@ -33,7 +33,7 @@ func (x *explorer[In]) verify(ctx context.Context, sc *scenario, final *idemtype
 	switch {
 	case err != nil:
 		sc.violate("could not read the key: %v", err)
-	case rec.Status != idemtype.StatusFinished || rec.RecoveryPoint != idemtype.RecoveryPointFinished:
+	case rec.Status != idemtype.StoredFinished || rec.RecoveryPoint != idemtype.RecoveryPointFinished:
 		sc.violate("the key is %s at recovery point %q, want finished", rec.Status, rec.RecoveryPoint)
 	case rec.ForeignMark != "" || rec.LockedAt != nil:
 		sc.violate("the finished key still has a foreign mark %q or a lock (locked at %v)", rec.ForeignMark, rec.LockedAt)

@@ -387,7 +387,7 @@ func (x *explorer[In]) commitsNobodySaw(ctx context.Context, sc *scenario) {
 		return
 	}
 	landed := x.phases
-	if rec.Status != idemtype.StatusFinished {
+	if rec.Status != idemtype.StoredFinished {
 		landed = x.phases[:slices.Index(x.phases, rec.RecoveryPoint)+1]
 	}
 	sc.mu.Lock()

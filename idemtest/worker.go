@@ -66,7 +66,7 @@ func (w *worker) hook(ctx context.Context, at HookPoint) error {
 		return nil
 	}
 	f.fired = true
-	f.finished = at.Key.Status == idemtype.StatusFinished
+	f.finished = at.Key.Status == idemtype.StoredFinished
 	f.bypass.strike(ctx) // see bypass.go
 	return f.inject(ctx, w)
 }

@@ -6,13 +6,13 @@ import "time"
 type Backlog struct {
 	// Now is the database clock the backlog was read at.
 	Now time.Time
-	// Statuses are StatusRunning and StatusNeedsReconcile, in that order.
+	// Statuses are StoredRunning and StoredNeedsReconcile, in that order.
 	Statuses []StatusBacklog
 }
 
 // StatusBacklog is the unfinished keys in one status.
 type StatusBacklog struct {
-	Status Status
+	Status StoredStatus
 	Keys   int64
 	// Oldest is when the oldest of them was created; zero when Keys is 0.
 	Oldest time.Time
@@ -20,7 +20,7 @@ type StatusBacklog struct {
 
 // OldestAge is how long ago the oldest key of the status was created, as
 // of the backlog's clock; zero when there is none.
-func (b *Backlog) OldestAge(status Status) time.Duration {
+func (b *Backlog) OldestAge(status StoredStatus) time.Duration {
 	for _, s := range b.Statuses {
 		if s.Status == status && s.Keys > 0 {
 			return max(b.Now.Sub(s.Oldest), 0)
@@ -30,7 +30,7 @@ func (b *Backlog) OldestAge(status Status) time.Duration {
 }
 
 // Keys is the number of unfinished keys in the status.
-func (b *Backlog) Keys(status Status) int64 {
+func (b *Backlog) Keys(status StoredStatus) int64 {
 	for _, s := range b.Statuses {
 		if s.Status == status {
 			return s.Keys

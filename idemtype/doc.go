@@ -1,6 +1,6 @@
 // Package idemtype holds the values idem's runner, its stores and its
-// operators share: the persisted key ([KeyRecord]) with its stored
-// [Status] and the [KeyState] an operator sees, the [Response] a flow
+// operators share: the persisted key ([KeyRecord]) with its
+// [StoredStatus] and the [KeyState] an operator sees, the [Response] a flow
 // answers, the queries and pages of the key listing ([KeyQuery],
 // [KeyList]), the unfinished-key [Backlog], an operator's recorded
 // [Verdict], and the errors a store maps its failures to ([ErrLockLost],

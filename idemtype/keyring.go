@@ -21,7 +21,7 @@ import (
 //
 // Either way, keep the keys as secret as a password pepper, and keep an old
 // key until every value made with it is gone: the longest of Retention and
-// AbandonAfter after the rotation.
+// UnfinishedRetention after the rotation.
 type Keyring struct {
 	// Current is the id of the key new values are made with; it must be in
 	// Keys.

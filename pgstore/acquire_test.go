@@ -89,7 +89,7 @@ func TestAcquisitionReadsKeysAsGetKeyDoes(t *testing.T) {
 	for _, key := range []string{"reconcile", "held", "released", "finished", "no-lease"} {
 		want, err := store.GetKey(ctx, "s", key)
 		require.NoError(t, err, key)
-		if want.Status == idemtype.StatusFinished {
+		if want.Status == idemtype.StoredFinished {
 			want.Params, want.Checkpoint = nil, nil
 		}
 		for _, noCreate := range []bool{false, true} {

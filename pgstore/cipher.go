@@ -40,7 +40,7 @@ const (
 //	SELECT count(*) FROM idem_keys WHERE params_key_id = 'old' OR response_key_id = 'old'
 //
 // (every row written before the rotation is gone once Retention and
-// AbandonAfter have passed). A row whose key is missing, or whose sealed value
+// UnfinishedRetention have passed). A row whose key is missing, or whose sealed value
 // does not authenticate under it (a wrong key, tampering, a value moved from
 // another row), fails with ErrCannotOpen: it is never replayed.
 //
@@ -215,7 +215,7 @@ func (s *Store) open(rec *idemtype.KeyRecord) error {
 		switch {
 		case rec.ParamsKeyID == "" && rec.Params != nil:
 			return fmt.Errorf("%w: the params of key %d are stored in the clear, and the store seals (Keyring.AcceptUnkeyed is off): refused", ErrCannotOpen, rec.ID)
-		case rec.ResponseKeyID == "" && rec.Status == idemtype.StatusFinished && (rec.ResponseBody != nil || rec.ResponseHeaders != nil):
+		case rec.ResponseKeyID == "" && rec.Status == idemtype.StoredFinished && (rec.ResponseBody != nil || rec.ResponseHeaders != nil):
 			// A statement that reads the response reads its headers as a
 			// map ('{}' when none), so a finished key whose body was made
 			// NULL is refused too; one that does not (a listing without

@@ -102,11 +102,11 @@ func (s *Store) reapCitus(ctx context.Context, p idemdriver.ReapParams) (int, er
 	return deleted, err
 }
 
-// reapAbandonedCitus is ReapAbandoned on Citus: candidates, then each ended
+// reapAbandonedCitus is ReapUnfinished on Citus: candidates, then each ended
 // by a router statement of its own, so that a key another reaper (or a
 // takeover) got to first is left alone.
-func (s *Store) reapAbandonedCitus(ctx context.Context, p idemdriver.ReapAbandonedParams, after int64, flows []string, ages []int64) (idemdriver.ReapAbandonedResult, error) {
-	var res idemdriver.ReapAbandonedResult
+func (s *Store) reapAbandonedCitus(ctx context.Context, p idemdriver.ReapUnfinishedParams, after int64, flows []string, ages []int64) (idemdriver.ReapUnfinishedResult, error) {
+	var res idemdriver.ReapUnfinishedResult
 	type candidate struct {
 		scope     string
 		id, fence int64

@@ -326,7 +326,7 @@ func (s *Store) acquireArgs(p idemdriver.AcquireParams) ([]any, error) {
 // dead, does) and it is this request; otherwise it returns res.
 func (s *Store) takeOverIfAbandoned(ctx context.Context, p idemdriver.AcquireParams, res *idemdriver.AcquireResult) (*idemdriver.AcquireResult, error) {
 	rec := res.Record
-	if res.Acquired != idemdriver.AcquiredNone || rec.Status != idemtype.StatusRunning ||
+	if res.Acquired != idemdriver.AcquiredNone || rec.Status != idemtype.StoredRunning ||
 		rec.Flow != p.Flow || !rec.SameRequest(p.Fingerprints) || rec.Method != p.Method || rec.Path != p.Path ||
 		(rec.Locked(res.DBNow) && !s.holder.resumes(rec)) {
 		return res, nil
@@ -586,7 +586,7 @@ func (s *Store) unlockKey(ctx context.Context, db pgxscan.Querier, p idemdriver.
 // ClaimIdle implements idemdriver.Store.
 func (s *Store) ClaimIdle(ctx context.Context, p idemdriver.ClaimIdleParams) ([]*idemtype.KeyRecord, error) {
 	switch {
-	case p.Status != idemtype.StatusRunning && p.Status != idemtype.StatusNeedsReconcile:
+	case p.Status != idemtype.StoredRunning && p.Status != idemtype.StoredNeedsReconcile:
 		return nil, fmt.Errorf("%w: claim idle keys in status %q", idemtype.ErrInvalidRequest, p.Status)
 	case p.IdleFor <= 0:
 		return nil, fmt.Errorf("%w: claim idle keys: IdleFor %s must be positive", idemtype.ErrInvalidRequest, p.IdleFor)
@@ -624,10 +624,10 @@ func (s *Store) Reap(ctx context.Context, p idemdriver.ReapParams) (int, error) 
 	return s.deleteBatch(ctx, "reap", p.StatementTimeout, s.q.reap, p.Now, p.Limit)
 }
 
-// ReapAbandoned implements idemdriver.Store, as Reap does.
-func (s *Store) ReapAbandoned(ctx context.Context, p idemdriver.ReapAbandonedParams) (idemdriver.ReapAbandonedResult, error) {
+// ReapUnfinished implements idemdriver.Store, as Reap does.
+func (s *Store) ReapUnfinished(ctx context.Context, p idemdriver.ReapUnfinishedParams) (idemdriver.ReapUnfinishedResult, error) {
 	if p.Limit <= 0 {
-		return idemdriver.ReapAbandonedResult{}, fmt.Errorf("%w: reap abandoned keys: Limit %d must be positive", idemtype.ErrInvalidRequest, p.Limit)
+		return idemdriver.ReapUnfinishedResult{}, fmt.Errorf("%w: reap abandoned keys: Limit %d must be positive", idemtype.ErrInvalidRequest, p.Limit)
 	}
 	// Ages travel in microseconds; a negative one (never) stays negative
 	// however short it is.
@@ -644,12 +644,12 @@ func (s *Store) ReapAbandoned(ctx context.Context, p idemdriver.ReapAbandonedPar
 	if s.q.citus {
 		return s.reapAbandonedCitus(ctx, p, micros(p.After), flows, ages)
 	}
-	var res idemdriver.ReapAbandonedResult
+	var res idemdriver.ReapUnfinishedResult
 	err := s.inBatchTx(ctx, "reap abandoned keys", p.StatementTimeout, func(tx pgx.Tx) error {
 		return tx.QueryRow(ctx, s.q.reapAbandoned, p.Now, micros(p.After), flows, ages, p.Limit).Scan(&res.Deleted, &res.NeedsReconcile)
 	})
 	if err != nil {
-		return idemdriver.ReapAbandonedResult{}, err
+		return idemdriver.ReapUnfinishedResult{}, err
 	}
 	return res, nil
 }

@@ -546,7 +546,7 @@ WITH candidates AS MATERIALIZED (
 ), parked AS (
     UPDATE {t}
     SET status = 'needs_reconcile',
-        last_error = 'abandoned past its AbandonAfter with a not-idempotent call in doubt; a reconcile run decides'
+        last_error = 'abandoned past its UnfinishedRetention with a not-idempotent call in doubt; a reconcile run decides'
     WHERE id = ANY(ARRAY(SELECT id FROM candidates WHERE marked))
     RETURNING {notify}(scope, id)
 ), deleted AS (
@@ -639,7 +639,7 @@ WITH candidate AS MATERIALIZED (
 ), parked AS (
     UPDATE {t}
     SET status = 'needs_reconcile',
-        last_error = 'abandoned past its AbandonAfter with a not-idempotent call in doubt; a reconcile run decides'
+        last_error = 'abandoned past its UnfinishedRetention with a not-idempotent call in doubt; a reconcile run decides'
     WHERE scope = $1::text AND id IN (SELECT id FROM candidate WHERE marked)
     RETURNING 1
 ), deleted AS (
@@ -721,7 +721,7 @@ func (q *queries) commitStatement(p idemdriver.CommitParams, bodyKeyID string) (
 	// they are written into the object as they are (appendPatch).
 	patch := json.RawMessage(appendPatch(nil, p.CheckpointPatch))
 	switch {
-	case p.Status == idemtype.StatusFinished && p.Response != nil:
+	case p.Status == idemtype.StoredFinished && p.Response != nil:
 		body, header := p.Response.Body, p.Response.Header
 		if body == nil {
 			body = []byte{}
@@ -735,7 +735,7 @@ func (q *queries) commitStatement(p idemdriver.CommitParams, bodyKeyID string) (
 		headerJSON := appendHeader(nil, header)
 		return q.finishPhase, []any{p.Ref.ID, p.Ref.Fence, patch, p.Response.Status, string(headerJSON), body, p.Retention.Microseconds(), p.Now, bodyKeyID,
 			cmp.Or(p.RecoveryPoint, idemtype.RecoveryPointFinished), p.LastError, p.Ref.Scope}, nil
-	case p.Status == idemtype.StatusRunning:
+	case p.Status == idemtype.StoredRunning:
 		sql := q.advancePhase
 		if p.ClearForeignMark {
 			sql = q.withdrawPhase

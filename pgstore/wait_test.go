@@ -393,7 +393,7 @@ func TestFinishNotifiesAMarkThatCommittedWhileItWaited(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		return tx.CommitPhase(ctx, idemdriver.CommitParams{Ref: ref, Status: idemtype.StatusFinished,
+		return tx.CommitPhase(ctx, idemdriver.CommitParams{Ref: ref, Status: idemtype.StoredFinished,
 			Response: &idemtype.Response{Status: 201}, Retention: time.Hour})
 	}
 	unmarked := holdKey(t, st, "unmarked")

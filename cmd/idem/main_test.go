@@ -472,14 +472,14 @@ func TestBinary(t *testing.T) {
 
 		res := b.run(t, bins.idem, "reap", "--batch-size", "2", "--schema", b.schema.Name)
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
-		require.Equal(t, "reaped 3 expired key(s) in 2 batch(es), and 0 abandoned unfinished key(s)\n", res.stdout)
+		require.Equal(t, "reaped 3 expired key(s) in 2 batch(es), and 0 unfinished key(s) past their retention\n", res.stdout)
 		require.Equal(t, 2, b.count(t, "count(*) FROM idem_keys"))
 		require.Equal(t, 5, b.count(t, "count(*) FROM orders"), "business rows survive")
 		require.Equal(t, 3, b.count(t, "count(*) FROM orders WHERE key_id IS NULL"))
 
 		res = b.run(t, bins.idem, "reap", "--json")
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
-		require.JSONEq(t, `{"deleted": 0, "batches": 1, "abandoned": 0, "needs_reconcile": 0}`, res.stdout)
+		require.JSONEq(t, `{"deleted": 0, "batches": 1, "unfinished": 0, "needs_reconcile": 0}`, res.stdout)
 
 		res = b.run(t, bins.idem, "reap", "--batch-size", "-1")
 		require.Equal(t, idemcli.ExitUsage, res.code)
@@ -501,7 +501,7 @@ func TestBinary(t *testing.T) {
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
 		require.Equal(t, "claimed 1 idle key(s): 1 completed, 0 skipped (a client got there first), 0 need reconciliation, 0 failed\n", res.stdout)
 		rec := b.key(t, "user:1", "k1")
-		require.Equal(t, idemtype.StatusFinished, rec.Status)
+		require.Equal(t, idemtype.StoredFinished, rec.Status)
 		require.Equal(t, 1, b.count(t, "count(*) FROM charges"), "exactly one charge")
 		require.Equal(t, 2, b.count(t, "calls FROM charges"), "the charge was re-sent with the same downstream key")
 		require.Equal(t, 1, b.count(t, "count(*) FROM orders"))
@@ -530,7 +530,7 @@ func TestBinary(t *testing.T) {
 		res = b.run(t, bins.flowapp, "reconcile", "t1", "--scope", "user:2")
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
 		require.Equal(t, "key \"t1\" (scope \"user:2\"): reconciled: the key finished with status 201\n", res.stdout)
-		require.Equal(t, idemtype.StatusFinished, b.key(t, "user:2", "t1").Status)
+		require.Equal(t, idemtype.StoredFinished, b.key(t, "user:2", "t1").Status)
 
 		res = b.run(t, bins.flowapp, "reconcile", "t1", "--scope", "user:2")
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
@@ -544,8 +544,8 @@ func TestBinary(t *testing.T) {
 		require.Equal(t, idemcli.ExitFailure, res.code, res.stderr)
 		require.JSONEq(t, `{"claimed": 2, "resolved": 1, "unresolved": 1, "skipped": 0, "failed": 0, "no_hook": 0}`, res.stdout)
 		require.Contains(t, res.stderr, "1 key(s) still need attention")
-		require.Equal(t, idemtype.StatusFinished, b.key(t, "user:2", "t2").Status)
-		require.Equal(t, idemtype.StatusNeedsReconcile, b.key(t, "user:2", "t3").Status)
+		require.Equal(t, idemtype.StoredFinished, b.key(t, "user:2", "t2").Status)
+		require.Equal(t, idemtype.StoredNeedsReconcile, b.key(t, "user:2", "t3").Status)
 		require.Equal(t, 3, b.count(t, "count(*) FROM texts_sent"), "one message per key, none re-sent")
 
 		res = b.run(t, bins.flowapp, "reconcile", "t3", "--scope", "user:2")

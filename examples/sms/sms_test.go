@@ -213,7 +213,7 @@ func TestACrashAfterSendingNeedsReconcileAndIsNeverResent(t *testing.T) {
 	require.Len(t, b.gateway.Sent(), 1, "never re-sent blindly")
 	rec, err := b.store.GetKey(ctx, "user:1", "k1")
 	require.NoError(t, err)
-	require.Equal(t, idemtype.StatusNeedsReconcile, rec.Status)
+	require.Equal(t, idemtype.StoredNeedsReconcile, rec.Status)
 	require.Equal(t, sms.PhaseSent, rec.ForeignMark)
 
 	out, err = b.runner(t, nil).Reconcile(ctx, "user:1", "k1")
@@ -280,7 +280,7 @@ func TestReconcileVerdicts(t *testing.T) {
 		require.Equal(t, idem.OutcomeNeedsReconcile, out.Kind)
 		rec, err := b.store.GetKey(ctx, "user:1", "k1")
 		require.NoError(t, err)
-		require.Equal(t, idemtype.StatusNeedsReconcile, rec.Status)
+		require.Equal(t, idemtype.StoredNeedsReconcile, rec.Status)
 		require.Nil(t, rec.LockedAt, "left unlocked for the next reconcile run")
 		require.Contains(t, rec.LastError, "gateway lookup of msg-")
 		require.Contains(t, rec.LastError, "lookup unavailable")

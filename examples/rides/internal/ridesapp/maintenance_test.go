@@ -46,7 +46,7 @@ func TestCompleterPushesThroughAnAbandonedKey(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, &idem.CompleteResult{Claimed: 1, Completed: 1}, res)
 	rec := b.key(t, b.goodUserID, key)
-	require.Equal(t, idemtype.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
 	require.Equal(t, http.StatusCreated, rec.ResponseStatus)
 
 	// No client took part, so the audit record has no origin address.
@@ -133,7 +133,7 @@ func TestReaperDeletesExpiredKeysAndTheRideSurvives(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Deleted, "the expired finished key, never the unfinished one")
 	b.noKey(t, b.goodUserID, key)
-	require.Equal(t, idemtype.StatusRunning, b.key(t, b.goodUserID, abandoned).Status)
+	require.Equal(t, idemtype.StoredRunning, b.key(t, b.goodUserID, abandoned).Status)
 
 	// The ride outlives its key, with everything recorded about it.
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM rides WHERE id = $1 AND idempotency_key_id IS NULL AND charge_id = $2`, ride.RideID, ride.ChargeID))
@@ -173,7 +173,7 @@ func TestTheSameRequestAfterItsKeyWasReapedIsNotChargedTwice(t *testing.T) {
 	require.Len(t, b.provider.Charges(), 1, "the provider recognised the request")
 	require.Equal(t, first.ChargeID, b.provider.Charges()[0].ID)
 	rec := b.key(t, b.goodUserID, key)
-	require.Equal(t, idemtype.StatusRunning, rec.Status)
+	require.Equal(t, idemtype.StoredRunning, rec.Status)
 	require.Equal(t, ridesapp.PhaseRideCreated, rec.RecoveryPoint)
 	require.Contains(t, rec.LastError, "rides_charge_id_key")
 }

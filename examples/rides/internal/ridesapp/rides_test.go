@@ -48,7 +48,7 @@ func requireOneRide(t *testing.T, b *testBundle, key string, ride ridesapp.RideR
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM rides WHERE id = $1 AND charge_reference = $2`,
 		ride.RideID, rec.DownstreamKey(ridesapp.PhaseChargeCreated)))
 	require.Equal(t, ridesapp.ChargeDescription(rec.DownstreamKey(ridesapp.PhaseChargeCreated)), charges[0].Description)
-	require.Equal(t, idemtype.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
 	require.Nil(t, rec.LockedAt)
 }
 
@@ -154,7 +154,7 @@ func TestStoresResultsForAPermanentFailure(t *testing.T) {
 	rideID := int64(p["ride_id"].(float64))
 
 	rec := b.key(t, b.badUserID, key)
-	require.Equal(t, idemtype.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
 	require.Equal(t, http.StatusPaymentRequired, rec.ResponseStatus)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM rides WHERE id = $1 AND payment_status = 'declined' AND charge_id IS NULL`, rideID))
 	require.Empty(t, b.provider.Charges())
