@@ -397,26 +397,29 @@ var commands = []*command{
 		},
 	},
 	{
-		name: "reap", args: "[--batch-size N] [--max-batches N] [--abandon-after DURATION] [flags]", needsDB: true,
-		summary: "delete expired and abandoned keys, in small batches",
+		name: "reap", args: "[--batch-size N] [--max-batches N] [--unfinished-retention DURATION] [flags]", needsDB: true,
+		summary: "delete expired keys and old unfinished ones, in small batches",
 		help: "Runs one reaper pass: deletes expired finished keys batch by batch (each batch a short DELETE\n" +
 			"under a statement timeout, skipping rows others have locked) until none is left, then unfinished\n" +
-			"keys abandoned past their flow's UnfinishedRetention (7 days by default, counted from their creation),\n" +
+			"keys past their flow's UnfinishedRetention (7 days by default, counted from their creation),\n" +
 			"never one a live lease holds nor one in needs_reconcile. A binary without the application's flows\n" +
-			"does not know their UnfinishedRetention, so it abandons keys only with --abandon-after, which then applies\n" +
-			"to every flow. Safe to run while the application serves traffic and while other reapers run.",
-		examples: []string{"PROG reap", "PROG reap --batch-size 500 --max-batches 100 --json", "PROG reap --abandon-after 168h"},
+			"does not know their UnfinishedRetention, so it deletes unfinished keys only with --unfinished-retention,\n" +
+			"which then applies to every flow. Safe to run while the application serves traffic and while other\n" +
+			"reapers run.",
+		examples: []string{"PROG reap", "PROG reap --batch-size 500 --max-batches 100 --json", "PROG reap --unfinished-retention 168h"},
 		setup: func(fs *flag.FlagSet) runFunc {
 			def := (&idem.ReapConfig{}).WithDefaults()
 			batch := fs.Int("batch-size", def.BatchSize, "keys deleted per statement")
 			maxBatches := fs.Int("max-batches", 0, "stop after `n` batches (default: until none is left)")
 			timeout := fs.Duration("statement-timeout", def.StatementTimeout, "bound on each batch's statement")
-			abandon := fs.Duration("abandon-after", 0, "abandon unfinished keys this much after their creation, whatever their flow "+
+			abandon := fs.Duration("unfinished-retention", 0, "delete unfinished keys this much after their creation, whatever their flow "+
 				"(default: each registered flow's UnfinishedRetention; none without flows)")
+			// v0.1's name of the flag.
+			fs.DurationVar(abandon, "abandon-after", 0, "the same as --unfinished-retention (v0.1's name)")
 			return func(ctx context.Context, e *env, _ []string) error {
 				switch {
 				case *abandon < 0:
-					return usageError(e.cmd, "--abandon-after %s is negative", *abandon)
+					return usageError(e.cmd, "--unfinished-retention %s is negative", *abandon)
 				case *abandon > 0:
 					e.abandonAfter = *abandon
 				case len(e.cfg.Flows) == 0:

@@ -42,7 +42,7 @@ INSERT INTO idem_leases (scope, key_id, fence) SELECT scope, id, fence FROM k`, 
 	require.Equal(t, ExitOK, code, stderr)
 	require.Contains(t, stdout, "and 0 unfinished", "the flow keeps its keys")
 
-	stdout, stderr, code = runDB(t, schema, nil, "reap", "--abandon-after", "168h", "--json")
+	stdout, stderr, code = runDB(t, schema, nil, "reap", "--unfinished-retention", "168h", "--json")
 	require.Equal(t, ExitOK, code, stderr)
 	require.JSONEq(t, `{"deleted": 0, "batches": 1, "unfinished": 1, "needs_reconcile": 0}`, stdout)
 
