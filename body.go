@@ -118,7 +118,7 @@ func (r *Runner) attemptBody(ctx context.Context, h *held, b body, iso pgx.TxIso
 	}
 	h.committed(cp)
 	if cp.RecoveryPoint != h.phaseName() && cp.Status != idemtype.StoredFinished {
-		// A reconcile verdict of not done: it cleared the mark and left the
+		// A reconcile verdict of not happened: it cleared the mark and left the
 		// recovery point where it was; the phase itself has not committed.
 		return res, nil
 	}

@@ -113,23 +113,23 @@ var (
 // Runner.Reconcile refuses such a key before claiming it, so it moves no
 // counter (neither its fence nor its attempts) and stays as it is, in
 // needs_reconcile, for a binary that has the hook. The error is a
-// *MissingHookError, which names the flow and the phase, and it also wraps
+// *NoReconcileHookError, which names the flow and the phase, and it also wraps
 // ErrNeedsReconcile. [Runner.CheckReconcileHooks] finds such keys up front.
 var ErrNoReconcileHook = errors.New("idem: no reconcile hook")
 
-// MissingHookError is the error of [ErrNoReconcileHook]: Flow's phase Phase
+// NoReconcileHookError is the error of [ErrNoReconcileHook]: Flow's phase Phase
 // has no Reconcile hook in this binary.
-type MissingHookError struct {
+type NoReconcileHookError struct {
 	Flow, Phase string
 }
 
-func (e *MissingHookError) Error() string {
+func (e *NoReconcileHookError) Error() string {
 	return fmt.Sprintf("idem: flow %q phase %q has a call in doubt but no Reconcile hook in this binary; "+
 		"reconcile it with a binary whose phase is ForeignNotIdempotent with a Reconcile hook (the key is left as it is)", e.Flow, e.Phase)
 }
 
 // Unwrap returns ErrNoReconcileHook.
-func (e *MissingHookError) Unwrap() error { return ErrNoReconcileHook }
+func (e *NoReconcileHookError) Unwrap() error { return ErrNoReconcileHook }
 
 // ErrTooManyKeys: Config.Admit refused to let the request create a new key
 // (the scope has too many). Nothing was written; retry after

@@ -280,8 +280,8 @@ func TestCheckFlowChange(t *testing.T) {
 	sms := func(name string, former ...string) idem.Phase[evolveInput] {
 		p := b.charge(name, former...)
 		p.Foreign = idem.ForeignNotIdempotent
-		p.Reconcile = func(context.Context, idem.Tx, *idem.Attempt[evolveInput]) (idem.Reconciliation, error) {
-			return idem.Reconciliation{}, nil
+		p.Reconcile = func(context.Context, idem.Tx, *idem.Attempt[evolveInput]) (idem.ReconcileVerdict, error) {
+			return idem.ReconcileVerdict{}, nil
 		}
 		return p
 	}

@@ -260,7 +260,7 @@ type AnyFlow interface {
 	decodeStored(stored []byte) (any, error)
 	Redrives() bool
 	callDo(ctx context.Context, tx Tx, h *held) (Result, error)
-	callReconcile(ctx context.Context, tx Tx, h *held) (Reconciliation, error)
+	callReconcile(ctx context.Context, tx Tx, h *held) (ReconcileVerdict, error)
 	// reconcilable reports whether phase i has a Reconcile hook.
 	reconcilable(i int) bool
 }
@@ -335,10 +335,10 @@ func (f *Flow[In]) callDo(ctx context.Context, tx Tx, h *held) (Result, error) {
 	return f.phases[h.phase].Do(ctx, tx, &Attempt[In]{h: h, input: h.input.(In)})
 }
 
-func (f *Flow[In]) callReconcile(ctx context.Context, tx Tx, h *held) (Reconciliation, error) {
+func (f *Flow[In]) callReconcile(ctx context.Context, tx Tx, h *held) (ReconcileVerdict, error) {
 	hook := f.phases[h.phase].Reconcile
 	if hook == nil {
-		return Reconciliation{}, &MissingHookError{Flow: f.name, Phase: f.phases[h.phase].Name}
+		return ReconcileVerdict{}, &NoReconcileHookError{Flow: f.name, Phase: f.phases[h.phase].Name}
 	}
 	return hook(ctx, tx, &Attempt[In]{h: h, input: h.input.(In)})
 }

@@ -49,7 +49,7 @@ func retryFlow(name string, kind idem.ForeignKind, policy idem.ForeignRetry, p *
 			}
 			return idem.RespondJSON(http.StatusCreated, nil), nil
 		},
-		Reconcile: func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.Reconciliation, error) {
+		Reconcile: func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.ReconcileVerdict, error) {
 			return idem.ReconcileUnknown("cannot ask"), nil
 		},
 	}}, nil)

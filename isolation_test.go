@@ -163,7 +163,7 @@ func isoSMSFlow(b *smsBundle, o *isoRun, beats int, hookRuns *atomic.Int32) *ide
 				}
 				return idem.Advance(), markSent(ctx, tx, run)
 			},
-			Reconcile: func(context.Context, idem.Tx, *idem.Attempt[smsInput]) (idem.Reconciliation, error) {
+			Reconcile: func(context.Context, idem.Tx, *idem.Attempt[smsInput]) (idem.ReconcileVerdict, error) {
 				hookRuns.Add(1)
 				return idem.ReconcileUnknown("the matrix never reconciles"), nil
 			},

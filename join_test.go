@@ -232,7 +232,7 @@ func TestJoinPreviousIsChecked(t *testing.T) {
 	do := func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.Result, error) {
 		return idem.RespondJSON(http.StatusOK, nil), nil
 	}
-	reconcile := func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.Reconciliation, error) {
+	reconcile := func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.ReconcileVerdict, error) {
 		return idem.ReconcileUnknown("test"), nil
 	}
 	for _, tt := range []struct {

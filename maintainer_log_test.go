@@ -48,7 +48,7 @@ func TestMaintainerLogsDurationsAsStrings(t *testing.T) {
 	require.Equal(t, "1m0s", started["reconcile_interval"])
 }
 
-// Under a JSON handler a reconcile verdict reads as its name ("not_done"),
+// Under a JSON handler a reconcile verdict reads as its name ("not_happened"),
 // not as the integer behind it.
 func TestReconciledVerdictLogsAsItsName(t *testing.T) {
 	t.Parallel()
@@ -72,7 +72,7 @@ func TestReconciledVerdictLogsAsItsName(t *testing.T) {
 		}
 	}
 	t.Logf("verdicts logged: %v", verdicts)
-	require.Equal(t, []any{"not_done"}, verdicts, logs.String())
+	require.Equal(t, []any{"not_happened"}, verdicts, logs.String())
 }
 
 // While the database is down, each failed maintainer pass is logged once,

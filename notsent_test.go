@@ -82,7 +82,7 @@ func TestNotSentCallIsRetriedNotReconciled(t *testing.T) {
 			}
 			return idem.RespondJSON(http.StatusCreated, map[string]string{"status": "posted"}), nil
 		},
-		Reconcile: func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.Reconciliation, error) {
+		Reconcile: func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.ReconcileVerdict, error) {
 			reconciles.Add(1)
 			return idem.ReconcileUnknown("the ledger cannot be asked"), nil
 		},

@@ -162,8 +162,8 @@ type Event struct {
 	Count    int
 	Duration time.Duration
 	Err      error
-	// Verdict is a reconcile hook's answer on EventReconciled: "done",
-	// "not_done" or "unknown" (Err then says why); an operator's on
+	// Verdict is a reconcile hook's answer on EventReconciled: "happened",
+	// "not_happened" or "unknown" (Err then says why); an operator's on
 	// EventResolved: "happened", "not_happened" or "abandon".
 	Verdict string
 }

@@ -53,7 +53,7 @@ type Phase[In any] struct {
 	// happened without the phase committing, and asks the provider what
 	// happened. It runs in a transaction of its own, like the phase, so it
 	// can make the local writes the phase would have made.
-	Reconcile func(ctx context.Context, tx Tx, a *Attempt[In]) (Reconciliation, error)
+	Reconcile func(ctx context.Context, tx Tx, a *Attempt[In]) (ReconcileVerdict, error)
 
 	// Isolation is the phase transaction's isolation level. Empty uses
 	// Config.Isolation (default read committed). Serialization failures and
@@ -181,9 +181,9 @@ func checkStatus(status int) error {
 // Responds reports whether the result ends the flow.
 func (r Result) Responds() bool { return r.response != nil }
 
-// Reconciliation is a reconcile hook's verdict. Build one with
-// [ReconcileDone], [ReconcileNotDone] or [ReconcileUnknown].
-type Reconciliation struct {
+// ReconcileVerdict is a reconcile hook's verdict. Build one with
+// [ReconcileHappened], [ReconcileNotHappened] or [ReconcileUnknown].
+type ReconcileVerdict struct {
 	verdict verdict
 	result  Result
 	reason  string
@@ -193,24 +193,24 @@ type verdict int
 
 const (
 	verdictUnknown verdict = iota
-	verdictDone
-	verdictNotDone
+	verdictHappened
+	verdictNotHappened
 )
 
-// ReconcileDone says the foreign call did happen. result is what the phase
+// ReconcileHappened says the foreign call did happen. result is what the phase
 // would have ended with: Advance() (after the hook recorded, through its tx
 // and Attempt.SetCheckpoint, what the phase would have recorded) or a response.
 // The flow then continues after the phase.
-func ReconcileDone(result Result) Reconciliation {
-	return Reconciliation{verdict: verdictDone, result: result}
+func ReconcileHappened(result Result) ReconcileVerdict {
+	return ReconcileVerdict{verdict: verdictHappened, result: result}
 }
 
-// ReconcileNotDone says the foreign call did not happen. The phase runs again
+// ReconcileNotHappened says the foreign call did not happen. The phase runs again
 // from the start, which is now safe.
-func ReconcileNotDone() Reconciliation { return Reconciliation{verdict: verdictNotDone} }
+func ReconcileNotHappened() ReconcileVerdict { return ReconcileVerdict{verdict: verdictNotHappened} }
 
 // ReconcileUnknown says the provider cannot tell yet. The key stays in
 // StoredNeedsReconcile for a later run or an operator; reason is recorded.
-func ReconcileUnknown(reason string) Reconciliation {
-	return Reconciliation{verdict: verdictUnknown, reason: reason}
+func ReconcileUnknown(reason string) ReconcileVerdict {
+	return ReconcileVerdict{verdict: verdictUnknown, reason: reason}
 }

@@ -57,9 +57,9 @@ func TestReconcileWithoutHookIsAStableErrorAndMovesNoCounter(t *testing.T) {
 		out, err := r.Reconcile(ctx, "user:1", "k1")
 		require.ErrorIs(t, err, idem.ErrNoReconcileHook)
 		require.ErrorIs(t, err, idem.ErrNeedsReconcile)
-		missing, ok := errors.AsType[*idem.MissingHookError](err)
+		missing, ok := errors.AsType[*idem.NoReconcileHookError](err)
 		require.True(t, ok, "%v", err)
-		require.Equal(t, idem.MissingHookError{Flow: "sms.send", Phase: "sms_sent"}, *missing)
+		require.Equal(t, idem.NoReconcileHookError{Flow: "sms.send", Phase: "sms_sent"}, *missing)
 		require.Equal(t, idem.OutcomeNeedsReconcile, out.Kind)
 		require.NotContains(t, err.Error(), "panic")
 	}
@@ -70,7 +70,7 @@ func TestReconcileWithoutHookIsAStableErrorAndMovesNoCounter(t *testing.T) {
 
 	after := b.key(t, "k1")
 	t.Logf("fence %d -> %d, attempts %d -> %d; error: %v", before.Fence, after.Fence, before.Attempts, after.Attempts,
-		&idem.MissingHookError{Flow: "sms.send", Phase: "sms_sent"})
+		&idem.NoReconcileHookError{Flow: "sms.send", Phase: "sms_sent"})
 	require.Equal(t, before.Fence, after.Fence, "no fence moved")
 	require.Equal(t, before.Attempts, after.Attempts, "no attempt counted")
 	require.Equal(t, idemtype.StoredNeedsReconcile, after.Status)

@@ -89,15 +89,15 @@ func setupSMSOn(t *testing.T, tb *testBundle) *smsBundle {
 				}
 				return idem.Advance(), markSent(ctx, tx, run)
 			},
-			Reconcile: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[smsInput]) (idem.Reconciliation, error) {
+			Reconcile: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[smsInput]) (idem.ReconcileVerdict, error) {
 				b.counts.Add("reconcile")
 				if b.gateway.unknown {
 					return idem.ReconcileUnknown("gateway lookup timed out"), nil
 				}
 				if b.gateway.times(run.IdempotencyKey()) == 0 {
-					return idem.ReconcileNotDone(), nil
+					return idem.ReconcileNotHappened(), nil
 				}
-				return idem.ReconcileDone(idem.Advance()), markSent(ctx, tx, run)
+				return idem.ReconcileHappened(idem.Advance()), markSent(ctx, tx, run)
 			},
 		},
 		{

@@ -126,8 +126,8 @@ func TestNeedsReconcileReasonIsRedacted(t *testing.T) {
 			}
 			return idem.Result{}, errors.New("lost the reply about " + cardNumber)
 		},
-		Reconcile: func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.Reconciliation, error) {
-			return idem.Reconciliation{}, errors.New("the gateway does not know " + cardNumber)
+		Reconcile: func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.ReconcileVerdict, error) {
+			return idem.ReconcileVerdict{}, errors.New("the gateway does not know " + cardNumber)
 		},
 	}}, nil)
 	r := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{flow}, Logger: slog.New(slog.DiscardHandler),

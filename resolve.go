@@ -20,12 +20,12 @@ const (
 	// ResolveHappened: the foreign call in doubt took effect. The phase is
 	// committed in its stead and the key resumes at the next phase on its
 	// client's retry or the completer's next pass, as after a reconcile
-	// verdict of done; or, with Resolution.Response, the key is finished with
+	// verdict of happened; or, with Resolution.Response, the key is finished with
 	// that answer, which every retry replays.
 	ResolveHappened ResolveVerdict = "happened"
 	// ResolveNotHappened: the call did not take effect. Its mark is cleared
 	// and the key released, so the phase runs again on the next retry or
-	// completer pass, as after a reconcile verdict of not done.
+	// completer pass, as after a reconcile verdict of not happened.
 	ResolveNotHappened ResolveVerdict = "not_happened"
 	// ResolveAbandon: give the request up, whatever the call did. The key is
 	// finished; every retry with it gets ErrRequestAbandoned
@@ -325,17 +325,17 @@ func (r *Runner) applyResolution(ctx context.Context, h *held, res Resolution, n
 	switch {
 	case res.Verdict == ResolveAbandon:
 		placeholder := Respond(AbandonedStatus, nil, nil)
-		if _, cp, err = r.resolution(h, ReconcileDone(placeholder)); err == nil {
+		if _, cp, err = r.resolution(h, ReconcileHappened(placeholder)); err == nil {
 			cp.RecoveryPoint = idemtype.RecoveryPointAbandoned
 		}
 	case res.Verdict == ResolveHappened && res.Response != nil:
-		_, cp, err = r.resolution(h, ReconcileDone(Respond(res.Response.Status, res.Response.Header, res.Response.Body)))
+		_, cp, err = r.resolution(h, ReconcileHappened(Respond(res.Response.Status, res.Response.Header, res.Response.Body)))
 	case res.Verdict == ResolveHappened && h.rec.ForeignMark != "":
 		i, _ := h.flow.phaseIndex(h.rec.ForeignMark) // plan checked both
 		h.enterPhase(i)
-		_, cp, err = r.resolution(h, ReconcileDone(Result{}))
+		_, cp, err = r.resolution(h, ReconcileHappened(Result{}))
 	default: // not happened, or nothing in doubt
-		if _, cp, err = r.resolution(h, ReconcileNotDone()); err == nil {
+		if _, cp, err = r.resolution(h, ReconcileNotHappened()); err == nil {
 			// The recovery point stays, so the commit does not retire the
 			// mark: it withdraws it, in the verdict's transaction. Cleared
 			// before, on its own, a verdict that then failed to land would

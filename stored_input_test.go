@@ -154,9 +154,9 @@ func TestReconcileHandsANoRedriveKeyBackToItsClient(t *testing.T) {
 				saw(run)
 				return idem.Advance(), run.Foreign(ctx, "charge", func(context.Context, string) error { return nil })
 			},
-			Reconcile: func(_ context.Context, _ idem.Tx, run *idem.Attempt[cardInput]) (idem.Reconciliation, error) {
+			Reconcile: func(_ context.Context, _ idem.Tx, run *idem.Attempt[cardInput]) (idem.ReconcileVerdict, error) {
 				saw(run)
-				return idem.ReconcileDone(idem.Advance()), nil
+				return idem.ReconcileHappened(idem.Advance()), nil
 			},
 		},
 		{Name: "receipted", Do: func(_ context.Context, _ idem.Tx, run *idem.Attempt[cardInput]) (idem.Result, error) {

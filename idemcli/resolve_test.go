@@ -43,7 +43,7 @@ func newResolveFixture(t *testing.T) *resolveFixture {
 					return nil
 				})
 			},
-			Reconcile: func(context.Context, idem.Tx, *idem.Attempt[payment]) (idem.Reconciliation, error) {
+			Reconcile: func(context.Context, idem.Tx, *idem.Attempt[payment]) (idem.ReconcileVerdict, error) {
 				return idem.ReconcileUnknown("the gateway has no lookup"), nil
 			},
 		},

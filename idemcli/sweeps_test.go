@@ -39,8 +39,8 @@ func TestCompleteThenReconcileRightAfter(t *testing.T) {
 			}
 			return idem.RespondJSON(201, "sent"), nil
 		},
-		Reconcile: func(context.Context, idem.Tx, *idem.Attempt[payment]) (idem.Reconciliation, error) {
-			return idem.ReconcileNotDone(), nil
+		Reconcile: func(context.Context, idem.Tx, *idem.Attempt[payment]) (idem.ReconcileVerdict, error) {
+			return idem.ReconcileNotHappened(), nil
 		},
 	}}, nil)
 

@@ -58,7 +58,7 @@ type Store interface {
 	MarkForeign(ctx context.Context, ref LockRef, phase string) error
 
 	// ClearForeignMark withdraws the mark of a call known not to have
-	// happened (a reconcile verdict of not done), which no commit retires
+	// happened (a reconcile verdict of not happened), which no commit retires
 	// because the recovery point does not move.
 	ClearForeignMark(ctx context.Context, ref LockRef) error
 

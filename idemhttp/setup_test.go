@@ -90,7 +90,7 @@ func setup(t testing.TB, profile idemhttp.Profile) *bundle {
 			// whether the SMS went out is now unknown.
 			return idem.Result{}, errors.New("connection reset after the gateway accepted the message")
 		},
-		Reconcile: func(context.Context, idem.Tx, *idem.Attempt[smsInput]) (idem.Reconciliation, error) {
+		Reconcile: func(context.Context, idem.Tx, *idem.Attempt[smsInput]) (idem.ReconcileVerdict, error) {
 			return idem.ReconcileUnknown("the gateway cannot tell"), nil
 		},
 	}}, nil)

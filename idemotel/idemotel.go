@@ -14,7 +14,7 @@
 //	                                  needs_reconcile, store_error, completed,
 //	                                  reaped, ...), idem.flow and idem.phase;
 //	                                  reconciled events also by idem.verdict
-//	                                  (done, not_done, unknown)
+//	                                  (happened, not_happened, unknown)
 //	idem.keys.reaped       counter    keys deleted by the reaper
 //	idem.request.duration  histogram  seconds per Runner.Execute, by idem.flow and
 //	                                  idem.outcome (executed, replayed, ...)
@@ -85,7 +85,7 @@ const (
 	AttrRecoveryPoint = attribute.Key("idem.recovery_point")
 	AttrTookOver      = attribute.Key("idem.took_over")
 	AttrCount         = attribute.Key("idem.count")
-	// AttrVerdict is a reconcile hook's verdict (done, not_done, unknown)
+	// AttrVerdict is a reconcile hook's verdict (happened, not_happened, unknown)
 	// on idem.events{idem.event="reconciled"}.
 	AttrVerdict = attribute.Key("idem.verdict")
 	// AttrStatus is a key status (running, needs_reconcile) on the backlog

@@ -305,11 +305,11 @@ func (b *bundle) notifyFlow(name string, lie bool) *idem.Flow[orderInput] {
 				})
 				return idem.Advance(), err
 			},
-			Reconcile: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[orderInput]) (idem.Reconciliation, error) {
+			Reconcile: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[orderInput]) (idem.ReconcileVerdict, error) {
 				if lie || len(b.provider.Effects(run.Key().Key)) == 0 {
-					return idem.ReconcileNotDone(), nil
+					return idem.ReconcileNotHappened(), nil
 				}
-				return idem.ReconcileDone(idem.Advance()), nil
+				return idem.ReconcileHappened(idem.Advance()), nil
 			},
 		},
 		{

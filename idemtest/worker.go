@@ -83,13 +83,13 @@ func (w *worker) observe(e idem.Event) {
 		sc.commitLocked(w, e.Phase, "")
 	case idem.EventReconciled:
 		switch e.Verdict {
-		case "done":
+		case "happened":
 			// The runner committed the phase in the hook's stead; its
 			// EventPhaseCommitted counted it.
-			w.notes = append(w.notes, "reconcile verdict for "+e.Phase+": done")
-		case "not_done":
+			w.notes = append(w.notes, "reconcile verdict for "+e.Phase+": happened")
+		case "not_happened":
 			sc.notDone[e.Phase]++
-			w.notes = append(w.notes, "reconcile verdict for "+e.Phase+": not done, so the phase runs again")
+			w.notes = append(w.notes, "reconcile verdict for "+e.Phase+": not happened, so the phase runs again")
 		default:
 			w.notes = append(w.notes, fmt.Sprintf("the reconcile hook of %s gave no verdict: %v", e.Phase, e.Err))
 		}
