@@ -67,7 +67,7 @@ func TestCatchesADoubleChargeOutsideTheWrapperThroughCheck(t *testing.T) {
 	msg := rep.Err().Error()
 	require.Contains(t, msg, "3 of 15 scenarios failed. The first:")
 	require.Contains(t, msg, "scenario crash_before_commit@charged: the worker dies after phase \"charged\" did its work, right before its commit")
-	require.Contains(t, msg, "1. worker 1 Execute; committed order_created; dies at before_commit of charged -> abandoned")
+	require.Contains(t, msg, "1. worker 1 Execute; committed order_created; dies at before_commit of charged -> simulated_crash")
 	require.Contains(t, msg, "2. clock +1m31s: the dead worker's lease runs out")
 	require.Contains(t, msg, "3. worker 2 Execute; committed charged; committed responded -> executed 201 (took over)")
 	require.Contains(t, msg, "Check: provider made 2 effects for")
@@ -214,14 +214,14 @@ func TestCatchesAReconcileHookThatLies(t *testing.T) {
 	require.Len(t, rep.Scenarios, 2*5+1)
 	steps := strings.Join(scenarioNamed(t, rep, "crash_after_foreign@notified").Steps, "\n")
 	require.Contains(t, steps, "-> needs_reconcile")
-	require.Contains(t, steps, "reconcile verdict for notified: done")
+	require.Contains(t, steps, "reconcile verdict for notified: happened")
 
 	cfg.Flow = b.notifyFlow("notify.lying", true)
 	rep, err := idemtest.ExploreContext(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Log(rep.Summary())
 	require.Equal(t, []string{"crash_before_commit@notified", "crash_after_foreign@notified", "serialization_failure@notified", "lease_takeover@notified"}, failedNames(rep))
-	require.Contains(t, rep.Err().Error(), "reconcile verdict for notified: not done, so the phase runs again")
+	require.Contains(t, rep.Err().Error(), "reconcile verdict for notified: not happened, so the phase runs again")
 	require.Contains(t, rep.Err().Error(), "Check: provider made 2 effects for")
 }
 
@@ -340,7 +340,7 @@ func TestCatchesANotIdempotentCallRepeatedBlindly(t *testing.T) {
 	// The takeover scenario passes: its paused worker, which made the call,
 	// always runs on the kit's own pgstore.Store, whose mark is real.
 	require.Equal(t, []string{"crash_before_commit@notified", "crash_after_foreign@notified", "serialization_failure@notified"}, failedNames(rep))
-	require.Contains(t, rep.Err().Error(), `the not-idempotent foreign call "notify" of phase "notified" ran 2 times with 0 reconcile verdicts of not done between: it was repeated blindly`)
+	require.Contains(t, rep.Err().Error(), `the not-idempotent foreign call "notify" of phase "notified" ran 2 times with 0 reconcile verdicts of not happened between: it was repeated blindly`)
 
 	// After a serialization failure the runner itself sends the key to
 	// reconciliation, but with no mark there is no call in doubt as far as

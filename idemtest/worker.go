@@ -111,7 +111,7 @@ func (w *worker) foreignCall(at HookPoint) {
 			}
 		}
 		if n > 1+sc.notDone[c.phase] {
-			sc.violateLocked("the not-idempotent foreign call %q of phase %q ran %d times with %d reconcile verdicts of not done between: it was repeated blindly", c.name, c.phase, n, sc.notDone[c.phase])
+			sc.violateLocked("the not-idempotent foreign call %q of phase %q ran %d times with %d reconcile verdicts of not happened between: it was repeated blindly", c.name, c.phase, n, sc.notDone[c.phase])
 		}
 		return
 	}

@@ -120,30 +120,30 @@ func TestExploreEveryCrashPoint(t *testing.T) {
 		steps := strings.Join(scenario(t, rep, name).Steps, "\n")
 		require.Contains(t, steps, `made the not-idempotent call "send_sms" of sent`, name)
 		require.Contains(t, steps, "-> needs_reconcile", name)
-		require.Contains(t, steps, "reconcile verdict for sent: done", name)
+		require.Contains(t, steps, "reconcile verdict for sent: happened", name)
 	}
 	// Committed sends never go to reconciliation.
 	for _, name := range []string{"crash_after_commit@sent", "lost_commit_ack@sent"} {
 		require.NotContains(t, strings.Join(scenario(t, rep, name).Steps, "\n"), "needs_reconcile", name)
 	}
 	// Through the proxy: a mark written whose reply never came stops the
-	// send, and the key reconciles to not done; a send whose commit reply
-	// never came reconciles to done, or is found committed.
-	var notDone, done int
+	// send, and the key reconciles to not happened; a send whose commit
+	// reply never came reconciles to happened, or is found committed.
+	var notHappened, happened int
 	for _, s := range rep.Scenarios {
 		steps := strings.Join(s.Steps, "\n")
 		if !s.Kind.Wire() {
 			continue
 		}
-		if strings.Contains(steps, "reconcile verdict for sent: not done") {
-			notDone++
+		if strings.Contains(steps, "reconcile verdict for sent: not happened") {
+			notHappened++
 		}
-		if strings.Contains(steps, "reconcile verdict for sent: done") {
-			done++
+		if strings.Contains(steps, "reconcile verdict for sent: happened") {
+			happened++
 		}
 	}
-	require.Positive(t, notDone, "wire scenarios reconciled to not done")
-	t.Logf("wire scenarios reconciled: %d done, %d not done", done, notDone)
+	require.Positive(t, notHappened, "wire scenarios reconciled to not happened")
+	t.Logf("wire scenarios reconciled: %d happened, %d not happened", happened, notHappened)
 	require.Len(t, b.gateway.Sent(), 2+len(rep.Scenarios), "one message per request (both baselines included), whatever happened")
 }
 
@@ -168,7 +168,7 @@ func TestExploreARejectedNumber(t *testing.T) {
 	require.Equal(t, []string{sms.PhaseResponded}, rep.Unreached)
 	require.Len(t, rep.Scenarios, 2*5+1+2*rep.RoundTrips)
 	steps := strings.Join(scenario(t, rep, "crash_after_foreign@sent").Steps, "\n")
-	require.Contains(t, steps, "reconcile verdict for sent: not done, so the phase runs again")
+	require.Contains(t, steps, "reconcile verdict for sent: not happened, so the phase runs again")
 	require.Contains(t, steps, "final response: 422")
 	require.Empty(t, b.gateway.Sent())
 }
@@ -252,7 +252,7 @@ func TestReconcileVerdicts(t *testing.T) {
 		require.NoError(t, b.sentOnce(ctx, out.Record))
 	})
 
-	t.Run("not done: the request never arrived, so the phase sends again", func(t *testing.T) {
+	t.Run("not happened: the request never arrived, so the phase sends again", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		ctx := context.Background()
