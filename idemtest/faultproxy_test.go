@@ -29,6 +29,7 @@ import (
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/internal/pgtest"
+	"github.com/go-idem/idem/internal/testfixture"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -93,13 +94,7 @@ func waitFired(t *testing.T, f *idemtest.Fault) {
 
 func receive[T any](t *testing.T, ch <-chan T) T {
 	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(waitLimit):
-		t.Fatalf("nothing received within %s", waitLimit)
-		panic("unreachable")
-	}
+	return testfixture.Receive(t, ch, waitLimit)
 }
 
 func TestFaultProxyURL(t *testing.T) {
@@ -694,7 +689,7 @@ func proxyGoroutinesAtWork() []string {
 		}
 		buf = make([]byte, 2*len(buf))
 	}
-	const pkg = "github.com/go-idem/idem/idemtest."
+	const pkg = "github.com/go-idem/idem/internal/pgproxy." // where FaultProxy's work is done
 	var atWork []string
 	for _, g := range strings.Split(string(buf), "\n\n") {
 		var funcs []string // innermost first
@@ -714,7 +709,7 @@ func proxyGoroutinesAtWork() []string {
 		for i < len(funcs) && (strings.HasPrefix(funcs[i], "runtime.") || strings.HasPrefix(funcs[i], "sync.")) {
 			i++
 		}
-		if i == len(funcs)-1 && slices.Contains([]string{pkg + "(*FaultProxy).accept", pkg + "(*FaultProxy).serve", pkg + "(*FaultProxy).spawn.func1"}, funcs[i]) {
+		if i == len(funcs)-1 && slices.Contains([]string{pkg + "(*Proxy).accept", pkg + "(*Proxy).serve", pkg + "(*Proxy).spawn.func1"}, funcs[i]) {
 			continue // exiting
 		}
 		atWork = append(atWork, g)

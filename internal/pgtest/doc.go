@@ -82,7 +82,7 @@
 //
 // [NewPair] (or [StartPair]) starts a primary from the cached template and a streaming standby
 // made from it with pg_basebackup, both from the local binaries (a pair has no other source), with
-// the standby's replication connection running through a relay in the test process:
+// the standby's replication connection running through a proxy (internal/pgproxy) in the test process:
 //
 //	pair := pgtest.NewPair(t, &pgtest.PairOptions{Synchronous: false})
 //	db, _ := pgxpool.New(ctx, pair.URL()) // follows the primary across a failover

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/go-idem/idem/internal/pgproxy"
 )
 
 // StandbyApplicationName is the standby's application_name: what pg_stat_replication calls it on
@@ -75,7 +77,7 @@ type PairOptions struct {
 }
 
 // Pair is a primary and a streaming standby made from the local PostgreSQL binaries, for tests of
-// what happens to idem across a failover. The standby's replication connection goes through a relay
+// what happens to idem across a failover. The standby's replication connection goes through a proxy
 // inside the Pair, which [Pair.HoldReplication] stalls, so a test can make the standby fall behind,
 // then kill the primary and promote the standby.
 //
@@ -87,7 +89,7 @@ type PairOptions struct {
 type Pair struct {
 	primary     *localCluster
 	standby     *localCluster
-	relay       *relay
+	proxy       *pgproxy.Proxy
 	synchronous bool
 	logf        func(format string, args ...any)
 
@@ -118,7 +120,7 @@ func NewPair(t testing.TB, opts *PairOptions) *Pair {
 }
 
 // StartPair starts a primary from the cached template, takes a base backup of it with
-// pg_basebackup, and starts that as a standby streaming from the primary through the relay. It
+// pg_basebackup, and starts that as a standby streaming from the primary through the proxy. It
 // returns once the standby streams (and, on a synchronous pair, is the synchronous standby). The
 // context bounds the start only. An error wrapping [ErrNoServer] means this machine has no local
 // PostgreSQL binaries to make a pair from.
@@ -165,13 +167,13 @@ func StartPair(ctx context.Context, opts *PairOptions) (*Pair, error) {
 	}
 	primaryStarted := time.Now()
 
-	if p.relay, err = newRelay("127.0.0.1:" + strconv.Itoa(p.primary.port)); err != nil {
+	if p.proxy, err = pgproxy.Start(ctx, "127.0.0.1:"+strconv.Itoa(p.primary.port)); err != nil {
 		return fail(err)
 	}
 	if p.standby, err = env.newCluster(standbySettings); err != nil {
 		return fail(err)
 	}
-	if err := p.standby.baseBackup(ctx, p.primary, p.relay.port()); err != nil {
+	if err := p.standby.baseBackup(ctx, p.primary, p.proxy.Port()); err != nil {
 		return fail(err)
 	}
 	backedUp := time.Now()
@@ -189,13 +191,13 @@ func StartPair(ctx context.Context, opts *PairOptions) (*Pair, error) {
 	cfg.logf("pgtest: %s pair of PostgreSQL %s ready in %s (primary %s, base backup %s, standby %s): primary 127.0.0.1:%d, standby 127.0.0.1:%d replicating through 127.0.0.1:%d",
 		mode, env.version, time.Since(began).Round(time.Millisecond),
 		primaryStarted.Sub(began).Round(time.Millisecond), backedUp.Sub(primaryStarted).Round(time.Millisecond),
-		time.Since(backedUp).Round(time.Millisecond), p.primary.port, p.standby.port, p.relay.port())
+		time.Since(backedUp).Round(time.Millisecond), p.primary.port, p.standby.port, p.proxy.Port())
 	return p, nil
 }
 
 // baseBackup makes c's data directory a base backup of primary, configured as a standby that
-// streams from the relay listening on relayPort.
-func (c *localCluster) baseBackup(ctx context.Context, primary *localCluster, relayPort int) error {
+// streams from the proxy listening on proxyPort.
+func (c *localCluster) baseBackup(ctx context.Context, primary *localCluster, proxyPort int) error {
 	args := []string{
 		"-D", c.dataDir,
 		"-h", "127.0.0.1", "-p", strconv.Itoa(primary.port), "-U", "postgres", "-w",
@@ -223,8 +225,8 @@ func (c *localCluster) baseBackup(ctx context.Context, primary *localCluster, re
 	// The standby's configuration, with the password, goes into the data directory, which only
 	// the cluster's OS user may read, rather than onto its command line.
 	conninfo := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres password=%s application_name=%s sslmode=disable",
-		relayPort, primary.password, StandbyApplicationName)
-	conf := fmt.Sprintf("# pgtest: a standby streaming from the primary through the pair's relay\nprimary_conninfo = %s\nprimary_slot_name = %s\n",
+		proxyPort, primary.password, StandbyApplicationName)
+	conf := fmt.Sprintf("# pgtest: a standby streaming from the primary through the pair's proxy\nprimary_conninfo = %s\nprimary_slot_name = %s\n",
 		quoteLiteral(conninfo), quoteLiteral(standbySlot))
 	if err := c.appendDataFile("postgresql.auto.conf", conf); err != nil {
 		return err
@@ -312,10 +314,10 @@ func (p *Pair) StandbyURL() string { return p.standby.adminURL() }
 // if it is killed and the standby promoted; on a synchronous one they wait. A connection held for
 // longer than wal_receiver_timeout and wal_sender_timeout (a minute) is dropped by the servers; the
 // standby's attempts to reconnect are held too.
-func (p *Pair) HoldReplication() { p.relay.hold() }
+func (p *Pair) HoldReplication() { p.proxy.Hold() }
 
 // ReleaseReplication lets the replication connection flow again, so the standby catches up.
-func (p *Pair) ReleaseReplication() { p.relay.release() }
+func (p *Pair) ReleaseReplication() { p.proxy.Resume() }
 
 // WaitCaughtUp waits until the standby has replayed the WAL the primary had written when it was
 // called (its pg_current_wal_lsn), so every transaction committed before the call is visible on
@@ -417,13 +419,13 @@ func (p *Pair) Promote(ctx context.Context) error {
 	return nil
 }
 
-// Close stops both servers and the relay, and removes the servers' directories. It is safe to call
+// Close stops both servers and the proxy, and removes the servers' directories. It is safe to call
 // more than once.
 func (p *Pair) Close() error {
 	p.closeOnce.Do(func() {
 		var errs []error
-		if p.relay != nil {
-			errs = append(errs, p.relay.close())
+		if p.proxy != nil {
+			errs = append(errs, p.proxy.Close())
 		}
 		for _, c := range []*localCluster{p.standby, p.primary} {
 			if c != nil {
