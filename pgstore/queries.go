@@ -546,7 +546,7 @@ WITH candidates AS MATERIALIZED (
 ), parked AS (
     UPDATE {t}
     SET status = 'needs_reconcile',
-        last_error = 'abandoned past its UnfinishedRetention with a not-idempotent call in doubt; a reconcile run decides'
+        last_error = 'abandoned past its AbandonAfter with a not-idempotent call in doubt; a reconcile run decides'
     WHERE id = ANY(ARRAY(SELECT id FROM candidates WHERE marked))
     RETURNING {notify}(scope, id)
 ), deleted AS (
@@ -639,7 +639,7 @@ WITH candidate AS MATERIALIZED (
 ), parked AS (
     UPDATE {t}
     SET status = 'needs_reconcile',
-        last_error = 'abandoned past its UnfinishedRetention with a not-idempotent call in doubt; a reconcile run decides'
+        last_error = 'abandoned past its AbandonAfter with a not-idempotent call in doubt; a reconcile run decides'
     WHERE scope = $1::text AND id IN (SELECT id FROM candidate WHERE marked)
     RETURNING 1
 ), deleted AS (
