@@ -10,10 +10,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/testfixture"
 )
 
-// The reaper ends unfinished keys abandoned past their flow's AbandonAfter
+// The reaper ends unfinished keys abandoned past their flow's UnfinishedRetention
 // (counted from the key's creation) by deleting them, and never a key a
 // live lease holds or one that needs reconciliation.
 func TestReapEndsAbandonedKeys(t *testing.T) {
@@ -22,10 +23,10 @@ func TestReapEndsAbandonedKeys(t *testing.T) {
 	ctx := context.Background()
 	now := b.clock.Now()
 	// Keys created 25 hours ago.
-	b.insertKeys(t, "stale", 5, idem.KeyStateStale, now)
-	b.insertKeys(t, "running", 3, idem.KeyStateRunning, now) // leases live for another hour
-	b.insertKeys(t, "reconcile", 2, idem.KeyStateNeedsReconcile, now)
-	b.insertKeys(t, "live", 2, idem.KeyStateFinished, now)
+	b.insertKeys(t, "stale", 5, idemtype.KeyStateStale, now)
+	b.insertKeys(t, "running", 3, idemtype.KeyStateRunning, now) // leases live for another hour
+	b.insertKeys(t, "reconcile", 2, idemtype.KeyStateNeedsReconcile, now)
+	b.insertKeys(t, "live", 2, idemtype.KeyStateFinished, now)
 	_, err := b.pool.Exec(ctx, `INSERT INTO rides (key_id, origin) SELECT id, key FROM idem_keys`)
 	require.NoError(t, err)
 	count := func() map[string]int {
@@ -36,18 +37,18 @@ func TestReapEndsAbandonedKeys(t *testing.T) {
 	// The default is a week: nothing 25 hours old is abandoned.
 	res, err := b.runner(t, nil).Reap(ctx, nil)
 	require.NoError(t, err)
-	require.Zero(t, res.Abandoned)
+	require.Zero(t, res.Unfinished)
 	require.Equal(t, map[string]int{"stale": 5, "running": 3, "reconcile": 2, "live": 2}, count())
 
 	// A flow that gives up after a day loses its stale keys, nothing else.
 	obs := newCountingObserver()
-	daily := b.rideFlowConfig("rides.create", &idem.FlowConfig[rideInput]{AbandonAfter: 24 * time.Hour})
+	daily := b.rideFlowConfig("rides.create", &idem.FlowConfig[rideInput]{UnfinishedRetention: 24 * time.Hour})
 	r := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{daily}, Observer: obs})
 	res, err = r.Reap(ctx, &idem.ReapConfig{BatchSize: 2})
 	require.NoError(t, err)
-	require.Equal(t, 5, res.Abandoned)
+	require.Equal(t, 5, res.Unfinished)
 	require.Zero(t, res.Deleted)
-	require.Equal(t, 5, obs.sum(idem.EventAbandoned))
+	require.Equal(t, 5, obs.sum(idem.EventReapedUnfinished))
 	require.Equal(t, map[string]int{"stale": 0, "running": 3, "reconcile": 2, "live": 2}, count())
 	require.Equal(t, 12, b.countRows(t, "rides"), "business rows survive")
 	require.Equal(t, 5, b.countRows(t, "rides WHERE key_id IS NULL"))
@@ -57,23 +58,23 @@ func TestReapEndsAbandonedKeys(t *testing.T) {
 	b.clock.Advance(2 * time.Hour)
 	res, err = r.Reap(ctx, nil)
 	require.NoError(t, err)
-	require.Equal(t, 3, res.Abandoned)
+	require.Equal(t, 3, res.Unfinished)
 	require.Equal(t, 2, res.Deleted, "the finished keys expired meanwhile")
 	require.Equal(t, map[string]int{"stale": 0, "running": 0, "reconcile": 2, "live": 0}, count())
 
-	// A negative AbandonAfter keeps keys forever.
-	b.insertKeys(t, "kept", 2, idem.KeyStateStale, b.clock.Now().Add(-30*24*time.Hour))
-	res, err = b.runner(t, &idem.Config{AbandonAfter: -1}).Reap(ctx, nil)
+	// A negative UnfinishedRetention keeps keys forever.
+	b.insertKeys(t, "kept", 2, idemtype.KeyStateStale, b.clock.Now().Add(-30*24*time.Hour))
+	res, err = b.runner(t, &idem.Config{UnfinishedRetention: -1}).Reap(ctx, nil)
 	require.NoError(t, err)
-	require.Zero(t, res.Abandoned)
+	require.Zero(t, res.Unfinished)
 	require.Equal(t, 2, b.countKeys(t, "kept"))
-	never := b.rideFlowConfig("rides.create", &idem.FlowConfig[rideInput]{AbandonAfter: -1})
+	never := b.rideFlowConfig("rides.create", &idem.FlowConfig[rideInput]{UnfinishedRetention: -1})
 	res, err = b.runner(t, &idem.Config{Flows: []idem.AnyFlow{never}}).Reap(ctx, nil)
 	require.NoError(t, err)
-	require.Zero(t, res.Abandoned)
+	require.Zero(t, res.Unfinished)
 	res, err = b.runner(t, nil).Reap(ctx, nil)
 	require.NoError(t, err)
-	require.Equal(t, 2, res.Abandoned, "the week's default")
+	require.Equal(t, 2, res.Unfinished, "the week's default")
 }
 
 // A key whose request keeps failing is abandoned a week after it was
@@ -96,12 +97,12 @@ func TestAbandonedKeyIsEndedAfterAWeek(t *testing.T) {
 		}
 		res, err := r.Reap(ctx, nil)
 		require.NoError(t, err)
-		require.Zero(t, res.Abandoned, "retried every day, not abandoned yet")
+		require.Zero(t, res.Unfinished, "retried every day, not abandoned yet")
 	}
 	b.clock.Advance(time.Second) // a week after its creation
 	res, err := r.Reap(ctx, nil)
 	require.NoError(t, err)
-	require.Equal(t, 1, res.Abandoned)
+	require.Equal(t, 1, res.Unfinished)
 	require.Zero(t, b.countRows(t, "idem_keys"))
 
 	// A live lease protects a key however old it is.
@@ -124,7 +125,7 @@ func TestAbandonedKeyIsEndedAfterAWeek(t *testing.T) {
 	require.NoError(t, err) // as the heartbeat would
 	res, err = r.Reap(ctx, nil)
 	require.NoError(t, err)
-	require.Zero(t, res.Abandoned)
+	require.Zero(t, res.Unfinished)
 	pause.Release()
 	// The worker may go on, or, having seen a month pass since it last
 	// renewed its lease, fence itself off before its foreign call; either

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // Request.Acquired is called once the call holds the key, before its first
@@ -18,9 +19,9 @@ func TestAcquiredIsCalledOnceTheKeyIsHeld(t *testing.T) {
 	b := setup(t)
 	r := b.runner(t, nil)
 	ctx := context.Background()
-	var held []*idem.KeyRecord
+	var held []*idemtype.KeyRecord
 	phasesAtAcquisition := -1
-	acquired := func(rec *idem.KeyRecord) {
+	acquired := func(rec *idemtype.KeyRecord) {
 		held = append(held, rec)
 		phasesAtAcquisition = len(b.counts.Get())
 	}
@@ -32,7 +33,7 @@ func TestAcquiredIsCalledOnceTheKeyIsHeld(t *testing.T) {
 	require.Len(t, held, 1, "a created key")
 	require.Zero(t, phasesAtAcquisition, "called before the first phase")
 	require.Equal(t, "k-1", held[0].Key)
-	require.Equal(t, idem.RecoveryPointStarted, held[0].RecoveryPoint)
+	require.Equal(t, idemtype.RecoveryPointStarted, held[0].RecoveryPoint)
 
 	out, err := r.Execute(ctx, b.flow, req)
 	require.NoError(t, err)
@@ -66,7 +67,7 @@ func TestAcquiredIsNotCalledForAKeyInFlight(t *testing.T) {
 	_, release := startPausedIn(t, b, "charge_created", nil, req)
 	defer release()
 	called := false
-	req.Acquired = func(*idem.KeyRecord) { called = true }
+	req.Acquired = func(*idemtype.KeyRecord) { called = true }
 	_, err := b.runner(t, nil).Execute(context.Background(), b.flow, req)
 	require.ErrorIs(t, err, idem.ErrInProgress)
 	require.False(t, called)

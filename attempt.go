@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/go-idem/idem/idemtype"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -24,7 +25,7 @@ func (r *Attempt[In]) Input() In { return r.input }
 // (for a phase joined to the one before it, Phase.JoinPrevious, the
 // transaction they share, so its recovery point is not the phase before).
 // It is a copy; changing it changes nothing.
-func (r *Attempt[In]) Key() *KeyRecord { return r.h.rec.Clone() }
+func (r *Attempt[In]) Key() *idemtype.KeyRecord { return r.h.rec.Clone() }
 
 // Phase returns the running phase's name.
 func (r *Attempt[In]) Phase() string { return r.h.phaseName() }

@@ -5,22 +5,15 @@ import (
 	"fmt"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 )
-
-// Backlog is the unfinished keys by status (running, needs_reconcile), with
-// the creation time of the oldest in each, and the database clock it was
-// read at. [Backlog.OldestAge] and [Backlog.Keys] read it.
-type Backlog = idemdriver.Backlog
-
-// StatusBacklog is the unfinished keys in one status.
-type StatusBacklog = idemdriver.StatusBacklog
 
 // Backlog counts the unfinished keys of every scope and flow by status, and
 // how old the oldest in each is: what a gauge of the needs_reconcile backlog
 // and its age reads (idemotel's Observer.ObserveBacklog). It reads only
 // unfinished rows, through a partial index, in one statement bounded by
 // Config.StatementTimeout.
-func (r *Runner) Backlog(ctx context.Context) (*Backlog, error) {
+func (r *Runner) Backlog(ctx context.Context) (*idemtype.Backlog, error) {
 	sctx, cancel := r.storeContext(ctx)
 	defer cancel()
 	b, err := r.store.Backlog(sctx, idemdriver.BacklogParams{Now: r.now()})

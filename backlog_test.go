@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // The backlog counts unfinished keys by status, and the age of the oldest
@@ -23,8 +24,8 @@ func TestBacklogCountsUnfinishedKeysByStatusWithTheOldestAge(t *testing.T) {
 	empty, err := r.Backlog(ctx)
 	require.NoError(t, err)
 	require.Len(t, empty.Statuses, 2)
-	require.Zero(t, empty.Keys(idem.StatusRunning))
-	require.Zero(t, empty.OldestAge(idem.StatusNeedsReconcile))
+	require.Zero(t, empty.Keys(idemtype.StoredRunning))
+	require.Zero(t, empty.OldestAge(idemtype.StoredNeedsReconcile))
 
 	b.gateway.lose = true
 	_, err = r.Execute(ctx, b.flow, b.req("doubt"))
@@ -44,10 +45,10 @@ func TestBacklogCountsUnfinishedKeysByStatusWithTheOldestAge(t *testing.T) {
 	got, err := r.Backlog(ctx)
 	require.NoError(t, err)
 	t.Logf("backlog: running=%d (oldest %s), needs_reconcile=%d (oldest %s)",
-		got.Keys(idem.StatusRunning), got.OldestAge(idem.StatusRunning),
-		got.Keys(idem.StatusNeedsReconcile), got.OldestAge(idem.StatusNeedsReconcile))
-	require.EqualValues(t, 1, got.Keys(idem.StatusRunning))
-	require.EqualValues(t, 1, got.Keys(idem.StatusNeedsReconcile))
-	require.Equal(t, 5*time.Minute, got.OldestAge(idem.StatusRunning))
-	require.Equal(t, 15*time.Minute, got.OldestAge(idem.StatusNeedsReconcile), "from creation, not from the last reconcile try")
+		got.Keys(idemtype.StoredRunning), got.OldestAge(idemtype.StoredRunning),
+		got.Keys(idemtype.StoredNeedsReconcile), got.OldestAge(idemtype.StoredNeedsReconcile))
+	require.EqualValues(t, 1, got.Keys(idemtype.StoredRunning))
+	require.EqualValues(t, 1, got.Keys(idemtype.StoredNeedsReconcile))
+	require.Equal(t, 5*time.Minute, got.OldestAge(idemtype.StoredRunning))
+	require.Equal(t, 15*time.Minute, got.OldestAge(idemtype.StoredNeedsReconcile), "from creation, not from the last reconcile try")
 }

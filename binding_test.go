@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // A key is bound to the method and path of its first request, as it is to
@@ -57,7 +58,7 @@ func TestKeyIsBoundToMethodAndPath(t *testing.T) {
 		require.Equal(t, idem.OutcomeMismatch, out.Kind)
 	}
 	rec := b.key(t, "open")
-	require.Equal(t, idem.StatusRunning, rec.Status)
+	require.Equal(t, idemtype.StoredRunning, rec.Status)
 	require.Equal(t, "ride_created", rec.RecoveryPoint)
 	require.Equal(t, int64(1), rec.Fence, "the key was not taken over")
 	require.Nil(t, rec.LockedAt)

@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
+	"github.com/go-idem/idem/internal/hooks"
 )
 
 // A body is a phase-like body: a phase's Do, or a reconcile hook speaking for
@@ -81,18 +83,18 @@ func (r *Runner) attemptBody(ctx context.Context, h *held, b body, iso pgx.TxIso
 
 	h.tx = tx
 	defer func() { h.tx = nil }()
-	if err := r.hook(ctx, h, HookPhaseStart); err != nil {
+	if err := r.hook(ctx, h, hooks.PhaseStart); err != nil {
 		return res, r.classify(ctx, h, tx, err)
 	}
 	res, cp, err := callBody(ctx, tx, b)
 	if err == nil {
-		err = r.hook(ctx, h, HookBeforeCommit)
+		err = r.hook(ctx, h, hooks.BeforeCommit)
 	}
 	if err != nil {
 		return res, r.classify(ctx, h, tx, err)
 	}
 
-	if cp.Status == StatusFinished {
+	if cp.Status == idemtype.StoredFinished {
 		h.lettingGo.Store(true)
 	}
 	// The commit does not depend on the caller staying: a phase whose body
@@ -115,8 +117,8 @@ func (r *Runner) attemptBody(ctx context.Context, h *held, b body, iso pgx.TxIso
 		}
 	}
 	h.committed(cp)
-	if cp.RecoveryPoint != h.phaseName() && cp.Status != StatusFinished {
-		// A reconcile verdict of not done: it cleared the mark and left the
+	if cp.RecoveryPoint != h.phaseName() && cp.Status != idemtype.StoredFinished {
+		// A reconcile verdict of not happened: it cleared the mark and left the
 		// recovery point where it was; the phase itself has not committed.
 		return res, nil
 	}
@@ -129,7 +131,7 @@ func (r *Runner) attemptBody(ctx context.Context, h *held, b body, iso pgx.TxIso
 		r.emit(ctx, Event{Kind: EventPhaseCommitted, Flow: h.flow.Name(), Scope: h.rec.Scope, Key: h.rec.Key, Phase: h.phaseName(), Attempt: h.attempt, Duration: took})
 	}
 	for h.phase = h.first; h.phase <= last; h.phase++ {
-		if herr := r.hook(ctx, h, HookAfterCommit); herr != nil {
+		if herr := r.hook(ctx, h, hooks.AfterCommit); herr != nil {
 			if h.crashed {
 				return res, herr
 			}
@@ -189,7 +191,7 @@ func (r *Runner) commitLanded(ctx context.Context, h *held, cp *idemdriver.Commi
 // the request's retry resumes.
 func (r *Runner) afterWrites(h *held, err error) error {
 	if errors.Is(err, ErrInvalidRequest) && !errors.Is(err, ErrPhaseFailed) &&
-		(h.rec.RecoveryPoint != RecoveryPointStarted || h.foreignBy != "") {
+		(h.rec.RecoveryPoint != idemtype.RecoveryPointStarted || h.foreignBy != "") {
 		return fmt.Errorf("%w: phase %q: %w", ErrPhaseFailed, h.phaseName(), err)
 	}
 	return err
@@ -207,9 +209,9 @@ func (h *held) providerDeadline(err error) bool {
 // tx is the phase's transaction, still open, or nil before it exists.
 func (r *Runner) classify(ctx context.Context, h *held, tx idemdriver.PhaseTx, err error) error {
 	switch {
-	case h.crashed || errors.Is(err, ErrSimulatedCrash):
+	case h.crashed || errors.Is(err, hooks.ErrSimulatedCrash):
 		h.crashed = true
-		return ErrSimulatedCrash
+		return hooks.ErrSimulatedCrash
 	case errors.Is(context.Cause(ctx), ErrLockLost):
 		// The heartbeat found the lease gone and cancelled the phase.
 		return fmt.Errorf("%w: phase %q", ErrLockLost, h.phaseName())
@@ -236,23 +238,24 @@ func (r *Runner) classify(ctx context.Context, h *held, tx idemdriver.PhaseTx, e
 	return fmt.Errorf("%w: phase %q: %w", ErrPhaseFailed, h.phaseName(), err)
 }
 
-func (r *Runner) hook(ctx context.Context, h *held, where HookWhere) error {
-	return r.hookAt(ctx, h, HookPoint{Where: where})
+func (r *Runner) hook(ctx context.Context, h *held, where hooks.Where) error {
+	return r.hookAt(ctx, h, hooks.Point{Where: where})
 }
 
-func (r *Runner) hookAt(ctx context.Context, h *held, at HookPoint) error {
-	if r.config.Test.Hook == nil {
+func (r *Runner) hookAt(ctx context.Context, h *held, at hooks.Point) error {
+	if r.config.Test.hook == nil {
 		return nil
 	}
 	if h.crashed {
 		// A dead process reaches no later point, and commits nothing,
 		// whatever the phase made of the crash Foreign returned to it.
-		return ErrSimulatedCrash
+		return hooks.ErrSimulatedCrash
 	}
 	at.Flow, at.Phase, at.Attempt, at.Key = h.flow.Name(), h.phaseName(), h.attempt, h.rec.Clone()
-	_, at.ForeignKind, _ = h.flow.phaseMeta(h.phase)
-	err := r.config.Test.Hook(ctx, at)
-	if errors.Is(err, ErrSimulatedCrash) {
+	_, kind, _ := h.flow.phaseMeta(h.phase)
+	at.ForeignKind = int(kind)
+	err := r.config.Test.hook(ctx, at)
+	if errors.Is(err, hooks.ErrSimulatedCrash) {
 		h.crashed = true
 	}
 	return err

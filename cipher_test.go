@@ -9,6 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/migrations"
 	"github.com/go-idem/idem/pgstore"
 )
@@ -20,9 +22,9 @@ var (
 
 // storeWith is a store on the bundle's schema that seals with keyring (nil:
 // in the clear).
-func (b *testBundle) storeWith(t *testing.T, keyring *pgstore.Keyring) *pgstore.Store {
+func (b *testBundle) storeWith(t *testing.T, keyring *idemtype.Keyring) *pgstore.Store {
 	t.Helper()
-	st, err := pgstore.New(b.pool, &pgstore.Config{Schema: b.schema.Name, Cipher: keyring})
+	st, err := pgstore.New(b.pool, &pgstore.Config{Schema: b.schema.Name, Keyring: keyring})
 	require.NoError(t, err)
 	t.Cleanup(st.Close)
 	return st
@@ -52,7 +54,7 @@ func (b *testBundle) rawKey(t *testing.T, key string) (params string, body []byt
 	return params, body, paramsKeyID, bodyKeyID
 }
 
-// pgstore.Config.Cipher seals a key's params and response body at rest with
+// pgstore.Config.Keyring seals a key's params and response body at rest with
 // AES-256-GCM, naming the key each is sealed with per row, so keys rotate:
 // rows keep opening with the key they were sealed with.
 func TestCipherSealsParamsAndResponseAtRest(t *testing.T) {
@@ -63,7 +65,7 @@ func TestCipherSealsParamsAndResponseAtRest(t *testing.T) {
 	_, err := plainBefore.Execute(ctx, b.flow, b.request("clear", rideInput{Origin: "Clear St", Amount: 1}))
 	require.NoError(t, err)
 
-	k1 := b.storeWith(t, &pgstore.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}})
+	k1 := b.storeWith(t, &idemtype.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}})
 	r := b.runnerOn(t, k1, nil)
 	first, err := r.Execute(ctx, b.flow, b.request("sealed", rideInput{Origin: "Secret St", Amount: 5}))
 	require.NoError(t, err)
@@ -91,17 +93,17 @@ func TestCipherSealsParamsAndResponseAtRest(t *testing.T) {
 	require.Equal(t, "k1", rec.ParamsKeyID)
 	// A row in the clear is what anyone who can write the table could put in
 	// place of a sealed one: with a keyring it is refused, unless the
-	// keyring accepts rows written before it (AcceptUnsealed).
+	// keyring accepts rows written before it (AcceptUnkeyed).
 	out, err = r.Execute(ctx, b.flow, b.request("clear", rideInput{Origin: "Clear St", Amount: 1}))
 	require.ErrorIs(t, err, pgstore.ErrCannotOpen)
 	require.Nil(t, out.Response)
-	accepting := b.runnerOn(t, b.storeWith(t, &pgstore.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}, AcceptUnsealed: true}), nil)
+	accepting := b.runnerOn(t, b.storeWith(t, &idemtype.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}, AcceptUnkeyed: true}), nil)
 	out, err = accepting.Execute(ctx, b.flow, b.request("clear", rideInput{Origin: "Clear St", Amount: 1}))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeReplayed, out.Kind)
 
 	// Rotation: k2 seals new values, k1 still opens old ones.
-	k2 := b.storeWith(t, &pgstore.Keyring{Current: "k2", Keys: map[string][]byte{"k1": sealKey1, "k2": sealKey2}})
+	k2 := b.storeWith(t, &idemtype.Keyring{Current: "k2", Keys: map[string][]byte{"k1": sealKey1, "k2": sealKey2}})
 	r2 := b.runnerOn(t, k2, nil)
 	out, err = r2.Execute(ctx, b.flow, b.request("sealed", rideInput{Origin: "Secret St", Amount: 5}))
 	require.NoError(t, err)
@@ -114,7 +116,7 @@ func TestCipherSealsParamsAndResponseAtRest(t *testing.T) {
 
 	// A store that lacks the key a row was sealed with fails clearly: never
 	// a replay of what it cannot open.
-	onlyK2 := b.runnerOn(t, b.storeWith(t, &pgstore.Keyring{Current: "k2", Keys: map[string][]byte{"k2": sealKey2}}), nil)
+	onlyK2 := b.runnerOn(t, b.storeWith(t, &idemtype.Keyring{Current: "k2", Keys: map[string][]byte{"k2": sealKey2}}), nil)
 	out, err = onlyK2.Execute(ctx, b.flow, b.request("sealed", rideInput{Origin: "Secret St", Amount: 5}))
 	require.ErrorIs(t, err, pgstore.ErrCannotOpen)
 	require.ErrorContains(t, err, `"k1"`)
@@ -125,10 +127,10 @@ func TestCipherSealsParamsAndResponseAtRest(t *testing.T) {
 	require.ErrorIs(t, err, pgstore.ErrCannotOpen)
 
 	// Listing needs no key unless it reveals the payload.
-	list, err := noKeys.ListKeys(ctx, idem.KeyQuery{AllScopes: true})
+	list, err := noKeys.ListKeys(ctx, idemtype.KeyQuery{AllScopes: true})
 	require.NoError(t, err)
 	require.Len(t, list.Keys, 3)
-	_, err = noKeys.ListKeys(ctx, idem.KeyQuery{AllScopes: true, Reveal: true})
+	_, err = noKeys.ListKeys(ctx, idemtype.KeyQuery{AllScopes: true, Reveal: true})
 	require.ErrorIs(t, err, pgstore.ErrCannotOpen)
 	res, err := noKeys.UnlockKey(ctx, "user:1", "sealed", "")
 	require.NoError(t, err, "an operator unlocks without the keyring")
@@ -163,10 +165,10 @@ func TestCompleterResumesASealedKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	st := b.storeWith(t, &pgstore.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}})
-	_, err := b.runnerOn(t, st, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charge_created")}}).
+	st := b.storeWith(t, &idemtype.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}})
+	_, err := b.runnerOn(t, st, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookPhaseStart, "charge_created"))}).
 		Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "Secret St", Amount: 5}))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	b.clock.Advance(time.Hour)
 
 	res, err := b.runnerOn(t, b.storeWith(t, nil), nil).Complete(ctx, nil)
@@ -178,20 +180,20 @@ func TestCompleterResumesASealedKey(t *testing.T) {
 	require.Equal(t, &idem.CompleteResult{Claimed: 1, Completed: 1}, res)
 	rec, err := st.GetKey(ctx, "user:1", "k1")
 	require.NoError(t, err)
-	require.Equal(t, idem.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
 	require.Equal(t, 1, b.countRows(t, "rides WHERE origin = 'Secret St'"))
 }
 
 func TestKeyringIsChecked(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	for name, k := range map[string]*pgstore.Keyring{
+	for name, k := range map[string]*idemtype.Keyring{
 		"no current":      {Keys: map[string][]byte{"k1": sealKey1}},
 		"unknown current": {Current: "k2", Keys: map[string][]byte{"k1": sealKey1}},
 		"short key":       {Current: "k1", Keys: map[string][]byte{"k1": sealKey1[:16]}},
 		"bad id":          {Current: "k 1", Keys: map[string][]byte{"k 1": sealKey1}},
 	} {
-		_, err := pgstore.New(b.pool, &pgstore.Config{Cipher: k})
+		_, err := pgstore.New(b.pool, &pgstore.Config{Keyring: k})
 		require.Error(t, err, name)
 	}
 }
@@ -203,13 +205,13 @@ func TestAKeyThatCannotBeOpenedIsNotLeftLocked(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	k1 := b.storeWith(t, &pgstore.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}})
-	_, err := b.runnerOn(t, k1, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charge_created")}}).
+	k1 := b.storeWith(t, &idemtype.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}})
+	_, err := b.runnerOn(t, k1, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookPhaseStart, "charge_created"))}).
 		Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "Secret St", Amount: 5}))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	b.clock.Advance(time.Hour)
 
-	onlyK2 := b.storeWith(t, &pgstore.Keyring{Current: "k2", Keys: map[string][]byte{"k2": sealKey2}})
+	onlyK2 := b.storeWith(t, &idemtype.Keyring{Current: "k2", Keys: map[string][]byte{"k2": sealKey2}})
 	r := b.runnerOn(t, onlyK2, nil)
 	_, err = r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "Secret St", Amount: 5}))
 	require.ErrorIs(t, err, pgstore.ErrCannotOpen)
@@ -227,7 +229,7 @@ func TestAKeyThatCannotBeOpenedIsNotLeftLocked(t *testing.T) {
 	rec, err := k1.GetKey(ctx, "user:1", "k1")
 	require.NoError(t, err)
 	require.Nil(t, rec.LockedAt, "the claim was let go")
-	require.Equal(t, idem.StatusNeedsReconcile, rec.Status)
+	require.Equal(t, idemtype.StoredNeedsReconcile, rec.Status)
 	require.Contains(t, rec.LastError, "cannot open")
 	_, err = r.Reconcile(ctx, "user:1", "k1")
 	require.ErrorIs(t, err, pgstore.ErrCannotOpen, "still the clear error, not in progress")

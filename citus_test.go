@@ -13,6 +13,8 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
+	"github.com/go-idem/idem/internal/hooks"
 	"github.com/go-idem/idem/internal/pgtest"
 	"github.com/go-idem/idem/internal/testfixture"
 	"github.com/go-idem/idem/migrations"
@@ -78,7 +80,7 @@ func TestCitusNewKeyReplayMismatchInProgress(t *testing.T) {
 	require.Equal(t, idem.OutcomeExecuted, first.Kind)
 	require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "receipt_enqueued": 1}, b.counts.Get())
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
 	require.Equal(t, b.clock.Now().Add(24*time.Hour), rec.ExpiresAt.UTC())
 
 	again, err := b.runner(t, nil).Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
@@ -227,7 +229,7 @@ func TestCitusMaintenance(t *testing.T) {
 	res, err := completer.Complete(ctx, &idem.CompleteConfig{IdleFor: 5 * time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, &idem.CompleteResult{Claimed: 1, Completed: 1}, res)
-	require.Equal(t, idem.StatusFinished, b.key(t, "k1").Status)
+	require.Equal(t, idemtype.StoredFinished, b.key(t, "k1").Status)
 	require.Equal(t, 1, b.provider.Charges(), "exactly one charge")
 	out, err := b.runner(t, nil).Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
@@ -235,12 +237,12 @@ func TestCitusMaintenance(t *testing.T) {
 
 	// A key abandoned before its charge, in another scope, and a stuck one
 	// an operator unlocks.
-	crashing := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookAfterCommit, "ride_created")}})
+	crashing := b.runner(t, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookAfterCommit, "ride_created"))})
 	req := b.request("k2", rideInput{Origin: "SF", Amount: 20})
 	req.Scope = "user:2"
 	_, err = crashing.Execute(ctx, b.flow, req)
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
-	list, err := b.runner(t, nil).ListKeys(ctx, idem.KeyQuery{AllScopes: true, Limit: 10})
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
+	list, err := b.runner(t, nil).ListKeys(ctx, idemtype.KeyQuery{AllScopes: true, Limit: 10})
 	require.NoError(t, err)
 	require.Len(t, list.Keys, 2)
 	backlog, err := b.runner(t, nil).Backlog(ctx)
@@ -253,11 +255,11 @@ func TestCitusMaintenance(t *testing.T) {
 	// Past the retention, the reaper deletes the finished key; past a day,
 	// it ends the abandoned one.
 	b.clock.Advance(25 * time.Hour)
-	daily := b.rideFlowConfig("rides.create", &idem.FlowConfig[rideInput]{AbandonAfter: 24 * time.Hour})
+	daily := b.rideFlowConfig("rides.create", &idem.FlowConfig[rideInput]{UnfinishedRetention: 24 * time.Hour})
 	reaped, err := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{daily}}).Reap(ctx, nil)
 	require.NoError(t, err)
 	require.Equal(t, 1, reaped.Deleted)
-	require.Equal(t, 1, reaped.Abandoned)
+	require.Equal(t, 1, reaped.Unfinished)
 	_, err = b.storeFor(t).GetKey(ctx, "user:1", "k1")
 	require.ErrorIs(t, err, idem.ErrNotFound)
 	require.Equal(t, 2, b.countRows(t, "rides"), "business rows outlive their keys")
@@ -287,7 +289,7 @@ func TestCitusReconcileAllResolvesIdleKeys(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, &idem.ReconcileResult{Claimed: 3, Resolved: 3}, res)
 	for _, key := range keys {
-		require.Equal(t, idem.StatusFinished, b.key(t, key).Status, key)
+		require.Equal(t, idemtype.StoredFinished, b.key(t, key).Status, key)
 		require.Equal(t, 1, b.gateway.times(b.ref(t, key)), key)
 	}
 	t.Logf("reconcile: %+v", res)
@@ -310,8 +312,8 @@ func TestCitusWaitPolls(t *testing.T) {
 	require.Equal(t, idem.OutcomeReplayed, two.out.Kind)
 	require.Equal(t, one.out.Response.Body, two.out.Response.Body)
 	require.Positive(t, two.out.Waited)
-	require.True(t, b.store.Polling(), "on Citus the store polls")
-	require.Zero(t, b.store.Notifications())
+	require.True(t, hooks.StoreWaits(b.store).Polling, "on Citus the store polls")
+	require.Zero(t, hooks.StoreWaits(b.store).Notifications)
 	require.Equal(t, 1, b.provider.Charges())
 }
 

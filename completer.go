@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/go-idem/idem/idemtype"
 )
 
 // The completer finishes requests their clients abandoned. A client that
@@ -91,7 +93,7 @@ type CompleteResult struct {
 
 // completeOne reads a claimed key (claims carry no payload) and runs it from
 // the input stored with it, under its own fingerprint.
-func (r *Runner) completeOne(ctx context.Context, claimed *KeyRecord) (*Outcome, error) {
+func (r *Runner) completeOne(ctx context.Context, claimed *idemtype.KeyRecord) (*Outcome, error) {
 	flow := r.flows[claimed.Flow]
 	gctx, cancel := r.storeContext(ctx)
 	rec, err := r.store.GetKey(gctx, claimed.Scope, claimed.Key)
@@ -131,7 +133,7 @@ func (r *Runner) Complete(ctx context.Context, config *CompleteConfig) (*Complet
 		// Every flow waits for its clients (FlowConfig.NoRedrive).
 		return res, nil
 	}
-	err := r.sweep(ctx, StatusRunning, flows, cfg.IdleFor, cfg.MaxAttempts, cfg.BatchSize, cfg.MaxKeys, func(claimed *KeyRecord) {
+	err := r.sweep(ctx, idemtype.StoredRunning, flows, cfg.IdleFor, cfg.MaxAttempts, cfg.BatchSize, cfg.MaxKeys, func(claimed *idemtype.KeyRecord) {
 		res.Claimed++
 		started := time.Now()
 		log := r.log.With(r.logAttrs(claimed.Scope, claimed.Key, claimed.ID, "flow", claimed.Flow)...)

@@ -10,16 +10,18 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 )
 
 var errProviderDown = errors.New("payment provider unreachable")
 
 // crashAt returns a test hook that crashes the runner at one point of one
 // phase, the way a killed process stops.
-func crashAt(where idem.HookWhere, phase string) func(context.Context, idem.HookPoint) error {
-	return func(_ context.Context, at idem.HookPoint) error {
+func crashAt(where idemtest.HookWhere, phase string) func(context.Context, idemtest.HookPoint) error {
+	return func(_ context.Context, at idemtest.HookPoint) error {
 		if at.Where == where && at.Phase == phase {
-			return idem.ErrSimulatedCrash
+			return idemtest.ErrSimulatedCrash
 		}
 		return nil
 	}
@@ -30,10 +32,9 @@ func crashAt(where idem.HookWhere, phase string) func(context.Context, idem.Hook
 // for a client to give up.
 func (b *testBundle) abandon(t *testing.T, key string) {
 	t.Helper()
-	crashing := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookAfterForeign, "charge_created")}})
-	out, err := crashing.Execute(context.Background(), b.flow, b.request(key, rideInput{Origin: "SF", Amount: 20}))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
-	require.Equal(t, idem.OutcomeAbandoned, out.Kind)
+	crashing := b.runner(t, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookAfterForeign, "charge_created"))})
+	_, err := crashing.Execute(context.Background(), b.flow, b.request(key, rideInput{Origin: "SF", Amount: 20}))
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 }
 
 // The completer finishes a request its client abandoned after the charge:
@@ -73,7 +74,7 @@ func TestCompleterFinishesAnAbandonedRequestWithOneCharge(t *testing.T) {
 	require.Equal(t, 1, obs.n(idem.EventTakeover))
 
 	rec = b.key(t, "k1")
-	require.Equal(t, idem.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
 	require.Equal(t, http.StatusCreated, rec.ResponseStatus)
 	require.Equal(t, 1, b.provider.Charges(), "exactly one charge")
 	require.Equal(t, 1, b.countRows(t, "rides"))
@@ -113,28 +114,28 @@ func TestCompleterPicksOnlyIdleRunningKeysOfItsFlows(t *testing.T) {
 	require.Nil(t, b.key(t, "released").LockedAt)
 	delete(b.hooks, "charge_created")
 
-	b.insertKeys(t, "live", 3, idem.KeyStateRunning, now.Add(time.Hour)) // locked for an hour and more
-	b.insertKeys(t, "finished", 3, idem.KeyStateFinished, now)
-	b.insertKeys(t, "reconcile", 3, idem.KeyStateNeedsReconcile, now)
-	b.insertKeys(t, "tried", 2, idem.KeyStateStale, now)
+	b.insertKeys(t, "live", 3, idemtype.KeyStateRunning, now.Add(time.Hour)) // locked for an hour and more
+	b.insertKeys(t, "finished", 3, idemtype.KeyStateFinished, now)
+	b.insertKeys(t, "reconcile", 3, idemtype.KeyStateNeedsReconcile, now)
+	b.insertKeys(t, "tried", 2, idemtype.KeyStateStale, now)
 	_, err = b.pool.Exec(ctx, `UPDATE idem_keys SET attempts = 10 WHERE key LIKE 'tried-%'`)
 	require.NoError(t, err)
 	other := b.rideFlow("rides.other")
-	_, err = b.runner(t, &idem.Config{Flows: []idem.AnyFlow{other}, Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charge_created")}}).
+	_, err = b.runner(t, &idem.Config{Flows: []idem.AnyFlow{other}, Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookPhaseStart, "charge_created"))}).
 		Execute(ctx, other, b.request("other-flow", rideInput{Origin: "LA"}))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 
 	b.clock.Advance(10 * time.Minute)
 	obs := newCountingObserver()
 	res, err := b.runner(t, &idem.Config{Observer: obs}).Complete(ctx, &idem.CompleteConfig{IdleFor: time.Minute, BatchSize: 1})
 	require.NoError(t, err)
 	require.Equal(t, &idem.CompleteResult{Claimed: 1, Completed: 1}, res)
-	require.Equal(t, idem.StatusFinished, b.key(t, "released").Status)
+	require.Equal(t, idemtype.StoredFinished, b.key(t, "released").Status)
 	require.Equal(t, 1, b.provider.Charges())
 
-	require.Equal(t, idem.StatusRunning, b.key(t, "other-flow").Status, "a flow this runner does not have is left alone")
-	require.Equal(t, idem.StatusRunning, b.key(t, "tried-1").Status, "MaxAttempts leaves it for an operator")
-	require.Equal(t, idem.StatusNeedsReconcile, b.key(t, "reconcile-1").Status)
+	require.Equal(t, idemtype.StoredRunning, b.key(t, "other-flow").Status, "a flow this runner does not have is left alone")
+	require.Equal(t, idemtype.StoredRunning, b.key(t, "tried-1").Status, "MaxAttempts leaves it for an operator")
+	require.Equal(t, idemtype.StoredNeedsReconcile, b.key(t, "reconcile-1").Status)
 	require.NotNil(t, b.key(t, "live-1").LockedAt)
 
 	// Without a limit on attempts the tried keys are run too; their params
@@ -153,15 +154,15 @@ func TestCompleterHandsDoubtfulKeysToReconcile(t *testing.T) {
 	t.Parallel()
 	b := setupSMS(t)
 	ctx := context.Background()
-	_, err := b.runner(t, crashAt(idem.HookAfterForeign, "sms_sent")).Execute(ctx, b.flow, b.req("k1"))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	_, err := b.runner(t, crashAt(idemtest.HookAfterForeign, "sms_sent")).Execute(ctx, b.flow, b.req("k1"))
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	b.clock.Advance(10 * time.Minute)
 
 	r := b.runner(t, nil)
 	res, err := r.Complete(ctx, &idem.CompleteConfig{IdleFor: time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, &idem.CompleteResult{Claimed: 1, NeedsReconcile: 1}, res)
-	require.Equal(t, idem.StatusNeedsReconcile, b.key(t, "k1").Status)
+	require.Equal(t, idemtype.StoredNeedsReconcile, b.key(t, "k1").Status)
 
 	// The completer never picks it again; reconcile runs do, once it has
 	// been idle long enough.
@@ -173,7 +174,7 @@ func TestCompleterHandsDoubtfulKeysToReconcile(t *testing.T) {
 	rres, err := r.ReconcileAll(ctx, &idem.ReconcileConfig{IdleFor: time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, &idem.ReconcileResult{Claimed: 1, Resolved: 1}, rres)
-	require.Equal(t, idem.StatusFinished, b.key(t, "k1").Status)
+	require.Equal(t, idemtype.StoredFinished, b.key(t, "k1").Status)
 	require.Equal(t, 1, b.gateway.times(b.ref(t, "k1")))
 	require.Equal(t, 1, b.counts.Get()["sms_sent"])
 }

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/go-idem/idem/idemtype"
+	"github.com/go-idem/idem/internal/hooks"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -45,16 +47,17 @@ type Config struct {
 	// Default 24h.
 	Retention time.Duration
 
-	// AbandonAfter is how long after its creation an unfinished key (status
-	// running: its request keeps failing, or its client gave up and the
-	// completer could not or may not finish it) is abandoned: the reaper
-	// deletes it, unless a live lease holds it. Keys in needs_reconcile are
-	// never abandoned: whether their foreign call happened is for a
-	// reconcile run or an operator to settle. A request with an abandoned
-	// key runs as a new request, from its first phase. FlowConfig.AbandonAfter
-	// overrides it per flow. Default 7 days (AbandonAfterDefault); negative
-	// keeps unfinished keys forever. At least Lease when positive.
-	AbandonAfter time.Duration
+	// UnfinishedRetention is how long after its creation an unfinished key
+	// (status running: its request keeps failing, or its client gave up and
+	// the completer could not or may not finish it) is kept: past it, the
+	// reaper deletes it, unless a live lease holds it. Keys in
+	// needs_reconcile are never deleted so: whether their foreign call
+	// happened is for a reconcile run or an operator to settle. A request
+	// with a key so deleted runs as a new request, from its first phase.
+	// FlowConfig.UnfinishedRetention overrides it per flow. Default 7 days
+	// (UnfinishedRetentionDefault); negative keeps unfinished keys forever.
+	// At least Lease when positive.
+	UnfinishedRetention time.Duration
 
 	// Admit, when set, is asked before a request creates a new key (never
 	// for a retry of an existing one, which is always let through), so a
@@ -110,35 +113,29 @@ type Config struct {
 	// doubles per retry, with jitter. Default 10ms.
 	PhaseRetryBackoff time.Duration
 
-	// FingerprintKey, when set, keys request fingerprints with this server
-	// secret: HMAC-SHA-256 instead of SHA-256 (over the payload the client
-	// sent; see Request.Payload). The fingerprint is stored with every key;
-	// unkeyed, a
-	// fingerprint of a low-entropy input (a card number) can be inverted by
-	// trying every value. At least 32 bytes; keep it as secret as a
-	// password pepper.
+	// FingerprintKeys, when set, keys request fingerprints with a server
+	// secret: HMAC-SHA-256 under its Current key instead of SHA-256 (over
+	// the payload the client sent; see Request.Payload). The fingerprint is
+	// stored with every key; unkeyed, a fingerprint of a low-entropy input
+	// (a card number) can be inverted by trying every value. Each key is at
+	// least MinFingerprintKeyLength bytes.
+	//
+	// A key whose stored fingerprint is the request's under any key of the
+	// keyring is that request: it is replayed or resumed, and keeps its
+	// fingerprint. The request's fingerprint under each travels in the one
+	// acquisition; each key beyond Current costs every request one HMAC more
+	// over its canonical payload, which is made once. With AcceptUnkeyed,
+	// keys fingerprinted before any key was set (plain SHA-256) match too.
 	//
 	// Switching changes every new fingerprint, so a retry of a key made
 	// before the switch (in flight, or finished and replayed within its
 	// retention) no longer matches its key: it is refused as a mismatch
 	// (422 in idemhttp), and a half-done request cannot be resumed by its
-	// client. To switch safely, set AcceptUnkeyedFingerprints (or, to rotate
-	// a key, list the old one in PreviousFingerprintKeys) together with the
-	// new key, and keep it until every key made before is gone: the longest
-	// of Retention and AbandonAfter after the switch.
-	FingerprintKey []byte
-
-	// PreviousFingerprintKeys are fingerprint keys used before
-	// FingerprintKey. A key whose stored fingerprint is the request's
-	// under one of them is that request: it is replayed or resumed, and
-	// keeps its fingerprint. The request's fingerprint under each travels
-	// in the one acquisition; each costs every request one HMAC more over
-	// its canonical payload, which is made once.
-	PreviousFingerprintKeys [][]byte
-
-	// AcceptUnkeyedFingerprints is PreviousFingerprintKeys for keys
-	// fingerprinted before FingerprintKey was set (unkeyed SHA-256).
-	AcceptUnkeyedFingerprints bool
+	// client. To switch safely, set AcceptUnkeyed (or, to rotate a key, keep
+	// the old one in Keys) together with the new Current, and keep it until
+	// every key made before is gone: the longest of Retention and
+	// UnfinishedRetention after the switch.
+	FingerprintKeys *idemtype.Keyring
 
 	// Flows registers flows by name, so keys can be completed and
 	// reconciled by the maintenance services and the CLI, which have only
@@ -189,83 +186,31 @@ type TestConfig struct {
 	// expire a lease without waiting. Nil uses the database's now().
 	Now func() time.Time
 
-	// Hook is called at every [HookPoint]. Returning ErrSimulatedCrash makes
-	// the runner stop as a dead process would: its open transaction rolls
-	// back and nothing is released. Returning another error fails the phase
-	// as if the phase had returned it (a serialization failure is retried),
-	// except at HookAfterCommit, where it plays a lost commit
-	// acknowledgement: the phase did commit, but the runner sees the commit
-	// fail, re-reads the key under its fence, finds the commit landed and
-	// goes on.
-	Hook func(ctx context.Context, at HookPoint) error
+	// hook is the test hook (internal/hooks), which idemtest sets.
+	hook hooks.Func
 }
 
-// HookPoint says where a Config.Test.Hook is being called.
-type HookPoint struct {
-	Where   HookWhere
-	Flow    string
-	Phase   string
-	Attempt int
-	// Key is the key as the runner knows it at that point.
-	Key *KeyRecord
-	// ForeignKind is the phase's declared Phase.Foreign, so a test can tell
-	// a not-idempotent call (which must never run twice) from one the
-	// provider deduplicates.
-	ForeignKind ForeignKind
-	// Foreign and DownstreamKey describe the foreign call at
-	// HookBeforeForeign and HookAfterForeign: the name given to
-	// Attempt.Foreign and the idempotency key the call receives.
-	Foreign       string
-	DownstreamKey string
-	// Err is the refusal at HookForeignRefused.
-	Err error
+func init() {
+	hooks.Set = func(tc any, fn hooks.Func) { tc.(*TestConfig).hook = fn }
+	hooks.Get = func(tc any) hooks.Func { return tc.(*TestConfig).hook }
+	hooks.CurrentName = func(flow any, name string) (string, bool) {
+		return flow.(interface {
+			currentName(string) (string, bool)
+		}).currentName(name)
+	}
 }
-
-// HookWhere names a point in a phase's life.
-//
-// Phases joined by Phase.JoinPrevious pass the same points as phases of
-// their own, in order, around the one transaction they share: a joined
-// phase's HookPhaseStart comes after the phase before it reached
-// HookBeforeCommit, in the same transaction, and once the shared commit
-// landed every one of them reaches HookAfterCommit.
-type HookWhere string
-
-const (
-	// HookPhaseStart: the phase's transaction has begun; its body has not run.
-	HookPhaseStart HookWhere = "phase_start"
-	// HookBeforeForeign: the phase is about to make its foreign call (a
-	// not-idempotent phase has recorded its mark); the call has not been
-	// made. A test that pauses here past the lease sees the worker fence
-	// itself off.
-	HookBeforeForeign HookWhere = "before_foreign"
-	// HookAfterForeign: the phase's foreign call has returned; the phase has
-	// not committed.
-	HookAfterForeign HookWhere = "after_foreign"
-	// HookBeforeCommit: the phase's body returned; the guarded commit has
-	// not been sent.
-	HookBeforeCommit HookWhere = "before_commit"
-	// HookAfterCommit: the phase committed; the caller has not been told.
-	HookAfterCommit HookWhere = "after_commit"
-	// HookForeignRefused: the runner refused a foreign call of the phase
-	// (a second one in its transaction, ErrSecondForeignCall): Foreign
-	// names it, Err is the refusal Attempt.Foreign returns. The call was
-	// not made; a phase that goes on without it has lost an effect, which
-	// a test (the crash kit) reports. An error the hook returns is
-	// returned in the refusal's place.
-	HookForeignRefused HookWhere = "foreign_refused"
-)
 
 // Defaults of [Config]'s fields.
 const (
-	LeaseDefault             = 90 * time.Second
-	MaxRetryAfterDefault     = 2 * time.Second
-	MaxWaitersDefault        = 1000
-	RetentionDefault         = 24 * time.Hour
-	AbandonAfterDefault      = 7 * 24 * time.Hour
-	IsolationDefault         = pgx.ReadCommitted
-	MaxPhaseRetriesDefault   = 3
-	PhaseRetryBackoffDefault = 10 * time.Millisecond
-	StatementTimeoutDefault  = 5 * time.Second
+	LeaseDefault               = 90 * time.Second
+	MaxRetryAfterDefault       = 2 * time.Second
+	MaxWaitersDefault          = 1000
+	RetentionDefault           = 24 * time.Hour
+	UnfinishedRetentionDefault = 7 * 24 * time.Hour
+	IsolationDefault           = pgx.ReadCommitted
+	MaxPhaseRetriesDefault     = 3
+	PhaseRetryBackoffDefault   = 10 * time.Millisecond
+	StatementTimeoutDefault    = 5 * time.Second
 )
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -279,7 +224,7 @@ func (c *Config) WithDefaults() *Config {
 	out.MaxRetryAfter = cmp.Or(out.MaxRetryAfter, MaxRetryAfterDefault)
 	out.MaxWaiters = cmp.Or(out.MaxWaiters, MaxWaitersDefault)
 	out.Retention = cmp.Or(out.Retention, RetentionDefault)
-	out.AbandonAfter = cmp.Or(out.AbandonAfter, AbandonAfterDefault)
+	out.UnfinishedRetention = cmp.Or(out.UnfinishedRetention, UnfinishedRetentionDefault)
 	out.Isolation = cmp.Or(out.Isolation, IsolationDefault)
 	out.MaxPhaseRetries = cmp.Or(out.MaxPhaseRetries, MaxPhaseRetriesDefault)
 	out.PhaseRetryBackoff = cmp.Or(out.PhaseRetryBackoff, PhaseRetryBackoffDefault)
@@ -305,8 +250,8 @@ func (c *Config) validate() error {
 	if c.Retention < 0 {
 		errs = append(errs, fmt.Errorf("Retention %s is negative", c.Retention))
 	}
-	if c.AbandonAfter > 0 && c.AbandonAfter < c.Lease {
-		errs = append(errs, fmt.Errorf("AbandonAfter %s is shorter than Lease %s", c.AbandonAfter, c.Lease))
+	if c.UnfinishedRetention > 0 && c.UnfinishedRetention < c.Lease {
+		errs = append(errs, fmt.Errorf("UnfinishedRetention %s is shorter than Lease %s", c.UnfinishedRetention, c.Lease))
 	}
 	switch c.Isolation {
 	case pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable:
@@ -319,12 +264,9 @@ func (c *Config) validate() error {
 	if c.LeaseMargin < 0 || c.LeaseMargin >= c.Lease-c.HeartbeatInterval {
 		errs = append(errs, fmt.Errorf("LeaseMargin %s must be positive and leave room for a heartbeat (Lease %s minus HeartbeatInterval %s)", c.LeaseMargin, c.Lease, c.HeartbeatInterval))
 	}
-	if n := len(c.FingerprintKey); n > 0 && n < MinFingerprintKeyLength {
-		errs = append(errs, fmt.Errorf("FingerprintKey is %d bytes, under %d", n, MinFingerprintKeyLength))
-	}
-	for i, key := range c.PreviousFingerprintKeys {
-		if len(key) < MinFingerprintKeyLength {
-			errs = append(errs, fmt.Errorf("PreviousFingerprintKeys[%d] is %d bytes, under %d", i, len(key), MinFingerprintKeyLength))
+	if c.FingerprintKeys != nil {
+		if err := c.FingerprintKeys.Check(MinFingerprintKeyLength, 0); err != nil {
+			errs = append(errs, fmt.Errorf("FingerprintKeys: %w", err))
 		}
 	}
 	if c.PhaseRetryBackoff < 0 {

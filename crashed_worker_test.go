@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // swallowingFlow's charge phase turns every error of its foreign call into
@@ -45,25 +47,23 @@ func TestASimulatedCrashCommitsNothingWhateverThePhaseReturns(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	flow := swallowingFlow(t, "rides.swallow", false, &sync.Map{})
-	var afterCrash []idem.HookWhere
-	r := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{flow}, Test: idem.TestConfig{Now: b.clock.Now,
-		Hook: func(ctx context.Context, at idem.HookPoint) error {
-			if at.Where == idem.HookAfterForeign {
-				return idem.ErrSimulatedCrash
-			}
-			if at.Phase == "charged" && at.Where != idem.HookPhaseStart && at.Where != idem.HookBeforeForeign {
-				afterCrash = append(afterCrash, at.Where)
-			}
-			return nil
-		}}})
+	var afterCrash []idemtest.HookWhere
+	r := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{flow}, Test: idemtest.WithHook(idem.TestConfig{Now: b.clock.Now}, func(ctx context.Context, at idemtest.HookPoint) error {
+		if at.Where == idemtest.HookAfterForeign {
+			return idemtest.ErrSimulatedCrash
+		}
+		if at.Phase == "charged" && at.Where != idemtest.HookPhaseStart && at.Where != idemtest.HookBeforeForeign {
+			afterCrash = append(afterCrash, at.Where)
+		}
+		return nil
+	})})
 
-	out, err := r.Execute(ctx, flow, b.request("k1", rideInput{Origin: "a"}))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
-	require.Equal(t, idem.OutcomeAbandoned, out.Kind)
+	_, err := r.Execute(ctx, flow, b.request("k1", rideInput{Origin: "a"}))
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	require.Empty(t, afterCrash, "a dead worker reaches no later point")
 
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusRunning, rec.Status)
+	require.Equal(t, idemtype.StoredRunning, rec.Status)
 	require.Equal(t, "created", rec.RecoveryPoint, "the phase that got the crash from Foreign committed nothing")
 	require.NotNil(t, rec.LockedAt, "a dead worker releases nothing")
 }
@@ -74,13 +74,12 @@ func TestAttemptNowIsTheRunnersClock(t *testing.T) {
 	ctx := context.Background()
 	seen := &sync.Map{}
 	flow := swallowingFlow(t, "rides.clock", false, seen)
-	r := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{flow}, Test: idem.TestConfig{Now: b.clock.Now,
-		Hook: func(ctx context.Context, at idem.HookPoint) error {
-			if at.Where == idem.HookAfterCommit && at.Phase == "created" {
-				b.clock.Advance(25 * time.Hour)
-			}
-			return nil
-		}}})
+	r := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{flow}, Test: idemtest.WithHook(idem.TestConfig{Now: b.clock.Now}, func(ctx context.Context, at idemtest.HookPoint) error {
+		if at.Where == idemtest.HookAfterCommit && at.Phase == "created" {
+			b.clock.Advance(25 * time.Hour)
+		}
+		return nil
+	})})
 	start := b.clock.Now()
 	_, err := r.Execute(ctx, flow, b.request("k1", rideInput{Origin: "a"}))
 	require.NoError(t, err)
@@ -96,16 +95,15 @@ func TestARefusedForeignCallReachesTheHook(t *testing.T) {
 	ctx := context.Background()
 	flow := swallowingFlow(t, "rides.second", true, &sync.Map{})
 	var mu sync.Mutex
-	var refused []idem.HookPoint
-	r := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{flow}, Test: idem.TestConfig{Now: b.clock.Now,
-		Hook: func(ctx context.Context, at idem.HookPoint) error {
-			if at.Where == idem.HookForeignRefused {
-				mu.Lock()
-				refused = append(refused, at)
-				mu.Unlock()
-			}
-			return nil
-		}}})
+	var refused []idemtest.HookPoint
+	r := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{flow}, Test: idemtest.WithHook(idem.TestConfig{Now: b.clock.Now}, func(ctx context.Context, at idemtest.HookPoint) error {
+		if at.Where == idemtest.HookForeignRefused {
+			mu.Lock()
+			refused = append(refused, at)
+			mu.Unlock()
+		}
+		return nil
+	})})
 	out, err := r.Execute(ctx, flow, b.request("k1", rideInput{Origin: "a"}))
 	require.NoError(t, err)
 	require.Equal(t, http.StatusCreated, out.Response.Status, "the runner only refuses the call; the phase decides")

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // execute acquires req's key, decides, and drives a key it holds. A new key
@@ -101,15 +102,15 @@ func (r *Runner) execute(ctx context.Context, flow AnyFlow, req Request, stored 
 		return &Outcome{}, fmt.Errorf("%w: key %q was first used by flow %q at %s %s, with its own params", ErrMismatch, req.Key, rec.Flow, rec.Method, rec.Path)
 	}
 	switch {
-	case rec.Status == StatusFinished && rec.RecoveryPoint == RecoveryPointAbandoned:
+	case rec.Status == idemtype.StoredFinished && rec.RecoveryPoint == idemtype.RecoveryPointAbandoned:
 		ev.Kind = EventReplayed
 		r.emit(ctx, ev)
 		return &Outcome{Record: rec}, fmt.Errorf("%w: key %q", ErrRequestAbandoned, req.Key)
-	case rec.Status == StatusFinished:
+	case rec.Status == idemtype.StoredFinished:
 		ev.Kind = EventReplayed
 		r.emit(ctx, ev)
 		return &Outcome{replayed: true, Response: rec.Response(), Record: rec}, nil
-	case rec.Status == StatusNeedsReconcile:
+	case rec.Status == idemtype.StoredNeedsReconcile:
 		ev.Kind = EventNeedsReconcile
 		r.emit(ctx, ev)
 		return &Outcome{Record: rec}, fmt.Errorf("%w: key %q", ErrNeedsReconcile, req.Key)
@@ -167,7 +168,7 @@ func (r *Runner) admit(ctx context.Context, flow AnyFlow, req Request) (*Outcome
 // the statement's snapshot but was not taken was just locked by someone
 // else: one second. It is the one place a retry delay is computed; adapters
 // only format it.
-func retryAfter(rec *KeyRecord, now time.Time, limit time.Duration) time.Duration {
+func retryAfter(rec *idemtype.KeyRecord, now time.Time, limit time.Duration) time.Duration {
 	if rec.LeaseExpiresAt == nil || !rec.LeaseExpiresAt.After(now) {
 		return time.Second
 	}
@@ -180,6 +181,6 @@ func retryAfter(rec *KeyRecord, now time.Time, limit time.Duration) time.Duratio
 // first used for: the same flow, method, path and payload fingerprint (a
 // key v0.1.0 finished is replayed to any payload, having no fingerprint of
 // today's scheme).
-func sameRequest(rec *KeyRecord, flow AnyFlow, req Request, p *prepared) bool {
+func sameRequest(rec *idemtype.KeyRecord, flow AnyFlow, req Request, p *prepared) bool {
 	return rec.Flow == flow.Name() && rec.Method == req.Method && rec.Path == req.Path && (rec.SameRequest(p.fingerprints) || rec.FromV01())
 }

@@ -9,6 +9,8 @@ import (
 	"fmt"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
+	"github.com/go-idem/idem/internal/hooks"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -78,11 +80,11 @@ func (r *Runner) phaseBody(h *held) body {
 				return res, r.commitFor(h, res), nil
 			}
 			// The phase's work is done and its commit is the next phase's.
-			if err := r.hook(ctx, h, HookBeforeCommit); err != nil {
+			if err := r.hook(ctx, h, hooks.BeforeCommit); err != nil {
 				return res, nil, err
 			}
 			h.phase++
-			if err := r.hook(ctx, h, HookPhaseStart); err != nil {
+			if err := r.hook(ctx, h, hooks.PhaseStart); err != nil {
 				return res, nil, err
 			}
 		}
@@ -97,7 +99,7 @@ func (r *Runner) commitFor(h *held, res Result) *idemdriver.CommitParams {
 		Flow:            h.rec.Flow,
 		Generation:      h.rec.Generation,
 		RecoveryPoint:   h.phaseName(),
-		Status:          StatusRunning,
+		Status:          idemtype.StoredRunning,
 		CheckpointPatch: h.patch,
 		Retention:       r.config.Retention,
 		Now:             r.now(),
@@ -106,7 +108,7 @@ func (r *Runner) commitFor(h *held, res Result) *idemdriver.CommitParams {
 		cp.Retention = h.flow.retentionOr(cp.Retention)
 	}
 	if res.Responds() {
-		cp.RecoveryPoint, cp.Status, cp.Response = RecoveryPointFinished, StatusFinished, res.response
+		cp.RecoveryPoint, cp.Status, cp.Response = idemtype.RecoveryPointFinished, idemtype.StoredFinished, res.response
 	}
 	return cp
 }

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // Sentinel errors. Callers branch with errors.Is. An error may wrap more than
@@ -16,7 +16,7 @@ var (
 	// ErrInvalidRequest: the request itself is unusable (empty scope, a key
 	// that is not 1-255 printable ASCII characters, params that do not decode
 	// into the flow's input). Nothing was written.
-	ErrInvalidRequest = idemdriver.ErrInvalidRequest
+	ErrInvalidRequest = idemtype.ErrInvalidRequest
 
 	// ErrInvalidParams: the params do not decode into the flow's input, are
 	// JSON that Fingerprint refuses, or hold what the key store cannot keep
@@ -41,11 +41,11 @@ var (
 	// ErrLockLost: the lease was taken over (or the key force-unlocked) while
 	// this worker ran; its uncommitted phase was rolled back. Another worker
 	// owns the request now.
-	ErrLockLost = idemdriver.ErrLockLost
+	ErrLockLost = idemtype.ErrLockLost
 
 	// ErrStoreUnavailable: the database could not be reached. When it happens
 	// before acquisition no phase ran (fail closed).
-	ErrStoreUnavailable = idemdriver.ErrStoreUnavailable
+	ErrStoreUnavailable = idemtype.ErrStoreUnavailable
 
 	// ErrPhaseFailed: a phase returned an error or panicked. Its transaction
 	// rolled back, the lock was released and no response was stored, so a
@@ -59,7 +59,7 @@ var (
 
 	// ErrSerialization is what a store maps serialization failures and
 	// deadlocks to; the runner retries phases that fail with it.
-	ErrSerialization = idemdriver.ErrSerialization
+	ErrSerialization = idemtype.ErrSerialization
 
 	// ErrSecondForeignCall: a phase called Attempt.Foreign twice. A phase may
 	// make at most one foreign call, so that a crash between two calls can
@@ -98,18 +98,12 @@ var (
 	ErrUndecodableParams = errors.New("idem: the params stored with the key do not decode into the flow's input")
 
 	// ErrNotFound: no key with that scope and key exists.
-	ErrNotFound = idemdriver.ErrNotFound
+	ErrNotFound = idemtype.ErrNotFound
 
 	// ErrPhaseOwnsTx is what Commit and Rollback of [Attempt.PgxTx] return:
 	// only the runner ends a phase's transaction, together with the key's
 	// recovery point.
-	ErrPhaseOwnsTx = idemdriver.ErrPhaseOwnsTx
-
-	// ErrSimulatedCrash is returned by a Config.Test.Hook to make the runner
-	// behave as if its process died at that point: the open transaction is
-	// rolled back (as the server would on a dropped connection) and nothing is
-	// released. Only tests produce it.
-	ErrSimulatedCrash = errors.New("idem: simulated crash")
+	ErrPhaseOwnsTx = idemtype.ErrPhaseOwnsTx
 )
 
 // ErrNoReconcileHook: a key's not-idempotent call is in doubt at a phase that
@@ -119,23 +113,23 @@ var (
 // Runner.Reconcile refuses such a key before claiming it, so it moves no
 // counter (neither its fence nor its attempts) and stays as it is, in
 // needs_reconcile, for a binary that has the hook. The error is a
-// *MissingHookError, which names the flow and the phase, and it also wraps
+// *NoReconcileHookError, which names the flow and the phase, and it also wraps
 // ErrNeedsReconcile. [Runner.CheckReconcileHooks] finds such keys up front.
 var ErrNoReconcileHook = errors.New("idem: no reconcile hook")
 
-// MissingHookError is the error of [ErrNoReconcileHook]: Flow's phase Phase
+// NoReconcileHookError is the error of [ErrNoReconcileHook]: Flow's phase Phase
 // has no Reconcile hook in this binary.
-type MissingHookError struct {
+type NoReconcileHookError struct {
 	Flow, Phase string
 }
 
-func (e *MissingHookError) Error() string {
+func (e *NoReconcileHookError) Error() string {
 	return fmt.Sprintf("idem: flow %q phase %q has a call in doubt but no Reconcile hook in this binary; "+
 		"reconcile it with a binary whose phase is ForeignNotIdempotent with a Reconcile hook (the key is left as it is)", e.Flow, e.Phase)
 }
 
 // Unwrap returns ErrNoReconcileHook.
-func (e *MissingHookError) Unwrap() error { return ErrNoReconcileHook }
+func (e *NoReconcileHookError) Unwrap() error { return ErrNoReconcileHook }
 
 // ErrTooManyKeys: Config.Admit refused to let the request create a new key
 // (the scope has too many). Nothing was written; retry after

@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // upgradeOrder is an order flow of three phases, each committing alone: the
@@ -87,7 +88,7 @@ func exploreUpgradeChecking(t *testing.T, payments *idemtest.Provider, prev, nex
 		PreviousFlow: prev,
 		Input:        rideInput{Origin: "home"},
 		Providers:    []idemtest.FakeProvider{payments},
-		Check: func(ctx context.Context, key *idem.KeyRecord) error {
+		Check: func(ctx context.Context, key *idemtype.KeyRecord) error {
 			var orderID int64
 			if err := json.Unmarshal(key.Checkpoint["order_id"], &orderID); err != nil {
 				return fmt.Errorf("order_id checkpoint: %w", err)

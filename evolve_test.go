@@ -9,6 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/testfixture"
 )
 
@@ -82,17 +84,16 @@ func (b *evolveBundle) v1(t *testing.T) *idem.Flow[evolveInput] {
 }
 
 // strand leaves key in flight under flow: it crashes at where in phase.
-func (b *evolveBundle) strand(t *testing.T, flow *idem.Flow[evolveInput], key, phase string, where idem.HookWhere) {
+func (b *evolveBundle) strand(t *testing.T, flow *idem.Flow[evolveInput], key, phase string, where idemtest.HookWhere) {
 	t.Helper()
-	r := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{flow}, Test: idem.TestConfig{Now: b.clock.Now,
-		Hook: func(_ context.Context, at idem.HookPoint) error {
-			if at.Phase == phase && at.Where == where {
-				return idem.ErrSimulatedCrash
-			}
-			return nil
-		}}})
+	r := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{flow}, Test: idemtest.WithHook(idem.TestConfig{Now: b.clock.Now}, func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Phase == phase && at.Where == where {
+			return idemtest.ErrSimulatedCrash
+		}
+		return nil
+	})})
 	_, err := r.Execute(context.Background(), flow, idem.Request{Scope: "s", Key: key, Method: "POST", Path: "/orders", Params: evolveInput{Amount: 10}})
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 }
 
 // finish retries key under flow once the dead worker's lease is over.
@@ -123,13 +124,13 @@ func (b *evolveBundle) steps(t *testing.T, key string) []string {
 var inFlight = []struct {
 	name  string
 	phase string
-	where idem.HookWhere
+	where idemtest.HookWhere
 }{
-	{"at started", "reserve", idem.HookPhaseStart},
-	{"at reserve", "charge", idem.HookPhaseStart},
-	{"mid-call", "charge", idem.HookAfterForeign},
-	{"at charge", "notify", idem.HookPhaseStart},
-	{"at notify", "respond", idem.HookPhaseStart},
+	{"at started", "reserve", idemtest.HookPhaseStart},
+	{"at reserve", "charge", idemtest.HookPhaseStart},
+	{"mid-call", "charge", idemtest.HookAfterForeign},
+	{"at charge", "notify", idemtest.HookPhaseStart},
+	{"at notify", "respond", idemtest.HookPhaseStart},
 }
 
 // Each change a team makes to a flow, with keys in flight at every recovery
@@ -236,7 +237,7 @@ func TestUndeclaredFlowChangesStrandKeys(t *testing.T) {
 	t.Parallel()
 	b := setupEvolve(t)
 	old := b.v1(t)
-	b.strand(t, old, "k", "notify", idem.HookPhaseStart) // at charge
+	b.strand(t, old, "k", "notify", idemtest.HookPhaseStart) // at charge
 	renamed := b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.charge("charge_card"), b.step("notify"), b.respond("respond")}, nil)
 	_, err := b.finish(t, renamed, "k")
 	require.ErrorIs(t, err, idem.ErrUnknownRecoveryPoint)
@@ -266,7 +267,7 @@ func TestFormerAndRetiredNamesAreChecked(t *testing.T) {
 	}
 	// A retired phase may stand for a former name, or for the start.
 	_, err := idem.NewFlow("f", []idem.Phase[evolveInput]{b.charge("a", "old_a"), b.respond("c")},
-		&idem.FlowConfig[evolveInput]{RetiredPhases: map[string]string{"x": "old_a", "y": idem.RecoveryPointStarted}})
+		&idem.FlowConfig[evolveInput]{RetiredPhases: map[string]string{"x": "old_a", "y": idemtype.RecoveryPointStarted}})
 	require.NoError(t, err)
 }
 
@@ -279,8 +280,8 @@ func TestCheckFlowChange(t *testing.T) {
 	sms := func(name string, former ...string) idem.Phase[evolveInput] {
 		p := b.charge(name, former...)
 		p.Foreign = idem.ForeignNotIdempotent
-		p.Reconcile = func(context.Context, idem.Tx, *idem.Attempt[evolveInput]) (idem.Reconciliation, error) {
-			return idem.Reconciliation{}, nil
+		p.Reconcile = func(context.Context, idem.Tx, *idem.Attempt[evolveInput]) (idem.ReconcileVerdict, error) {
+			return idem.ReconcileVerdict{}, nil
 		}
 		return p
 	}
@@ -349,9 +350,9 @@ func TestCheckResumableReportsStrandedKeys(t *testing.T) {
 	t.Parallel()
 	b := setupEvolve(t)
 	old := b.v1(t)
-	b.strand(t, old, "a", "notify", idem.HookPhaseStart) // at charge
-	b.strand(t, old, "b", "notify", idem.HookPhaseStart) // at charge
-	b.strand(t, old, "c", "charge", idem.HookPhaseStart) // at reserve
+	b.strand(t, old, "a", "notify", idemtest.HookPhaseStart) // at charge
+	b.strand(t, old, "b", "notify", idemtest.HookPhaseStart) // at charge
+	b.strand(t, old, "c", "charge", idemtest.HookPhaseStart) // at reserve
 
 	undeclared := b.flow(t, []idem.Phase[evolveInput]{b.step("reserve"), b.charge("charge_card"), b.step("notify"), b.respond("respond")}, nil)
 	var events []idem.Event

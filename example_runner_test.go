@@ -36,7 +36,8 @@ var createOrder = idem.MustNewFlow("orders.create", []idem.Phase[OrderParams]{
 		return idem.Advance(), run.SetCheckpoint("order_id", id)
 	}},
 	{Name: "charged", Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[OrderParams]) (idem.Result, error) {
-		orderID, _, err := idem.CheckpointOf[int64](run, "order_id") // order_created set it
+		var orderID int64
+		_, err := run.Checkpoint("order_id", &orderID) // order_created set it
 		if err != nil {
 			return idem.Result{}, err
 		}
@@ -175,9 +176,9 @@ func ExampleRunner_Execute() {
 	// replayed 201 {"order_id":1}
 }
 
-// Flow.Execute takes the flow's input typed: an input of another type does
+// idem.Execute takes the flow's input typed: an input of another type does
 // not compile, where Request.Params would fail at run time.
-func ExampleFlow_Execute() {
+func ExampleExecute() {
 	ctx := context.Background()
 	schema, err := idemtest.OpenSchema(ctx)
 	if err != nil {
@@ -197,9 +198,9 @@ func ExampleFlow_Execute() {
 		log.Fatal(err)
 	}
 
-	out, err := createOrder.Execute(ctx, runner, idem.Request{Scope: "customer:42", Key: "order-1"}, OrderParams{SKU: "rocket", Quantity: 2})
+	out, err := idem.Execute(ctx, runner, createOrder, idem.Request{Scope: "customer:42", Key: "order-1"}, OrderParams{SKU: "rocket", Quantity: 2})
 	fmt.Println(out.Kind, err)
-	_, err = createOrder.Execute(ctx, runner, idem.Request{Scope: "customer:42", Key: "order-2", Params: OrderParams{}}, OrderParams{})
+	_, err = idem.Execute(ctx, runner, createOrder, idem.Request{Scope: "customer:42", Key: "order-2", Params: OrderParams{}}, OrderParams{})
 	fmt.Println(errors.Is(err, idem.ErrInvalidParams))
 	// Output:
 	// executed <nil>

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // A finished key past its expiry is absent, whether or not the reaper has
@@ -48,7 +49,7 @@ func TestExpiredKeyIsNotReplayed(t *testing.T) {
 
 	// A listing shows an expired key until it is replaced or reaped.
 	b.clock.Advance(time.Hour)
-	list, err := r.ListKeys(ctx, idem.KeyQuery{AllScopes: true, State: idem.KeyStateExpired})
+	list, err := r.ListKeys(ctx, idemtype.KeyQuery{AllScopes: true, State: idemtype.KeyStateExpired})
 	require.NoError(t, err)
 	require.Len(t, list.Keys, 1)
 }

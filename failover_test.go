@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 	"github.com/go-idem/idem/internal/testfixture"
 	"github.com/go-idem/idem/migrations"
@@ -82,16 +83,16 @@ func TestFailoverRunnerAndMaintainerCarryOn(t *testing.T) {
 	runner := b.runner(t, &idem.Config{
 		Logger:   slog.New(slog.DiscardHandler),
 		Observer: events,
-		Test: idem.TestConfig{Hook: func(_ context.Context, at idem.HookPoint) error {
+		Test: idemtest.WithHook(idem.TestConfig{}, func(_ context.Context, at idemtest.HookPoint) error {
 			crash := false
-			if at.Key.Key == "abandoned" && at.Phase == "charge_created" && at.Where == idem.HookPhaseStart {
+			if at.Key.Key == "abandoned" && at.Phase == "charge_created" && at.Where == idemtest.HookPhaseStart {
 				crashOnce.Do(func() { crash = true })
 			}
 			if crash {
-				return idem.ErrSimulatedCrash
+				return idemtest.ErrSimulatedCrash
 			}
 			return nil
-		}},
+		}),
 	})
 	maintainerConfig := &idem.MaintainerConfig{
 		ReapInterval: 20 * time.Millisecond, CompleteInterval: 20 * time.Millisecond, ReconcileInterval: -1,
@@ -112,7 +113,7 @@ func TestFailoverRunnerAndMaintainerCarryOn(t *testing.T) {
 	_, err = execute(ctx, "finished")
 	require.NoError(t, err)
 	_, err = execute(ctx, "abandoned")
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	inFlight := make(chan error, 1)
 	go func() {
 		_, err := execute(ctx, "in-flight")
@@ -173,7 +174,7 @@ func TestFailoverRunnerAndMaintainerCarryOn(t *testing.T) {
 	lease := runner.Config().Lease
 	for _, key := range []string{"in-flight", "abandoned"} {
 		rec := b.key(t, key)
-		require.Equal(t, idem.StatusRunning, rec.Status, key)
+		require.Equal(t, idemtype.StoredRunning, rec.Status, key)
 		require.True(t, b.clock.Now().Add(lease).Equal(*rec.LeaseExpiresAt), "%s: lease until %s", key, rec.LeaseExpiresAt)
 	}
 	out, err := execute(ctx, "in-flight")
@@ -193,7 +194,7 @@ func TestFailoverRunnerAndMaintainerCarryOn(t *testing.T) {
 	events.waitFor(ctx, t, "the completer finishes the abandoned request", func(l *eventLog) bool {
 		return l.completed["abandoned"] > 0
 	})
-	require.Equal(t, idem.StatusFinished, b.key(t, "abandoned").Status)
+	require.Equal(t, idemtype.StoredFinished, b.key(t, "abandoned").Status)
 
 	// And its reaper deletes every key once their retention is over.
 	b.clock.Advance(runner.Config().Retention + time.Second)

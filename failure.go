@@ -7,6 +7,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
+	"github.com/go-idem/idem/idemtype"
 )
 
 // fail ends a held request that could not finish.
@@ -91,7 +93,7 @@ func (r *Runner) toNeedsReconcile(ctx context.Context, h *held, reason string) (
 		r.emit(ctx, h.event(EventStoreError, err))
 		return h.outcome(nil), err
 	}
-	h.rec.Status = StatusNeedsReconcile
+	h.rec.Status = idemtype.StoredNeedsReconcile
 	r.emit(ctx, h.event(EventNeedsReconcile, nil))
 	r.log.WarnContext(ctx, "idem: key needs reconciliation", h.logAttrs("flow", h.rec.Flow, "reason", reason)...)
 	return h.outcome(nil), fmt.Errorf("%w: key %q: %s", ErrNeedsReconcile, h.rec.Key, reason)

@@ -15,6 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -198,17 +200,17 @@ func TestRetriedFinalPhaseKeepsItsHeartbeat(t *testing.T) {
 func TestLostAckOfFinalCommitReportsTheResponse(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	r := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: func(_ context.Context, at idem.HookPoint) error {
-		if at.Where == idem.HookAfterCommit && at.Phase == "receipt_enqueued" {
+	r := b.runner(t, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Where == idemtest.HookAfterCommit && at.Phase == "receipt_enqueued" {
 			return errors.New("connection reset while reading the COMMIT reply")
 		}
 		return nil
-	}}})
+	})})
 	out, err := r.Execute(context.Background(), b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.Equal(t, http.StatusCreated, out.Response.Status)
-	require.Equal(t, idem.StatusFinished, b.key(t, "k1").Status)
+	require.Equal(t, idemtype.StoredFinished, b.key(t, "k1").Status)
 }
 
 // The first answer is exactly what every replay gets: headers that are never
@@ -244,15 +246,12 @@ func TestWorkerPausedPastItsLeaseDoesNotMakeItsCall(t *testing.T) {
 	b := setupSMS(t)
 	ctx := context.Background()
 	var clock = b.clock
-	r := b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Test: idem.TestConfig{
-		Now: clock.Now,
-		Hook: func(_ context.Context, at idem.HookPoint) error {
-			if at.Where == idem.HookBeforeForeign && at.Key.Attempts == 1 {
-				clock.Advance(2 * idem.LeaseDefault) // a long GC pause
-			}
-			return nil
-		},
-	}})
+	r := b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Test: idemtest.WithHook(idem.TestConfig{Now: clock.Now}, func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Where == idemtest.HookBeforeForeign && at.Key.Attempts == 1 {
+			clock.Advance(2 * idem.LeaseDefault) // a long GC pause
+		}
+		return nil
+	})})
 	out, err := r.Execute(ctx, b.flow, b.req("k1"))
 	require.ErrorIs(t, err, idem.ErrLockLost)
 	require.Equal(t, idem.OutcomeLockLost, out.Kind)
@@ -317,7 +316,7 @@ func TestPhaseThatCommitsThroughItsConnectionFails(t *testing.T) {
 	out, err := r.Execute(context.Background(), flow, b.request("k1", rideInput{Origin: "SF"}))
 	require.ErrorIs(t, err, pgstore.ErrPhaseEndedTx)
 	require.Equal(t, idem.OutcomeFailed, out.Kind)
-	require.Equal(t, idem.RecoveryPointStarted, b.key(t, "k1").RecoveryPoint, "no recovery point without the phase's transaction")
+	require.Equal(t, idemtype.RecoveryPointStarted, b.key(t, "k1").RecoveryPoint, "no recovery point without the phase's transaction")
 }
 
 // Input the database refuses in a later phase is a phase failure, not "bad

@@ -9,8 +9,8 @@ import (
 	"github.com/go-idem/idem/internal/canonical"
 )
 
-// MinFingerprintKeyLength is the shortest Config.FingerprintKey (and
-// PreviousFingerprintKeys entry) accepted: 32 bytes, as much as the hash.
+// MinFingerprintKeyLength is the shortest key of Config.FingerprintKeys
+// accepted: 32 bytes, as much as the hash.
 const MinFingerprintKeyLength = 32
 
 // fingerprintScheme is the first byte of every fingerprint: a request's
@@ -22,7 +22,7 @@ const MinFingerprintKeyLength = 32
 // numbers do not change it, any change of value does). The decoded input
 // type plays no part in it, so a deploy that changes the flow's input type
 // does not change it. (v0.1.0's fingerprints, over the decoded input, were
-// 32 bytes without a scheme byte; see idemdriver.KeyRecord.FromV01.)
+// 32 bytes without a scheme byte; see idemtype.KeyRecord.FromV01.)
 //
 // The encoding is unambiguous: a flow name has no 0x00, and the target ends
 // at the first 0x00 after it (a request target has no 0x00 either).
@@ -76,12 +76,18 @@ const fingerprintMaxBuffer = 1 << 20
 var fingerprintBuffers = sync.Pool{New: func() any { return new([]byte) }}
 
 // fingerprintKeys are the keys a request is fingerprinted with: the current
-// one (nil: unkeyed), then the earlier ones (PreviousFingerprintKeys, and
-// unkeyed with AcceptUnkeyedFingerprints).
+// one (nil: unkeyed), then the earlier ones (the keyring's others, and
+// unkeyed with its AcceptUnkeyed).
 func (c *Config) fingerprintKeys() [][]byte {
-	keys := append(make([][]byte, 0, 2+len(c.PreviousFingerprintKeys)), c.FingerprintKey)
-	keys = append(keys, c.PreviousFingerprintKeys...)
-	if c.AcceptUnkeyedFingerprints && len(c.FingerprintKey) > 0 {
+	k := c.FingerprintKeys
+	if k == nil {
+		return [][]byte{nil}
+	}
+	keys := make([][]byte, 0, 1+len(k.Keys))
+	for _, id := range k.IDs() {
+		keys = append(keys, k.Keys[id])
+	}
+	if k.AcceptUnkeyed {
 		keys = append(keys, nil)
 	}
 	return keys

@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // Fingerprints are over what the caller passed: JSON params are
@@ -43,17 +45,17 @@ func TestGoAPIFingerprintsWhatTheCallerPassed(t *testing.T) {
 	require.Equal(t, idem.OutcomeReplayed, out.Kind, "same JSON, after the input type gained a field")
 
 	// A struct is fingerprinted as its JSON: that of the new type differs.
-	_, err = b.flow.Execute(ctx, r, idem.Request{Scope: "u", Key: "struct"}, rideInput{Origin: "SF", Amount: 5})
+	_, err = idem.Execute(ctx, r, b.flow, idem.Request{Scope: "u", Key: "struct"}, rideInput{Origin: "SF", Amount: 5})
 	require.NoError(t, err)
-	_, err = v2.Execute(ctx, r2, idem.Request{Scope: "u", Key: "struct"}, rideV2{Origin: "SF", Amount: 5})
+	_, err = idem.Execute(ctx, r2, v2, idem.Request{Scope: "u", Key: "struct"}, rideV2{Origin: "SF", Amount: 5})
 	require.ErrorIs(t, err, idem.ErrMismatch)
 	// ... unless the caller passes what it received as Payload.
-	_, err = b.flow.Execute(ctx, r, idem.Request{Scope: "u", Key: "payload", Payload: body}, rideInput{Origin: "SF", Amount: 5})
+	_, err = idem.Execute(ctx, r, b.flow, idem.Request{Scope: "u", Key: "payload", Payload: body}, rideInput{Origin: "SF", Amount: 5})
 	require.NoError(t, err)
-	out, err = v2.Execute(ctx, r2, idem.Request{Scope: "u", Key: "payload", Payload: body}, rideV2{Origin: "SF", Amount: 5, Note: "server"})
+	out, err = idem.Execute(ctx, r2, v2, idem.Request{Scope: "u", Key: "payload", Payload: body}, rideV2{Origin: "SF", Amount: 5, Note: "server"})
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeReplayed, out.Kind)
-	_, err = v2.Execute(ctx, r2, idem.Request{Scope: "u", Key: "payload", Payload: []byte(`{"origin":"LA","amount":5}`)}, rideV2{Origin: "SF", Amount: 5})
+	_, err = idem.Execute(ctx, r2, v2, idem.Request{Scope: "u", Key: "payload", Payload: []byte(`{"origin":"LA","amount":5}`)}, rideV2{Origin: "SF", Amount: 5})
 	require.ErrorIs(t, err, idem.ErrMismatch, "another payload")
 
 	// The target is bound to the key.
@@ -82,9 +84,9 @@ func TestRetryOnlyContinuesTheKeyOfItsPayload(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	body := []byte(`{"origin":"SF","amount":20}`)
-	crash := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charge_created")}})
+	crash := b.runner(t, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookPhaseStart, "charge_created"))})
 	_, err := crash.Execute(ctx, b.flow, idem.Request{Scope: "user:1", Key: "k1", Params: body})
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	b.clock.Advance(time.Hour)
 	var amounts []float64
 	b.hooks["charge_created"] = func(_ context.Context, _ idem.Tx, run *idem.Attempt[rideInput]) error {
@@ -149,14 +151,14 @@ var (
 	fingerprintKey2 = bytes.Repeat([]byte{9}, 32)
 )
 
-// Config.FingerprintKey makes fingerprints an HMAC under a server secret,
+// Config.FingerprintKeys makes fingerprints an HMAC under a server secret,
 // so a stored fingerprint of a card number cannot be inverted by trying
 // every number.
 func TestFingerprintKeyedWithAServerSecret(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	r := b.runner(t, &idem.Config{FingerprintKey: fingerprintKey})
+	r := b.runner(t, &idem.Config{FingerprintKeys: &idemtype.Keyring{Current: "k1", Keys: map[string][]byte{"k1": fingerprintKey}}})
 	_, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 5}))
 	require.NoError(t, err)
 
@@ -175,10 +177,17 @@ func TestFingerprintKeyedWithAServerSecret(t *testing.T) {
 	_, err = r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 6}))
 	require.ErrorIs(t, err, idem.ErrMismatch)
 
-	for _, cfg := range []*idem.Config{{FingerprintKey: []byte("short")}, {PreviousFingerprintKeys: [][]byte{[]byte("short")}}} {
-		_, err = idem.NewRunner(b.storeFor(t), cfg)
-		require.ErrorContains(t, err, "under 32")
+	for name, k := range map[string]*idemtype.Keyring{
+		"short current":   {Current: "k1", Keys: map[string][]byte{"k1": []byte("short")}},
+		"short earlier":   {Current: "k1", Keys: map[string][]byte{"k1": fingerprintKey, "k0": []byte("short")}},
+		"unknown current": {Current: "k2", Keys: map[string][]byte{"k1": fingerprintKey}},
+		"bad id":          {Current: "k 1", Keys: map[string][]byte{"k 1": fingerprintKey}},
+	} {
+		_, err = idem.NewRunner(b.storeFor(t), &idem.Config{FingerprintKeys: k})
+		require.ErrorContains(t, err, "FingerprintKeys", name)
 	}
+	_, err = idem.NewRunner(b.storeFor(t), &idem.Config{FingerprintKeys: &idemtype.Keyring{Current: "k1", Keys: map[string][]byte{"k1": []byte("short")}}})
+	require.ErrorContains(t, err, "under 32")
 }
 
 // Switching fingerprints: keys made before the switch no longer match their
@@ -189,23 +198,25 @@ func TestSwitchingToAFingerprintKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	before := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "receipt_enqueued")}})
+	before := b.runner(t, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookPhaseStart, "receipt_enqueued"))})
 	_, err := before.Execute(ctx, b.flow, b.request("in-flight", rideInput{Origin: "SF", Amount: 5}))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	_, err = b.runner(t, nil).Execute(ctx, b.flow, b.request("finished", rideInput{Origin: "SF", Amount: 5}))
 	require.NoError(t, err)
 	inFlight := b.key(t, "in-flight")
 	b.clock.Advance(time.Hour) // the crashed worker's lease is long gone
 
 	// A switch that accepts nothing older: retries of older keys mismatch.
-	strict := b.runner(t, &idem.Config{FingerprintKey: fingerprintKey})
+	strict := b.runner(t, &idem.Config{FingerprintKeys: &idemtype.Keyring{Current: "k1", Keys: map[string][]byte{"k1": fingerprintKey}}})
 	for _, key := range []string{"in-flight", "finished"} {
 		_, err := strict.Execute(ctx, b.flow, b.request(key, rideInput{Origin: "SF", Amount: 5}))
 		require.ErrorIs(t, err, idem.ErrMismatch, key)
 	}
 
 	// The safe switch.
-	r := b.runner(t, &idem.Config{FingerprintKey: fingerprintKey, AcceptUnkeyedFingerprints: true})
+	r := b.runner(t, &idem.Config{FingerprintKeys: &idemtype.Keyring{
+		Current: "k1", Keys: map[string][]byte{"k1": fingerprintKey}, AcceptUnkeyed: true,
+	}})
 	out, err := r.Execute(ctx, b.flow, b.request("in-flight", rideInput{Origin: "SF", Amount: 5}))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
@@ -218,10 +229,12 @@ func TestSwitchingToAFingerprintKey(t *testing.T) {
 	_, err = r.Execute(ctx, b.flow, b.request("finished", rideInput{Origin: "LA", Amount: 5}))
 	require.ErrorIs(t, err, idem.ErrMismatch, "other params are still another request")
 
-	// Rotating the key: the old one listed as previous.
+	// Rotating the key: the old one kept in Keys.
 	_, err = r.Execute(ctx, b.flow, b.request("keyed", rideInput{Origin: "SF", Amount: 5}))
 	require.NoError(t, err)
-	rotated := b.runner(t, &idem.Config{FingerprintKey: fingerprintKey2, PreviousFingerprintKeys: [][]byte{fingerprintKey}})
+	rotated := b.runner(t, &idem.Config{FingerprintKeys: &idemtype.Keyring{
+		Current: "k2", Keys: map[string][]byte{"k1": fingerprintKey, "k2": fingerprintKey2},
+	}})
 	out, err = rotated.Execute(ctx, b.flow, b.request("keyed", rideInput{Origin: "SF", Amount: 5}))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeReplayed, out.Kind)

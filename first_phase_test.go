@@ -10,6 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // A new key commits on its own before its first phase: a worker that dies
@@ -23,7 +25,7 @@ func TestNewKeyCommitsBeforeItsFirstPhase(t *testing.T) {
 	var mu sync.Mutex
 	created := 0
 	crash := b.runner(t, &idem.Config{
-		Test: idem.TestConfig{Hook: crashAt(idem.HookBeforeCommit, "ride_created")},
+		Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookBeforeCommit, "ride_created")),
 		Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) {
 			if e.Kind == idem.EventCreated {
 				mu.Lock()
@@ -33,10 +35,10 @@ func TestNewKeyCommitsBeforeItsFirstPhase(t *testing.T) {
 		}),
 	})
 	_, err := crash.Execute(ctx, b.flow, req)
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	require.Equal(t, 1, created)
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.RecoveryPointStarted, rec.RecoveryPoint, "the key committed before the phase")
+	require.Equal(t, idemtype.RecoveryPointStarted, rec.RecoveryPoint, "the key committed before the phase")
 	require.NotNil(t, rec.LockedAt, "a crash releases nothing")
 	require.Zero(t, b.countRows(t, "rides"), "the phase's writes rolled back")
 
@@ -69,7 +71,7 @@ func TestDuplicateDuringTheFirstPhase(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrInProgress)
 	require.Equal(t, idem.OutcomeInProgress, out.Kind)
 	require.NotNil(t, out.Record, "the key is committed and shows")
-	require.Equal(t, idem.RecoveryPointStarted, out.Record.RecoveryPoint)
+	require.Equal(t, idemtype.RecoveryPointStarted, out.Record.RecoveryPoint)
 	require.GreaterOrEqual(t, out.RetryAfter, time.Second)
 	other := b.request("k1", rideInput{Origin: "LA", Amount: 20})
 	out, err = r.Execute(dctx, b.flow, other)
@@ -154,8 +156,8 @@ func TestFailedFirstPhaseIsRecordedOnItsKey(t *testing.T) {
 	_, err := b.runner(t, nil).Execute(ctx, b.flow, req)
 	require.ErrorContains(t, err, "the fraud check is down")
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusRunning, rec.Status)
-	require.Equal(t, idem.RecoveryPointStarted, rec.RecoveryPoint)
+	require.Equal(t, idemtype.StoredRunning, rec.Status)
+	require.Equal(t, idemtype.RecoveryPointStarted, rec.RecoveryPoint)
 	require.Nil(t, rec.LockedAt, "released")
 	require.Contains(t, rec.LastError, "the fraud check is down")
 	require.Equal(t, int64(1), rec.Fence)

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/go-idem/idem/idemtype"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -41,12 +42,12 @@ type FlowConfig[In any] struct {
 	// the reaper may delete it. Zero uses Config.Retention (default 24h).
 	Retention time.Duration
 
-	// AbandonAfter is how long after its creation an unfinished key of this
-	// flow is abandoned (see Config.AbandonAfter). Zero uses
-	// Config.AbandonAfter (default 7 days); negative keeps this flow's
+	// UnfinishedRetention is how long after its creation an unfinished key
+	// of this flow is kept (see Config.UnfinishedRetention). Zero uses
+	// Config.UnfinishedRetention (default 7 days); negative keeps this flow's
 	// unfinished keys forever. It applies to flows registered in
 	// Config.Flows, which is how the reaper knows them.
-	AbandonAfter time.Duration
+	UnfinishedRetention time.Duration
 
 	// Store says what of a request's input is stored with its key (the
 	// params column), for a completer or a reconcile run to re-drive the
@@ -63,7 +64,7 @@ type FlowConfig[In any] struct {
 	// NoRedrive says that what Store keeps cannot re-drive the flow: its
 	// phases need what it drops. The completer then never picks up this
 	// flow's keys; an unfinished key waits for its client's retry, which
-	// brings the whole input, or is abandoned (AbandonAfter). A reconcile
+	// brings the whole input, or is abandoned (UnfinishedRetention). A reconcile
 	// run still settles a phase in doubt (its hook sees the stored input),
 	// then leaves the key for the client's retry instead of running later
 	// phases, and says so with ErrNoRedrive.
@@ -105,12 +106,12 @@ func NewFlow[In any](name string, phases []Phase[In], config *FlowConfig[In]) (*
 		return nil, fmt.Errorf("idem: flow %q: negative retention", name)
 	}
 	f := &Flow[In]{name: name, phases: append([]Phase[In](nil), phases...), index: map[string]int{}, retired: map[string]int{},
-		retention: config.Retention, abandon: config.AbandonAfter, store: config.Store, noRedrive: config.NoRedrive}
+		retention: config.Retention, abandon: config.UnfinishedRetention, store: config.Store, noRedrive: config.NoRedrive}
 	for i, p := range f.phases {
 		switch {
 		case !phaseNamePattern.MatchString(p.Name):
 			return nil, fmt.Errorf("idem: flow %q phase %d: name %q: use lowercase letters, digits and _ starting with a letter, at most 64", name, i, p.Name)
-		case p.Name == RecoveryPointStarted || p.Name == RecoveryPointFinished:
+		case p.Name == idemtype.RecoveryPointStarted || p.Name == idemtype.RecoveryPointFinished:
 			return nil, fmt.Errorf("idem: flow %q: %q is a reserved recovery point, not a phase name", name, p.Name)
 		case p.Do == nil:
 			return nil, fmt.Errorf("idem: flow %q phase %q has no Do function", name, p.Name)
@@ -146,13 +147,13 @@ func NewFlow[In any](name string, phases []Phase[In], config *FlowConfig[In]) (*
 		if err := f.checkNewName(retired); err != nil {
 			return nil, fmt.Errorf("idem: flow %q: retired phase: %w", name, err)
 		}
-		next, ok := 0, point == RecoveryPointStarted
+		next, ok := 0, point == idemtype.RecoveryPointStarted
 		if i, known := f.index[point]; known {
 			next, ok = i+1, true
 		}
 		switch {
 		case !ok:
-			return nil, fmt.Errorf("idem: flow %q: retired phase %q stands for %q, which is neither %q nor a phase of the flow", name, retired, point, RecoveryPointStarted)
+			return nil, fmt.Errorf("idem: flow %q: retired phase %q stands for %q, which is neither %q nor a phase of the flow", name, retired, point, idemtype.RecoveryPointStarted)
 		case next >= len(f.phases):
 			return nil, fmt.Errorf("idem: flow %q: retired phase %q stands for %q, the last phase: nothing would be left to run", name, retired, point)
 		}
@@ -167,7 +168,7 @@ func (f *Flow[In]) checkNewName(n string) error {
 	switch _, taken := f.index[n]; {
 	case !phaseNamePattern.MatchString(n):
 		return fmt.Errorf("name %q: use lowercase letters, digits and _ starting with a letter, at most 64", n)
-	case n == RecoveryPointStarted || n == RecoveryPointFinished:
+	case n == idemtype.RecoveryPointStarted || n == idemtype.RecoveryPointFinished:
 		return fmt.Errorf("%q is a reserved recovery point", n)
 	case taken:
 		return fmt.Errorf("%q is already a name or former name of phase %q", n, f.names[f.index[n]])
@@ -259,7 +260,7 @@ type AnyFlow interface {
 	decodeStored(stored []byte) (any, error)
 	Redrives() bool
 	callDo(ctx context.Context, tx Tx, h *held) (Result, error)
-	callReconcile(ctx context.Context, tx Tx, h *held) (Reconciliation, error)
+	callReconcile(ctx context.Context, tx Tx, h *held) (ReconcileVerdict, error)
 	// reconcilable reports whether phase i has a Reconcile hook.
 	reconcilable(i int) bool
 }
@@ -289,9 +290,10 @@ func (f *Flow[In]) phaseIndex(name string) (int, bool) {
 	return i, ok
 }
 
-// CurrentName is the name of the phase that name names, as its name or one of
-// its Phase.FormerNames; false when no phase of the flow has it.
-func (f *Flow[In]) CurrentName(name string) (string, bool) {
+// currentName is the name of the phase that name names, as its name or one of
+// its Phase.FormerNames; false when no phase of the flow has it. idemtest
+// reads it through hooks.CurrentName.
+func (f *Flow[In]) currentName(name string) (string, bool) {
 	i, ok := f.index[name]
 	if !ok {
 		return "", false
@@ -300,7 +302,7 @@ func (f *Flow[In]) CurrentName(name string) (string, bool) {
 }
 
 func (f *Flow[In]) resumeAt(recoveryPoint string) (int, bool) {
-	if recoveryPoint == RecoveryPointStarted {
+	if recoveryPoint == idemtype.RecoveryPointStarted {
 		return 0, true
 	}
 	if i, ok := f.index[recoveryPoint]; ok {
@@ -333,10 +335,10 @@ func (f *Flow[In]) callDo(ctx context.Context, tx Tx, h *held) (Result, error) {
 	return f.phases[h.phase].Do(ctx, tx, &Attempt[In]{h: h, input: h.input.(In)})
 }
 
-func (f *Flow[In]) callReconcile(ctx context.Context, tx Tx, h *held) (Reconciliation, error) {
+func (f *Flow[In]) callReconcile(ctx context.Context, tx Tx, h *held) (ReconcileVerdict, error) {
 	hook := f.phases[h.phase].Reconcile
 	if hook == nil {
-		return Reconciliation{}, &MissingHookError{Flow: f.name, Phase: f.phases[h.phase].Name}
+		return ReconcileVerdict{}, &NoReconcileHookError{Flow: f.name, Phase: f.phases[h.phase].Name}
 	}
 	return hook(ctx, tx, &Attempt[In]{h: h, input: h.input.(In)})
 }
@@ -350,7 +352,7 @@ func (f *Flow[In]) namesOf(i int) []string {
 }
 
 func (f *Flow[In]) recoveryPoints() []string {
-	points := []string{RecoveryPointStarted}
+	points := []string{idemtype.RecoveryPointStarted}
 	// Not the last phase: it responds, and its key is finished; nor one
 	// the next phase joins: their commit records the later one.
 	for i, p := range f.phases[:len(f.phases)-1] {

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // retryProvider answers each call with the next of its errors (nil once
@@ -48,7 +49,7 @@ func retryFlow(name string, kind idem.ForeignKind, policy idem.ForeignRetry, p *
 			}
 			return idem.RespondJSON(http.StatusCreated, nil), nil
 		},
-		Reconcile: func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.Reconciliation, error) {
+		Reconcile: func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.ReconcileVerdict, error) {
 			return idem.ReconcileUnknown("cannot ask"), nil
 		},
 	}}, nil)
@@ -71,23 +72,23 @@ func TestForeignRetrying(t *testing.T) {
 		timeout time.Duration
 		calls   int
 		want    error // nil: the request succeeds
-		status  idem.Status
+		status  idemtype.StoredStatus
 	}{
 		{name: "idempotent, transient twice", kind: idem.ForeignIdempotent, policy: fast,
-			errs: []error{transient, transient}, calls: 3, status: idem.StatusFinished},
+			errs: []error{transient, transient}, calls: 3, status: idemtype.StoredFinished},
 		{name: "idempotent, tries run out", kind: idem.ForeignIdempotent, policy: fast,
-			errs: []error{transient, transient, transient, transient}, calls: 3, want: idem.ErrPhaseFailed, status: idem.StatusRunning},
+			errs: []error{transient, transient, transient, transient}, calls: 3, want: idem.ErrPhaseFailed, status: idemtype.StoredRunning},
 		{name: "idempotent, not retryable", kind: idem.ForeignIdempotent,
 			policy: idem.ForeignRetry{Attempts: 3, Backoff: time.Millisecond, Retryable: func(err error) bool { return !errors.Is(err, transient) }},
-			errs:   []error{transient}, calls: 1, want: idem.ErrPhaseFailed, status: idem.StatusRunning},
+			errs:   []error{transient}, calls: 1, want: idem.ErrPhaseFailed, status: idemtype.StoredRunning},
 		{name: "not idempotent, not sent", kind: idem.ForeignNotIdempotent, policy: fast,
-			errs: []error{idem.NotSent(transient), idem.NotSent(transient)}, calls: 3, status: idem.StatusFinished},
+			errs: []error{idem.NotSent(transient), idem.NotSent(transient)}, calls: 3, status: idemtype.StoredFinished},
 		{name: "not idempotent, in doubt", kind: idem.ForeignNotIdempotent, policy: fast,
-			errs: []error{transient}, calls: 1, want: idem.ErrNeedsReconcile, status: idem.StatusNeedsReconcile},
+			errs: []error{transient}, calls: 1, want: idem.ErrNeedsReconcile, status: idemtype.StoredNeedsReconcile},
 		{name: "not idempotent, not sent then in doubt", kind: idem.ForeignNotIdempotent, policy: fast,
-			errs: []error{idem.NotSent(transient), transient}, calls: 2, want: idem.ErrNeedsReconcile, status: idem.StatusNeedsReconcile},
+			errs: []error{idem.NotSent(transient), transient}, calls: 2, want: idem.ErrNeedsReconcile, status: idemtype.StoredNeedsReconcile},
 		{name: "no try past the deadline", kind: idem.ForeignIdempotent, policy: idem.ForeignRetry{Attempts: 3, Backoff: time.Hour},
-			errs: []error{transient}, timeout: time.Minute, calls: 1, want: idem.ErrPhaseFailed, status: idem.StatusRunning},
+			errs: []error{transient}, timeout: time.Minute, calls: 1, want: idem.ErrPhaseFailed, status: idemtype.StoredRunning},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

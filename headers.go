@@ -1,6 +1,10 @@
 package idem
 
-import "net/http"
+import (
+	"net/http"
+
+	"github.com/go-idem/idem/idemtype"
+)
 
 // neverReplayed are the response headers that are never stored with a
 // key's response nor sent from it: credentials and cookies belong to one
@@ -40,8 +44,8 @@ func ReplayableHeader(name string) bool {
 // cookies and hop-by-hop headers belong to one exchange, not to the stored
 // outcome of a request. It is applied before the first answer too, so the
 // first caller gets exactly what every replay gets.
-func storableResponse(resp *Response) *Response {
-	out := &Response{Status: resp.Status, Body: resp.Body, Header: http.Header{}}
+func storableResponse(resp *idemtype.Response) *idemtype.Response {
+	out := &idemtype.Response{Status: resp.Status, Body: resp.Body, Header: http.Header{}}
 	for name, values := range resp.Header {
 		if !ReplayableHeader(name) {
 			continue

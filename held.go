@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
+	"github.com/go-idem/idem/internal/hooks"
 )
 
 // held is the runner's state for a key this worker holds the lock on, shared
@@ -18,7 +20,7 @@ import (
 type held struct {
 	runner *Runner
 	flow   AnyFlow
-	rec    *KeyRecord
+	rec    *idemtype.KeyRecord
 	ref    idemdriver.LockRef
 	input  any
 	// tookOver: this call resumed a key another attempt left unfinished.
@@ -58,7 +60,7 @@ type held struct {
 	renewedAt time.Time
 }
 
-func (r *Runner) hold(flow AnyFlow, rec *KeyRecord, input any, tookOver bool, acquiredAt time.Time) *held {
+func (r *Runner) hold(flow AnyFlow, rec *idemtype.KeyRecord, input any, tookOver bool, acquiredAt time.Time) *held {
 	return &held{runner: r, flow: flow, rec: rec, ref: idemdriver.LockRef{ID: rec.ID, Fence: rec.Fence, Scope: rec.Scope}, input: input,
 		tookOver: tookOver, renewedAt: acquiredAt}
 }
@@ -154,7 +156,7 @@ func (h *held) event(kind EventKind, err error) Event {
 
 // outcome is the outcome of a held request so far; resp is its response
 // when it responded.
-func (h *held) outcome(resp *Response) *Outcome {
+func (h *held) outcome(resp *idemtype.Response) *Outcome {
 	return &Outcome{Response: resp, Record: h.rec.Clone(), TookOver: h.tookOver}
 }
 
@@ -180,7 +182,7 @@ func (h *held) foreign(ctx context.Context, name string, call func(ctx context.C
 		}
 		h.foreignMarked, markedNow = true, true
 	}
-	if err := r.hookAt(ctx, h, HookPoint{Where: HookBeforeForeign, Foreign: name, DownstreamKey: h.downstreamKey()}); err != nil {
+	if err := r.hookAt(ctx, h, hooks.Point{Where: hooks.BeforeForeign, Foreign: name, DownstreamKey: h.downstreamKey()}); err != nil {
 		return err
 	}
 	if !h.leaseSafe() {
@@ -192,7 +194,7 @@ func (h *held) foreign(ctx context.Context, name string, call func(ctx context.C
 	key := h.downstreamKey()
 	err := call(ctx, key)
 	h.foreignErr = err
-	if herr := r.hookAt(ctx, h, HookPoint{Where: HookAfterForeign, Foreign: name, DownstreamKey: key}); herr != nil {
+	if herr := r.hookAt(ctx, h, hooks.Point{Where: hooks.AfterForeign, Foreign: name, DownstreamKey: key}); herr != nil {
 		return herr
 	}
 	if markedNow && errors.Is(err, ErrNotSent) {

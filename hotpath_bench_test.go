@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // Benchmarks of the runner's in-process work per request, the part that is
@@ -35,13 +36,13 @@ func benchFlow(tb testing.TB) *Flow[benchRideInput] {
 	return f
 }
 
-func benchFinishedRecord() *KeyRecord {
+func benchFinishedRecord() *idemtype.KeyRecord {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	return &KeyRecord{
+	return &idemtype.KeyRecord{
 		ID: 42, Scope: "user:7", Key: "8e0c2a5e-5f0b-4a44-9d57-3c6f3c2b1a90",
 		Flow: "bench.rides", Method: "POST", Path: "/rides", Fingerprint: make([]byte, 32),
 		Params: json.RawMessage(`{"user_id":7,"origin":"SF","amount":2000}`),
-		Status: StatusFinished, RecoveryPoint: RecoveryPointFinished,
+		Status: idemtype.StoredFinished, RecoveryPoint: idemtype.RecoveryPointFinished,
 		Checkpoint: map[string]json.RawMessage{"ride_id": json.RawMessage(`123`), "charge_id": json.RawMessage(`"ch_idem-0b9f-charge_created"`)},
 		Fence:      1, ResponseStatus: http.StatusCreated,
 		ResponseHeaders: http.Header{"Content-Type": {"application/json"}, "X-Ride": {"123"}},
@@ -96,7 +97,7 @@ func BenchmarkReplayOutcome(b *testing.B) {
 // BenchmarkStorableResponse is the header filtering every responding
 // phase does before its response is stored.
 func BenchmarkStorableResponse(b *testing.B) {
-	resp := &Response{
+	resp := &idemtype.Response{
 		Status: http.StatusCreated,
 		Header: http.Header{"Content-Type": {"application/json"}, "X-Ride": {"123"}, "Set-Cookie": {"session=1"}, "Date": {"Mon, 02 Jan 2026 03:04:05 GMT"}},
 		Body:   benchFinishedRecord().ResponseBody,
@@ -121,7 +122,7 @@ func BenchmarkHeldBookkeeping(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		rec := benchFinishedRecord()
-		rec.Status, rec.RecoveryPoint, rec.Checkpoint = StatusRunning, RecoveryPointStarted, map[string]json.RawMessage{}
+		rec.Status, rec.RecoveryPoint, rec.Checkpoint = idemtype.StoredRunning, idemtype.RecoveryPointStarted, map[string]json.RawMessage{}
 		h := r.hold(f, rec, in, false, time.Now())
 		for i, name := range names {
 			h.enterPhase(i)
@@ -138,7 +139,7 @@ func BenchmarkHeldBookkeeping(b *testing.B) {
 				b.Fatal(err)
 			}
 			_ = run.IdempotencyKey()
-			h.committed(&idemdriver.CommitParams{Ref: h.ref, RecoveryPoint: name, Status: StatusRunning, CheckpointPatch: h.patch})
+			h.committed(&idemdriver.CommitParams{Ref: h.ref, RecoveryPoint: name, Status: idemtype.StoredRunning, CheckpointPatch: h.patch})
 		}
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+
+	"github.com/go-idem/idem/idemtype"
 )
 
 // prepared is a request's input in the forms the runner needs.
@@ -27,7 +29,7 @@ type prepared struct {
 // the stored params and the key's own fingerprint. The params are decoded
 // once the key is held (execute), so that params that no longer decode are
 // recorded on the key rather than skipped on every pass.
-func storedInput(rec *KeyRecord) *prepared {
+func storedInput(rec *idemtype.KeyRecord) *prepared {
 	return &prepared{params: rec.Params, fingerprints: [][]byte{rec.Fingerprint}, fromKey: true}
 }
 

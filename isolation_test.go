@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // isoRun is what one cell of the isolation matrix observed.
@@ -162,7 +163,7 @@ func isoSMSFlow(b *smsBundle, o *isoRun, beats int, hookRuns *atomic.Int32) *ide
 				}
 				return idem.Advance(), markSent(ctx, tx, run)
 			},
-			Reconcile: func(context.Context, idem.Tx, *idem.Attempt[smsInput]) (idem.Reconciliation, error) {
+			Reconcile: func(context.Context, idem.Tx, *idem.Attempt[smsInput]) (idem.ReconcileVerdict, error) {
 				hookRuns.Add(1)
 				return idem.ReconcileUnknown("the matrix never reconciles"), nil
 			},
@@ -242,10 +243,10 @@ func isoSlowPhase(t *testing.T, iso pgx.TxIsoLevel) {
 }
 
 // isoFinished checks the end state every cell shares.
-func isoFinished(t *testing.T, rec *idem.KeyRecord, o *isoRun) {
+func isoFinished(t *testing.T, rec *idemtype.KeyRecord, o *isoRun) {
 	t.Helper()
-	require.Equal(t, idem.StatusFinished, rec.Status)
-	require.Equal(t, idem.RecoveryPointFinished, rec.RecoveryPoint)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
+	require.Equal(t, idemtype.RecoveryPointFinished, rec.RecoveryPoint)
 	require.Empty(t, rec.ForeignMark)
 	require.Nil(t, rec.LockedAt)
 	require.Equal(t, int64(1), rec.Fence, "never taken over")

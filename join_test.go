@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // joinedOrder is a three-phase flow whose last phase joins the second
@@ -26,16 +27,16 @@ func joinedOrder(payments *idemtest.Provider) *idem.Flow[rideInput] {
 
 // orderSubject is what the charge is for, as the provider sees it: the
 // order's row id.
-func orderSubject(_ *idem.KeyRecord, orderID int64) string { return fmt.Sprint("order:", orderID) }
+func orderSubject(_ *idemtype.KeyRecord, orderID int64) string { return fmt.Sprint("order:", orderID) }
 
 // requestSubject names the charge after the request instead, which every
 // retry of it shares.
-func requestSubject(key *idem.KeyRecord, _ int64) string { return "request:" + key.Key }
+func requestSubject(key *idemtype.KeyRecord, _ int64) string { return "request:" + key.Key }
 
 // joinedOrderFlow is joinedOrder; with chargeJoins the charge joins the
 // order's insert too, and all three phases share one transaction. subject
 // says what the charge is for.
-func joinedOrderFlow(name string, payments *idemtest.Provider, chargeJoins bool, subject func(*idem.KeyRecord, int64) string) *idem.Flow[rideInput] {
+func joinedOrderFlow(name string, payments *idemtest.Provider, chargeJoins bool, subject func(*idemtype.KeyRecord, int64) string) *idem.Flow[rideInput] {
 	return idem.MustNewFlow(name, []idem.Phase[rideInput]{
 		{
 			Name: "order_created",
@@ -149,7 +150,7 @@ func exploreJoinedOrders(t *testing.T, flow *idem.Flow[rideInput], payments *ide
 		Input:       rideInput{Origin: "home"},
 		Scope:       "tenant:" + flow.Name(),
 		Providers:   []idemtest.FakeProvider{payments},
-		Check: func(ctx context.Context, key *idem.KeyRecord) error {
+		Check: func(ctx context.Context, key *idemtype.KeyRecord) error {
 			var orders, charged, receipts int
 			if err := schema.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM orders),
 				(SELECT count(*) FROM orders WHERE charge_id IS NOT NULL), (SELECT count(*) FROM receipts)`).Scan(&orders, &charged, &receipts); err != nil {
@@ -223,7 +224,7 @@ func TestJoinedPhasesMakeOneForeignCall(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrSecondForeignCall)
 	require.ErrorContains(t, err, `phase "second" joins the transaction of phase "first"`)
 	require.Len(t, payments.Calls(), 1)
-	require.Equal(t, idem.RecoveryPointStarted, b.key(t, "k1").RecoveryPoint)
+	require.Equal(t, idemtype.RecoveryPointStarted, b.key(t, "k1").RecoveryPoint)
 }
 
 func TestJoinPreviousIsChecked(t *testing.T) {
@@ -231,7 +232,7 @@ func TestJoinPreviousIsChecked(t *testing.T) {
 	do := func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.Result, error) {
 		return idem.RespondJSON(http.StatusOK, nil), nil
 	}
-	reconcile := func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.Reconciliation, error) {
+	reconcile := func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.ReconcileVerdict, error) {
 		return idem.ReconcileUnknown("test"), nil
 	}
 	for _, tt := range []struct {
@@ -284,14 +285,14 @@ func TestResumingInsideAJoinedChainKeepsItsIsolation(t *testing.T) {
 		}, nil)
 	}
 	before := flow(false)
-	crashing := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{before}, Test: idem.TestConfig{Hook: func(_ context.Context, at idem.HookPoint) error {
-		if at.Where == idem.HookAfterCommit && at.Phase == "first" {
-			return idem.ErrSimulatedCrash
+	crashing := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{before}, Test: idemtest.WithHook(idem.TestConfig{}, func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Where == idemtest.HookAfterCommit && at.Phase == "first" {
+			return idemtest.ErrSimulatedCrash
 		}
 		return nil
-	}}})
+	})})
 	_, err := crashing.Execute(context.Background(), before, b.request("k1", rideInput{}))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	require.Equal(t, "first", b.key(t, "k1").RecoveryPoint)
 
 	b.clock.Advance(idem.LeaseDefault + time.Second)

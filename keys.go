@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // Operators look at keys by state rather than by raw status: a running key
@@ -14,44 +15,11 @@ import (
 // expiry is only waiting for the reaper. ListKeys and UnlockKey are what the
 // CLI's `keys` commands run; applications can call them from admin pages.
 
-// KeyState is how an operator sees a key: its status refined by its lease
-// and its expiry. [KeyRecord.State] computes it.
-type KeyState = idemdriver.KeyState
-
-// The key states, in the order a key usually goes through them.
-const (
-	KeyStateRunning        = idemdriver.KeyStateRunning
-	KeyStateStale          = idemdriver.KeyStateStale
-	KeyStateNeedsReconcile = idemdriver.KeyStateNeedsReconcile
-	KeyStateFinished       = idemdriver.KeyStateFinished
-	KeyStateExpired        = idemdriver.KeyStateExpired
-)
-
-// KeyStates lists every KeyState, in the order a key usually goes through
-// them.
-func KeyStates() []KeyState { return idemdriver.KeyStates() }
-
-// ParseKeyState parses a state name as the CLI accepts it.
-func ParseKeyState(s string) (KeyState, error) { return idemdriver.ParseKeyState(s) }
-
-// KeyQuery selects keys for [Runner.ListKeys]. Zero fields do not filter.
-type KeyQuery = idemdriver.KeyQuery
-
-// MaxKeyListLimit is the most keys one ListKeys call returns.
-const MaxKeyListLimit = idemdriver.MaxKeyListLimit
-
-// KeyList is a page of keys and the database clock it was read at, against
-// which [KeyRecord.State] classifies them.
-type KeyList = idemdriver.KeyList
-
-// UnlockResult is what [Runner.UnlockKey] did.
-type UnlockResult = idemdriver.UnlockResult
-
 // ListKeys returns the keys matching q, newest first, with the database
 // clock they were read at. q names one Scope, or sets AllScopes to list every
 // tenant's keys. Keys carry their metadata; their input, checkpoint data and
 // response only with q.Reveal.
-func (r *Runner) ListKeys(ctx context.Context, q KeyQuery) (*KeyList, error) {
+func (r *Runner) ListKeys(ctx context.Context, q idemtype.KeyQuery) (*idemtype.KeyList, error) {
 	switch {
 	case q.Scope == "" && !q.AllScopes:
 		return nil, fmt.Errorf("%w: a scope is required; set AllScopes to list the keys of every scope", ErrInvalidRequest)
@@ -61,11 +29,11 @@ func (r *Runner) ListKeys(ctx context.Context, q KeyQuery) (*KeyList, error) {
 	switch {
 	case q.Limit == 0:
 		q.Limit = 50
-	case q.Limit < 0 || q.Limit > MaxKeyListLimit:
-		return nil, fmt.Errorf("%w: limit %d is outside 1-%d", ErrInvalidRequest, q.Limit, MaxKeyListLimit)
+	case q.Limit < 0 || q.Limit > idemtype.MaxKeyListLimit:
+		return nil, fmt.Errorf("%w: limit %d is outside 1-%d", ErrInvalidRequest, q.Limit, idemtype.MaxKeyListLimit)
 	}
 	if q.State != "" {
-		st, err := ParseKeyState(string(q.State))
+		st, err := idemtype.ParseKeyState(string(q.State))
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 		}
@@ -81,11 +49,11 @@ func (r *Runner) ListKeys(ctx context.Context, q KeyQuery) (*KeyList, error) {
 
 // GetKey returns one key, all of it, with the database clock it was read at,
 // so its state can be classified. ErrNotFound when there is no such key.
-func (r *Runner) GetKey(ctx context.Context, scope, key string) (*KeyRecord, time.Time, error) {
+func (r *Runner) GetKey(ctx context.Context, scope, key string) (*idemtype.KeyRecord, time.Time, error) {
 	if scope == "" || key == "" {
 		return nil, time.Time{}, fmt.Errorf("%w: scope and key are required", ErrInvalidRequest)
 	}
-	list, err := r.ListKeys(ctx, KeyQuery{Scope: scope, Key: key, Limit: 1, Reveal: true})
+	list, err := r.ListKeys(ctx, idemtype.KeyQuery{Scope: scope, Key: key, Limit: 1, Reveal: true})
 	if err != nil {
 		return nil, time.Time{}, err
 	}
@@ -109,7 +77,7 @@ func (r *Runner) GetKey(ctx context.Context, scope, key string) (*KeyRecord, tim
 // is gone (its process dead, or its call's own timeout passed).
 //
 // A finished key is returned unchanged with Unlocked false.
-func (r *Runner) UnlockKey(ctx context.Context, scope, key, reason string) (*UnlockResult, error) {
+func (r *Runner) UnlockKey(ctx context.Context, scope, key, reason string) (*idemtype.UnlockResult, error) {
 	if scope == "" || key == "" {
 		return nil, fmt.Errorf("%w: scope and key are required", ErrInvalidRequest)
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
-	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 )
 
 func TestListKeysByState(t *testing.T) {
@@ -18,18 +18,18 @@ func TestListKeysByState(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	now := b.clock.Now()
-	b.insertKeys(t, "running", 2, idem.KeyStateRunning, now)
-	b.insertKeys(t, "stale", 3, idem.KeyStateStale, now)
-	b.insertKeys(t, "reconcile", 4, idem.KeyStateNeedsReconcile, now)
-	b.insertKeys(t, "finished", 5, idem.KeyStateFinished, now)
-	b.insertKeys(t, "expired", 6, idem.KeyStateExpired, now)
+	b.insertKeys(t, "running", 2, idemtype.KeyStateRunning, now)
+	b.insertKeys(t, "stale", 3, idemtype.KeyStateStale, now)
+	b.insertKeys(t, "reconcile", 4, idemtype.KeyStateNeedsReconcile, now)
+	b.insertKeys(t, "finished", 5, idemtype.KeyStateFinished, now)
+	b.insertKeys(t, "expired", 6, idemtype.KeyStateExpired, now)
 	r := b.runner(t, nil)
 
-	for state, want := range map[idem.KeyState]int{
-		idem.KeyStateRunning: 2, idem.KeyStateStale: 3, idem.KeyStateNeedsReconcile: 4,
-		idem.KeyStateFinished: 5, idem.KeyStateExpired: 6, "": 20,
+	for state, want := range map[idemtype.KeyState]int{
+		idemtype.KeyStateRunning: 2, idemtype.KeyStateStale: 3, idemtype.KeyStateNeedsReconcile: 4,
+		idemtype.KeyStateFinished: 5, idemtype.KeyStateExpired: 6, "": 20,
 	} {
-		list, err := r.ListKeys(ctx, idem.KeyQuery{AllScopes: true, State: state})
+		list, err := r.ListKeys(ctx, idemtype.KeyQuery{AllScopes: true, State: state})
 		require.NoError(t, err, state)
 		require.Len(t, list.Keys, want, state)
 		require.Equal(t, now, list.Now.UTC(), "the runner's clock")
@@ -42,16 +42,16 @@ func TestListKeysByState(t *testing.T) {
 			}
 		}
 	}
-	list, err := r.ListKeys(ctx, idem.KeyQuery{AllScopes: true, State: "needs_reconcile"})
+	list, err := r.ListKeys(ctx, idemtype.KeyQuery{AllScopes: true, State: "needs_reconcile"})
 	require.NoError(t, err)
 	require.Len(t, list.Keys, 4, "the status spelling is accepted too")
 
 	// Leases and expiry move with the clock.
 	b.clock.Advance(2 * time.Hour)
-	list, err = r.ListKeys(ctx, idem.KeyQuery{AllScopes: true, State: idem.KeyStateStale})
+	list, err = r.ListKeys(ctx, idemtype.KeyQuery{AllScopes: true, State: idemtype.KeyStateStale})
 	require.NoError(t, err)
 	require.Len(t, list.Keys, 5, "the running keys' leases expired")
-	list, err = r.ListKeys(ctx, idem.KeyQuery{AllScopes: true, State: idem.KeyStateExpired})
+	list, err = r.ListKeys(ctx, idemtype.KeyQuery{AllScopes: true, State: idemtype.KeyStateExpired})
 	require.NoError(t, err)
 	require.Len(t, list.Keys, 11)
 }
@@ -60,17 +60,17 @@ func TestListKeysFilters(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	b.insertKeys(t, "a", 30, idem.KeyStateFinished, b.clock.Now())
+	b.insertKeys(t, "a", 30, idemtype.KeyStateFinished, b.clock.Now())
 	r := b.runner(t, nil)
 	_, err := r.Execute(ctx, b.flow, idem.Request{Scope: "tenant:9", Key: "mine", Params: rideInput{Origin: "SF"}})
 	require.NoError(t, err)
 
-	list, err := r.ListKeys(ctx, idem.KeyQuery{Scope: "tenant:9"})
+	list, err := r.ListKeys(ctx, idemtype.KeyQuery{Scope: "tenant:9"})
 	require.NoError(t, err)
 	require.Len(t, list.Keys, 1)
 	require.Equal(t, "mine", list.Keys[0].Key)
 
-	list, err = r.ListKeys(ctx, idem.KeyQuery{AllScopes: true, Flow: "nope"})
+	list, err = r.ListKeys(ctx, idemtype.KeyQuery{AllScopes: true, Flow: "nope"})
 	require.NoError(t, err)
 	require.Empty(t, list.Keys)
 	require.Equal(t, b.clock.Now(), list.Now.UTC(), "an empty page still carries the clock")
@@ -79,7 +79,7 @@ func TestListKeysFilters(t *testing.T) {
 	var seen []int64
 	before := int64(0)
 	for {
-		list, err := r.ListKeys(ctx, idem.KeyQuery{AllScopes: true, Flow: "rides.create", Limit: 10, BeforeID: before})
+		list, err := r.ListKeys(ctx, idemtype.KeyQuery{AllScopes: true, Flow: "rides.create", Limit: 10, BeforeID: before})
 		require.NoError(t, err)
 		for _, k := range list.Keys {
 			seen = append(seen, k.ID)
@@ -93,14 +93,14 @@ func TestListKeysFilters(t *testing.T) {
 
 	rec, now, err := r.GetKey(ctx, "tenant:9", "mine")
 	require.NoError(t, err)
-	require.Equal(t, idem.KeyStateFinished, rec.State(now))
+	require.Equal(t, idemtype.KeyStateFinished, rec.State(now))
 	_, _, err = r.GetKey(ctx, "tenant:9", "other")
 	require.ErrorIs(t, err, idem.ErrNotFound)
 
-	for name, q := range map[string]idem.KeyQuery{
+	for name, q := range map[string]idemtype.KeyQuery{
 		"bad state":      {AllScopes: true, State: "sleeping"},
 		"negative limit": {AllScopes: true, Limit: -1},
-		"huge limit":     {AllScopes: true, Limit: idem.MaxKeyListLimit + 1},
+		"huge limit":     {AllScopes: true, Limit: idemtype.MaxKeyListLimit + 1},
 	} {
 		_, err := r.ListKeys(ctx, q)
 		require.ErrorIs(t, err, idem.ErrInvalidRequest, name)
@@ -153,7 +153,7 @@ func TestUnlockKeyStopsALiveHolder(t *testing.T) {
 	res, err = b.runner(t, nil).UnlockKey(ctx, "user:1", "k1", "")
 	require.NoError(t, err)
 	require.False(t, res.Unlocked)
-	require.Equal(t, idem.StatusFinished, res.Record.Status)
+	require.Equal(t, idemtype.StoredFinished, res.Record.Status)
 	require.Equal(t, b.key(t, "k1").Fence, res.Record.Fence)
 	_, err = b.runner(t, nil).UnlockKey(ctx, "user:1", "nope", "")
 	require.True(t, errors.Is(err, idem.ErrNotFound))
@@ -163,50 +163,16 @@ func TestUnlockKeyStopsALiveHolder(t *testing.T) {
 
 func TestParseKeyState(t *testing.T) {
 	t.Parallel()
-	for _, st := range idem.KeyStates() {
-		got, err := idem.ParseKeyState(string(st))
+	for _, st := range idemtype.KeyStates() {
+		got, err := idemtype.ParseKeyState(string(st))
 		require.NoError(t, err)
 		require.Equal(t, st, got)
 	}
-	got, err := idem.ParseKeyState("needs_reconcile")
+	got, err := idemtype.ParseKeyState("needs_reconcile")
 	require.NoError(t, err)
-	require.Equal(t, idem.KeyStateNeedsReconcile, got)
-	_, err = idem.ParseKeyState("done")
+	require.Equal(t, idemtype.KeyStateNeedsReconcile, got)
+	_, err = idemtype.ParseKeyState("done")
 	require.ErrorContains(t, err, "unknown key state")
-}
-
-// UnlockKeyTx joins the caller's transaction: the unlock takes effect with
-// the caller's commit, and not at all if it rolls back.
-func TestUnlockKeyTxJoinsTheCallersTransaction(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	ctx := context.Background()
-	_, err := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charge_created")}}).
-		Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF"}))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
-	before := b.key(t, "k1")
-	require.NotNil(t, before.LockedAt)
-
-	for _, commit := range []bool{false, true} {
-		tx, err := b.pool.Begin(ctx)
-		require.NoError(t, err)
-		res, err := b.storeFor(t).UnlockKeyTx(ctx, tx, idemdriver.UnlockParams{Scope: "user:1", Key: "k1", Reason: "tx"})
-		require.NoError(t, err)
-		require.True(t, res.Unlocked)
-		list, err := b.storeFor(t).ListKeysTx(ctx, tx, idemdriver.ListKeysParams{KeyQuery: idem.KeyQuery{AllScopes: true, State: idem.KeyStateStale, Limit: 10}})
-		require.NoError(t, err)
-		require.Len(t, list.Keys, 1, "the transaction sees its own unlock")
-		if commit {
-			require.NoError(t, tx.Commit(ctx))
-		} else {
-			require.NoError(t, tx.Rollback(ctx))
-			require.Equal(t, before.Fence, b.key(t, "k1").Fence, "rolled back with the caller")
-			require.NotNil(t, b.key(t, "k1").LockedAt)
-		}
-	}
-	after := b.key(t, "k1")
-	require.Equal(t, before.Fence+1, after.Fence)
-	require.Nil(t, after.LockedAt)
 }
 
 // Listing keys across tenants is explicit (AllScopes), as GetKey and
@@ -222,31 +188,31 @@ func TestListKeysNeedsAScopeOrAllScopes(t *testing.T) {
 		require.NoError(t, err)
 	}
 
-	for name, q := range map[string]idem.KeyQuery{
+	for name, q := range map[string]idemtype.KeyQuery{
 		"no scope":                {},
-		"no scope, by state":      {State: idem.KeyStateFinished},
+		"no scope, by state":      {State: idemtype.KeyStateFinished},
 		"a scope and all of them": {Scope: "tenant:1", AllScopes: true},
 	} {
 		_, err := r.ListKeys(ctx, q)
 		require.ErrorIs(t, err, idem.ErrInvalidRequest, name)
 	}
 
-	list, err := r.ListKeys(ctx, idem.KeyQuery{AllScopes: true})
+	list, err := r.ListKeys(ctx, idemtype.KeyQuery{AllScopes: true})
 	require.NoError(t, err)
 	require.Len(t, list.Keys, 2)
-	list, err = r.ListKeys(ctx, idem.KeyQuery{Scope: "tenant:2"})
+	list, err = r.ListKeys(ctx, idemtype.KeyQuery{Scope: "tenant:2"})
 	require.NoError(t, err)
 	require.Len(t, list.Keys, 1)
 	k := list.Keys[0]
 	require.Equal(t, "tenant:2", k.Scope)
-	require.Equal(t, idem.StatusFinished, k.Status)
+	require.Equal(t, idemtype.StoredFinished, k.Status)
 	require.Equal(t, 201, k.ResponseStatus, "metadata is listed")
 	require.Nil(t, k.Params, "the input is not, without Reveal")
 	require.Empty(t, k.Checkpoint)
 	require.Empty(t, k.ResponseHeaders)
 	require.Nil(t, k.ResponseBody)
 
-	list, err = r.ListKeys(ctx, idem.KeyQuery{Scope: "tenant:2", Reveal: true})
+	list, err = r.ListKeys(ctx, idemtype.KeyQuery{Scope: "tenant:2", Reveal: true})
 	require.NoError(t, err)
 	k = list.Keys[0]
 	require.JSONEq(t, `{"origin": "SF", "amount": 5}`, string(k.Params))
@@ -282,7 +248,7 @@ func TestListKeysWithoutRevealReadsNoPayload(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	list, err := r.ListKeys(ctx, idem.KeyQuery{AllScopes: true, Limit: 50})
+	list, err := r.ListKeys(ctx, idemtype.KeyQuery{AllScopes: true, Limit: 50})
 	runtime.ReadMemStats(&after)
 	require.NoError(t, err)
 	require.Len(t, list.Keys, 16)

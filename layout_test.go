@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/testfixture"
 )
 
@@ -84,7 +85,7 @@ func newKeyReplayMismatchInProgress(t *testing.T, b *testBundle) {
 	require.Equal(t, idem.OutcomeExecuted, first.Kind)
 	require.Equal(t, map[string]int{"ride_created": 1, "charge_created": 1, "receipt_enqueued": 1}, b.counts.Get())
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
 	require.Equal(t, b.clock.Now().Add(24*time.Hour), rec.ExpiresAt.UTC())
 
 	again, err := b.runner(t, nil).Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))

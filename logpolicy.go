@@ -1,12 +1,14 @@
 package idem
 
+import "github.com/go-idem/idem/idemtype"
+
 // LogAttrs returns the attributes of a log line about the key (scope, key)
 // under the runner's Config.LogKeys policy: the key's row id (key_id) when
 // rec is known, its scope and key only with LogKeys, then attrs. The
 // adapters (idemhttp, idemgrpc) log their own lines about a key through it,
 // so that no line names a client's key or scope (a tenant, a Connect
 // account) unless the operator asked for it.
-func (r *Runner) LogAttrs(scope, key string, rec *KeyRecord, attrs ...any) []any {
+func (r *Runner) LogAttrs(scope, key string, rec *idemtype.KeyRecord, attrs ...any) []any {
 	var id int64
 	if rec != nil {
 		id = rec.ID

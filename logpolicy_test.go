@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
 )
 
 // attrRecorder is a slog handler that keeps every record's message and
@@ -100,9 +101,9 @@ func exercise(t *testing.T, scope string, logKeys bool, rec *attrRecorder) {
 	b := setupSMS(t)
 	ctx := context.Background()
 	logger := slog.New(rec)
-	cfg := func(hook func(context.Context, idem.HookPoint) error) *idem.Config {
+	cfg := func(hook func(context.Context, idemtest.HookPoint) error) *idem.Config {
 		return &idem.Config{Flows: []idem.AnyFlow{b.flow, b.testBundle.flow}, Logger: logger, LogKeys: logKeys,
-			Retention: time.Hour, Test: idem.TestConfig{Hook: hook}}
+			Retention: time.Hour, Test: idemtest.WithHook(idem.TestConfig{}, hook)}
 	}
 	r := b.testBundle.runner(t, cfg(nil))
 	ride := func(key string, amount float64) idem.Request {
@@ -132,10 +133,10 @@ func exercise(t *testing.T, scope string, logKeys bool, rec *attrRecorder) {
 
 	// A crash: in progress while its lease lives, taken over after, and
 	// another finished by the completer.
-	crashing := b.testBundle.runner(t, cfg(crashAt(idem.HookPhaseStart, "charge_created")))
+	crashing := b.testBundle.runner(t, cfg(crashAt(idemtest.HookPhaseStart, "charge_created")))
 	for _, k := range []string{"crashed", "abandoned"} {
 		_, err = crashing.Execute(ctx, b.testBundle.flow, ride(k, 1))
-		require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+		require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	}
 	_, err = r.Execute(ctx, b.testBundle.flow, ride("crashed", 1))
 	require.ErrorIs(t, err, idem.ErrInProgress)
@@ -165,7 +166,7 @@ func exercise(t *testing.T, scope string, logKeys bool, rec *attrRecorder) {
 	_, err = r.Resolve(ctx, scope, "SECRETKEY-doubt-resolved", resolution(idem.ResolveAbandon))
 	require.ErrorIs(t, err, idem.ErrNothingToReconcile)
 	_, err = crashing.Execute(ctx, b.testBundle.flow, ride("unlocked", 1))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	_, err = r.UnlockKey(ctx, scope, "SECRETKEY-unlocked", "stuck")
 	require.NoError(t, err)
 
@@ -289,8 +290,8 @@ func TestNeedsReconcileReasonIsRedacted(t *testing.T) {
 			}
 			return idem.Result{}, errors.New("lost the reply about " + cardNumber)
 		},
-		Reconcile: func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.Reconciliation, error) {
-			return idem.Reconciliation{}, errors.New("the gateway does not know " + cardNumber)
+		Reconcile: func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.ReconcileVerdict, error) {
+			return idem.ReconcileVerdict{}, errors.New("the gateway does not know " + cardNumber)
 		},
 	}}, nil)
 	r := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{flow}, Logger: slog.New(slog.DiscardHandler),

@@ -17,6 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/testfixture"
 	"github.com/go-idem/idem/pgstore"
 )
@@ -76,7 +78,7 @@ func twoMaintainersDoNoDoubleWork(t *testing.T, b *smsBundle) {
 	ctx := context.Background()
 	const expired, abandoned, doubtful = 300, 12, 4
 
-	b.insertKeys(t, "expired", expired, idem.KeyStateExpired, b.clock.Now())
+	b.insertKeys(t, "expired", expired, idemtype.KeyStateExpired, b.clock.Now())
 	for i := range abandoned {
 		b.abandon(t, fmt.Sprint("ab-", i))
 	}
@@ -142,7 +144,7 @@ func twoMaintainersDoNoDoubleWork(t *testing.T, b *smsBundle) {
 	require.Equal(t, abandoned, b.provider.Charges())
 	for i := range doubtful {
 		key := fmt.Sprint("sms-", i)
-		require.Equal(t, idem.StatusFinished, b.key(t, key).Status)
+		require.Equal(t, idemtype.StoredFinished, b.key(t, key).Status)
 		require.Equal(t, 1, b.gateway.times(b.ref(t, key)), key)
 	}
 }
@@ -175,7 +177,7 @@ func TestMaintainerStopsCleanly(t *testing.T) {
 	require.NoError(t, <-stopped)
 
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusRunning, rec.Status)
+	require.Equal(t, idemtype.StoredRunning, rec.Status)
 	require.Equal(t, "ride_created", rec.RecoveryPoint)
 	require.Nil(t, rec.LockedAt, "released, not left for the lease to expire")
 	require.Equal(t, 0, b.countRows(t, "jobs"))
@@ -233,7 +235,7 @@ func TestMaintainerLogsDurationsAsStrings(t *testing.T) {
 	require.Equal(t, "1m0s", started["reconcile_interval"])
 }
 
-// Under a JSON handler a reconcile verdict reads as its name ("not_done"),
+// Under a JSON handler a reconcile verdict reads as its name ("not_happened"),
 // not as the integer behind it.
 func TestReconciledVerdictLogsAsItsName(t *testing.T) {
 	t.Parallel()
@@ -257,7 +259,7 @@ func TestReconciledVerdictLogsAsItsName(t *testing.T) {
 		}
 	}
 	t.Logf("verdicts logged: %v", verdicts)
-	require.Equal(t, []any{"not_done"}, verdicts, logs.String())
+	require.Equal(t, []any{"not_happened"}, verdicts, logs.String())
 }
 
 // While the database is down, each failed maintainer pass is logged once,
@@ -348,14 +350,14 @@ func TestMaintenanceLogsDoNotCarryTheKeyWithoutLogKeys(t *testing.T) {
 	var logs testfixture.Buffer
 	r := b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	const key = "h3-secret-key"
-	crashing := b.runner(t, func(_ context.Context, at idem.HookPoint) error {
-		if at.Where == idem.HookAfterForeign {
-			return idem.ErrSimulatedCrash
+	crashing := b.runner(t, func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Where == idemtest.HookAfterForeign {
+			return idemtest.ErrSimulatedCrash
 		}
 		return nil
 	})
 	_, err := crashing.Execute(ctx, b.flow, b.req(key))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	b.clock.Advance(time.Hour)
 
 	res, err := r.Complete(ctx, &idem.CompleteConfig{IdleFor: time.Minute})

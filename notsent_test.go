@@ -16,6 +16,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemhttp"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // refusedURL is the address of a port nobody listens on: one the system
@@ -81,7 +82,7 @@ func TestNotSentCallIsRetriedNotReconciled(t *testing.T) {
 			}
 			return idem.RespondJSON(http.StatusCreated, map[string]string{"status": "posted"}), nil
 		},
-		Reconcile: func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.Reconciliation, error) {
+		Reconcile: func(context.Context, idem.Tx, *idem.Attempt[rideInput]) (idem.ReconcileVerdict, error) {
 			reconciles.Add(1)
 			return idem.ReconcileUnknown("the ledger cannot be asked"), nil
 		},
@@ -113,7 +114,7 @@ func TestNotSentCallIsRetriedNotReconciled(t *testing.T) {
 	rec := b.key(t, "t1")
 	t.Logf("key after the refused call: status=%s recovery_point=%s mark=%q locked=%v last_error=%q",
 		rec.Status, rec.RecoveryPoint, rec.ForeignMark, rec.LockedAt != nil, rec.LastError)
-	require.Equal(t, idem.StatusRunning, rec.Status, "not sent is not in doubt")
+	require.Equal(t, idemtype.StoredRunning, rec.Status, "not sent is not in doubt")
 	require.Empty(t, rec.ForeignMark, "the mark is withdrawn")
 	require.Nil(t, rec.LockedAt, "the key is released for the retry")
 	require.Contains(t, rec.LastError, "not sent")

@@ -129,26 +129,26 @@ type EventKind string
 // Events. Request-level events carry Flow, Scope and Key; phase-level events
 // also Phase and Attempt; maintenance events carry Count.
 const (
-	EventCreated        EventKind = "created"         // a new key was inserted and locked
-	EventTakeover       EventKind = "takeover"        // an unfinished key was resumed
-	EventReplayed       EventKind = "replayed"        // a stored response was replayed
-	EventInProgress     EventKind = "in_progress"     // a live lease turned the request away
-	EventMismatch       EventKind = "mismatch"        // a key was reused for a different request
-	EventNeedsReconcile EventKind = "needs_reconcile" // a key was found or put in needs_reconcile (by the reaper: Count keys)
-	EventLockLost       EventKind = "lock_lost"       // this worker's lease was taken over
-	EventStoreError     EventKind = "store_error"     // a store operation failed
-	EventPhaseCommitted EventKind = "phase_committed" // Duration: the phase attempt, begin to commit
-	EventPhaseRetried   EventKind = "phase_retried"   // a serialization failure or deadlock is being retried
-	EventPhaseFailed    EventKind = "phase_failed"    // a phase returned an error or panicked; Err says
-	EventFinished       EventKind = "finished"        // Duration: the whole call, acquisition to response
-	EventHeartbeat      EventKind = "heartbeat"       // a lease was renewed
-	EventReconciled     EventKind = "reconciled"      // a reconcile hook gave a verdict (Err nil) or failed
-	EventResolved       EventKind = "resolved"        // an operator's verdict was applied (Runner.Resolve); Verdict says which
-	EventReaped         EventKind = "reaped"          // Count: expired finished keys deleted
-	EventAbandoned      EventKind = "abandoned"       // Count: unfinished keys past their AbandonAfter deleted
-	EventTooManyKeys    EventKind = "too_many_keys"   // Config.Admit refused a new key
-	EventCompleted      EventKind = "completed"       // an abandoned request was driven to a response
-	EventUnresumable    EventKind = "unresumable"     // Count: keys at Phase (a recovery point) this binary cannot resume (Runner.CheckResumable)
+	EventCreated          EventKind = "created"           // a new key was inserted and locked
+	EventTakeover         EventKind = "takeover"          // an unfinished key was resumed
+	EventReplayed         EventKind = "replayed"          // a stored response was replayed
+	EventInProgress       EventKind = "in_progress"       // a live lease turned the request away
+	EventMismatch         EventKind = "mismatch"          // a key was reused for a different request
+	EventNeedsReconcile   EventKind = "needs_reconcile"   // a key was found or put in needs_reconcile (by the reaper: Count keys)
+	EventLockLost         EventKind = "lock_lost"         // this worker's lease was taken over
+	EventStoreError       EventKind = "store_error"       // a store operation failed
+	EventPhaseCommitted   EventKind = "phase_committed"   // Duration: the phase attempt, begin to commit
+	EventPhaseRetried     EventKind = "phase_retried"     // a serialization failure or deadlock is being retried
+	EventPhaseFailed      EventKind = "phase_failed"      // a phase returned an error or panicked; Err says
+	EventFinished         EventKind = "finished"          // Duration: the whole call, acquisition to response
+	EventHeartbeat        EventKind = "heartbeat"         // a lease was renewed
+	EventReconciled       EventKind = "reconciled"        // a reconcile hook gave a verdict (Err nil) or failed
+	EventResolved         EventKind = "resolved"          // an operator's verdict was applied (Runner.Resolve); Verdict says which
+	EventReaped           EventKind = "reaped"            // Count: expired finished keys deleted
+	EventReapedUnfinished EventKind = "reaped_unfinished" // Count: unfinished keys past their UnfinishedRetention deleted
+	EventTooManyKeys      EventKind = "too_many_keys"     // Config.Admit refused a new key
+	EventCompleted        EventKind = "completed"         // an abandoned request was driven to a response
+	EventUnresumable      EventKind = "unresumable"       // Count: keys at Phase (a recovery point) this binary cannot resume (Runner.CheckResumable)
 )
 
 // Event is one observation.
@@ -162,8 +162,8 @@ type Event struct {
 	Count    int
 	Duration time.Duration
 	Err      error
-	// Verdict is a reconcile hook's answer on EventReconciled: "done",
-	// "not_done" or "unknown" (Err then says why); an operator's on
+	// Verdict is a reconcile hook's answer on EventReconciled: "happened",
+	// "not_happened" or "unknown" (Err then says why); an operator's on
 	// EventResolved: "happened", "not_happened" or "abandon".
 	Verdict string
 }

@@ -3,6 +3,9 @@ package idem
 import (
 	"errors"
 	"time"
+
+	"github.com/go-idem/idem/idemtype"
+	"github.com/go-idem/idem/internal/hooks"
 )
 
 // OutcomeKind is what running a request came to. It is derived from the
@@ -56,30 +59,31 @@ const (
 	// runs; every retry with it gets this outcome. HTTP adapters answer a
 	// final, non-retryable problem.
 	OutcomeRequestAbandoned OutcomeKind = "request_abandoned"
-	// OutcomeAbandoned: a Config.Test.Hook simulated a crash
-	// (ErrSimulatedCrash); the key is left exactly as a dead process would
-	// leave it. Only tests see it.
-	OutcomeAbandoned OutcomeKind = "abandoned"
 )
+
+// outcomeSimulatedCrash: a test hook simulated a crash
+// (hooks.ErrSimulatedCrash); the key is left exactly as a dead process would
+// leave it. Only tests see it, and the adapters recognise it by its error.
+const outcomeSimulatedCrash OutcomeKind = "simulated_crash"
 
 // kindOf derives an outcome's kind from the error the runner returned with it:
 // the error is the one source of truth, and this is the one place it is read.
 // When an error wraps several sentinels, the first case here decides.
-func kindOf(err error, replayed bool, rec *KeyRecord) OutcomeKind {
+func kindOf(err error, replayed bool, rec *idemtype.KeyRecord) OutcomeKind {
 	switch {
 	case err == nil && replayed:
 		return OutcomeReplayed
 	case err == nil:
 		return OutcomeExecuted
-	case errors.Is(err, ErrSimulatedCrash):
-		return OutcomeAbandoned
+	case errors.Is(err, hooks.ErrSimulatedCrash):
+		return outcomeSimulatedCrash
 	case isCallerGone(err):
 		return OutcomeCanceled
 	case errors.Is(err, ErrNothingToReconcile) && rec != nil:
 		switch rec.Status {
-		case StatusFinished:
+		case idemtype.StoredFinished:
 			return OutcomeReplayed
-		case StatusNeedsReconcile:
+		case idemtype.StoredNeedsReconcile:
 			return OutcomeNeedsReconcile
 		}
 		return OutcomeInProgress
@@ -117,12 +121,12 @@ func (o *Outcome) settle(err error) {
 type Outcome struct {
 	Kind OutcomeKind
 	// Response is set for OutcomeExecuted and OutcomeReplayed.
-	Response *Response
+	Response *idemtype.Response
 	// Record is the key as this call last knew it; nil when the store was
 	// never reached or the request was invalid. A replay's record has no
 	// Params or Checkpoint (the acquisition does not read them);
 	// Runner.GetKey returns the whole key.
-	Record *KeyRecord
+	Record *idemtype.KeyRecord
 	// RetryAfter suggests when to retry an OutcomeInProgress (the time left
 	// on the holder's lease, rounded up to whole seconds, at least one and
 	// at most Config.MaxRetryAfter) or an OutcomeTooManyKeys (what

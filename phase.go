@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/go-idem/idem/idemtype"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -52,7 +53,7 @@ type Phase[In any] struct {
 	// happened without the phase committing, and asks the provider what
 	// happened. It runs in a transaction of its own, like the phase, so it
 	// can make the local writes the phase would have made.
-	Reconcile func(ctx context.Context, tx Tx, a *Attempt[In]) (Reconciliation, error)
+	Reconcile func(ctx context.Context, tx Tx, a *Attempt[In]) (ReconcileVerdict, error)
 
 	// Isolation is the phase transaction's isolation level. Empty uses
 	// Config.Isolation (default read committed). Serialization failures and
@@ -101,7 +102,7 @@ const (
 	// ForeignNotIdempotent: the provider cannot deduplicate (an SMS gateway
 	// without idempotency keys, say). Attempt.Foreign durably marks the attempt
 	// before calling; if the phase then fails to commit, the key goes to
-	// StatusNeedsReconcile and the call is never repeated blindly.
+	// StoredNeedsReconcile and the call is never repeated blindly.
 	ForeignNotIdempotent
 )
 
@@ -118,7 +119,7 @@ func (k ForeignKind) String() string {
 // Result is how a phase ends. Build one with [Advance], [Respond],
 // [RespondJSON] or [RespondJSONWith].
 type Result struct {
-	response *Response
+	response *idemtype.Response
 	err      error
 }
 
@@ -136,7 +137,7 @@ func Respond(status int, header http.Header, body []byte) Result {
 	if err := checkStatus(status); err != nil {
 		return Result{err: err}
 	}
-	return Result{response: &Response{Status: status, Header: header.Clone(), Body: append([]byte(nil), body...)}}
+	return Result{response: &idemtype.Response{Status: status, Header: header.Clone(), Body: append([]byte(nil), body...)}}
 }
 
 // RespondJSON is Respond with v encoded as JSON and Content-Type set. An
@@ -165,7 +166,7 @@ func RespondJSONWith(status int, header http.Header, v any) Result {
 	if h.Get("Content-Type") == "" {
 		h.Set("Content-Type", "application/json")
 	}
-	return Result{response: &Response{Status: status, Header: h, Body: body}}
+	return Result{response: &idemtype.Response{Status: status, Header: h, Body: body}}
 }
 
 // checkStatus refuses what cannot be a request's stored outcome: a 1xx is
@@ -180,9 +181,9 @@ func checkStatus(status int) error {
 // Responds reports whether the result ends the flow.
 func (r Result) Responds() bool { return r.response != nil }
 
-// Reconciliation is a reconcile hook's verdict. Build one with
-// [ReconcileDone], [ReconcileNotDone] or [ReconcileUnknown].
-type Reconciliation struct {
+// ReconcileVerdict is a reconcile hook's verdict. Build one with
+// [ReconcileHappened], [ReconcileNotHappened] or [ReconcileUnknown].
+type ReconcileVerdict struct {
 	verdict verdict
 	result  Result
 	reason  string
@@ -192,24 +193,24 @@ type verdict int
 
 const (
 	verdictUnknown verdict = iota
-	verdictDone
-	verdictNotDone
+	verdictHappened
+	verdictNotHappened
 )
 
-// ReconcileDone says the foreign call did happen. result is what the phase
+// ReconcileHappened says the foreign call did happen. result is what the phase
 // would have ended with: Advance() (after the hook recorded, through its tx
 // and Attempt.SetCheckpoint, what the phase would have recorded) or a response.
 // The flow then continues after the phase.
-func ReconcileDone(result Result) Reconciliation {
-	return Reconciliation{verdict: verdictDone, result: result}
+func ReconcileHappened(result Result) ReconcileVerdict {
+	return ReconcileVerdict{verdict: verdictHappened, result: result}
 }
 
-// ReconcileNotDone says the foreign call did not happen. The phase runs again
+// ReconcileNotHappened says the foreign call did not happen. The phase runs again
 // from the start, which is now safe.
-func ReconcileNotDone() Reconciliation { return Reconciliation{verdict: verdictNotDone} }
+func ReconcileNotHappened() ReconcileVerdict { return ReconcileVerdict{verdict: verdictNotHappened} }
 
 // ReconcileUnknown says the provider cannot tell yet. The key stays in
-// StatusNeedsReconcile for a later run or an operator; reason is recorded.
-func ReconcileUnknown(reason string) Reconciliation {
-	return Reconciliation{verdict: verdictUnknown, reason: reason}
+// StoredNeedsReconcile for a later run or an operator; reason is recorded.
+func ReconcileUnknown(reason string) ReconcileVerdict {
+	return ReconcileVerdict{verdict: verdictUnknown, reason: reason}
 }

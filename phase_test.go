@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // A response must have a final HTTP status, 200 to 599: anything else is
@@ -43,7 +44,7 @@ func TestRespondRefusesAStatusOutside200To599(t *testing.T) {
 		require.Equal(t, idem.OutcomeFailed, out.Kind, tc.name)
 
 		rec := b.key(t, key)
-		require.Equal(t, idem.StatusRunning, rec.Status, tc.name)
+		require.Equal(t, idemtype.StoredRunning, rec.Status, tc.name)
 		require.Zero(t, rec.ResponseStatus, tc.name)
 		require.Nil(t, rec.LockedAt, tc.name)
 	}

@@ -20,8 +20,8 @@ import (
 // delete disjoint batches.
 //
 // Then it ends abandoned keys: an unfinished key (status running) created
-// longer ago than its flow's AbandonAfter (Config.AbandonAfter, 7 days by
-// default, or FlowConfig.AbandonAfter) is deleted the same way, in batches,
+// longer ago than its flow's UnfinishedRetention (Config.UnfinishedRetention, 7 days by
+// default, or FlowConfig.UnfinishedRetention) is deleted the same way, in batches,
 // unless a live lease holds it. Its request keeps failing, or its client gave
 // up and nothing finished it: without this such keys would stay forever. A
 // request with an abandoned key afterwards runs as a new request, from the
@@ -97,18 +97,19 @@ type ReapResult struct {
 	// Batches counts the DELETE statements of expired keys run, the last
 	// (short) one included.
 	Batches int `json:"batches"`
-	// Abandoned counts the unfinished keys deleted as abandoned (in batches
-	// of their own, bounded by the same BatchSize and MaxBatches).
-	Abandoned int `json:"abandoned"`
-	// NeedsReconcile counts the abandoned keys moved to needs_reconcile
+	// Unfinished counts the unfinished keys deleted past their
+	// UnfinishedRetention (in batches of their own, bounded by the same
+	// BatchSize and MaxBatches).
+	Unfinished int `json:"unfinished"`
+	// NeedsReconcile counts the unfinished keys moved to needs_reconcile
 	// instead of deleted: their not-idempotent call is in doubt.
 	NeedsReconcile int `json:"needs_reconcile"`
 }
 
 // Reap deletes finished keys whose expiry has passed, batch by batch, until
 // none is left, MaxBatches is reached or ctx ends; then, the same way,
-// unfinished keys abandoned past their AbandonAfter. Each batch with
-// deletions emits EventReaped (EventAbandoned) with its Count; a failing
+// unfinished keys past their UnfinishedRetention. Each batch with
+// deletions emits EventReaped (EventReapedUnfinished) with its Count; a failing
 // batch emits EventStoreError and ends the pass with the error (what was
 // deleted before stays deleted, and the next pass carries on). A nil config
 // means the defaults.
@@ -192,17 +193,17 @@ func (r *Runner) inBatches(ctx context.Context, cfg *ReapConfig, kind EventKind,
 // reapAbandoned deletes abandoned unfinished keys batch by batch, adding
 // them to res.
 func (r *Runner) reapAbandoned(ctx context.Context, cfg *ReapConfig, res *ReapResult) error {
-	p := idemdriver.ReapAbandonedParams{After: r.config.AbandonAfter, FlowAfter: map[string]time.Duration{},
+	p := idemdriver.ReapUnfinishedParams{After: r.config.UnfinishedRetention, FlowAfter: map[string]time.Duration{},
 		Limit: cfg.BatchSize, StatementTimeout: cfg.StatementTimeout, Now: r.now()}
 	for name, f := range r.flows {
-		if after := f.abandonAfterOr(r.config.AbandonAfter); after != r.config.AbandonAfter {
+		if after := f.abandonAfterOr(r.config.UnfinishedRetention); after != r.config.UnfinishedRetention {
 			p.FlowAfter[name] = after
 		}
 	}
 	var batches, parked int
-	err := r.inBatches(ctx, cfg, EventAbandoned, "idem: reaper batch of abandoned keys failed", &res.Abandoned, &batches,
+	err := r.inBatches(ctx, cfg, EventReapedUnfinished, "idem: reaper batch of unfinished keys failed", &res.Unfinished, &batches,
 		func(ctx context.Context) (int, int, error) {
-			res, err := r.store.ReapAbandoned(ctx, p)
+			res, err := r.store.ReapUnfinished(ctx, p)
 			if res.NeedsReconcile > 0 {
 				parked += res.NeedsReconcile
 				r.emit(ctx, Event{Kind: EventNeedsReconcile, Count: res.NeedsReconcile})
@@ -220,9 +221,9 @@ func (r *Runner) reapAbandoned(ctx context.Context, cfg *ReapConfig, res *ReapRe
 		r.log.WarnContext(ctx, "idem: unfinished keys abandoned with a not-idempotent call in doubt moved to needs_reconcile, not deleted; a reconcile run decides",
 			"needs_reconcile", parked)
 	}
-	if res.Abandoned > 0 {
-		r.log.WarnContext(ctx, "idem: deleted unfinished keys abandoned past their AbandonAfter; a request with one of them runs anew",
-			"abandoned", res.Abandoned)
+	if res.Unfinished > 0 {
+		r.log.WarnContext(ctx, "idem: deleted unfinished keys past their UnfinishedRetention; a request with one of them runs anew",
+			"unfinished", res.Unfinished)
 	}
 	return nil
 }

@@ -13,6 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // countingObserver counts events by kind and sums their Count.
@@ -56,25 +58,25 @@ func (o *countingObserver) sum(kind idem.EventKind) int {
 // next thousand in user:2, and so on, and expiries grow with the key
 // number, so every index is filled nearly in order: a million rows take
 // seconds, not minutes.
-func (b *testBundle) insertKeys(t *testing.T, prefix string, n int, state idem.KeyState, now time.Time) {
+func (b *testBundle) insertKeys(t *testing.T, prefix string, n int, state idemtype.KeyState, now time.Time) {
 	t.Helper()
 	status, point, locked, lease := "running", "started", "NULL", "NULL"
 	var expires string
 	switch state {
-	case idem.KeyStateExpired:
+	case idemtype.KeyStateExpired:
 		// Expiries a millisecond apart up to exactly now: expiry is
 		// inclusive.
 		status, point, expires = "finished", "finished", "$1 - ($3::int - g) * interval '1 millisecond'"
-	case idem.KeyStateFinished:
+	case idemtype.KeyStateFinished:
 		// Expiring a microsecond apart from a microsecond after now.
 		status, point, expires = "finished", "finished", "$1 + g * interval '1 microsecond'"
-	case idem.KeyStateStale:
+	case idemtype.KeyStateStale:
 		// The runner never writes an expiry on an unfinished key; this one
 		// is here to prove the reaper looks at the status, not the expiry.
 		expires = "$1 - interval '1 hour'"
-	case idem.KeyStateRunning:
+	case idemtype.KeyStateRunning:
 		expires, locked, lease = "NULL", "$1", "$1 + interval '1 hour'"
-	case idem.KeyStateNeedsReconcile:
+	case idemtype.KeyStateNeedsReconcile:
 		status, expires = "needs_reconcile", "$1 - interval '1 hour'"
 	default:
 		t.Fatalf("insertKeys: state %q", state)
@@ -134,10 +136,10 @@ func TestReapMillionRows(t *testing.T) {
 		reconcile = 50_000
 	)
 	began := time.Now()
-	b.insertKeys(t, "expired", expired, idem.KeyStateExpired, now)
-	b.insertKeys(t, "live", live, idem.KeyStateFinished, now)
-	b.insertKeys(t, "stale", stale, idem.KeyStateStale, now)
-	b.insertKeys(t, "reconcile", reconcile, idem.KeyStateNeedsReconcile, now)
+	b.insertKeys(t, "expired", expired, idemtype.KeyStateExpired, now)
+	b.insertKeys(t, "live", live, idemtype.KeyStateFinished, now)
+	b.insertKeys(t, "stale", stale, idemtype.KeyStateStale, now)
+	b.insertKeys(t, "reconcile", reconcile, idemtype.KeyStateNeedsReconcile, now)
 	// Business rows referencing a spread of keys of every kind, through an
 	// indexed ON DELETE SET NULL foreign key, as docs/operations.md asks.
 	_, err := b.pool.Exec(ctx, `
@@ -237,11 +239,11 @@ func TestReapBatches(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	now := b.clock.Now()
-	b.insertKeys(t, "expired", 25, idem.KeyStateExpired, now)
-	b.insertKeys(t, "live", 5, idem.KeyStateFinished, now)
-	b.insertKeys(t, "stale", 3, idem.KeyStateStale, now)
-	b.insertKeys(t, "running", 3, idem.KeyStateRunning, now)
-	b.insertKeys(t, "reconcile", 3, idem.KeyStateNeedsReconcile, now)
+	b.insertKeys(t, "expired", 25, idemtype.KeyStateExpired, now)
+	b.insertKeys(t, "live", 5, idemtype.KeyStateFinished, now)
+	b.insertKeys(t, "stale", 3, idemtype.KeyStateStale, now)
+	b.insertKeys(t, "running", 3, idemtype.KeyStateRunning, now)
+	b.insertKeys(t, "reconcile", 3, idemtype.KeyStateNeedsReconcile, now)
 	var sizes []int
 	obs := newCountingObserver()
 	obs.onEvent = func(e idem.Event) {
@@ -289,7 +291,7 @@ func TestReapBatches(t *testing.T) {
 func TestConcurrentReapersShareTheWork(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.insertKeys(t, "expired", 2000, idem.KeyStateExpired, b.clock.Now())
+	b.insertKeys(t, "expired", 2000, idemtype.KeyStateExpired, b.clock.Now())
 	const reapers = 4
 	results := make(chan *idem.ReapResult, reapers)
 	obs := newCountingObserver()
@@ -328,7 +330,7 @@ func TestReapBatchGivesUpAtItsStatementTimeout(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	b.insertKeys(t, "expired", 5, idem.KeyStateExpired, b.clock.Now())
+	b.insertKeys(t, "expired", 5, idemtype.KeyStateExpired, b.clock.Now())
 	_, err := b.pool.Exec(ctx, `INSERT INTO rides (key_id, origin) SELECT id, 'SF' FROM idem_keys`)
 	require.NoError(t, err)
 
@@ -363,25 +365,25 @@ func TestReaperParksAbandonedKeyWithCallInDoubt(t *testing.T) {
 	t.Parallel()
 	b := setupSMS(t)
 	ctx := context.Background()
-	crashing := b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Test: idem.TestConfig{Hook: crashAt(idem.HookAfterForeign, "sms_sent")}})
+	crashing := b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookAfterForeign, "sms_sent"))})
 	_, err := crashing.Execute(ctx, b.flow, b.req("k1"))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	ref := b.ref(t, "k1")
 	require.Equal(t, 1, b.gateway.times(ref))
 	require.Equal(t, "sms_sent", b.key(t, "k1").ForeignMark)
 
 	// The process died; nobody retried for a while (a NoRedrive flow, or the
-	// completer had given up at MaxAttempts, or simply an AbandonAfter shorter
+	// completer had given up at MaxAttempts, or simply an UnfinishedRetention shorter
 	// than the completer's cadence).
 	b.clock.Advance(2 * time.Hour)
-	r := b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, AbandonAfter: time.Hour})
+	r := b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, UnfinishedRetention: time.Hour})
 	res, err := r.Reap(ctx, nil)
 	require.NoError(t, err)
-	t.Logf("reaper: abandoned %d, moved to needs_reconcile %d", res.Abandoned, res.NeedsReconcile)
-	require.Zero(t, res.Abandoned)
+	t.Logf("reaper: abandoned %d, moved to needs_reconcile %d", res.Unfinished, res.NeedsReconcile)
+	require.Zero(t, res.Unfinished)
 	require.Equal(t, 1, res.NeedsReconcile)
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusNeedsReconcile, rec.Status)
+	require.Equal(t, idemtype.StoredNeedsReconcile, rec.Status)
 	require.Equal(t, "sms_sent", rec.ForeignMark, "the mark still names the phase in doubt")
 
 	// The client comes back.

@@ -10,20 +10,21 @@ import (
 	"time"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // ErrNothingToReconcile is returned by [Runner.Reconcile] for a key that is
-// not in StatusNeedsReconcile. Outcome.Record shows what it is instead.
+// not in StoredNeedsReconcile. Outcome.Record shows what it is instead.
 var ErrNothingToReconcile = errors.New("idem: key does not need reconciliation")
 
-// Reconcile resolves a key in StatusNeedsReconcile: it locks the key, runs
+// Reconcile resolves a key in StoredNeedsReconcile: it locks the key, runs
 // the reconcile hook of the phase whose not-idempotent foreign call is in
 // doubt, and acts on the verdict:
 //
-//   - ReconcileDone: the phase is committed as if it had finished (the hook's
+//   - ReconcileHappened: the phase is committed as if it had finished (the hook's
 //     writes and checkpoint data with it), and the flow continues after it
 //     to a response, so a client that gave up still gets its result stored.
-//   - ReconcileNotDone: the mark is cleared and the flow continues by running
+//   - ReconcileNotHappened: the mark is cleared and the flow continues by running
 //     the phase again, which is now safe.
 //   - ReconcileUnknown, or a hook error: the key stays in needs_reconcile,
 //     unlocked, with the reason recorded, for a later run or an operator.
@@ -59,7 +60,7 @@ func (r *Runner) reconcile(ctx context.Context, scope, key string) (*Outcome, er
 		return &Outcome{}, fmt.Errorf("%w: scope %q key %q", ErrNotFound, scope, key)
 	}
 	if acq.Acquired == idemdriver.AcquiredNone {
-		if rec.Status == StatusNeedsReconcile {
+		if rec.Status == idemtype.StoredNeedsReconcile {
 			return &Outcome{Record: rec, RetryAfter: retryAfter(rec, acq.DBNow, r.config.MaxRetryAfter)},
 				fmt.Errorf("%w: another worker is reconciling key %q", ErrInProgress, key)
 		}
@@ -87,10 +88,10 @@ func (r *Runner) reconcile(ctx context.Context, scope, key string) (*Outcome, er
 	}
 	if !flow.reconcilable(phase) {
 		// The key changed between refuseWithoutHook's read and the claim.
-		return r.leaveUnreconciled(ctx, h, &MissingHookError{Flow: flow.Name(), Phase: rec.ForeignMark})
+		return r.leaveUnreconciled(ctx, h, &NoReconcileHookError{Flow: flow.Name(), Phase: rec.ForeignMark})
 	}
 	h.enterPhase(phase)
-	var verdict Reconciliation
+	var verdict ReconcileVerdict
 	result, err := r.runBody(ctx, h, func(ctx context.Context, tx Tx) (Result, *idemdriver.CommitParams, error) {
 		var err error
 		verdict, err = h.flow.callReconcile(ctx, tx, h)
@@ -98,7 +99,7 @@ func (r *Runner) reconcile(ctx context.Context, scope, key string) (*Outcome, er
 			return Result{}, nil, fmt.Errorf("reconcile hook of phase %q: %w", h.phaseName(), err)
 		}
 		res, cp, err := r.resolution(h, verdict)
-		if err == nil && verdict.verdict == verdictNotDone {
+		if err == nil && verdict.verdict == verdictNotHappened {
 			err = r.withdrawMark(ctx, h)
 		}
 		return res, cp, err
@@ -114,7 +115,7 @@ func (r *Runner) reconcile(ctx context.Context, scope, key string) (*Outcome, er
 	switch {
 	case !result.Responds() && !flow.Redrives():
 		return r.handBack(ctx, h)
-	case verdict.verdict == verdictNotDone:
+	case verdict.verdict == verdictNotHappened:
 		return r.drive(ctx, h, phase)
 	case result.Responds():
 		return h.outcome(result.response), nil
@@ -131,7 +132,7 @@ func (r *Runner) refuseWithoutHook(ctx context.Context, scope, key string) (*Out
 	gctx, cancel := r.storeContext(ctx)
 	rec, err := r.store.GetKey(gctx, scope, key)
 	cancel()
-	if err != nil || rec.Status != StatusNeedsReconcile || rec.ForeignMark == "" {
+	if err != nil || rec.Status != idemtype.StoredNeedsReconcile || rec.ForeignMark == "" {
 		return nil, nil
 	}
 	flow, ok := r.flows[rec.Flow]
@@ -141,7 +142,7 @@ func (r *Runner) refuseWithoutHook(ctx context.Context, scope, key string) (*Out
 	if i, ok := flow.phaseIndex(rec.ForeignMark); !ok || flow.reconcilable(i) {
 		return nil, nil
 	}
-	missing := &MissingHookError{Flow: rec.Flow, Phase: rec.ForeignMark}
+	missing := &NoReconcileHookError{Flow: rec.Flow, Phase: rec.ForeignMark}
 	r.log.WarnContext(ctx, "idem: a key's call in doubt has no reconcile hook in this binary; the key is left as it is",
 		r.logAttrs(scope, key, rec.ID, "flow", rec.Flow, "phase", rec.ForeignMark)...)
 	return &Outcome{Record: rec}, fmt.Errorf("%w: %w", ErrNeedsReconcile, missing)
@@ -197,7 +198,7 @@ func (r *Runner) CheckReconcileHooks(ctx context.Context) ([]MissingHook, error)
 		}
 		m := &missing[i]
 		m.Keys += g.Keys
-		if g.Status == StatusNeedsReconcile {
+		if g.Status == idemtype.StoredNeedsReconcile {
 			m.NeedsReconcile += g.Keys
 		}
 	}
@@ -212,13 +213,13 @@ func (r *Runner) CheckReconcileHooks(ctx context.Context) ([]MissingHook, error)
 // phase in its stead, not done leaves the recovery point where it was (its
 // mark is withdrawn on its own, see withdrawMark), and unknown commits
 // nothing.
-func (r *Runner) resolution(h *held, v Reconciliation) (Result, *idemdriver.CommitParams, error) {
+func (r *Runner) resolution(h *held, v ReconcileVerdict) (Result, *idemdriver.CommitParams, error) {
 	switch v.verdict {
-	case verdictNotDone:
+	case verdictNotHappened:
 		cp := r.commitFor(h, Result{})
 		cp.RecoveryPoint, cp.CheckpointPatch = h.rec.RecoveryPoint, nil
 		return Result{}, cp, nil
-	case verdictDone:
+	case verdictHappened:
 		res := v.result
 		switch {
 		case res.err != nil:
@@ -240,7 +241,7 @@ func (r *Runner) resolution(h *held, v Reconciliation) (Result, *idemdriver.Comm
 
 // withdrawMark clears the foreign mark of a call the reconcile hook found
 // not made. A phase commit retires a mark by moving the recovery point past
-// it; the commit of a verdict of not done leaves the recovery point where it
+// it; the commit of a verdict of not happened leaves the recovery point where it
 // is, so the mark is cleared explicitly, before that commit. Should the
 // commit then not land, the key is in needs_reconcile without a mark and is
 // resumed from its recovery point, re-running the phase: what not done asks
@@ -263,7 +264,7 @@ func (r *Runner) resumeUnmarked(ctx context.Context, h *held) (*Outcome, error) 
 	}
 	h.enterPhase(from)
 	_, err = r.runBody(ctx, h, func(context.Context, Tx) (Result, *idemdriver.CommitParams, error) {
-		return r.resolution(h, ReconcileNotDone())
+		return r.resolution(h, ReconcileNotHappened())
 	})
 	if err != nil {
 		return r.leaveUnreconciled(ctx, h, err)
@@ -305,16 +306,16 @@ func (r *Runner) leaveUnreconciled(ctx context.Context, h *held, cause error) (*
 	return out, err
 }
 
-// LogValue makes a log record show the verdict's name ("not_done") under
+// LogValue makes a log record show the verdict's name ("not_happened") under
 // any handler, the JSON one included, rather than the integer behind it.
 func (v verdict) LogValue() slog.Value { return slog.StringValue(v.String()) }
 
 func (v verdict) String() string {
 	switch v {
-	case verdictDone:
-		return "done"
-	case verdictNotDone:
-		return "not_done"
+	case verdictHappened:
+		return "happened"
+	case verdictNotHappened:
+		return "not_happened"
 	}
 	return "unknown"
 }
@@ -401,7 +402,7 @@ func (r *Runner) ReconcileAll(ctx context.Context, config *ReconcileConfig) (*Re
 		return nil, fmt.Errorf("%w: Config.Flows is empty, so this runner cannot reconcile any key", ErrUnknownFlow)
 	}
 	res := &ReconcileResult{}
-	err := r.sweep(ctx, StatusNeedsReconcile, flows, cfg.IdleFor, 0, cfg.BatchSize, cfg.MaxKeys, func(rec *KeyRecord) {
+	err := r.sweep(ctx, idemtype.StoredNeedsReconcile, flows, cfg.IdleFor, 0, cfg.BatchSize, cfg.MaxKeys, func(rec *idemtype.KeyRecord) {
 		res.Claimed++
 		out, err := r.Reconcile(ctx, rec.Scope, rec.Key)
 		log := r.log.With(r.logAttrs(rec.Scope, rec.Key, rec.ID, "flow", rec.Flow)...)

@@ -13,6 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // smsGateway has no idempotency keys: every send is a new message. It can
@@ -88,15 +90,15 @@ func setupSMSOn(t *testing.T, tb *testBundle) *smsBundle {
 				}
 				return idem.Advance(), markSent(ctx, tx, run)
 			},
-			Reconcile: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[smsInput]) (idem.Reconciliation, error) {
+			Reconcile: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[smsInput]) (idem.ReconcileVerdict, error) {
 				b.counts.Add("reconcile")
 				if b.gateway.unknown {
 					return idem.ReconcileUnknown("gateway lookup timed out"), nil
 				}
 				if b.gateway.times(run.IdempotencyKey()) == 0 {
-					return idem.ReconcileNotDone(), nil
+					return idem.ReconcileNotHappened(), nil
 				}
-				return idem.ReconcileDone(idem.Advance()), markSent(ctx, tx, run)
+				return idem.ReconcileHappened(idem.Advance()), markSent(ctx, tx, run)
 			},
 		},
 		{
@@ -122,8 +124,8 @@ func markSent(ctx context.Context, tx idem.Tx, run *idem.Attempt[smsInput]) erro
 	return err
 }
 
-func (b *smsBundle) runner(t *testing.T, hook func(context.Context, idem.HookPoint) error) *idem.Runner {
-	return b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Test: idem.TestConfig{Hook: hook}})
+func (b *smsBundle) runner(t *testing.T, hook func(context.Context, idemtest.HookPoint) error) *idem.Runner {
+	return b.testBundle.runner(t, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Test: idemtest.WithHook(idem.TestConfig{}, hook)})
 }
 
 func (b *smsBundle) req(key string) idem.Request {
@@ -134,14 +136,14 @@ func (b *smsBundle) req(key string) idem.Request {
 // call: the key is left with its foreign mark set.
 func (b *smsBundle) crashAfterSend(t *testing.T, key string) {
 	t.Helper()
-	crashing := b.runner(t, func(_ context.Context, at idem.HookPoint) error {
-		if at.Where == idem.HookAfterForeign {
-			return idem.ErrSimulatedCrash
+	crashing := b.runner(t, func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Where == idemtest.HookAfterForeign {
+			return idemtest.ErrSimulatedCrash
 		}
 		return nil
 	})
 	_, err := crashing.Execute(context.Background(), b.flow, b.req(key))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 }
 
 func (b *smsBundle) ref(t *testing.T, key string) string {
@@ -178,7 +180,7 @@ func TestNotIdempotentCrashGoesToReconcileNotToASecondSend(t *testing.T) {
 		require.Equal(t, idem.OutcomeNeedsReconcile, out.Kind)
 	}
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusNeedsReconcile, rec.Status)
+	require.Equal(t, idemtype.StoredNeedsReconcile, rec.Status)
 	require.Nil(t, rec.LockedAt)
 	require.Equal(t, 1, b.gateway.times(ref), "never re-sent blindly")
 
@@ -233,7 +235,7 @@ func TestReconcileUnknownLeavesTheKeyForLater(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
 	require.Equal(t, idem.OutcomeNeedsReconcile, out.Kind)
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusNeedsReconcile, rec.Status)
+	require.Equal(t, idemtype.StoredNeedsReconcile, rec.Status)
 	require.Nil(t, rec.LockedAt)
 	require.Contains(t, rec.LastError, "gateway lookup timed out")
 
@@ -344,7 +346,7 @@ func TestLastPhaseMustRespond(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrPhaseFailed)
 	require.ErrorContains(t, err, "must respond")
 	require.Equal(t, idem.OutcomeFailed, out.Kind)
-	require.Equal(t, idem.RecoveryPointStarted, b.key(t, "k1").RecoveryPoint)
+	require.Equal(t, idemtype.RecoveryPointStarted, b.key(t, "k1").RecoveryPoint)
 }
 
 // A deploy that renamed a phase strands keys whose recovery point it was:
@@ -353,14 +355,14 @@ func TestUnknownRecoveryPointFailsClearly(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	crashing := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: func(_ context.Context, at idem.HookPoint) error {
-		if at.Where == idem.HookAfterCommit {
-			return idem.ErrSimulatedCrash
+	crashing := b.runner(t, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Where == idemtest.HookAfterCommit {
+			return idemtest.ErrSimulatedCrash
 		}
 		return nil
-	}}})
+	})})
 	_, err := crashing.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 
 	renamed := idem.MustNewFlow("rides.create", []idem.Phase[rideInput]{{
 		Name: "ride_made",
@@ -484,7 +486,7 @@ func TestReconcileAllResolvesIdleKeys(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, &idem.ReconcileResult{Claimed: 3, Resolved: 3}, res)
 	for _, key := range keys {
-		require.Equal(t, idem.StatusFinished, b.key(t, key).Status, key)
+		require.Equal(t, idemtype.StoredFinished, b.key(t, key).Status, key)
 		require.Equal(t, 1, b.gateway.times(b.ref(t, key)), key)
 	}
 
@@ -524,7 +526,7 @@ func (b *smsBundle) parkInDoubt(t *testing.T, key string) {
 	_, err := b.runner(t, nil).Execute(context.Background(), b.flow, b.req(key))
 	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
 	rec := b.key(t, key)
-	require.Equal(t, idem.StatusNeedsReconcile, rec.Status)
+	require.Equal(t, idemtype.StoredNeedsReconcile, rec.Status)
 	require.Equal(t, "sms_sent", rec.ForeignMark)
 }
 
@@ -544,9 +546,9 @@ func TestReconcileWithoutHookIsAStableErrorAndMovesNoCounter(t *testing.T) {
 		out, err := r.Reconcile(ctx, "user:1", "k1")
 		require.ErrorIs(t, err, idem.ErrNoReconcileHook)
 		require.ErrorIs(t, err, idem.ErrNeedsReconcile)
-		missing, ok := errors.AsType[*idem.MissingHookError](err)
+		missing, ok := errors.AsType[*idem.NoReconcileHookError](err)
 		require.True(t, ok, "%v", err)
-		require.Equal(t, idem.MissingHookError{Flow: "sms.send", Phase: "sms_sent"}, *missing)
+		require.Equal(t, idem.NoReconcileHookError{Flow: "sms.send", Phase: "sms_sent"}, *missing)
 		require.Equal(t, idem.OutcomeNeedsReconcile, out.Kind)
 		require.NotContains(t, err.Error(), "panic")
 	}
@@ -557,10 +559,10 @@ func TestReconcileWithoutHookIsAStableErrorAndMovesNoCounter(t *testing.T) {
 
 	after := b.key(t, "k1")
 	t.Logf("fence %d -> %d, attempts %d -> %d; error: %v", before.Fence, after.Fence, before.Attempts, after.Attempts,
-		&idem.MissingHookError{Flow: "sms.send", Phase: "sms_sent"})
+		&idem.NoReconcileHookError{Flow: "sms.send", Phase: "sms_sent"})
 	require.Equal(t, before.Fence, after.Fence, "no fence moved")
 	require.Equal(t, before.Attempts, after.Attempts, "no attempt counted")
-	require.Equal(t, idem.StatusNeedsReconcile, after.Status)
+	require.Equal(t, idemtype.StoredNeedsReconcile, after.Status)
 	require.Equal(t, "sms_sent", after.ForeignMark)
 	require.Equal(t, before.LastError, after.LastError)
 
@@ -579,9 +581,9 @@ func TestCheckReconcileHooksReportsKeysInDoubtWithoutAHook(t *testing.T) {
 	b := setupSMS(t)
 	ctx := context.Background()
 	b.parkInDoubt(t, "parked")
-	crashing := b.runner(t, crashAt(idem.HookAfterForeign, "sms_sent"))
+	crashing := b.runner(t, crashAt(idemtest.HookAfterForeign, "sms_sent"))
 	_, err := crashing.Execute(ctx, b.flow, b.req("crashed"))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	_, err = b.runner(t, nil).Execute(ctx, b.flow, b.req("fine"))
 	require.NoError(t, err)
 

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/go-idem/idem/idemtype"
 )
 
 // Request is one attempt of a client request, as the runner sees it.
@@ -96,7 +98,7 @@ type Request struct {
 	// is not called for a replay, a key in flight or a mismatch. idemhttp
 	// answers a request that asked to be answered asynchronously from it
 	// (202 Accepted), while the flow goes on. It must not block.
-	Acquired func(rec *KeyRecord)
+	Acquired func(rec *idemtype.KeyRecord)
 }
 
 func (q *Request) normalise() error {
@@ -125,7 +127,7 @@ func (q *Request) normalise() error {
 
 // acquired tells the caller, when it asked (Acquired), that it holds the
 // key.
-func (q *Request) acquired(rec *KeyRecord) {
+func (q *Request) acquired(rec *idemtype.KeyRecord) {
 	if q.Acquired != nil {
 		// A copy: the runner goes on changing its own as phases commit.
 		q.Acquired(rec.Clone())

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // ResolveVerdict is an operator's verdict on a key in needs_reconcile, for
@@ -19,12 +20,12 @@ const (
 	// ResolveHappened: the foreign call in doubt took effect. The phase is
 	// committed in its stead and the key resumes at the next phase on its
 	// client's retry or the completer's next pass, as after a reconcile
-	// verdict of done; or, with Resolution.Response, the key is finished with
+	// verdict of happened; or, with Resolution.Response, the key is finished with
 	// that answer, which every retry replays.
 	ResolveHappened ResolveVerdict = "happened"
 	// ResolveNotHappened: the call did not take effect. Its mark is cleared
 	// and the key released, so the phase runs again on the next retry or
-	// completer pass, as after a reconcile verdict of not done.
+	// completer pass, as after a reconcile verdict of not happened.
 	ResolveNotHappened ResolveVerdict = "not_happened"
 	// ResolveAbandon: give the request up, whatever the call did. The key is
 	// finished; every retry with it gets ErrRequestAbandoned
@@ -50,7 +51,7 @@ type Resolution struct {
 	// answer (as the flow would have responded) instead of resuming it:
 	// for a call that took effect at the last phase, or whose later phases
 	// should not run. Its Status must be 200-599.
-	Response *Response
+	Response *idemtype.Response
 	// Operator and Reason say who gave the verdict and why (a ticket, what
 	// the provider's dashboard showed). Both are required, and Reason must
 	// say something: at least MinReasonWords words and MinReasonChars
@@ -82,14 +83,10 @@ const (
 // text says which call.
 var ErrRerunNotConfirmed = errors.New("idem: the verdict not happened makes the call in doubt again; it needs confirming")
 
-// Verdict is an operator's verdict as it is recorded, for good: see
-// [Runner.Verdicts].
-type Verdict = idemdriver.Verdict
-
 // ResolveResult is what [Runner.Resolve] did, or would do.
 type ResolveResult struct {
 	// Record is the key: as found for a dry run, as left otherwise.
-	Record *KeyRecord `json:"key"`
+	Record *idemtype.KeyRecord `json:"key"`
 	// Verdict is the verdict given.
 	Verdict ResolveVerdict `json:"verdict"`
 	// Action says in words what was (or, for a dry run, would be) done.
@@ -103,7 +100,7 @@ type ResolveResult struct {
 // does not know abandoned keys replays.
 const AbandonedStatus = http.StatusGone
 
-// Resolve gives an operator's verdict on a key in StatusNeedsReconcile whose
+// Resolve gives an operator's verdict on a key in StoredNeedsReconcile whose
 // reconcile hook keeps answering unknown, or that has no hook: its
 // not-idempotent call happened (the key resumes at the next phase, or is
 // finished with a stored answer), did not happen (the phase runs again), or
@@ -131,7 +128,7 @@ func (r *Runner) Resolve(ctx context.Context, scope, key string, res Resolution)
 		return nil, fmt.Errorf("resolve: %w", r.storeError(ctx, err))
 	}
 	out := &ResolveResult{Record: rec, Verdict: res.Verdict, DryRun: res.DryRun}
-	if rec.Status != StatusNeedsReconcile {
+	if rec.Status != idemtype.StoredNeedsReconcile {
 		return out, fmt.Errorf("%w: key %q is %s; only a key in needs_reconcile can be resolved", ErrNothingToReconcile, key, rec.Status)
 	}
 	flow := r.flows[rec.Flow]
@@ -165,7 +162,7 @@ func (r *Runner) Resolve(ctx context.Context, scope, key string, res Resolution)
 		return out, fmt.Errorf("%w: scope %q key %q", ErrNotFound, scope, key)
 	case acq.Acquired == idemdriver.AcquiredNone:
 		out.Record = acq.Record
-		if acq.Record.Status == StatusNeedsReconcile {
+		if acq.Record.Status == idemtype.StoredNeedsReconcile {
 			return out, fmt.Errorf("%w: another worker holds key %q (a reconcile run, or a resolve); try again when it lets go", ErrInProgress, key)
 		}
 		return out, fmt.Errorf("%w: key %q became %s", ErrNothingToReconcile, key, acq.Record.Status)
@@ -204,7 +201,7 @@ func (r *Runner) Resolve(ctx context.Context, scope, key string, res Resolution)
 
 // rerunWarning says what ResolveNotHappened on rec makes happen when a
 // not-idempotent call is in doubt there; "" for any other verdict or key.
-func rerunWarning(res Resolution, rec *KeyRecord) string {
+func rerunWarning(res Resolution, rec *idemtype.KeyRecord) string {
 	if res.Verdict != ResolveNotHappened || rec.ForeignMark == "" {
 		return ""
 	}
@@ -213,8 +210,8 @@ func rerunWarning(res Resolution, rec *KeyRecord) string {
 
 // verdictRecord is the record of res on the claimed key h, for the
 // transaction that applies it.
-func (r *Runner) verdictRecord(h *held, flow AnyFlow, res Resolution, action string) *Verdict {
-	v := &Verdict{Scope: h.rec.Scope, Key: h.rec.Key, KeyID: h.rec.ID, Generation: h.rec.Generation, Fence: h.rec.Fence,
+func (r *Runner) verdictRecord(h *held, flow AnyFlow, res Resolution, action string) *idemtype.Verdict {
+	v := &idemtype.Verdict{Scope: h.rec.Scope, Key: h.rec.Key, KeyID: h.rec.ID, Generation: h.rec.Generation, Fence: h.rec.Fence,
 		Flow: h.rec.Flow, Verdict: string(res.Verdict), Phase: h.rec.ForeignMark, RecoveryPoint: h.rec.RecoveryPoint,
 		Operator: res.Operator, Reason: res.Reason, Action: action}
 	if h.rec.ForeignMark != "" {
@@ -228,7 +225,7 @@ func (r *Runner) verdictRecord(h *held, flow AnyFlow, res Resolution, action str
 	}
 	answer := res.Response
 	if res.Verdict == ResolveAbandon {
-		answer = &Response{Status: AbandonedStatus}
+		answer = &idemtype.Response{Status: AbandonedStatus}
 	}
 	if answer != nil {
 		status, n := answer.Status, len(answer.Body)
@@ -250,7 +247,7 @@ func flowPhase(flow AnyFlow, phase string) (int, bool) {
 // rows the key has had, including those the key's finish, its expiry and
 // the reaper made it forget. The reaper never deletes them; see
 // docs/operations.md, "Verdicts", for their retention.
-func (r *Runner) Verdicts(ctx context.Context, scope, key string) ([]Verdict, error) {
+func (r *Runner) Verdicts(ctx context.Context, scope, key string) ([]idemtype.Verdict, error) {
 	gctx, cancel := r.storeContext(ctx)
 	defer cancel()
 	vs, err := r.store.Verdicts(gctx, scope, key)
@@ -290,7 +287,7 @@ func (res *Resolution) validate(scope, key string) error {
 
 // plan checks that the verdict can be applied to rec and says what it does.
 // flow is nil when this runner does not know the key's flow.
-func (res *Resolution) plan(rec *KeyRecord, flow AnyFlow) (string, error) {
+func (res *Resolution) plan(rec *idemtype.KeyRecord, flow AnyFlow) (string, error) {
 	switch {
 	case res.Verdict == ResolveAbandon:
 		return fmt.Sprintf("finish the key as abandoned: retries get the request-abandoned problem (stored status %d)", AbandonedStatus), nil
@@ -323,22 +320,22 @@ func (res *Resolution) plan(rec *KeyRecord, flow AnyFlow) (string, error) {
 // the fence that also withdraws the mark of a call that did not happen, and
 // releases a key left unfinished.
 // committed reports whether the verdict's commit landed.
-func (r *Runner) applyResolution(ctx context.Context, h *held, res Resolution, note string, v *Verdict) (committed bool, err error) {
+func (r *Runner) applyResolution(ctx context.Context, h *held, res Resolution, note string, v *idemtype.Verdict) (committed bool, err error) {
 	var cp *idemdriver.CommitParams
 	switch {
 	case res.Verdict == ResolveAbandon:
 		placeholder := Respond(AbandonedStatus, nil, nil)
-		if _, cp, err = r.resolution(h, ReconcileDone(placeholder)); err == nil {
-			cp.RecoveryPoint = RecoveryPointAbandoned
+		if _, cp, err = r.resolution(h, ReconcileHappened(placeholder)); err == nil {
+			cp.RecoveryPoint = idemtype.RecoveryPointAbandoned
 		}
 	case res.Verdict == ResolveHappened && res.Response != nil:
-		_, cp, err = r.resolution(h, ReconcileDone(Respond(res.Response.Status, res.Response.Header, res.Response.Body)))
+		_, cp, err = r.resolution(h, ReconcileHappened(Respond(res.Response.Status, res.Response.Header, res.Response.Body)))
 	case res.Verdict == ResolveHappened && h.rec.ForeignMark != "":
 		i, _ := h.flow.phaseIndex(h.rec.ForeignMark) // plan checked both
 		h.enterPhase(i)
-		_, cp, err = r.resolution(h, ReconcileDone(Result{}))
+		_, cp, err = r.resolution(h, ReconcileHappened(Result{}))
 	default: // not happened, or nothing in doubt
-		if _, cp, err = r.resolution(h, ReconcileNotDone()); err == nil {
+		if _, cp, err = r.resolution(h, ReconcileNotHappened()); err == nil {
 			// The recovery point stays, so the commit does not retire the
 			// mark: it withdraws it, in the verdict's transaction. Cleared
 			// before, on its own, a verdict that then failed to land would
@@ -350,14 +347,14 @@ func (r *Runner) applyResolution(ctx context.Context, h *held, res Resolution, n
 	if err != nil {
 		return false, err
 	}
-	if cp.Status == StatusFinished {
+	if cp.Status == idemtype.StoredFinished {
 		cp.LastError = note
 	}
 	if err := r.commitResolution(ctx, cp, v); err != nil {
 		return false, err
 	}
 	h.committed(cp)
-	if cp.Status == StatusFinished {
+	if cp.Status == idemtype.StoredFinished {
 		h.rec.LastError = note
 		return true, nil
 	}
@@ -373,7 +370,7 @@ func (r *Runner) applyResolution(ctx context.Context, h *held, res Resolution, n
 // commitResolution records cp on its key in a transaction of its own: the
 // guarded commit a phase ends with, with the verdict's record v before it,
 // so that the record lands if and only if the verdict does.
-func (r *Runner) commitResolution(ctx context.Context, cp *idemdriver.CommitParams, v *Verdict) error {
+func (r *Runner) commitResolution(ctx context.Context, cp *idemdriver.CommitParams, v *idemtype.Verdict) error {
 	bctx, cancel := r.storeContext(ctx)
 	tx, err := r.store.BeginPhase(bctx, idemdriver.PhaseOptions{Isolation: r.config.Isolation})
 	cancel()

@@ -12,6 +12,8 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/migrations"
 )
 
@@ -25,7 +27,7 @@ func (b *smsBundle) inDoubt(t *testing.T, k string) *idem.Runner {
 	_, err := r.Execute(context.Background(), b.flow, b.req(k))
 	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
 	rec := b.key(t, k)
-	require.Equal(t, idem.StatusNeedsReconcile, rec.Status)
+	require.Equal(t, idemtype.StoredNeedsReconcile, rec.Status)
 	require.Equal(t, "sms_sent", rec.ForeignMark)
 	return r
 }
@@ -58,7 +60,7 @@ func TestResolveHappenedResumesAtTheNextPhase(t *testing.T) {
 	require.NoError(t, err)
 	t.Logf("action: %s", res.Action)
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusRunning, rec.Status)
+	require.Equal(t, idemtype.StoredRunning, rec.Status)
 	require.Equal(t, "sms_sent", rec.RecoveryPoint)
 	require.Empty(t, rec.ForeignMark)
 	require.Nil(t, rec.LockedAt, "released for the retry or the completer")
@@ -83,12 +85,12 @@ func TestResolveHappenedWithAnAnswerFinishesTheKey(t *testing.T) {
 	ctx := context.Background()
 
 	v := resolution(idem.ResolveHappened)
-	v.Response = &idem.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"message_id":7}`)}
+	v.Response = &idemtype.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"message_id":7}`)}
 	_, err := r.Resolve(ctx, "user:1", "k1", v)
 	require.NoError(t, err)
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusFinished, rec.Status)
-	require.Equal(t, idem.RecoveryPointFinished, rec.RecoveryPoint)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
+	require.Equal(t, idemtype.RecoveryPointFinished, rec.RecoveryPoint)
 	require.Contains(t, rec.LastError, "resolved by alice: happened")
 
 	out, err := r.Execute(ctx, b.flow, b.req("k1"))
@@ -110,7 +112,7 @@ func TestResolveNotHappenedRunsThePhaseAgain(t *testing.T) {
 	_, err := r.Resolve(ctx, "user:1", "k1", resolution(idem.ResolveNotHappened))
 	require.NoError(t, err)
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusRunning, rec.Status)
+	require.Equal(t, idemtype.StoredRunning, rec.Status)
 	require.Equal(t, "message_saved", rec.RecoveryPoint)
 	require.Empty(t, rec.ForeignMark)
 	require.Nil(t, rec.LockedAt)
@@ -135,8 +137,8 @@ func TestResolveAbandonFinishesTheKeyForGood(t *testing.T) {
 	require.NoError(t, err)
 	t.Logf("action: %s; key: status %s, recovery point %s, last error %q", res.Action, res.Record.Status, res.Record.RecoveryPoint, res.Record.LastError)
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusFinished, rec.Status)
-	require.Equal(t, idem.RecoveryPointAbandoned, rec.RecoveryPoint)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
+	require.Equal(t, idemtype.RecoveryPointAbandoned, rec.RecoveryPoint)
 	require.Equal(t, idem.AbandonedStatus, rec.ResponseStatus)
 	require.Contains(t, rec.LastError, "resolved by alice: abandon: INC-42")
 
@@ -172,14 +174,14 @@ func TestResolveRefusesOtherStates(t *testing.T) {
 	require.Equal(t, before, b.keyRow(t, "done"))
 
 	// A running key: its worker died before the send.
-	crashing := b.runner(t, func(_ context.Context, at idem.HookPoint) error {
-		if at.Where == idem.HookPhaseStart && at.Phase == "sms_sent" {
-			return idem.ErrSimulatedCrash
+	crashing := b.runner(t, func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Where == idemtest.HookPhaseStart && at.Phase == "sms_sent" {
+			return idemtest.ErrSimulatedCrash
 		}
 		return nil
 	})
 	_, err = crashing.Execute(ctx, b.flow, b.req("running"))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	before = b.keyRow(t, "running")
 	_, err = r.Resolve(ctx, "user:1", "running", resolution(idem.ResolveAbandon))
 	require.ErrorIs(t, err, idem.ErrNothingToReconcile)
@@ -195,8 +197,8 @@ func TestResolveRefusesOtherStates(t *testing.T) {
 		"no operator":            {Verdict: idem.ResolveAbandon, Reason: "x"},
 		"no reason":              {Verdict: idem.ResolveAbandon, Operator: "alice"},
 		"unknown verdict":        {Verdict: "maybe", Operator: "alice", Reason: "x"},
-		"answer with abandon":    {Verdict: idem.ResolveAbandon, Operator: "alice", Reason: "x", Response: &idem.Response{Status: 200}},
-		"answer with bad status": {Verdict: idem.ResolveHappened, Operator: "alice", Reason: "x", Response: &idem.Response{Status: 99}},
+		"answer with abandon":    {Verdict: idem.ResolveAbandon, Operator: "alice", Reason: "x", Response: &idemtype.Response{Status: 200}},
+		"answer with bad status": {Verdict: idem.ResolveHappened, Operator: "alice", Reason: "x", Response: &idemtype.Response{Status: 99}},
 		"a one-word reason":      {Verdict: idem.ResolveAbandon, Operator: "alice", Reason: "INC-4242424242"},
 		"a short reason":         {Verdict: idem.ResolveAbandon, Operator: "alice", Reason: "a b c d"},
 		"a one-character reason": {Verdict: idem.ResolveAbandon, Operator: "x", Reason: "x"},
@@ -283,7 +285,7 @@ func TestResolveIsFencedAgainstAConcurrentClaim(t *testing.T) {
 	tx, err := store.BeginPhase(ctx, idemdriver.PhaseOptions{})
 	require.NoError(t, err)
 	err = tx.CommitPhase(ctx, idemdriver.CommitParams{Ref: idemdriver.LockRef{ID: held.Record.ID, Fence: held.Record.Fence, Scope: held.Record.Scope},
-		RecoveryPoint: "sms_sent", Status: idem.StatusRunning})
+		RecoveryPoint: "sms_sent", Status: idemtype.StoredRunning})
 	require.ErrorIs(t, err, idem.ErrLockLost, "the old holder is fenced off")
 	require.Equal(t, "message_saved", b.key(t, "k1").RecoveryPoint)
 }
@@ -379,7 +381,7 @@ func TestResolveNotHappenedNeedsConfirmingAndIsRecordedForGood(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, b.gateway.times(b.ref(t, "k1")))
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
 	require.Empty(t, rec.LastError)
 
 	var sessionUser string
@@ -431,7 +433,7 @@ func TestResolveRecordsTheAnswerAndOnlyVerdictsThatLand(t *testing.T) {
 	r := b.inDoubt(t, "k1")
 	ctx := context.Background()
 	v := resolution(idem.ResolveHappened)
-	v.Response = &idem.Response{Status: http.StatusCreated, Body: []byte(`{"message_id":7}`)}
+	v.Response = &idemtype.Response{Status: http.StatusCreated, Body: []byte(`{"message_id":7}`)}
 	_, err := r.Resolve(ctx, "user:1", "k1", v)
 	require.NoError(t, err)
 	verdicts, err := r.Verdicts(ctx, "user:1", "k1")
@@ -446,11 +448,11 @@ func TestResolveRecordsTheAnswerAndOnlyVerdictsThatLand(t *testing.T) {
 	rec := b.key(t, "k1")
 	tx, err := store.BeginPhase(ctx, idemdriver.PhaseOptions{})
 	require.NoError(t, err)
-	lost := &idem.Verdict{Scope: "user:1", Key: "k1", KeyID: rec.ID, Fence: rec.Fence - 1, Flow: rec.Flow, Verdict: "abandon",
+	lost := &idemtype.Verdict{Scope: "user:1", Key: "k1", KeyID: rec.ID, Fence: rec.Fence - 1, Flow: rec.Flow, Verdict: "abandon",
 		RecoveryPoint: rec.RecoveryPoint, Operator: "bob", Reason: "a verdict that will not land", Action: "none"}
 	require.NoError(t, store.RecordVerdict(ctx, tx, lost))
 	err = tx.CommitPhase(ctx, idemdriver.CommitParams{Ref: idemdriver.LockRef{ID: rec.ID, Fence: rec.Fence - 1, Scope: "user:1"},
-		RecoveryPoint: "sms_sent", Status: idem.StatusRunning})
+		RecoveryPoint: "sms_sent", Status: idemtype.StoredRunning})
 	require.ErrorIs(t, err, idem.ErrLockLost)
 	verdicts, err = r.Verdicts(ctx, "user:1", "k1")
 	require.NoError(t, err)
@@ -472,7 +474,7 @@ func TestResolveVerdictThatCannotBeRecordedKeepsTheCallInDoubt(t *testing.T) {
 		CREATE TRIGGER refuse_verdict BEFORE INSERT ON idem_verdicts FOR EACH ROW EXECUTE FUNCTION refuse_verdict()`)
 	require.NoError(t, err)
 	answered := resolution(idem.ResolveHappened)
-	answered.Response = &idem.Response{Status: http.StatusCreated, Body: []byte(`{"message_id":7}`)}
+	answered.Response = &idemtype.Response{Status: http.StatusCreated, Body: []byte(`{"message_id":7}`)}
 	for k, v := range map[string]idem.Resolution{
 		"not-happened": resolution(idem.ResolveNotHappened),
 		"happened":     resolution(idem.ResolveHappened),
@@ -483,7 +485,7 @@ func TestResolveVerdictThatCannotBeRecordedKeepsTheCallInDoubt(t *testing.T) {
 		_, err := r.Resolve(ctx, "user:1", k, v)
 		require.ErrorContains(t, err, "the verdicts table refuses the row", k)
 		rec := b.key(t, k)
-		require.Equal(t, idem.StatusNeedsReconcile, rec.Status, k)
+		require.Equal(t, idemtype.StoredNeedsReconcile, rec.Status, k)
 		require.Equal(t, "sms_sent", rec.ForeignMark, "%s: the call is still in doubt", k)
 		require.Equal(t, "message_saved", rec.RecoveryPoint, k)
 		require.Nil(t, rec.LockedAt, k)
@@ -513,9 +515,9 @@ func TestResolveRecordsTheVerdictOnCitus(t *testing.T) {
 	t.Parallel()
 	b := setupCitus(t)
 	ctx := context.Background()
-	crashing := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charge_created")}})
+	crashing := b.runner(t, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookPhaseStart, "charge_created"))})
 	_, err := crashing.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 5}))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	b.clock.Advance(2 * time.Minute)
 	_, err = b.pool.Exec(ctx, `UPDATE idem_keys SET status = 'needs_reconcile' WHERE scope = 'user:1' AND key = 'k1'`)
 	require.NoError(t, err)

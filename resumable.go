@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // RecoveryPointKeys counts the unfinished keys of a registered flow at one
@@ -72,7 +73,7 @@ func (r *Runner) CheckResumable(ctx context.Context) (*ResumeReport, error) {
 		switch {
 		case (!ok || next >= len(flow.PhaseNames())) && !settles:
 			rep.Unresumable = countKeys(rep.Unresumable, g.Flow, g.RecoveryPoint, g)
-		case ok && g.RecoveryPoint != RecoveryPointStarted && !slices.Contains(flow.PhaseNames(), g.RecoveryPoint):
+		case ok && g.RecoveryPoint != idemtype.RecoveryPointStarted && !slices.Contains(flow.PhaseNames(), g.RecoveryPoint):
 			rep.Declared = countKeys(rep.Declared, g.Flow, g.RecoveryPoint, g)
 		}
 	}
@@ -92,7 +93,7 @@ func countKeys(list []RecoveryPointKeys, flow, point string, g idemdriver.Unfini
 		list = append(list, RecoveryPointKeys{Flow: flow, RecoveryPoint: point})
 	}
 	list[i].Keys += g.Keys
-	if g.Status == StatusNeedsReconcile {
+	if g.Status == idemtype.StoredNeedsReconcile {
 		list[i].NeedsReconcile += g.Keys
 	}
 	return list

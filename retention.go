@@ -11,10 +11,10 @@ func (r *Runner) Retention(flow AnyFlow) time.Duration {
 	return flow.retentionOr(r.config.Retention)
 }
 
-// AbandonAfter is how long after its creation an unfinished key of flow is
+// UnfinishedRetention is how long after its creation an unfinished key of flow is
 // abandoned (deleted, so that the request runs anew from its first phase):
-// the flow's FlowConfig.AbandonAfter, else Config.AbandonAfter. Negative:
+// the flow's FlowConfig.UnfinishedRetention, else Config.UnfinishedRetention. Negative:
 // never.
-func (r *Runner) AbandonAfter(flow AnyFlow) time.Duration {
-	return flow.abandonAfterOr(r.config.AbandonAfter)
+func (r *Runner) UnfinishedRetention(flow AnyFlow) time.Duration {
+	return flow.abandonAfterOr(r.config.UnfinishedRetention)
 }

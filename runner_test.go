@@ -18,6 +18,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/testfixture"
 	"github.com/go-idem/idem/pgstore"
 )
@@ -42,8 +44,8 @@ func TestNewKeyRunsEveryPhaseOnceInOrder(t *testing.T) {
 	require.Equal(t, http.StatusCreated, out.Response.Status)
 
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusFinished, rec.Status)
-	require.Equal(t, idem.RecoveryPointFinished, rec.RecoveryPoint)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
+	require.Equal(t, idemtype.RecoveryPointFinished, rec.RecoveryPoint)
 	require.Equal(t, http.StatusCreated, rec.ResponseStatus)
 	require.Equal(t, out.Response.Body, rec.ResponseBody)
 	require.Nil(t, rec.LockedAt)
@@ -245,15 +247,14 @@ func TestCrashLeavesKeyLockedUntilLeaseExpires(t *testing.T) {
 
 func crashLeavesKeyLockedUntilLeaseExpires(t *testing.T, b *testBundle) {
 	ctx := context.Background()
-	crashing := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: func(_ context.Context, at idem.HookPoint) error {
-		if at.Where == idem.HookAfterCommit && at.Phase == "charge_created" {
-			return idem.ErrSimulatedCrash
+	crashing := b.runner(t, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Where == idemtest.HookAfterCommit && at.Phase == "charge_created" {
+			return idemtest.ErrSimulatedCrash
 		}
 		return nil
-	}}})
+	})})
 	out, err := crashing.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
-	require.Equal(t, idem.OutcomeAbandoned, out.Kind)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 
 	rec := b.key(t, "k1")
 	require.Equal(t, "charge_created", rec.RecoveryPoint)
@@ -347,7 +348,7 @@ func fencingStopsATakenOverWorker(t *testing.T, b *testBundle) {
 	require.Equal(t, 0, b.countRows(t, "jobs WHERE kind = 'stale-worker-write'"), "the stale worker's writes rolled back")
 	require.Equal(t, 1, b.countRows(t, "rides"), "only the new owner's ride exists")
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
 	require.Equal(t, int64(2), rec.Fence)
 }
 
@@ -462,7 +463,7 @@ func TestSerializationFailuresAndDeadlocksAreRetried(t *testing.T) {
 		require.Equal(t, 2, retried)
 		rec := b.key(t, "k1")
 		require.Nil(t, rec.LockedAt, "released for a later retry")
-		require.Equal(t, idem.RecoveryPointStarted, rec.RecoveryPoint)
+		require.Equal(t, idemtype.RecoveryPointStarted, rec.RecoveryPoint)
 
 		conflicts = 0
 		out, err = r.Execute(context.Background(), b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
@@ -554,14 +555,14 @@ func TestCheckpointSurvivesACrashIntoANewRunner(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	crashing := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: func(_ context.Context, at idem.HookPoint) error {
-		if at.Where == idem.HookPhaseStart && at.Phase == "charge_created" {
-			return idem.ErrSimulatedCrash
+	crashing := b.runner(t, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Where == idemtest.HookPhaseStart && at.Phase == "charge_created" {
+			return idemtest.ErrSimulatedCrash
 		}
 		return nil
-	}}})
+	})})
 	_, err := crashing.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	var rideID int64
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT id FROM rides`).Scan(&rideID))
 
@@ -591,7 +592,7 @@ func TestDeclineIsStoredAndReplayed(t *testing.T) {
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.Equal(t, http.StatusPaymentRequired, out.Response.Status)
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
 	require.Equal(t, http.StatusPaymentRequired, rec.ResponseStatus)
 
 	again, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 99}))
@@ -686,12 +687,12 @@ func TestLostCommitAcknowledgementIsNotReRun(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	r := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: func(_ context.Context, at idem.HookPoint) error {
-		if at.Where == idem.HookAfterCommit && at.Phase == "ride_created" && at.Key.Attempts == 1 {
+	r := b.runner(t, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Where == idemtest.HookAfterCommit && at.Phase == "ride_created" && at.Key.Attempts == 1 {
 			return errors.New("connection reset while reading the COMMIT reply")
 		}
 		return nil
-	}}})
+	})})
 	out, err := r.Execute(ctx, b.flow, b.request("k1", rideInput{Origin: "SF", Amount: 20}))
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)

@@ -17,15 +17,17 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/pgstore"
 )
 
 // declinedSealed stores, through a sealing store, a finished key "k1"
 // whose charge was declined (402), and returns that store's runner.
-func (b *testBundle) declinedSealed(t *testing.T) (*idem.Runner, *idem.Response) {
+func (b *testBundle) declinedSealed(t *testing.T) (*idem.Runner, *idemtype.Response) {
 	t.Helper()
 	b.provider.Decline(13)
-	r := b.runnerOn(t, b.storeWith(t, &pgstore.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}}), nil)
+	r := b.runnerOn(t, b.storeWith(t, &idemtype.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}}), nil)
 	out, err := r.Execute(context.Background(), b.flow, b.request("k1", rideInput{Origin: "Secret St", Amount: 13}))
 	require.NoError(t, err)
 	require.Equal(t, http.StatusPaymentRequired, out.Response.Status)
@@ -82,11 +84,11 @@ func TestSealedParamsCannotBeDowngradedOrSwapped(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
 			ctx := context.Background()
-			st := b.storeWith(t, &pgstore.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}})
-			crashing := b.runnerOn(t, st, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charge_created")}})
+			st := b.storeWith(t, &idemtype.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}})
+			crashing := b.runnerOn(t, st, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookPhaseStart, "charge_created"))})
 			for k, origin := range map[string]string{"k1": "Secret St", "k2": "Other St"} {
 				_, err := crashing.Execute(ctx, b.flow, b.request(k, rideInput{Origin: origin, Amount: 5}))
-				require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+				require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 			}
 			_, err := b.pool.Exec(ctx, tamper)
 			require.NoError(t, err)
@@ -126,9 +128,9 @@ func TestRowsSealedByV01KeepWorkingAcrossARotation(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	clear := b.runnerOn(t, b.storeWith(t, nil), &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charge_created")}})
+	clear := b.runnerOn(t, b.storeWith(t, nil), &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookPhaseStart, "charge_created"))})
 	_, err := clear.Execute(ctx, b.flow, b.request("unfinished", rideInput{Origin: "Old St", Amount: 5}))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	finished, err := b.runnerOn(t, b.storeWith(t, nil), nil).Execute(ctx, b.flow, b.request("finished", rideInput{Origin: "Old St", Amount: 6}))
 	require.NoError(t, err)
 
@@ -146,7 +148,7 @@ func TestRowsSealedByV01KeepWorkingAcrossARotation(t *testing.T) {
 		sealV1(t, sealKey1, finished.Response.Body, fmt.Sprintf("idem response_body %d", id)), id)
 	require.NoError(t, err)
 
-	rotated := b.storeWith(t, &pgstore.Keyring{Current: "k2", Keys: map[string][]byte{"k1": sealKey1, "k2": sealKey2}})
+	rotated := b.storeWith(t, &idemtype.Keyring{Current: "k2", Keys: map[string][]byte{"k1": sealKey1, "k2": sealKey2}})
 	r := b.runnerOn(t, rotated, nil)
 	out, err := r.Execute(ctx, b.flow, b.request("finished", rideInput{Origin: "Old St", Amount: 6}))
 	require.NoError(t, err)
@@ -162,7 +164,7 @@ func TestRowsSealedByV01KeepWorkingAcrossARotation(t *testing.T) {
 	_, err = r.Execute(ctx, b.flow, b.request("new", rideInput{Origin: "New St", Amount: 7}))
 	require.NoError(t, err)
 	sealKey3 := bytes.Repeat([]byte{3}, 32)
-	r3 := b.runnerOn(t, b.storeWith(t, &pgstore.Keyring{Current: "k3", Keys: map[string][]byte{"k1": sealKey1, "k2": sealKey2, "k3": sealKey3}}), nil)
+	r3 := b.runnerOn(t, b.storeWith(t, &idemtype.Keyring{Current: "k3", Keys: map[string][]byte{"k1": sealKey1, "k2": sealKey2, "k3": sealKey3}}), nil)
 	for _, k := range []string{"new", "unfinished"} {
 		out, err := r3.Execute(ctx, b.flow, b.request(k, rideInput{Origin: map[string]string{"new": "New St", "unfinished": "Old St"}[k], Amount: map[string]float64{"new": 7, "unfinished": 5}[k]}))
 		require.NoError(t, err, k)
@@ -171,17 +173,17 @@ func TestRowsSealedByV01KeepWorkingAcrossARotation(t *testing.T) {
 }
 
 // A store that seals with unkeyed fingerprints warns when the runner
-// starts; with a FingerprintKey it does not.
+// starts; with FingerprintKeys it does not.
 func TestSealingWithUnkeyedFingerprintsWarns(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	st := b.storeWith(t, &pgstore.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}})
+	st := b.storeWith(t, &idemtype.Keyring{Current: "k1", Keys: map[string][]byte{"k1": sealKey1}})
 	var logs bytes.Buffer
 	_, err := idem.NewRunner(st, &idem.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	require.NoError(t, err)
 	require.Contains(t, logs.String(), "fingerprints are unkeyed")
 	logs.Reset()
-	_, err = idem.NewRunner(st, &idem.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil)), FingerprintKey: bytes.Repeat([]byte{9}, 32)})
+	_, err = idem.NewRunner(st, &idem.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil)), FingerprintKeys: &idemtype.Keyring{Current: "f1", Keys: map[string][]byte{"f1": bytes.Repeat([]byte{9}, 32)}}})
 	require.NoError(t, err)
 	require.False(t, strings.Contains(logs.String(), "unkeyed"), logs.String())
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 	"github.com/go-idem/idem/internal/testfixture"
 	"github.com/go-idem/idem/pgstore"
@@ -236,7 +237,7 @@ func (b *testBundle) countRows(t *testing.T, table string) int {
 	return n
 }
 
-func (b *testBundle) key(t *testing.T, key string) *idem.KeyRecord {
+func (b *testBundle) key(t *testing.T, key string) *idemtype.KeyRecord {
 	t.Helper()
 	rec, err := b.storeFor(t).GetKey(context.Background(), "user:1", key)
 	require.NoError(t, err)

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // Start runs the maintenance services of Config.Maintenance in the
@@ -43,7 +44,7 @@ func TestStartRunsTheMaintenanceServicesUntilStop(t *testing.T) {
 		t.Fatal("the completer Start started did not complete the abandoned request")
 	}
 	require.NoError(t, r.Stop(ctx))
-	require.Equal(t, idem.StatusFinished, b.key(t, "k1").Status)
+	require.Equal(t, idemtype.StoredFinished, b.key(t, "k1").Status)
 	require.Equal(t, 1, b.provider.Charges())
 	require.Equal(t, 1, obs.n(idem.EventCompleted))
 	require.NoError(t, r.Stop(ctx))

@@ -10,6 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 )
 
 type cardInput struct {
@@ -109,10 +111,10 @@ func TestCompleterRedrivesOnlyFromWhatWasStored(t *testing.T) {
 	redrives := newCardFlow("cards.redrive", &idem.FlowConfig[cardInput]{Store: withoutCard})
 	waits := newCardFlow("cards.wait", &idem.FlowConfig[cardInput]{Store: withoutCard, NoRedrive: true})
 	flows := []idem.AnyFlow{redrives.flow, waits.flow}
-	crash := b.runner(t, &idem.Config{Flows: flows, Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, "charged")}})
+	crash := b.runner(t, &idem.Config{Flows: flows, Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookPhaseStart, "charged"))})
 	for _, c := range []*cardFlow{redrives, waits} {
 		_, err := crash.Execute(ctx, c.flow, idem.Request{Scope: "user:1", Key: c.flow.Name(), Params: cardInput{Card: testCard, Amount: 5}})
-		require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+		require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	}
 	b.clock.Advance(time.Hour)
 
@@ -121,8 +123,8 @@ func TestCompleterRedrivesOnlyFromWhatWasStored(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, &idem.CompleteResult{Claimed: 1, Completed: 1}, res)
 	require.Equal(t, []string{testCard, ""}, redrives.saw(), "resumed from the stored projection")
-	require.Equal(t, idem.StatusFinished, b.key(t, "cards.redrive").Status)
-	require.Equal(t, idem.StatusRunning, b.key(t, "cards.wait").Status, "not claimed")
+	require.Equal(t, idemtype.StoredFinished, b.key(t, "cards.redrive").Status)
+	require.Equal(t, idemtype.StoredRunning, b.key(t, "cards.wait").Status, "not claimed")
 
 	out, err := r.Execute(ctx, waits.flow, idem.Request{Scope: "user:1", Key: "cards.wait", Params: cardInput{Card: testCard, Amount: 5}})
 	require.NoError(t, err)
@@ -152,9 +154,9 @@ func TestReconcileHandsANoRedriveKeyBackToItsClient(t *testing.T) {
 				saw(run)
 				return idem.Advance(), run.Foreign(ctx, "charge", func(context.Context, string) error { return nil })
 			},
-			Reconcile: func(_ context.Context, _ idem.Tx, run *idem.Attempt[cardInput]) (idem.Reconciliation, error) {
+			Reconcile: func(_ context.Context, _ idem.Tx, run *idem.Attempt[cardInput]) (idem.ReconcileVerdict, error) {
 				saw(run)
-				return idem.ReconcileDone(idem.Advance()), nil
+				return idem.ReconcileHappened(idem.Advance()), nil
 			},
 		},
 		{Name: "receipted", Do: func(_ context.Context, _ idem.Tx, run *idem.Attempt[cardInput]) (idem.Result, error) {
@@ -162,12 +164,12 @@ func TestReconcileHandsANoRedriveKeyBackToItsClient(t *testing.T) {
 			return idem.RespondJSON(http.StatusCreated, "ok"), nil
 		}},
 	}, &idem.FlowConfig[cardInput]{Store: withoutCard, NoRedrive: true})
-	cfg := func(hook func(context.Context, idem.HookPoint) error) *idem.Config {
-		return &idem.Config{Flows: []idem.AnyFlow{flow}, Test: idem.TestConfig{Hook: hook}}
+	cfg := func(hook func(context.Context, idemtest.HookPoint) error) *idem.Config {
+		return &idem.Config{Flows: []idem.AnyFlow{flow}, Test: idemtest.WithHook(idem.TestConfig{}, hook)}
 	}
 	req := idem.Request{Scope: "user:1", Key: "k1", Params: cardInput{Card: testCard, Amount: 5}}
-	_, err := b.runner(t, cfg(crashAt(idem.HookAfterForeign, "charged"))).Execute(ctx, flow, req)
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	_, err := b.runner(t, cfg(crashAt(idemtest.HookAfterForeign, "charged"))).Execute(ctx, flow, req)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	b.clock.Advance(time.Hour)
 	r := b.runner(t, cfg(nil))
 	_, err = r.Execute(ctx, flow, req)
@@ -178,7 +180,7 @@ func TestReconcileHandsANoRedriveKeyBackToItsClient(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, &idem.ReconcileResult{Claimed: 1, Resolved: 1}, res)
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusRunning, rec.Status)
+	require.Equal(t, idemtype.StoredRunning, rec.Status)
 	require.Equal(t, "charged", rec.RecoveryPoint, "the verdict committed the phase in doubt")
 	require.Nil(t, rec.LockedAt)
 	require.Contains(t, rec.LastError, "client's retry")

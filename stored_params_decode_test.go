@@ -8,6 +8,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // strandAt leaves key in flight at the recovery point before phase, with
@@ -15,9 +17,9 @@ import (
 // would have stored them; and lets its lease expire and the key go idle.
 func (b *testBundle) strandAt(t *testing.T, key, phase, params string) {
 	t.Helper()
-	crashing := b.runner(t, &idem.Config{Test: idem.TestConfig{Hook: crashAt(idem.HookPhaseStart, phase)}})
+	crashing := b.runner(t, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, crashAt(idemtest.HookPhaseStart, phase))})
 	_, err := crashing.Execute(context.Background(), b.flow, b.request(key, rideInput{Origin: "SF", Amount: 20}))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	_, err = b.pool.Exec(context.Background(), `UPDATE idem_keys SET params = $1::jsonb WHERE key = $2`, params, key)
 	require.NoError(t, err)
 	b.clock.Advance(time.Hour)
@@ -40,7 +42,7 @@ func TestCompleterDecodesStoredParamsTolerantly(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, &idem.CompleteResult{Claimed: 1, Completed: 1}, res)
 	require.Equal(t, []float64{0}, amounts, "a field the stored params lack: its zero value")
-	require.Equal(t, idem.StatusFinished, b.key(t, "k1").Status)
+	require.Equal(t, idemtype.StoredFinished, b.key(t, "k1").Status)
 	t.Logf("tolerant decode: %+v", *res)
 }
 
@@ -63,7 +65,7 @@ func TestCompleterReportsUndecodableParams(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, &idem.CompleteResult{Claimed: 1, Failed: 1}, res)
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusRunning, rec.Status)
+	require.Equal(t, idemtype.StoredRunning, rec.Status)
 	require.Nil(t, rec.LockedAt, "released, not left locked")
 	require.Equal(t, before+1, rec.Attempts)
 	require.Contains(t, rec.LastError, idem.ErrUndecodableParams.Error())
@@ -105,7 +107,7 @@ func TestReconcileReportsUndecodableParams(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
 	require.Equal(t, idem.OutcomeNeedsReconcile, out.Kind)
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusNeedsReconcile, rec.Status)
+	require.Equal(t, idemtype.StoredNeedsReconcile, rec.Status)
 	require.Contains(t, rec.LastError, idem.ErrUndecodableParams.Error())
 	require.Zero(t, b.counts.Get()["reconcile"], "no hook ran on an input it cannot see")
 	t.Logf("reconcile: %s, last error %q", out.Kind, rec.LastError)

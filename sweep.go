@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // The completer and reconcile runs are both sweeps: they claim idle keys in
@@ -36,7 +37,7 @@ func validateSweep(what string, idleFor time.Duration, batchSize, maxKeys int) e
 // until a batch comes back short, maxKeys keys were handled, or ctx ends.
 // Keys already handled in this pass are not handled again, whatever a
 // frozen test clock makes them look like.
-func (r *Runner) sweep(ctx context.Context, status Status, flows []string, idleFor time.Duration, maxAttempts, batchSize, maxKeys int, handle func(*KeyRecord)) error {
+func (r *Runner) sweep(ctx context.Context, status idemtype.StoredStatus, flows []string, idleFor time.Duration, maxAttempts, batchSize, maxKeys int, handle func(*idemtype.KeyRecord)) error {
 	seen := map[int64]bool{}
 	for {
 		if err := ctx.Err(); err != nil {

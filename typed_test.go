@@ -16,9 +16,8 @@ type charge struct {
 	Amount float64 `json:"amount"`
 }
 
-// The typed helpers in one flow: ForeignValue returns the provider's value,
-// CheckpointOf reads a checkpoint without a destination variable,
-// RespondJSONWith adds a header, and Flow.Execute takes the input typed.
+// The typed helpers in one flow: RespondJSONWith adds a header, and
+// idem.Execute takes the input typed.
 func TestTypedHelpers(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -28,31 +27,27 @@ func TestTypedHelpers(t *testing.T) {
 		{
 			Name: "charged",
 			Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) (idem.Result, error) {
-				_, ok, err := idem.CheckpointOf[charge](run, "charge")
+				var c charge
+				ok, err := run.Checkpoint("charge", &c)
 				require.NoError(t, err)
 				require.False(t, ok, "nothing recorded yet")
-				c, err := idem.ForeignValue(ctx, run, "charge", func(ctx context.Context, key string) (charge, error) {
+				err = run.Foreign(ctx, "charge", func(ctx context.Context, key string) error {
 					calls++
 					require.Equal(t, run.IdempotencyKey(), key)
-					return charge{ID: "ch_" + key[len(key)-4:], Amount: run.Input().Amount}, nil
+					c = charge{ID: "ch_" + key[len(key)-4:], Amount: run.Input().Amount}
+					return nil
 				})
 				if err != nil {
 					return idem.Result{}, err
 				}
-				// A second call is refused without calling: the zero value.
-				again, err := idem.ForeignValue(ctx, run, "charge_again", func(context.Context, string) (charge, error) {
-					calls++
-					return charge{ID: "never"}, nil
-				})
-				require.ErrorIs(t, err, idem.ErrSecondForeignCall)
-				require.Zero(t, again)
 				return idem.Advance(), run.SetCheckpoint("charge", c)
 			},
 		},
 		{
 			Name: "responded",
 			Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) (idem.Result, error) {
-				c, ok, err := idem.CheckpointOf[charge](run, "charge")
+				var c charge
+				ok, err := run.Checkpoint("charge", &c)
 				if err != nil || !ok {
 					return idem.Result{}, fmt.Errorf("no charge checkpoint (found %v): %w", ok, err)
 				}
@@ -62,7 +57,7 @@ func TestTypedHelpers(t *testing.T) {
 	}, nil)
 	r := b.runner(t, &idem.Config{Flows: []idem.AnyFlow{flow}})
 
-	out, err := flow.Execute(ctx, r, idem.Request{Scope: "user:1", Key: "typed-1"}, rideInput{Origin: "SF", Amount: 12.5})
+	out, err := idem.Execute(ctx, r, flow, idem.Request{Scope: "user:1", Key: "typed-1"}, rideInput{Origin: "SF", Amount: 12.5})
 	require.NoError(t, err)
 	require.Equal(t, idem.OutcomeExecuted, out.Kind)
 	require.Equal(t, 1, calls)
@@ -78,7 +73,7 @@ func TestTypedHelpers(t *testing.T) {
 
 	// Params and the typed input together are refused before anything is
 	// written.
-	out, err = flow.Execute(ctx, r, idem.Request{Scope: "user:1", Key: "typed-2", Params: rideInput{}}, rideInput{Origin: "SF"})
+	out, err = idem.Execute(ctx, r, flow, idem.Request{Scope: "user:1", Key: "typed-2", Params: rideInput{}}, rideInput{Origin: "SF"})
 	require.ErrorIs(t, err, idem.ErrInvalidParams)
 	require.Equal(t, idem.OutcomeInvalid, out.Kind)
 	_, err = b.store.GetKey(ctx, "user:1", "typed-2")
@@ -101,7 +96,7 @@ func TestRespondJSONWithHeaders(t *testing.T) {
 			return res, nil
 		},
 	}}, nil)
-	out, err := flow.Execute(context.Background(), b.runner(t, &idem.Config{Flows: []idem.AnyFlow{flow}}),
+	out, err := idem.Execute(context.Background(), b.runner(t, &idem.Config{Flows: []idem.AnyFlow{flow}}), flow,
 		idem.Request{Scope: "user:1", Key: "hdr"}, rideInput{})
 	require.NoError(t, err)
 	require.Equal(t, "application/vnd.api+json", out.Response.Header.Get("Content-Type"))

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // waitAndExecute waits, until req.Wait after started, for the attempt that
@@ -90,9 +91,9 @@ type awaitedAttempt struct {
 // answer too.
 type waitShare struct {
 	waiters  int
-	leading  bool          // a waiter acquires the key now
-	done     chan struct{} // closed when that acquisition returns
-	finished *KeyRecord    // the finished key it found, to replay
+	leading  bool                // a waiter acquires the key now
+	done     chan struct{}       // closed when that acquisition returns
+	finished *idemtype.KeyRecord // the finished key it found, to replay
 }
 
 // waitShares are the runner's shares, one per attempt waited for.
@@ -171,8 +172,8 @@ func (r *Runner) executeAwoken(ctx, waitCtx context.Context, until time.Time, fl
 // replayFinished answers req with rec, a finished key another waiter read,
 // when req is the key's own request (the check an acquisition makes);
 // false sends req to the store.
-func (r *Runner) replayFinished(ctx context.Context, flow AnyFlow, req Request, stored *prepared, rec *KeyRecord) (*Outcome, bool) {
-	if stored != nil || req.RetryOnly || rec.RecoveryPoint == RecoveryPointAbandoned {
+func (r *Runner) replayFinished(ctx context.Context, flow AnyFlow, req Request, stored *prepared, rec *idemtype.KeyRecord) (*Outcome, bool) {
+	if stored != nil || req.RetryOnly || rec.RecoveryPoint == idemtype.RecoveryPointAbandoned {
 		return nil, false
 	}
 	if err := req.normalise(); err != nil {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/internal/hooks"
 	"github.com/go-idem/idem/internal/testfixture"
 	"github.com/go-idem/idem/internal/wirecount"
 	"github.com/go-idem/idem/pgstore"
@@ -183,9 +184,9 @@ func TestWaitThroughPgBouncerPolls(t *testing.T) {
 	require.Equal(t, idem.OutcomeReplayed, two.out.Kind)
 	require.Equal(t, one.out.Response.Body, two.out.Response.Body)
 	require.Positive(t, two.out.Waited)
-	require.Eventually(t, b.store.Polling, time.Minute, 5*time.Millisecond, "the listener found the pooler: the store polls")
-	require.False(t, b.store.Listening())
-	require.Zero(t, b.store.Notifications(), "no LISTEN through a transaction pooler")
+	require.Eventually(t, func() bool { return hooks.StoreWaits(b.store).Polling }, time.Minute, 5*time.Millisecond, "the listener found the pooler: the store polls")
+	require.False(t, hooks.StoreWaits(b.store).Listening)
+	require.Zero(t, hooks.StoreWaits(b.store).Notifications, "no LISTEN through a transaction pooler")
 	require.Equal(t, 1, b.provider.Charges())
 }
 
@@ -243,14 +244,14 @@ func TestWaitWakesAfterAFinishAtRepeatableRead(t *testing.T) {
 			require.Eventually(t, func() bool {
 				var marked bool
 				err := b.pool.QueryRow(context.Background(), `SELECT waited_at IS NOT NULL FROM idem_leases`).Scan(&marked)
-				return err == nil && marked && b.store.Listening()
+				return err == nil && marked && hooks.StoreWaits(b.store).Listening
 			}, 10*time.Second, 5*time.Millisecond, "the waiter marks the key while the last phase runs, and its store listens")
 			pause.Release()
 			one, two := <-first, <-waiter
 			require.NoError(t, one.err)
 			require.NoError(t, two.err)
 			require.Equal(t, idem.OutcomeReplayed, two.out.Kind)
-			require.Positive(t, b.store.Notifications(), "woken by a notification, not by the 5 s recheck")
+			require.Positive(t, hooks.StoreWaits(b.store).Notifications, "woken by a notification, not by the 5 s recheck")
 			t.Logf("%s: woken after %s", iso, two.out.Waited)
 		})
 	}

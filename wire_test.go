@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -51,15 +52,12 @@ func TestLostCommitReplyOfNotIdempotentPhase(t *testing.T) {
 	b := setupSMS(t)
 	ps := newProxiedStore(t, b.testBundle)
 	var lost *idemtest.Fault
-	r, err := idem.NewRunner(ps.store, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Test: idem.TestConfig{
-		Now: b.clock.Now,
-		Hook: func(_ context.Context, at idem.HookPoint) error {
-			if at.Where == idem.HookBeforeCommit && at.Phase == "sms_sent" && lost == nil {
-				lost = ps.proxy.LoseReply(idemtest.Rule{Tag: "COMMIT"})
-			}
-			return nil
-		},
-	}})
+	r, err := idem.NewRunner(ps.store, &idem.Config{Flows: []idem.AnyFlow{b.flow}, Test: idemtest.WithHook(idem.TestConfig{Now: b.clock.Now}, func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Where == idemtest.HookBeforeCommit && at.Phase == "sms_sent" && lost == nil {
+			lost = ps.proxy.LoseReply(idemtest.Rule{Tag: "COMMIT"})
+		}
+		return nil
+	})})
 	require.NoError(t, err)
 
 	out, err := r.Execute(context.Background(), b.flow, b.req("k1"))
@@ -70,7 +68,7 @@ func TestLostCommitReplyOfNotIdempotentPhase(t *testing.T) {
 	require.Equal(t, http.StatusCreated, out.Response.Status)
 	require.Equal(t, 1, b.gateway.times(b.ref(t, "k1")), "sent exactly once")
 	rec := b.key(t, "k1")
-	require.Equal(t, idem.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
 	require.Empty(t, rec.ForeignMark)
 }
 

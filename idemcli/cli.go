@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/migrations"
 	"github.com/go-idem/idem/pgstore"
 )
@@ -57,11 +58,11 @@ type Config struct {
 	// with -v).
 	Runner *idem.Config
 
-	// Cipher is the application's keyring (pgstore.Config.Cipher), when it
+	// Keyring is the application's keyring (pgstore.Config.Keyring), when it
 	// seals keys at rest: complete and reconcile need it to read the input
 	// stored with a key, and `keys show --reveal` to show it. Without it,
 	// a sealed key's payload cannot be revealed, and the commands say so.
-	Cipher *pgstore.Keyring
+	Keyring *idemtype.Keyring
 
 	// Stdout and Stderr default to the process's.
 	Stdout, Stderr io.Writer
@@ -188,7 +189,7 @@ type env struct {
 
 	pool   *pgxpool.Pool
 	runner *idem.Runner
-	// abandonAfter, when set, overrides the runner's AbandonAfter (reap).
+	// abandonAfter, when set, overrides the runner's UnfinishedRetention (reap).
 	abandonAfter time.Duration
 }
 
@@ -285,7 +286,7 @@ func (e *env) connect(ctx context.Context) error {
 		return err
 	}
 	pool := e.pool
-	store, err := pgstore.New(pool, &pgstore.Config{Schema: e.schema, ControlDB: pool, Cipher: e.cfg.Cipher})
+	store, err := pgstore.New(pool, &pgstore.Config{Schema: e.schema, ControlDB: pool, Keyring: e.cfg.Keyring})
 	if err != nil {
 		pool.Close()
 		return &exitError{code: ExitUsage, err: err}
@@ -296,7 +297,7 @@ func (e *env) connect(ctx context.Context) error {
 	}
 	rcfg.Flows = append(append([]idem.AnyFlow(nil), rcfg.Flows...), e.cfg.Flows...)
 	if e.abandonAfter != 0 {
-		rcfg.AbandonAfter = e.abandonAfter
+		rcfg.UnfinishedRetention = e.abandonAfter
 		if e.abandonAfter > 0 {
 			// Over every flow's own setting: an operator's explicit age.
 			rcfg.Flows = nil

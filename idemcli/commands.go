@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/migrations"
 )
 
@@ -192,20 +193,20 @@ var commands = []*command{
 			scope := fs.String("scope", "", "only keys of `scope` (this or --all-scopes is required)")
 			allScopes := fs.Bool("all-scopes", false, "list the keys of every scope (tenant)")
 			flow := fs.String("flow", "", "only keys of `flow`")
-			limit := fs.Int("limit", 50, fmt.Sprintf("print at most `n` keys (1-%d)", idem.MaxKeyListLimit))
+			limit := fs.Int("limit", 50, fmt.Sprintf("print at most `n` keys (1-%d)", idemtype.MaxKeyListLimit))
 			before := fs.Int64("before-id", 0, "only keys with an id below `id` (paging)")
 			reveal := fs.Bool("reveal", false, "with --json, include each key's params, checkpoint data and stored response")
 			return func(ctx context.Context, e *env, _ []string) error {
-				q := idem.KeyQuery{Scope: *scope, AllScopes: *allScopes, Flow: *flow, Limit: *limit, BeforeID: *before, Reveal: *reveal}
+				q := idemtype.KeyQuery{Scope: *scope, AllScopes: *allScopes, Flow: *flow, Limit: *limit, BeforeID: *before, Reveal: *reveal}
 				if *state != "" {
-					st, err := idem.ParseKeyState(*state)
+					st, err := idemtype.ParseKeyState(*state)
 					if err != nil {
 						return usageError(e.cmd, "--state: %v", err)
 					}
 					q.State = st
 				}
-				if *limit < 1 || *limit > idem.MaxKeyListLimit {
-					return usageError(e.cmd, "--limit %d is outside 1-%d", *limit, idem.MaxKeyListLimit)
+				if *limit < 1 || *limit > idemtype.MaxKeyListLimit {
+					return usageError(e.cmd, "--limit %d is outside 1-%d", *limit, idemtype.MaxKeyListLimit)
 				}
 				switch {
 				case *scope == "" && !*allScopes:
@@ -217,7 +218,7 @@ var commands = []*command{
 					return err
 				}
 				// One key more than the page tells whether older ones exist.
-				if q.Limit < idem.MaxKeyListLimit {
+				if q.Limit < idemtype.MaxKeyListLimit {
 					q.Limit++
 				}
 				list, err := e.runner.ListKeys(ctx, q)
@@ -249,7 +250,7 @@ var commands = []*command{
 			id := fs.Int64("id", 0, "the key's row `id` (key_id in logs), instead of KEY and --scope")
 			reveal := fs.Bool("reveal", false, "include the key's params, checkpoint data and stored response")
 			return func(ctx context.Context, e *env, args []string) error {
-				q := idem.KeyQuery{Limit: 1, Reveal: *reveal}
+				q := idemtype.KeyQuery{Limit: 1, Reveal: *reveal}
 				switch {
 				case *id < 0:
 					return usageError(e.cmd, "keys show: --id %d is not a key's id", *id)
@@ -376,7 +377,7 @@ var commands = []*command{
 							return usageError(e.cmd, "--body: %v", err)
 						}
 					}
-					res.Response = &idem.Response{Status: *status, Body: data}
+					res.Response = &idemtype.Response{Status: *status, Body: data}
 					if len(data) > 0 {
 						res.Response.Header = map[string][]string{"Content-Type": {*contentType}}
 					}
@@ -396,26 +397,29 @@ var commands = []*command{
 		},
 	},
 	{
-		name: "reap", args: "[--batch-size N] [--max-batches N] [--abandon-after DURATION] [flags]", needsDB: true,
-		summary: "delete expired and abandoned keys, in small batches",
+		name: "reap", args: "[--batch-size N] [--max-batches N] [--unfinished-retention DURATION] [flags]", needsDB: true,
+		summary: "delete expired keys and old unfinished ones, in small batches",
 		help: "Runs one reaper pass: deletes expired finished keys batch by batch (each batch a short DELETE\n" +
 			"under a statement timeout, skipping rows others have locked) until none is left, then unfinished\n" +
-			"keys abandoned past their flow's AbandonAfter (7 days by default, counted from their creation),\n" +
+			"keys past their flow's UnfinishedRetention (7 days by default, counted from their creation),\n" +
 			"never one a live lease holds nor one in needs_reconcile. A binary without the application's flows\n" +
-			"does not know their AbandonAfter, so it abandons keys only with --abandon-after, which then applies\n" +
-			"to every flow. Safe to run while the application serves traffic and while other reapers run.",
-		examples: []string{"PROG reap", "PROG reap --batch-size 500 --max-batches 100 --json", "PROG reap --abandon-after 168h"},
+			"does not know their UnfinishedRetention, so it deletes unfinished keys only with --unfinished-retention,\n" +
+			"which then applies to every flow. Safe to run while the application serves traffic and while other\n" +
+			"reapers run.",
+		examples: []string{"PROG reap", "PROG reap --batch-size 500 --max-batches 100 --json", "PROG reap --unfinished-retention 168h"},
 		setup: func(fs *flag.FlagSet) runFunc {
 			def := (&idem.ReapConfig{}).WithDefaults()
 			batch := fs.Int("batch-size", def.BatchSize, "keys deleted per statement")
 			maxBatches := fs.Int("max-batches", 0, "stop after `n` batches (default: until none is left)")
 			timeout := fs.Duration("statement-timeout", def.StatementTimeout, "bound on each batch's statement")
-			abandon := fs.Duration("abandon-after", 0, "abandon unfinished keys this much after their creation, whatever their flow "+
-				"(default: each registered flow's AbandonAfter; none without flows)")
+			abandon := fs.Duration("unfinished-retention", 0, "delete unfinished keys this much after their creation, whatever their flow "+
+				"(default: each registered flow's UnfinishedRetention; none without flows)")
+			// v0.1's name of the flag.
+			fs.DurationVar(abandon, "abandon-after", 0, "the same as --unfinished-retention (v0.1's name)")
 			return func(ctx context.Context, e *env, _ []string) error {
 				switch {
 				case *abandon < 0:
-					return usageError(e.cmd, "--abandon-after %s is negative", *abandon)
+					return usageError(e.cmd, "--unfinished-retention %s is negative", *abandon)
 				case *abandon > 0:
 					e.abandonAfter = *abandon
 				case len(e.cfg.Flows) == 0:

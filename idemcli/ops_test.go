@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 )
 
@@ -74,8 +74,8 @@ func TestKeysShowPrintsVerdictsAfterTheKeyIsGone(t *testing.T) {
 	t.Logf("keys show of the reaped key: exit %d\n%s%s", code, stdout, stderr)
 	require.Equal(t, ExitNotFound, code)
 	var shown struct {
-		Key      *idem.KeyRecord `json:"key"`
-		Verdicts []idem.Verdict  `json:"verdicts"`
+		Key      *idemtype.KeyRecord `json:"key"`
+		Verdicts []idemtype.Verdict  `json:"verdicts"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(stdout), &shown))
 	require.Nil(t, shown.Key)

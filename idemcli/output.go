@@ -18,6 +18,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/migrations"
 )
 
@@ -116,8 +117,8 @@ func (e *env) printMigrationStatus(current int) error {
 // when revealed. The payload fields shadow the record's, so an unrevealed
 // key's are left out rather than shown empty.
 type keyJSON struct {
-	*idem.KeyRecord
-	State           idem.KeyState              `json:"state"`
+	*idemtype.KeyRecord
+	State           idemtype.KeyState          `json:"state"`
 	Params          json.RawMessage            `json:"params,omitempty"`
 	Checkpoint      map[string]json.RawMessage `json:"checkpoint,omitempty"`
 	ResponseHeaders http.Header                `json:"response_headers,omitempty"`
@@ -127,10 +128,10 @@ type keyJSON struct {
 	// small payload (an amount) can be checked against.
 	Fingerprint []byte `json:"fingerprint,omitempty"`
 	// Verdicts are the operators' verdicts on the key (keys show only).
-	Verdicts []idem.Verdict `json:"verdicts,omitempty"`
+	Verdicts []idemtype.Verdict `json:"verdicts,omitempty"`
 }
 
-func newKeyJSON(k *idem.KeyRecord, now time.Time, reveal bool) keyJSON {
+func newKeyJSON(k *idemtype.KeyRecord, now time.Time, reveal bool) keyJSON {
 	j := keyJSON{KeyRecord: k, State: k.State(now)}
 	if reveal {
 		j.Params, j.Checkpoint, j.ResponseHeaders, j.ResponseBody = k.Params, k.Checkpoint, k.ResponseHeaders, k.ResponseBody
@@ -140,7 +141,7 @@ func newKeyJSON(k *idem.KeyRecord, now time.Time, reveal bool) keyJSON {
 }
 
 // printKeyList prints a page of keys; more says older keys exist beyond it.
-func (e *env) printKeyList(list *idem.KeyList, reveal, more bool) error {
+func (e *env) printKeyList(list *idemtype.KeyList, reveal, more bool) error {
 	if e.json {
 		keys := make([]keyJSON, len(list.Keys))
 		for i, k := range list.Keys {
@@ -168,7 +169,7 @@ func (e *env) printKeyList(list *idem.KeyList, reveal, more bool) error {
 	return nil
 }
 
-func (e *env) printKey(k *idem.KeyRecord, now time.Time, reveal bool, verdicts []idem.Verdict) error {
+func (e *env) printKey(k *idemtype.KeyRecord, now time.Time, reveal bool, verdicts []idemtype.Verdict) error {
 	if e.json {
 		j := newKeyJSON(k, now, reveal)
 		j.Verdicts = verdicts
@@ -208,7 +209,7 @@ func (e *env) printKey(k *idem.KeyRecord, now time.Time, reveal bool, verdicts [
 	field("foreign mark", orDash(k.ForeignMark))
 	field("last error", orDash(k.LastError))
 	field("sealed at rest", sealedWith(k))
-	if k.Status == idem.StatusFinished {
+	if k.Status == idemtype.StoredFinished {
 		field("response status", fmt.Sprintf("%d %s", k.ResponseStatus, http.StatusText(k.ResponseStatus)))
 	}
 	if err := e.verdictLines(tw, verdicts); err != nil {
@@ -221,7 +222,7 @@ func (e *env) printKey(k *idem.KeyRecord, now time.Time, reveal bool, verdicts [
 	field("params", string(escapeJSONText(k.Params)))
 	checkpoint, _ := json.Marshal(k.Checkpoint)
 	field("checkpoint", string(escapeJSONText(checkpoint)))
-	if k.Status == idem.StatusFinished {
+	if k.Status == idemtype.StoredFinished {
 		field("response headers", headerLine(k.ResponseHeaders))
 		// printable escapes what it must itself (or shows base64).
 		fmt.Fprintf(tw, "%s\t%s\n", "response body", printable(k.ResponseBody))
@@ -230,7 +231,7 @@ func (e *env) printKey(k *idem.KeyRecord, now time.Time, reveal bool, verdicts [
 }
 
 // verdictLines adds a line per operator verdict to a key's table.
-func (e *env) verdictLines(tw io.Writer, verdicts []idem.Verdict) error {
+func (e *env) verdictLines(tw io.Writer, verdicts []idemtype.Verdict) error {
 	if len(verdicts) == 0 {
 		_, err := fmt.Fprintf(tw, "%s\t%s\n", "verdicts", "-")
 		return err
@@ -264,7 +265,7 @@ func derefInt(p *int) int {
 }
 
 // printVerdictsOfMissingKey prints the verdicts of a key that is gone.
-func (e *env) printVerdictsOfMissingKey(verdicts []idem.Verdict) error {
+func (e *env) printVerdictsOfMissingKey(verdicts []idemtype.Verdict) error {
 	if len(verdicts) == 0 {
 		return nil
 	}
@@ -280,9 +281,9 @@ func (e *env) printVerdictsOfMissingKey(verdicts []idem.Verdict) error {
 }
 
 // holderLine says which process took the key's current (or last) lease.
-func holderLine(k *idem.KeyRecord) string {
+func holderLine(k *idemtype.KeyRecord) string {
 	if k.HolderBoot == "" {
-		if k.Status == idem.StatusFinished {
+		if k.Status == idemtype.StoredFinished {
 			return "-"
 		}
 		return "- (not recorded: a version before migration 0008 took the lease)"
@@ -294,7 +295,7 @@ func holderLine(k *idem.KeyRecord) string {
 	return fmt.Sprintf("instance %s, %s (a restart of %s takes its keys over at once)", k.HolderInstance, who, k.HolderInstance)
 }
 
-func (e *env) printUnlock(res *idem.UnlockResult) error {
+func (e *env) printUnlock(res *idemtype.UnlockResult) error {
 	if e.json {
 		// The statement's result has no clock; an unlocked key is stale and
 		// a key left alone is finished or expired, which its expiry says.
@@ -307,10 +308,10 @@ func (e *env) printUnlock(res *idem.UnlockResult) error {
 		return err
 	}
 	next := "the next attempt resumes after " + safe(k.RecoveryPoint)
-	if k.RecoveryPoint == idem.RecoveryPointStarted {
+	if k.RecoveryPoint == idemtype.RecoveryPointStarted {
 		next = "the next attempt starts it from its first phase"
 	}
-	if k.Status == idem.StatusNeedsReconcile {
+	if k.Status == idemtype.StoredNeedsReconcile {
 		next = "it still needs reconciliation"
 	} else if k.ForeignMark != "" {
 		next = "its foreign call in " + safe(k.ForeignMark) + " is in doubt: the next attempt sends it to reconcile"
@@ -338,9 +339,9 @@ func (e *env) printReap(res *idem.ReapResult) error {
 	if e.json {
 		return e.printJSON(res)
 	}
-	_, err := fmt.Fprintf(e.out, "reaped %d expired key(s) in %d batch(es), and %d abandoned unfinished key(s)\n", res.Deleted, res.Batches, res.Abandoned)
+	_, err := fmt.Fprintf(e.out, "reaped %d expired key(s) in %d batch(es), and %d unfinished key(s) past their retention\n", res.Deleted, res.Batches, res.Unfinished)
 	if err == nil && res.NeedsReconcile > 0 {
-		_, err = fmt.Fprintf(e.out, "moved %d abandoned key(s) with a not-idempotent call in doubt to needs_reconcile (not deleted); run `%s reconcile`\n",
+		_, err = fmt.Fprintf(e.out, "moved %d unfinished key(s) with a not-idempotent call in doubt to needs_reconcile (not deleted); run `%s reconcile`\n",
 			res.NeedsReconcile, e.cfg.Name)
 	}
 	return err
@@ -412,7 +413,7 @@ func orDash(s string) string {
 
 // sealedWith says which keys of the keyring seal the key's params and
 // response body at rest.
-func sealedWith(k *idem.KeyRecord) string {
+func sealedWith(k *idemtype.KeyRecord) string {
 	var parts []string
 	if k.ParamsKeyID != "" {
 		parts = append(parts, "params with key "+k.ParamsKeyID)

@@ -11,7 +11,7 @@ import (
 )
 
 // A binary that does not have the application's flows does not know their
-// AbandonAfter, so it abandons unfinished keys only when told how old;
+// UnfinishedRetention, so it abandons unfinished keys only when told how old;
 // an application's CLI applies its flows' own.
 func TestReapAbandonsWithTheFlowsItKnows(t *testing.T) {
 	t.Parallel()
@@ -31,20 +31,20 @@ INSERT INTO idem_leases (scope, key_id, fence) SELECT scope, id, fence FROM k`, 
 
 	stdout, stderr, code := runDB(t, schema, nil, "reap")
 	require.Equal(t, ExitOK, code, stderr)
-	require.Contains(t, stdout, "and 0 abandoned")
+	require.Contains(t, stdout, "and 0 unfinished")
 
 	flow := idem.MustNewFlow("payments.create", []idem.Phase[payment]{{Name: "paid",
 		Do: func(context.Context, idem.Tx, *idem.Attempt[payment]) (idem.Result, error) {
 			return idem.RespondJSON(201, "ok"), nil
 		}}},
-		&idem.FlowConfig[payment]{AbandonAfter: -1})
+		&idem.FlowConfig[payment]{UnfinishedRetention: -1})
 	stdout, stderr, code = runDB(t, schema, &Config{Flows: []idem.AnyFlow{flow}}, "reap")
 	require.Equal(t, ExitOK, code, stderr)
-	require.Contains(t, stdout, "and 0 abandoned", "the flow keeps its keys")
+	require.Contains(t, stdout, "and 0 unfinished", "the flow keeps its keys")
 
-	stdout, stderr, code = runDB(t, schema, nil, "reap", "--abandon-after", "168h", "--json")
+	stdout, stderr, code = runDB(t, schema, nil, "reap", "--unfinished-retention", "168h", "--json")
 	require.Equal(t, ExitOK, code, stderr)
-	require.JSONEq(t, `{"deleted": 0, "batches": 1, "abandoned": 1, "needs_reconcile": 0}`, stdout)
+	require.JSONEq(t, `{"deleted": 0, "batches": 1, "unfinished": 1, "needs_reconcile": 0}`, stdout)
 
 	_, stderr, code = runDB(t, schema, nil, "reap", "--abandon-after", "-1h")
 	require.Equal(t, ExitUsage, code)

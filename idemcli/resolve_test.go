@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 	"github.com/go-idem/idem/pgstore"
 )
@@ -42,7 +43,7 @@ func newResolveFixture(t *testing.T) *resolveFixture {
 					return nil
 				})
 			},
-			Reconcile: func(context.Context, idem.Tx, *idem.Attempt[payment]) (idem.Reconciliation, error) {
+			Reconcile: func(context.Context, idem.Tx, *idem.Attempt[payment]) (idem.ReconcileVerdict, error) {
 				return idem.ReconcileUnknown("the gateway has no lookup"), nil
 			},
 		},
@@ -170,7 +171,7 @@ func TestKeysResolve(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(stdout), &printed))
 	require.Equal(t, "abandon", printed.Verdict)
 	require.False(t, printed.DryRun)
-	require.Equal(t, idem.RecoveryPointAbandoned, printed.Key.RecoveryPoint)
+	require.Equal(t, idemtype.RecoveryPointAbandoned, printed.Key.RecoveryPoint)
 	require.Contains(t, printed.Key.LastError, "resolved by alice: abandon: INC-42: checked the gateway log")
 	_, err = f.execute("dropped")
 	require.ErrorIs(t, err, idem.ErrRequestAbandoned)

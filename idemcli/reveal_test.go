@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 	"github.com/go-idem/idem/pgstore"
 )
@@ -26,7 +27,7 @@ func finishPayment(t *testing.T, schema *pgtest.Schema, scope, key string) {
 }
 
 // finishPaymentSealed is finishPayment through a store sealing with keyring.
-func finishPaymentSealed(t *testing.T, schema *pgtest.Schema, scope, key string, keyring *pgstore.Keyring) {
+func finishPaymentSealed(t *testing.T, schema *pgtest.Schema, scope, key string, keyring *idemtype.Keyring) {
 	t.Helper()
 	flow := idem.MustNewFlow("payments.create", []idem.Phase[payment]{{
 		Name: "paid",
@@ -37,7 +38,7 @@ func finishPaymentSealed(t *testing.T, schema *pgtest.Schema, scope, key string,
 			return idem.Respond(http.StatusCreated, http.Header{"X-Card": {run.Input().Card}}, []byte(`{"card":"`+run.Input().Card+`"}`)), nil
 		},
 	}}, nil)
-	store, err := pgstore.New(schema.Pool, &pgstore.Config{Cipher: keyring})
+	store, err := pgstore.New(schema.Pool, &pgstore.Config{Keyring: keyring})
 	require.NoError(t, err)
 	t.Cleanup(store.Close)
 	r, err := idem.NewRunner(store, &idem.Config{Logger: slog.New(slog.DiscardHandler)})
@@ -108,12 +109,12 @@ func TestKeysListNeedsAScopeAndRevealsOnlyWhenAsked(t *testing.T) {
 }
 
 // A key sealed at rest is listed and shown without the keyring; revealing
-// its payload needs the application's keyring (Config.Cipher) and says so
+// its payload needs the application's keyring (Config.Keyring) and says so
 // plainly without it.
 func TestRevealingASealedKeyNeedsTheKeyring(t *testing.T) {
 	t.Parallel()
 	schema := pgtest.NewMigratedSchema(t)
-	keyring := &pgstore.Keyring{Current: "2026-01", Keys: map[string][]byte{"2026-01": []byte("0123456789abcdef0123456789abcdef")}}
+	keyring := &idemtype.Keyring{Current: "2026-01", Keys: map[string][]byte{"2026-01": []byte("0123456789abcdef0123456789abcdef")}}
 	finishPaymentSealed(t, schema, "tenant:1", "k1", keyring)
 
 	stdout, stderr, code := runDB(t, schema, nil, "keys", "show", "k1", "--scope", "tenant:1")
@@ -123,7 +124,7 @@ func TestRevealingASealedKeyNeedsTheKeyring(t *testing.T) {
 	_, stderr, code = runDB(t, schema, nil, "keys", "show", "k1", "--scope", "tenant:1", "--reveal")
 	require.Equal(t, ExitFailure, code)
 	require.Contains(t, stderr, `sealed with key "2026-01"`)
-	stdout, stderr, code = runDB(t, schema, &Config{Cipher: keyring}, "keys", "show", "k1", "--scope", "tenant:1", "--reveal", "--json")
+	stdout, stderr, code = runDB(t, schema, &Config{Keyring: keyring}, "keys", "show", "k1", "--scope", "tenant:1", "--reveal", "--json")
 	require.Equal(t, ExitOK, code, stderr)
 	require.Contains(t, stdout, card)
 	require.Contains(t, stdout, `"params_key_id": "2026-01"`)

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/internal/pgtest"
 	"github.com/go-idem/idem/pgstore"
 )
@@ -38,8 +39,8 @@ func TestCompleteThenReconcileRightAfter(t *testing.T) {
 			}
 			return idem.RespondJSON(201, "sent"), nil
 		},
-		Reconcile: func(context.Context, idem.Tx, *idem.Attempt[payment]) (idem.Reconciliation, error) {
-			return idem.ReconcileNotDone(), nil
+		Reconcile: func(context.Context, idem.Tx, *idem.Attempt[payment]) (idem.ReconcileVerdict, error) {
+			return idem.ReconcileNotHappened(), nil
 		},
 	}}, nil)
 
@@ -49,18 +50,15 @@ func TestCompleteThenReconcileRightAfter(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(store.Close)
 	then := time.Now().Add(-2 * time.Hour)
-	r, err := idem.NewRunner(store, &idem.Config{Flows: []idem.AnyFlow{flow}, Test: idem.TestConfig{
-		Now: func() time.Time { return then },
-		Hook: func(_ context.Context, at idem.HookPoint) error {
-			if at.Where == idem.HookPhaseStart {
-				return idem.ErrSimulatedCrash
-			}
-			return nil
-		},
-	}})
+	r, err := idem.NewRunner(store, &idem.Config{Flows: []idem.AnyFlow{flow}, Test: idemtest.WithHook(idem.TestConfig{Now: func() time.Time { return then }}, func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Where == idemtest.HookPhaseStart {
+			return idemtest.ErrSimulatedCrash
+		}
+		return nil
+	})})
 	require.NoError(t, err)
 	_, err = r.Execute(ctx, flow, idem.Request{Scope: "s", Key: "k1", Params: payment{Card: "c", Amount: 1}})
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 
 	cfg := &Config{Name: "smsctl", Flows: []idem.AnyFlow{flow}}
 	gatewayDown.Store(true)

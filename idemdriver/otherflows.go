@@ -13,7 +13,7 @@ type FlowKeys struct {
 // runner's Config.Flows are never claimed, and would otherwise wait,
 // silently, until they are reaped as abandoned.
 type OtherFlowsCounter interface {
-	// RunningKeysOfOtherFlows counts, by flow, the keys in StatusRunning
+	// RunningKeysOfOtherFlows counts, by flow, the keys in StoredRunning
 	// of every flow not in known, reading only unfinished rows.
 	RunningKeysOfOtherFlows(ctx context.Context, known []string) ([]FlowKeys, error)
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/go-idem/idem/idemtype"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -28,7 +29,7 @@ type Store interface {
 	// is absent: it is replaced, atomically, never reported.
 	Acquire(ctx context.Context, p AcquireParams) (*AcquireResult, error)
 
-	// ClaimReconcile locks a key in StatusNeedsReconcile for a reconcile run,
+	// ClaimReconcile locks a key in StoredNeedsReconcile for a reconcile run,
 	// with a new fence. Acquired is AcquiredNone (and Record the row as it is)
 	// when the key does not need reconciling or another worker holds it.
 	ClaimReconcile(ctx context.Context, p ClaimParams) (*AcquireResult, error)
@@ -57,15 +58,15 @@ type Store interface {
 	MarkForeign(ctx context.Context, ref LockRef, phase string) error
 
 	// ClearForeignMark withdraws the mark of a call known not to have
-	// happened (a reconcile verdict of not done), which no commit retires
+	// happened (a reconcile verdict of not happened), which no commit retires
 	// because the recovery point does not move.
 	ClearForeignMark(ctx context.Context, ref LockRef) error
 
-	// SetNeedsReconcile moves a held key to StatusNeedsReconcile and unlocks it.
+	// SetNeedsReconcile moves a held key to StoredNeedsReconcile and unlocks it.
 	SetNeedsReconcile(ctx context.Context, ref LockRef, reason string) error
 
 	// GetKey returns one key, or ErrNotFound.
-	GetKey(ctx context.Context, scope, key string) (*KeyRecord, error)
+	GetKey(ctx context.Context, scope, key string) (*idemtype.KeyRecord, error)
 
 	// WatchKey returns a channel that is closed when the attempt w watches
 	// may be over: it finished, failed and released the key, was parked for
@@ -159,8 +160,8 @@ type AcquireParams struct {
 	Scope, Key, Flow, Method, Path string
 	// Fingerprints are the request's fingerprint under the current
 	// fingerprint key, which a new key stores as KeyRecord.Fingerprint,
-	// then under the keys used before it (idem.Config's
-	// PreviousFingerprintKeys): an existing key is this request when its
+	// then under the keys used before it (the other keys
+	// of idem.Config.FingerprintKeys): an existing key is this request when its
 	// fingerprint is any of them (KeyRecord.SameRequest), and a store takes
 	// it over by the fingerprint it has. One acquisition serves a rotation.
 	Fingerprints [][]byte
@@ -188,7 +189,7 @@ type AcquireResult struct {
 	// record comes without its Params and Checkpoint (nil), which a replay
 	// does not use: an acquisition does not read or decode them. GetKey
 	// returns them.
-	Record *KeyRecord
+	Record *idemtype.KeyRecord
 	// DBNow is the clock the statement used, for lease arithmetic that does
 	// not depend on the application host's clock.
 	DBNow time.Time
@@ -205,14 +206,14 @@ type CommitParams struct {
 	// (RecoveryPointAbandoned when an operator abandoned the request; empty
 	// means RecoveryPointFinished for a finishing commit).
 	RecoveryPoint string
-	// Status is the key's status after the commit: StatusRunning for a
-	// phase that advances, StatusFinished (with Response) for one that
+	// Status is the key's status after the commit: StoredRunning for a
+	// phase that advances, StoredFinished (with Response) for one that
 	// responds.
-	Status Status
+	Status idemtype.StoredStatus
 	// CheckpointPatch is merged into the key's checkpoint data.
 	CheckpointPatch map[string]json.RawMessage
-	// Response is stored when Status is StatusFinished.
-	Response *Response
+	// Response is stored when Status is StoredFinished.
+	Response *idemtype.Response
 	// Retention sets expires_at of a key that finishes.
 	Retention time.Duration
 	// LastError is recorded as the key's last error by a commit that
@@ -220,7 +221,7 @@ type CommitParams struct {
 	// it, as every phase that responds does.
 	LastError string
 	// ClearForeignMark withdraws the key's foreign mark in the commit,
-	// under its fence, with StatusRunning: an operator's verdict that the
+	// under its fence, with StoredRunning: an operator's verdict that the
 	// call in doubt did not happen leaves the recovery point where it is,
 	// so the commit does not retire the mark, and the mark must go if and
 	// only if the verdict (and its record) lands. It writes the lease row,
@@ -239,14 +240,14 @@ type CommitParams struct {
 // Store; it is a separate interface only so its contract reads in one place.
 type OperationsStore interface {
 	// ListKeys returns the keys matching p, newest (highest id) first.
-	ListKeys(ctx context.Context, p ListKeysParams) (*KeyList, error)
+	ListKeys(ctx context.Context, p ListKeysParams) (*idemtype.KeyList, error)
 
 	// UnlockKey force-unlocks an unfinished key and moves its fence on, so
 	// a worker that still believes it holds the key can no longer commit,
 	// heartbeat or release. A finished key is returned unchanged with
 	// Unlocked false. The record carries no payload. ErrNotFound when there
 	// is no such key.
-	UnlockKey(ctx context.Context, p UnlockParams) (*UnlockResult, error)
+	UnlockKey(ctx context.Context, p UnlockParams) (*idemtype.UnlockResult, error)
 
 	// ClaimIdle picks up to p.Limit keys in p.Status that nobody holds and
 	// that have not run for p.IdleFor, and marks them as just run, so that
@@ -260,7 +261,7 @@ type OperationsStore interface {
 	// several statements returns, with its error, the keys it claimed
 	// before it: they are marked as just run and would otherwise wait
 	// IdleFor again.
-	ClaimIdle(ctx context.Context, p ClaimIdleParams) ([]*KeyRecord, error)
+	ClaimIdle(ctx context.Context, p ClaimIdleParams) ([]*idemtype.KeyRecord, error)
 
 	// Reap deletes one batch of at most p.Limit finished keys whose
 	// expires_at has passed, and returns how many it deleted. It never
@@ -268,19 +269,19 @@ type OperationsStore interface {
 	// and runs under p.StatementTimeout.
 	Reap(ctx context.Context, p ReapParams) (int, error)
 
-	// ReapAbandoned ends one batch of at most p.Limit keys in
-	// StatusRunning created longer ago than their flow's abandonment age:
+	// ReapUnfinished ends one batch of at most p.Limit keys in
+	// StoredRunning created longer ago than their flow's abandonment age:
 	// it deletes them, except that a key whose foreign mark stands (a
-	// not-idempotent call in doubt) is moved to StatusNeedsReconcile
+	// not-idempotent call in doubt) is moved to StoredNeedsReconcile
 	// instead, never deleted. It never touches a key a live lease holds or
-	// one in StatusNeedsReconcile, skips rows other transactions have
+	// one in StoredNeedsReconcile, skips rows other transactions have
 	// locked, and runs under p.StatementTimeout.
-	ReapAbandoned(ctx context.Context, p ReapAbandonedParams) (ReapAbandonedResult, error)
+	ReapUnfinished(ctx context.Context, p ReapUnfinishedParams) (ReapUnfinishedResult, error)
 
 	// Backlog counts the unfinished keys by status, with the creation time
 	// of the oldest in each, reading only unfinished rows. It reports
-	// StatusRunning and StatusNeedsReconcile, each even when it has no key.
-	Backlog(ctx context.Context, p BacklogParams) (*Backlog, error)
+	// StoredRunning and StoredNeedsReconcile, each even when it has no key.
+	Backlog(ctx context.Context, p BacklogParams) (*idemtype.Backlog, error)
 
 	// UnfinishedKeys counts the unfinished keys of the given flows by flow,
 	// recovery point, standing foreign mark (a not-idempotent call in
@@ -295,19 +296,19 @@ type OperationsStore interface {
 // unfinished keys of Flow in Status at RecoveryPoint, whose not-idempotent
 // call at the phase Mark names is in doubt (Mark empty: no call in doubt).
 type UnfinishedKeys struct {
-	Flow          string `db:"flow"`
-	RecoveryPoint string `db:"recovery_point"`
-	Mark          string `db:"mark"`
-	Status        Status `db:"status"`
-	Keys          int    `db:"keys"`
+	Flow          string                `db:"flow"`
+	RecoveryPoint string                `db:"recovery_point"`
+	Mark          string                `db:"mark"`
+	Status        idemtype.StoredStatus `db:"status"`
+	Keys          int                   `db:"keys"`
 }
 
-// ReapAbandonedResult is what one batch of [Store.ReapAbandoned] did.
-type ReapAbandonedResult struct {
+// ReapUnfinishedResult is what one batch of [Store.ReapUnfinished] did.
+type ReapUnfinishedResult struct {
 	// Deleted counts the abandoned keys deleted.
 	Deleted int
 	// NeedsReconcile counts the abandoned keys moved to
-	// StatusNeedsReconcile because their not-idempotent call is in doubt.
+	// StoredNeedsReconcile because their not-idempotent call is in doubt.
 	NeedsReconcile int
 }
 
@@ -317,46 +318,9 @@ type BacklogParams struct {
 	Now *time.Time
 }
 
-// Backlog is what [Store.Backlog] counted.
-type Backlog struct {
-	// Now is the database clock the backlog was read at.
-	Now time.Time
-	// Statuses are StatusRunning and StatusNeedsReconcile, in that order.
-	Statuses []StatusBacklog
-}
-
-// StatusBacklog is the unfinished keys in one status.
-type StatusBacklog struct {
-	Status Status
-	Keys   int64
-	// Oldest is when the oldest of them was created; zero when Keys is 0.
-	Oldest time.Time
-}
-
-// OldestAge is how long ago the oldest key of the status was created, as
-// of the backlog's clock; zero when there is none.
-func (b *Backlog) OldestAge(status Status) time.Duration {
-	for _, s := range b.Statuses {
-		if s.Status == status && s.Keys > 0 {
-			return max(b.Now.Sub(s.Oldest), 0)
-		}
-	}
-	return 0
-}
-
-// Keys is the number of unfinished keys in the status.
-func (b *Backlog) Keys(status Status) int64 {
-	for _, s := range b.Statuses {
-		if s.Status == status {
-			return s.Keys
-		}
-	}
-	return 0
-}
-
 // ListKeysParams are the inputs of [Store.ListKeys].
 type ListKeysParams struct {
-	KeyQuery
+	idemtype.KeyQuery
 	// Now overrides the database clock (tests); nil uses now().
 	Now *time.Time
 }
@@ -368,19 +332,11 @@ type UnlockParams struct {
 	Reason string
 }
 
-// UnlockResult is what [Store.UnlockKey] did.
-type UnlockResult struct {
-	// Record is the key after the statement.
-	Record *KeyRecord
-	// Unlocked is false when the key was finished and nothing changed.
-	Unlocked bool
-}
-
 // ClaimIdleParams are the inputs of [Store.ClaimIdle].
 type ClaimIdleParams struct {
-	// Status is StatusRunning (the completer) or StatusNeedsReconcile
+	// Status is StoredRunning (the completer) or StoredNeedsReconcile
 	// (reconcile runs).
-	Status Status
+	Status idemtype.StoredStatus
 	// Flows restricts the claim to these flow names: a process claims only
 	// keys it can run. Empty claims nothing.
 	Flows []string
@@ -394,8 +350,8 @@ type ClaimIdleParams struct {
 	Now         *time.Time
 }
 
-// ReapAbandonedParams are the inputs of [Store.ReapAbandoned].
-type ReapAbandonedParams struct {
+// ReapUnfinishedParams are the inputs of [Store.ReapUnfinished].
+type ReapUnfinishedParams struct {
 	// After is how long after its creation an unfinished key is abandoned,
 	// for flows FlowAfter does not name; negative: never.
 	After time.Duration

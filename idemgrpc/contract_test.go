@@ -26,6 +26,7 @@ import (
 	"github.com/go-idem/idem/idemdriver"
 	"github.com/go-idem/idem/idemgrpc"
 	"github.com/go-idem/idem/idemgrpc/internal/testpb"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -52,7 +53,7 @@ func TestExecuteThenReplay(t *testing.T) {
 	require.Equal(t, 1, b.count(t, "orders"))
 
 	row := b.keyRow(t, "k-1")
-	require.Equal(t, idem.StatusFinished, row.Status)
+	require.Equal(t, idemtype.StoredFinished, row.Status)
 	require.Equal(t, "POST", row.Method)
 	require.Equal(t, testpb.Orders_CreateOrder_FullMethodName, row.Path)
 	require.Equal(t, 200, row.ResponseStatus)
@@ -487,7 +488,7 @@ func TestStoredErrorStatusIsReplayed(t *testing.T) {
 	require.Equal(t, map[string]int{"order_created": 1, "charged": 1}, b.counts.get())
 	require.Zero(t, b.provider.count())
 	row := b.keyRow(t, "k-1")
-	require.Equal(t, idem.StatusFinished, row.Status)
+	require.Equal(t, idemtype.StoredFinished, row.Status)
 	require.Equal(t, 400, row.ResponseStatus, "the stored HTTP status is FAILED_PRECONDITION's")
 	require.Equal(t, `application/x-protobuf; messageType="google.rpc.Status"`, row.ResponseHeaders.Get("Content-Type"))
 }

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // ContentType is the media type of a response stored by [Respond] and
@@ -77,7 +78,7 @@ func storedHeader(messageType string) http.Header {
 
 // decodeStored turns a stored response back into the message or status it
 // was made from. want is the method's response type.
-func decodeStored[Resp proto.Message](resp *idem.Response, want string) (Resp, *status.Status, error) {
+func decodeStored[Resp proto.Message](resp *idemtype.Response, want string) (Resp, *status.Status, error) {
 	var zero Resp
 	if resp == nil {
 		return zero, nil, errors.New("the outcome has no response")
@@ -167,7 +168,7 @@ var strictJSON = protojson.UnmarshalOptions{}
 // the fields' proto or JSON names), any other status into an error status
 // (see StatusCode) whose message is the body's "detail" or "title" member
 // (an RFC 9457 problem), or else the HTTP status text.
-func decodeStoredJSON[Resp proto.Message](resp *idem.Response) (Resp, *status.Status, error) {
+func decodeStoredJSON[Resp proto.Message](resp *idemtype.Response) (Resp, *status.Status, error) {
 	var zero Resp
 	if resp.Status >= 200 && resp.Status <= 299 {
 		msg, err := newMessage[Resp]()

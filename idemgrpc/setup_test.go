@@ -25,6 +25,7 @@ import (
 	"github.com/go-idem/idem/idemgrpc"
 	"github.com/go-idem/idem/idemgrpc/internal/testpb"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 	"github.com/go-idem/idem/pgstore"
 )
@@ -402,7 +403,7 @@ func replayed(md metadata.MD) bool {
 }
 
 // keyRow returns alice's key row, or nil when there is none.
-func (b *bundle) keyRow(t *testing.T, key string) *idem.KeyRecord {
+func (b *bundle) keyRow(t *testing.T, key string) *idemtype.KeyRecord {
 	t.Helper()
 	rec, err := b.store.GetKey(context.Background(), testScope, key)
 	if errors.Is(err, idem.ErrNotFound) {

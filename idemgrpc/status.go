@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/internal/hooks"
 )
 
 // ErrorDomain is the domain of the google.rpc.ErrorInfo every status of the
@@ -142,6 +143,11 @@ type delays struct {
 // status the client gets. detail names where the key goes, for the mismatch
 // message. ok is false for an outcome with a response (executed, replayed).
 func outcomeStatus(out *idem.Outcome, err error, d delays, src keySource) (st *status.Status, ok bool) {
+	if errors.Is(err, hooks.ErrSimulatedCrash) {
+		// A test hook simulated a crash; a dead server sends nothing, so
+		// the nearest is what a client sees of a dropped connection.
+		return status.New(codes.Unavailable, "idemgrpc: the server stopped (simulated crash)"), true
+	}
 	switch out.Kind {
 	case idem.OutcomeExecuted, idem.OutcomeReplayed:
 		return nil, false
@@ -193,10 +199,6 @@ func outcomeStatus(out *idem.Outcome, err error, d delays, src keySource) (st *s
 		// code that cancels it). Nothing was stored; CANCELLED is what gRPC
 		// answers a call its client gave up on.
 		return status.New(codes.Canceled, "idemgrpc: the request was cancelled before it completed; a retry with the same key resumes it"), true
-	case idem.OutcomeAbandoned:
-		// A test hook simulated a crash; a dead server sends nothing, so
-		// the nearest is what a client sees of a dropped connection.
-		return status.New(codes.Unavailable, "idemgrpc: the server stopped (simulated crash)"), true
 	case idem.OutcomeInvalid:
 		if errors.Is(err, idem.ErrInvalidParams) {
 			return newStatus(codes.InvalidArgument, ReasonInvalidRequest,

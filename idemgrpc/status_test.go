@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
 )
 
 // Every outcome without a response maps to one code, reason and retry
@@ -78,7 +79,7 @@ func TestOutcomeStatus(t *testing.T) {
 		})
 	}
 
-	st, ok := outcomeStatus(&idem.Outcome{Kind: idem.OutcomeAbandoned}, idem.ErrSimulatedCrash, d, keySource{})
+	st, ok := outcomeStatus(&idem.Outcome{Kind: idem.OutcomeFailed}, idemtest.ErrSimulatedCrash, d, keySource{})
 	require.True(t, ok)
 	require.Equal(t, codes.Unavailable, st.Code())
 	st, ok = outcomeStatus(&idem.Outcome{Kind: idem.OutcomeCanceled}, fmt.Errorf("acquire: %w", context.Canceled), d, keySource{})

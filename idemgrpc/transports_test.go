@@ -55,8 +55,10 @@ func (b *bundle) sharedOrderFlow() *idem.Flow[sharedOrder] {
 		}},
 		{Name: "charged", Do: func(ctx context.Context, tx phaseTx, a *idem.Attempt[sharedOrder]) (idem.Result, error) {
 			b.counts.add("charged")
-			chargeID, err := idem.ForeignValue(ctx, a, "charge", func(_ context.Context, key string) (string, error) {
-				return b.provider.charge(key), nil
+			var chargeID string
+			err := a.Foreign(ctx, "charge", func(_ context.Context, key string) error {
+				chargeID = b.provider.charge(key)
+				return nil
 			})
 			if err != nil {
 				return idem.Result{}, err

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // AsyncHeader is the response header that says a request's "Prefer:
@@ -99,8 +100,8 @@ func (h *Handler[In]) serveAsync(w http.ResponseWriter, r *http.Request, req ide
 	var once sync.Once
 	// The key as held: a key taken over is at its last committed phase,
 	// not at "started". Written before close(acquired), read after it.
-	recoveryPoint := idem.RecoveryPointStarted
-	req.Acquired = func(rec *idem.KeyRecord) {
+	recoveryPoint := idemtype.RecoveryPointStarted
+	req.Acquired = func(rec *idemtype.KeyRecord) {
 		once.Do(func() {
 			if rec.RecoveryPoint != "" {
 				recoveryPoint = rec.RecoveryPoint

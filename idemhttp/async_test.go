@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemhttp"
+	"github.com/go-idem/idem/idemtype"
 )
 
 const monitorURL = "/rides/requests"
@@ -226,7 +227,7 @@ func TestClientLeftRunsAreBounded(t *testing.T) {
 	leaveSecond()
 	require.Equal(t, idemhttp.StatusClientClosedRequest, (<-second).Code, "stopped: nothing stored")
 	row := b.keyRow(t, "k-2")
-	require.Equal(t, idem.StatusRunning, row.Status)
+	require.Equal(t, idemtype.StoredRunning, row.Status)
 	require.Nil(t, row.LockedAt, "the key is released")
 
 	release()
@@ -236,7 +237,7 @@ func TestClientLeftRunsAreBounded(t *testing.T) {
 	done, err := b.runner.Complete(context.Background(), nil)
 	require.NoError(t, err)
 	require.Equal(t, 1, done.Completed, "the completer finishes the stopped one")
-	require.Equal(t, idem.StatusFinished, b.keyRow(t, "k-2").Status)
+	require.Equal(t, idemtype.StoredFinished, b.keyRow(t, "k-2").Status)
 }
 
 // The status monitor's answer in each state of a key, and to requests it
@@ -405,7 +406,7 @@ func TestDetachedRunsWait(t *testing.T) {
 	release()
 	require.NoError(t, detached.Wait(context.Background()))
 	require.Zero(t, detached.Running())
-	require.Equal(t, idem.StatusFinished, b.keyRow(t, "k-1").Status, "Wait returned once the run had ended")
+	require.Equal(t, idemtype.StoredFinished, b.keyRow(t, "k-1").Status, "Wait returned once the run had ended")
 }
 
 // A retry that prefers respond-async of a key that runs gets its 202 even

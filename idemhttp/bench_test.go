@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // discardWriter is a ResponseWriter that keeps nothing, so the benchmarks
@@ -31,7 +32,7 @@ func benchHandler(profile Profile) *Handler[struct{}] {
 // response and the problems a busy endpoint sends most.
 func BenchmarkWriteOutcome(b *testing.B) {
 	r := httptest.NewRequest(http.MethodPost, "/rides", nil)
-	stored := &idem.Response{
+	stored := &idemtype.Response{
 		Status: http.StatusCreated,
 		Header: http.Header{
 			"Content-Type": {"application/json"},

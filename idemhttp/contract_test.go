@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemhttp"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // The titles are part of the contract (docs/http.md lists them).
@@ -126,7 +127,7 @@ func phaseFails(name string, fail func() error) contractCase {
 		stripeCode: idemhttp.CodeRequestUnfinished,
 		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
 			row := b.keyRow(t, "k-1")
-			require.Equal(t, idem.StatusRunning, row.Status)
+			require.Equal(t, idemtype.StoredRunning, row.Status)
 			require.Equal(t, "ride_created", row.RecoveryPoint, "the committed phase stays committed")
 			require.Nil(t, row.LockedAt, "the lock is released")
 			require.Zero(t, row.ResponseStatus, "nothing is stored")
@@ -285,7 +286,7 @@ var contractCases = []contractCase{
 		header: map[string]string{"Idempotent-Replayed": ""},
 		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
 			row := b.keyRow(t, "k-1")
-			require.Equal(t, idem.StatusFinished, row.Status)
+			require.Equal(t, idemtype.StoredFinished, row.Status)
 			require.Equal(t, http.StatusCreated, row.ResponseStatus, "the stored response is untouched")
 			require.Equal(t, 1, b.countRows(t, "rides"))
 		},
@@ -341,7 +342,7 @@ var contractCases = []contractCase{
 		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
 			row := b.keyRow(t, "k-1")
 			require.Equal(t, "POST", row.Method)
-			require.Equal(t, idem.StatusFinished, row.Status)
+			require.Equal(t, idemtype.StoredFinished, row.Status)
 			require.Equal(t, 1, b.countRows(t, "rides"))
 		},
 	},
@@ -368,7 +369,7 @@ var contractCases = []contractCase{
 		problem: idemhttp.ProblemKeyReused, stripeType: idemhttp.StripeIdempotencyError,
 		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
 			row := b.keyRow(t, "k-1")
-			require.Equal(t, idem.StatusRunning, row.Status)
+			require.Equal(t, idemtype.StoredRunning, row.Status)
 			require.Equal(t, "ride_created", row.RecoveryPoint)
 			require.Equal(t, int64(1), row.Fence, "nobody took the key over")
 			require.Equal(t, 1, row.Attempts)
@@ -395,7 +396,7 @@ var contractCases = []contractCase{
 			second := post(h, "k-1", rideBody)
 
 			row := b.keyRow(t, "k-1")
-			require.Equal(t, idem.StatusRunning, row.Status)
+			require.Equal(t, idemtype.StoredRunning, row.Status)
 			require.NotNil(t, row.LockedAt)
 			require.Zero(t, row.ResponseStatus, "nothing about the 409 is stored")
 
@@ -436,7 +437,7 @@ var contractCases = []contractCase{
 		header: map[string]string{"Retry-After": "1"},
 		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
 			row := b.keyRow(t, "k-1")
-			require.Equal(t, idem.StatusFinished, row.Status)
+			require.Equal(t, idemtype.StoredFinished, row.Status)
 			require.Equal(t, int64(2), row.Fence)
 			require.Equal(t, 1, b.countRows(t, "rides"), "the stale worker's phase rolled back")
 		},
@@ -454,7 +455,7 @@ var contractCases = []contractCase{
 		header: map[string]string{"Retry-After": "60"},
 		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
 			row := b.keyRow(t, "k-1")
-			require.Equal(t, idem.StatusNeedsReconcile, row.Status)
+			require.Equal(t, idemtype.StoredNeedsReconcile, row.Status)
 			require.Equal(t, 1, b.counts.Get()["sms_sent"], "a call of unknown outcome is never re-run blindly")
 		},
 	},
@@ -474,8 +475,8 @@ var contractCases = []contractCase{
 		status: http.StatusGone, problem: idemhttp.ProblemRequestAbandoned, stripeType: idemhttp.StripeIdempotencyError,
 		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
 			row := b.keyRow(t, "k-1")
-			require.Equal(t, idem.StatusFinished, row.Status)
-			require.Equal(t, idem.RecoveryPointAbandoned, row.RecoveryPoint)
+			require.Equal(t, idemtype.StoredFinished, row.Status)
+			require.Equal(t, idemtype.RecoveryPointAbandoned, row.RecoveryPoint)
 			require.Equal(t, 1, b.counts.Get()["sms_sent"], "nothing runs again")
 		},
 	},
@@ -520,8 +521,8 @@ var contractCases = []contractCase{
 		stripeCode: idemhttp.CodeRequestUnfinished,
 		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
 			row := b.keyRow(t, "k-1")
-			require.Equal(t, idem.StatusRunning, row.Status, "the key did not finish")
-			require.Equal(t, idem.RecoveryPointStarted, row.RecoveryPoint)
+			require.Equal(t, idemtype.StoredRunning, row.Status, "the key did not finish")
+			require.Equal(t, idemtype.RecoveryPointStarted, row.RecoveryPoint)
 			require.Zero(t, row.ResponseStatus, "nothing is stored")
 			require.Nil(t, row.LockedAt)
 			require.Contains(t, row.LastError, "100")
@@ -555,7 +556,7 @@ var contractCases = []contractCase{
 		problem: idemhttp.ProblemKeyReused, stripeType: idemhttp.StripeIdempotencyError,
 		check: func(t *testing.T, b *bundle, _ *httptest.ResponseRecorder) {
 			row := b.keyRow(t, "k-1")
-			require.Equal(t, idem.StatusRunning, row.Status)
+			require.Equal(t, idemtype.StoredRunning, row.Status)
 			require.Equal(t, "ride_created", row.RecoveryPoint, "the committed phase is kept")
 			require.Nil(t, row.LockedAt, "the key is released")
 			require.Zero(t, row.ResponseStatus, "no response is stored")

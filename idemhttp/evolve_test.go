@@ -184,13 +184,13 @@ func TestRetryResumesAKeyInFlightAcrossADeploy(t *testing.T) {
 	t.Parallel()
 	s := idemtest.NewSchema(t)
 	clock := idemtest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
-	crash := func(_ context.Context, at idem.HookPoint) error {
-		if at.Where == idem.HookPhaseStart && at.Phase == "done" {
-			return idem.ErrSimulatedCrash
+	crash := func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Where == idemtest.HookPhaseStart && at.Phase == "done" {
+			return idemtest.ErrSimulatedCrash
 		}
 		return nil
 	}
-	before := evolveServerWith[orderQty](t, s, &idem.Config{Test: idem.TestConfig{Now: clock.Now, Hook: crash}}, nil)
+	before := evolveServerWith[orderQty](t, s, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{Now: clock.Now}, crash)}, nil)
 	body := `{"sku":"A-1","quantity":2}`
 	for _, key := range []string{"k-added", "k-renamed"} {
 		require.Panics(t, func() { sendOrder(before, "/orders", key, body) }, "the crash drops the connection")

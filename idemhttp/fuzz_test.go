@@ -15,8 +15,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemhttp"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // FuzzHandlerBody posts arbitrary bytes, with an arbitrary Content-Type, to
@@ -61,7 +61,7 @@ func FuzzHandlerBody(f *testing.F) {
 		if res.Code == http.StatusCreated {
 			require.True(t, referenceAccepts(body, contentType), "accepted %q (%q)", body, contentType)
 			require.NotNil(t, row)
-			require.Equal(t, idem.StatusFinished, row.Status)
+			require.Equal(t, idemtype.StoredFinished, row.Status)
 			require.Equal(t, res.Body.Bytes(), row.ResponseBody)
 			var params rideInput
 			require.NoError(t, json.Unmarshal(row.Params, &params))

@@ -16,6 +16,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemhttp"
+	"github.com/go-idem/idem/idemtest"
 )
 
 // Concurrent identical requests through a real server: one execution, every
@@ -247,17 +248,17 @@ func TestProblemTypeBase(t *testing.T) {
 	require.Equal(t, "https://api.example.com/problems/idempotency-key-missing", p.Type)
 }
 
-// A simulated crash (a test hook returning idem.ErrSimulatedCrash) drops the
+// A simulated crash (a test hook returning idemtest.ErrSimulatedCrash) drops the
 // connection, as a dead server would; the retry after the lease takes over.
 func TestSimulatedCrashDropsTheConnection(t *testing.T) {
 	t.Parallel()
 	b := setup(t, idemhttp.ProfileIETF)
-	crashing := b.newRunner(t, &idem.Config{Test: idem.TestConfig{Hook: func(_ context.Context, at idem.HookPoint) error {
-		if at.Where == idem.HookAfterForeign {
-			return idem.ErrSimulatedCrash
+	crashing := b.newRunner(t, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Where == idemtest.HookAfterForeign {
+			return idemtest.ErrSimulatedCrash
 		}
 		return nil
-	}}})
+	})})
 	srv := httptest.NewServer(b.handlerOn(t, crashing, b.flow, nil))
 	t.Cleanup(srv.Close)
 	send := func(url string) (*http.Response, error) {

@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // monitorKeyParameter is the query parameter of a status monitor URL that
@@ -74,8 +75,8 @@ func (h *Handler[In]) serveMonitor(w http.ResponseWriter, r *http.Request) {
 	}
 	responded = true
 	switch rec.State(now) {
-	case idem.KeyStateFinished:
-		if rec.RecoveryPoint == idem.RecoveryPointAbandoned {
+	case idemtype.KeyStateFinished:
+		if rec.RecoveryPoint == idemtype.RecoveryPointAbandoned {
 			h.writeMonitorProblem(w, h.problem(specRequestAbandoned, "This request was given up by an operator while its outcome was in doubt, "+
 				"and it will not run. To make the request anew, use a new Idempotency-Key."))
 			return
@@ -87,12 +88,12 @@ func (h *Handler[In]) serveMonitor(w http.ResponseWriter, r *http.Request) {
 		// to another.
 		w.Header().Set("Cache-Control", "no-store")
 		h.writeResponse(w, r, withoutCacheControl(rec.Response()), true)
-	case idem.KeyStateNeedsReconcile:
+	case idemtype.KeyStateNeedsReconcile:
 		p := h.problem(specNeedsReconcile, "This request called an outside system, and whether that call took effect is not known yet. "+
 			"Retry after the time in Retry-After to get its final result.")
 		p.Header = retryAfter(h.cfg.ReconcileRetryAfter)
 		h.writeMonitorProblem(w, p)
-	case idem.KeyStateExpired:
+	case idemtype.KeyStateExpired:
 		h.writeMonitorProblem(w, h.requestNotFound())
 	default: // running, or stale: left for a retry or the completer
 		w.Header().Set("Cache-Control", "no-store")
@@ -102,7 +103,7 @@ func (h *Handler[In]) serveMonitor(w http.ResponseWriter, r *http.Request) {
 
 // withoutCacheControl is resp without its Cache-Control header, which the
 // monitor replaces with its own.
-func withoutCacheControl(resp *idem.Response) *idem.Response {
+func withoutCacheControl(resp *idemtype.Response) *idemtype.Response {
 	if resp == nil || resp.Header.Get("Cache-Control") == "" {
 		return resp
 	}

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
+	"github.com/go-idem/idem/internal/hooks"
 )
 
 // StatusClientClosedRequest (499, nginx's "client closed request") is what
@@ -20,6 +22,11 @@ const StatusClientClosedRequest = 499
 // writeOutcome maps the runner's outcome to the response.
 func (h *Handler[In]) writeOutcome(w http.ResponseWriter, r *http.Request, req idem.Request, out *idem.Outcome, err error) {
 	ctx := r.Context()
+	if errors.Is(err, hooks.ErrSimulatedCrash) {
+		// A test hook simulated a crash. A dead server sends nothing, so the
+		// client sees the connection drop, as it would.
+		panic(http.ErrAbortHandler)
+	}
 	switch out.Kind {
 	case idem.OutcomeExecuted:
 		h.writeResponse(w, r, out.Response, false)
@@ -77,10 +84,6 @@ func (h *Handler[In]) writeOutcome(w http.ResponseWriter, r *http.Request, req i
 		// closed request") without a body, for access logs, and log nothing
 		// at error.
 		w.WriteHeader(StatusClientClosedRequest)
-	case idem.OutcomeAbandoned:
-		// A test hook simulated a crash. A dead server sends nothing, so the
-		// client sees the connection drop, as it would.
-		panic(http.ErrAbortHandler)
 	case idem.OutcomeInvalid:
 		if errors.Is(err, idem.ErrInvalidParams) {
 			// Input that decoded but cannot be kept, such as a NUL
@@ -109,7 +112,7 @@ func (h *Handler[In]) inProgress(req idem.Request) problemSpec {
 // writeResponse writes a flow's response: the stored status and body, and
 // of its headers only Content-Type and Config.ReplayHeaders, so the first
 // response and every replay are the same.
-func (h *Handler[In]) writeResponse(w http.ResponseWriter, r *http.Request, resp *idem.Response, replayed bool) {
+func (h *Handler[In]) writeResponse(w http.ResponseWriter, r *http.Request, resp *idemtype.Response, replayed bool) {
 	if resp == nil || resp.Status < 200 || resp.Status > 599 {
 		status := 0
 		if resp != nil {

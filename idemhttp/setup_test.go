@@ -19,6 +19,7 @@ import (
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemhttp"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 	"github.com/go-idem/idem/internal/testfixture"
 	"github.com/go-idem/idem/pgstore"
@@ -89,7 +90,7 @@ func setup(t testing.TB, profile idemhttp.Profile) *bundle {
 			// whether the SMS went out is now unknown.
 			return idem.Result{}, errors.New("connection reset after the gateway accepted the message")
 		},
-		Reconcile: func(context.Context, idem.Tx, *idem.Attempt[smsInput]) (idem.Reconciliation, error) {
+		Reconcile: func(context.Context, idem.Tx, *idem.Attempt[smsInput]) (idem.ReconcileVerdict, error) {
 			return idem.ReconcileUnknown("the gateway cannot tell"), nil
 		},
 	}}, nil)
@@ -295,7 +296,7 @@ func post(h http.Handler, key, body string) *httptest.ResponseRecorder {
 const rideBody = `{"origin": "SFO", "amount": 20}`
 
 // keyRow returns alice's key row, or nil when there is none.
-func (b *bundle) keyRow(t testing.TB, key string) *idem.KeyRecord {
+func (b *bundle) keyRow(t testing.TB, key string) *idemtype.KeyRecord {
 	t.Helper()
 	rec, err := b.store.GetKey(context.Background(), testScope, key)
 	if errors.Is(err, idem.ErrNotFound) {
@@ -326,8 +327,8 @@ func (b *bundle) requireFinished(t testing.TB, key string, res *httptest.Respons
 	t.Helper()
 	row := b.keyRow(t, key)
 	require.NotNil(t, row)
-	require.Equal(t, idem.StatusFinished, row.Status)
-	require.Equal(t, idem.RecoveryPointFinished, row.RecoveryPoint)
+	require.Equal(t, idemtype.StoredFinished, row.Status)
+	require.Equal(t, idemtype.RecoveryPointFinished, row.RecoveryPoint)
 	require.Nil(t, row.LockedAt)
 	require.Equal(t, http.StatusCreated, row.ResponseStatus)
 	require.Equal(t, res.Body.Bytes(), row.ResponseBody)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemhttp"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // The 500 of a failed request the completer will finish says so, in a
@@ -45,7 +46,7 @@ func TestFailedRequestSaysTheServerFinishesIt(t *testing.T) {
 			done, err := b.runner.Complete(context.Background(), nil)
 			require.NoError(t, err)
 			require.Equal(t, 1, done.Completed)
-			require.Equal(t, idem.StatusFinished, b.keyRow(t, "k-1").Status)
+			require.Equal(t, idemtype.StoredFinished, b.keyRow(t, "k-1").Status)
 			require.Equal(t, 1, b.provider.Charges())
 
 			// A flow the completer leaves to its clients has no such code.

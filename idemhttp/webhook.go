@@ -171,7 +171,7 @@ type WebhookConfig struct {
 	// no 2xx for. NewWebhook refuses a flow whose finished keys the runner
 	// keeps for less (runner.Retention: FlowConfig.Retention, else
 	// Config.Retention, 24 h by default), or whose unfinished keys it
-	// abandons sooner (runner.AbandonAfter): a redelivery after that
+	// abandons sooner (runner.UnfinishedRetention): a redelivery after that
 	// would run the event again. Default RedeliveryWindowDefault, 72 h
 	// (Stripe's three days).
 	RedeliveryWindow time.Duration
@@ -279,9 +279,9 @@ func NewWebhook[In any](runner *idem.Runner, flow *idem.Flow[In], cfg *WebhookCo
 			"a redelivery after that would run the event again; set the flow's FlowConfig.Retention (or the runner's Config.Retention) to at least %s",
 			retention, wh.cfg.RedeliveryWindow, wh.cfg.RedeliveryWindow))
 	}
-	if abandon := runner.AbandonAfter(flow); abandon >= 0 && abandon < wh.cfg.RedeliveryWindow {
+	if abandon := runner.UnfinishedRetention(flow); abandon >= 0 && abandon < wh.cfg.RedeliveryWindow {
 		err = errors.Join(err, fmt.Errorf("the runner abandons the flow's unfinished keys after %s, less than RedeliveryWindow %s: "+
-			"a redelivery after that would run the event from its first phase again; set FlowConfig.AbandonAfter (or Config.AbandonAfter) to at least %s",
+			"a redelivery after that would run the event from its first phase again; set FlowConfig.UnfinishedRetention (or Config.UnfinishedRetention) to at least %s",
 			abandon, wh.cfg.RedeliveryWindow, wh.cfg.RedeliveryWindow))
 	}
 	h := &Handler[In]{runner: runner, flow: flow, cfg: Config[In]{

@@ -21,6 +21,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemhttp"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 	"github.com/go-idem/idem/internal/testfixture"
 	"github.com/go-idem/idem/pgstore"
@@ -213,7 +214,7 @@ func TestWebhookRunsAnEventOnce(t *testing.T) {
 	// The key is the event id, in the provider's scope.
 	rec, err := b.store.GetKey(context.Background(), b.handler.Scope(""), "evt_1")
 	require.NoError(t, err)
-	require.Equal(t, idem.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
 	require.Equal(t, "webhook:payments", b.handler.Scope(""))
 	require.Equal(t, "webhook:payments/acct_9", b.handler.Scope("acct_9"))
 }
@@ -265,7 +266,7 @@ func TestWebhookAccountsAreScopes(t *testing.T) {
 		require.Empty(t, res.Header().Get("Idempotent-Replayed"))
 		rec, err := b.store.GetKey(context.Background(), b.handler.Scope(account), "evt_3")
 		require.NoError(t, err)
-		require.Equal(t, idem.StatusFinished, rec.Status)
+		require.Equal(t, idemtype.StoredFinished, rec.Status)
 	}
 	require.Equal(t, 2, b.ledger(t, "evt_3"))
 }
@@ -363,8 +364,8 @@ func TestNewWebhookConfig(t *testing.T) {
 	short := idem.MustNewFlow("short.webhook", []idem.Phase[hookEvent]{{Name: "responded",
 		Do: func(context.Context, idem.Tx, *idem.Attempt[hookEvent]) (idem.Result, error) {
 			return idem.RespondJSON(http.StatusOK, nil), nil
-		}}}, &idem.FlowConfig[hookEvent]{AbandonAfter: time.Hour})
-	shortRunner, err := idem.NewRunner(b.runner.Store(), &idem.Config{Flows: []idem.AnyFlow{short}})
+		}}}, &idem.FlowConfig[hookEvent]{UnfinishedRetention: time.Hour})
+	shortRunner, err := idem.NewRunner(b.store, &idem.Config{Flows: []idem.AnyFlow{short}})
 	require.NoError(t, err)
 	_, err = idemhttp.NewWebhook(shortRunner, short, valid())
 	require.ErrorContains(t, err, "keeps the flow's finished keys for 24h0m0s, less than RedeliveryWindow 72h0m0s")

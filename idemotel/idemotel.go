@@ -14,7 +14,7 @@
 //	                                  needs_reconcile, store_error, completed,
 //	                                  reaped, ...), idem.flow and idem.phase;
 //	                                  reconciled events also by idem.verdict
-//	                                  (done, not_done, unknown)
+//	                                  (happened, not_happened, unknown)
 //	idem.keys.reaped       counter    keys deleted by the reaper
 //	idem.request.duration  histogram  seconds per Runner.Execute, by idem.flow and
 //	                                  idem.outcome (executed, replayed, ...)
@@ -66,6 +66,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // ScopeName is the instrumentation scope of the meter and the tracer.
@@ -84,7 +85,7 @@ const (
 	AttrRecoveryPoint = attribute.Key("idem.recovery_point")
 	AttrTookOver      = attribute.Key("idem.took_over")
 	AttrCount         = attribute.Key("idem.count")
-	// AttrVerdict is a reconcile hook's verdict (done, not_done, unknown)
+	// AttrVerdict is a reconcile hook's verdict (happened, not_happened, unknown)
 	// on idem.events{idem.event="reconciled"}.
 	AttrVerdict = attribute.Key("idem.verdict")
 	// AttrStatus is a key status (running, needs_reconcile) on the backlog
@@ -248,7 +249,7 @@ func (o *Observer) StartPhase(ctx context.Context, flow, phase string, attempt i
 // an answer the client caused or must wait for (a replay, a 409, a 422).
 func failure(kind idem.OutcomeKind) bool {
 	switch kind {
-	case idem.OutcomeFailed, idem.OutcomeStoreUnavailable, idem.OutcomeLockLost, idem.OutcomeAbandoned, "unknown":
+	case idem.OutcomeFailed, idem.OutcomeStoreUnavailable, idem.OutcomeLockLost, "unknown":
 		return true
 	}
 	return false
@@ -256,7 +257,7 @@ func failure(kind idem.OutcomeKind) bool {
 
 // Backlogger is what [Observer.ObserveBacklog] reads: *idem.Runner.
 type Backlogger interface {
-	Backlog(ctx context.Context) (*idem.Backlog, error)
+	Backlog(ctx context.Context) (*idemtype.Backlog, error)
 }
 
 // ObserveBacklog registers the backlog gauges, idem.keys and

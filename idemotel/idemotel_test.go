@@ -294,7 +294,7 @@ func TestReconciledEventsCarryTheVerdict(t *testing.T) {
 	obs, err := idemotel.New(&idemotel.Config{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
 	require.NoError(t, err)
 	ctx := context.Background()
-	for _, v := range []string{"done", "not_done", "unknown", "unknown"} {
+	for _, v := range []string{"happened", "not_happened", "unknown", "unknown"} {
 		obs.Observe(ctx, idem.Event{Kind: idem.EventReconciled, Flow: "orders.create", Phase: "reserved", Verdict: v})
 	}
 	obs.Observe(ctx, idem.Event{Kind: idem.EventCompleted, Flow: "orders.create"})
@@ -312,7 +312,7 @@ func TestReconciledEventsCarryTheVerdict(t *testing.T) {
 		}
 	}
 	t.Logf("idem.events{idem.event=reconciled} by idem.verdict: %v", byVerdict)
-	require.Equal(t, map[string]int64{"done": 1, "not_done": 1, "unknown": 2}, byVerdict)
+	require.Equal(t, map[string]int64{"happened": 1, "not_happened": 1, "unknown": 2}, byVerdict)
 }
 
 // The backlog gauges read the unfinished keys at each collection.

@@ -8,8 +8,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // A wire scenario that fails while others run beside it runs again alone,
@@ -24,7 +24,7 @@ func TestAWireScenarioThatFailsBesideOthersRunsAgainAlone(t *testing.T) {
 	cfg := b.config(b.orderFlow("orders.alone", nil))
 	cfg.DatabaseURL = b.url
 	cfg.Kinds = []idemtest.Kind{idemtest.LostReply}
-	cfg.Check = func(ctx context.Context, key *idem.KeyRecord) error {
+	cfg.Check = func(ctx context.Context, key *idemtype.KeyRecord) error {
 		if strings.HasSuffix(key.Key, "-lost_reply@2") {
 			return errors.New("waited on a row lock")
 		}
@@ -55,7 +55,7 @@ func TestEveryFailedAccountIsReported(t *testing.T) {
 	b := setup(t)
 	cfg := b.config(b.orderFlow("orders.accounts", nil))
 	cfg.Kinds = []idemtest.Kind{idemtest.CrashBeforeCommit}
-	cfg.Check = func(ctx context.Context, key *idem.KeyRecord) error {
+	cfg.Check = func(ctx context.Context, key *idemtype.KeyRecord) error {
 		if strings.Contains(key.Key, "crash_before_commit@") {
 			return errors.New("broken on purpose")
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemdriver"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -66,7 +67,7 @@ func TestCatchesADoubleChargeOutsideTheWrapperThroughCheck(t *testing.T) {
 	msg := rep.Err().Error()
 	require.Contains(t, msg, "3 of 15 scenarios failed. The first:")
 	require.Contains(t, msg, "scenario crash_before_commit@charged: the worker dies after phase \"charged\" did its work, right before its commit")
-	require.Contains(t, msg, "1. worker 1 Execute; committed order_created; dies at before_commit of charged -> abandoned")
+	require.Contains(t, msg, "1. worker 1 Execute; committed order_created; dies at before_commit of charged -> simulated_crash")
 	require.Contains(t, msg, "2. clock +1m31s: the dead worker's lease runs out")
 	require.Contains(t, msg, "3. worker 2 Execute; committed charged; committed responded -> executed 201 (took over)")
 	require.Contains(t, msg, "Check: provider made 2 effects for")
@@ -146,7 +147,7 @@ func TestWritesOutsideTheTransactionAreCaught(t *testing.T) {
 			},
 		}, config)
 	}
-	oneAuditRow := func(ctx context.Context, key *idem.KeyRecord) error {
+	oneAuditRow := func(ctx context.Context, key *idemtype.KeyRecord) error {
 		var n int
 		if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM audit WHERE key_id = $1`, key.ID).Scan(&n); err != nil {
 			return err
@@ -205,7 +206,7 @@ func TestCatchesAReconcileHookThatLies(t *testing.T) {
 	b := setup(t)
 	cfg := idemtest.Config[orderInput]{
 		Pool: b.pool, Input: orderInput{Item: "book"},
-		Check: func(_ context.Context, key *idem.KeyRecord) error { return b.provider.ExpectOne(key.Key) },
+		Check: func(_ context.Context, key *idemtype.KeyRecord) error { return b.provider.ExpectOne(key.Key) },
 	}
 
 	cfg.Flow = b.notifyFlow("notify.truthful", false)
@@ -213,14 +214,14 @@ func TestCatchesAReconcileHookThatLies(t *testing.T) {
 	require.Len(t, rep.Scenarios, 2*5+1)
 	steps := strings.Join(scenarioNamed(t, rep, "crash_after_foreign@notified").Steps, "\n")
 	require.Contains(t, steps, "-> needs_reconcile")
-	require.Contains(t, steps, "reconcile verdict for notified: done")
+	require.Contains(t, steps, "reconcile verdict for notified: happened")
 
 	cfg.Flow = b.notifyFlow("notify.lying", true)
 	rep, err := idemtest.ExploreContext(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Log(rep.Summary())
 	require.Equal(t, []string{"crash_before_commit@notified", "crash_after_foreign@notified", "serialization_failure@notified", "lease_takeover@notified"}, failedNames(rep))
-	require.Contains(t, rep.Err().Error(), "reconcile verdict for notified: not done, so the phase runs again")
+	require.Contains(t, rep.Err().Error(), "reconcile verdict for notified: not happened, so the phase runs again")
 	require.Contains(t, rep.Err().Error(), "Check: provider made 2 effects for")
 }
 
@@ -304,11 +305,11 @@ func (b *bundle) notifyFlow(name string, lie bool) *idem.Flow[orderInput] {
 				})
 				return idem.Advance(), err
 			},
-			Reconcile: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[orderInput]) (idem.Reconciliation, error) {
+			Reconcile: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[orderInput]) (idem.ReconcileVerdict, error) {
 				if lie || len(b.provider.Effects(run.Key().Key)) == 0 {
-					return idem.ReconcileNotDone(), nil
+					return idem.ReconcileNotHappened(), nil
 				}
-				return idem.ReconcileDone(idem.Advance()), nil
+				return idem.ReconcileHappened(idem.Advance()), nil
 			},
 		},
 		{
@@ -339,7 +340,7 @@ func TestCatchesANotIdempotentCallRepeatedBlindly(t *testing.T) {
 	// The takeover scenario passes: its paused worker, which made the call,
 	// always runs on the kit's own pgstore.Store, whose mark is real.
 	require.Equal(t, []string{"crash_before_commit@notified", "crash_after_foreign@notified", "serialization_failure@notified"}, failedNames(rep))
-	require.Contains(t, rep.Err().Error(), `the not-idempotent foreign call "notify" of phase "notified" ran 2 times with 0 reconcile verdicts of not done between: it was repeated blindly`)
+	require.Contains(t, rep.Err().Error(), `the not-idempotent foreign call "notify" of phase "notified" ran 2 times with 0 reconcile verdicts of not happened between: it was repeated blindly`)
 
 	// After a serialization failure the runner itself sends the key to
 	// reconciliation, but with no mark there is no call in doubt as far as
@@ -379,7 +380,7 @@ func TestWireScenariosCatchAFallbackWriteOutsideTheTransaction(t *testing.T) {
 	}}, nil)
 	cfg := idemtest.Config[orderInput]{
 		Pool: b.pool, DatabaseURL: b.url, Flow: flow, Input: orderInput{Item: "book"},
-		Check: func(ctx context.Context, key *idem.KeyRecord) error {
+		Check: func(ctx context.Context, key *idemtype.KeyRecord) error {
 			var n int
 			if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM audit WHERE what = 'order created: ' || $1::text`, key.Key).Scan(&n); err != nil {
 				return err

@@ -9,8 +9,6 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/go-idem/idem"
 )
 
 // BypassCheck configures the kit's check for writes that bypass the phase's
@@ -106,24 +104,24 @@ func nextXID(ctx context.Context, db queryRower) (uint32, error) {
 
 // note records a mark at a hook point of the faulted phase. It runs on the
 // worker's goroutine, inside the phase.
-func (b *bypassWatch) note(ctx context.Context, where idem.HookWhere) {
+func (b *bypassWatch) note(ctx context.Context, where HookWhere) {
 	if b == nil {
 		return
 	}
 	switch where {
-	case idem.HookPhaseStart, idem.HookBeforeForeign, idem.HookAfterForeign:
+	case HookPhaseStart, HookBeforeForeign, HookAfterForeign:
 	default:
 		return
 	}
 	b.mark(ctx, func(xid uint32) {
 		switch where {
-		case idem.HookPhaseStart:
+		case HookPhaseStart:
 			if !b.started {
 				b.start, b.started = xid, true
 			}
-		case idem.HookBeforeForeign:
+		case HookBeforeForeign:
 			b.openCall, b.inCall = xid, true
-		case idem.HookAfterForeign:
+		case HookAfterForeign:
 			if b.inCall {
 				b.foreign = append(b.foreign, [2]uint32{b.openCall, xid})
 				b.inCall = false

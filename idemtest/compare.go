@@ -7,13 +7,13 @@ import (
 	"reflect"
 	"strings"
 
-	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // EqualStatusAndBody is the default Comparator: the statuses are equal and
 // the bodies are equal byte for byte. Headers are not compared; they often
 // carry per-request values such as a Location with a new id.
-func EqualStatusAndBody(baseline, got *idem.Response) error {
+func EqualStatusAndBody(baseline, got *idemtype.Response) error {
 	if err := equalStatus(baseline, got); err != nil {
 		return err
 	}
@@ -28,13 +28,13 @@ func EqualStatusAndBody(baseline, got *idem.Response) error {
 // not matter) once every object member named in ignore is removed, at any
 // depth. Ignore what each run generates afresh:
 //
-//	Compare: idemtest.EqualJSON("ride_id", "charge_id"),
+//	Compare: EqualJSON("ride_id", "charge_id"),
 func EqualJSON(ignore ...string) Comparator {
 	skip := make(map[string]bool, len(ignore))
 	for _, name := range ignore {
 		skip[name] = true
 	}
-	return func(baseline, got *idem.Response) error {
+	return func(baseline, got *idemtype.Response) error {
 		if err := equalStatus(baseline, got); err != nil {
 			return err
 		}
@@ -57,7 +57,7 @@ func EqualJSON(ignore ...string) Comparator {
 	}
 }
 
-func equalStatus(baseline, got *idem.Response) error {
+func equalStatus(baseline, got *idemtype.Response) error {
 	switch {
 	case baseline == nil || got == nil:
 		return fmt.Errorf("missing response (baseline %v, got %v)", baseline != nil, got != nil)

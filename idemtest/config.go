@@ -12,6 +12,8 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
+	"github.com/go-idem/idem/internal/hooks"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -65,7 +67,7 @@ type Config[In any] struct {
 	// Runner is the base configuration of every runner the kit makes: your
 	// Lease, Isolation, MaxPhaseRetries, Observer and so on. The kit adds
 	// Flow to Flows, replaces Test.Now with its own clock, calls your
-	// Test.Hook before its own, sends every event to your Observer after
+	// hook (WithHook) before its own, sends every event to your Observer after
 	// recording it, and discards logs unless Logger is set. Nil means the
 	// defaults.
 	Runner *idem.Config
@@ -88,7 +90,7 @@ type Config[In any] struct {
 	// the kit sees your tables and your providers, so it is what catches
 	// writes made outside the phase's transaction and foreign calls made
 	// outside Attempt.Foreign.
-	Check func(ctx context.Context, key *idem.KeyRecord) error
+	Check func(ctx context.Context, key *idemtype.KeyRecord) error
 
 	// Providers are the fake providers the flow can reach, every one of
 	// them: *Provider, or a fake of your own with a Calls method (see
@@ -156,7 +158,7 @@ type Config[In any] struct {
 
 // Comparator reports how got, a scenario's final response, differs from
 // baseline, the uninterrupted run's; nil means they are the same.
-type Comparator func(baseline, got *idem.Response) error
+type Comparator func(baseline, got *idemtype.Response) error
 
 // Kind is a kind of fault the kit injects. Each kind applies at one point
 // of a phase; a scenario is a kind at one phase, named "kind@phase".
@@ -224,14 +226,14 @@ func AllKinds() []Kind {
 func (k Kind) Wire() bool { return k == LostReply || k == StalledReply }
 
 // where is the hook point at which the kind's fault is injected.
-func (k Kind) where() idem.HookWhere {
+func (k Kind) where() HookWhere {
 	switch k {
 	case CrashAfterForeign:
-		return idem.HookAfterForeign
+		return HookAfterForeign
 	case CrashAfterCommit, LostCommitAck:
-		return idem.HookAfterCommit
+		return HookAfterCommit
 	}
-	return idem.HookBeforeCommit
+	return HookBeforeCommit
 }
 
 // describe says in a sentence what the scenario does at phase.
@@ -381,8 +383,9 @@ func (c Config[In]) withDefaults() (Config[In], idemdriver.Store, pgstore.DB, er
 	if err != nil {
 		return fail("%v", err)
 	}
-	if withTable, ok := store.(interface{ Table() string }); ok && withTable.Table() != own.Table() {
-		return fail("Schema %q gives table %s, but Store uses %s; set Schema to the Store's", c.Schema, own.Table(), withTable.Table())
+	ownTable, _ := hooks.StoreTable(own)
+	if table, ok := hooks.StoreTable(store); ok && table != ownTable {
+		return fail("Schema %q gives table %s, but Store uses %s; set Schema to the Store's", c.Schema, ownTable, table)
 	}
 	if pool, ok := db.(*pgxpool.Pool); ok && slices.Contains(c.Kinds, LeaseTakeover) && pool.Config().MaxConns < minTakeoverConns {
 		return fail("the pool allows %d connections; the lease takeover scenario needs %d: the paused worker's transaction, the second worker's transaction and statements, and the kit's lock-wait query", pool.Config().MaxConns, minTakeoverConns)

@@ -9,13 +9,13 @@
 //
 //	func TestCreateOrder(t *testing.T) {
 //		t.Parallel()
-//		schema := idemtest.NewSchema(t) // idem's tables migrated; create yours in it
+//		schema := NewSchema(t) // idem's tables migrated; create yours in it
 //		...
-//		idemtest.Explore(t, idemtest.Config[orders.Params]{
+//		Explore(t, Config[orders.Params]{
 //			Pool:    schema.Pool,
 //			Flow:    orders.NewFlow(payments),
 //			Input:   orders.Params{SKU: "rocket", Quantity: 2},
-//			Compare: idemtest.EqualJSON("id", "charge_id"),
+//			Compare: EqualJSON("id", "charge_id"),
 //			Check:   exactlyOneOrderAndOneCharge,
 //		})
 //	}
@@ -88,7 +88,7 @@
 // retries and reconcile runs every scenario makes. The checks are the same,
 // and a commit whose reply never reached its worker is counted from the
 // key. Wire scenarios run Config.WireParallelism (8) at a time, so Check,
-// Compare, Setup and the Runner's Observer and Test.Hook must be safe for
+// Compare, Setup and the Runner's Observer and hook (WithHook) must be safe for
 // concurrent use; one that failed beside others (a stalled scenario holds
 // its row locks, which a flow updating a shared row makes the others wait
 // on) runs again alone and is held to that run (Scenario.RanAlone). A
@@ -101,7 +101,7 @@
 // # How faults are injected
 //
 // The scenarios at each phase inject theirs only through each runner's
-// Config.Test: a Hook that returns idem.ErrSimulatedCrash (the runner stops
+// Config.Test: a hook (WithHook) that returns ErrSimulatedCrash (the runner stops
 // as a dead process would, its transaction rolled back and its lock kept),
 // another error at the commit (a lost acknowledgement), a *pgconn.PgError
 // with code 40001, or blocks (the paused worker); and a clock (Test.Now) of

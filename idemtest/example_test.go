@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 )
 
 type payment struct {
@@ -32,7 +33,7 @@ func ExampleExploreContext() {
 		Input:     payment{Customer: "cus_1", Amount: 20_00},
 		Compare:   idemtest.EqualJSON("payment_id", "charge"), // generated afresh by every run
 		Providers: []idemtest.FakeProvider{provider},
-		Check: func(ctx context.Context, key *idem.KeyRecord) error {
+		Check: func(ctx context.Context, key *idemtype.KeyRecord) error {
 			return provider.ExpectOne(key.Key) // one charge per request, whatever happened
 		},
 	})
@@ -115,7 +116,7 @@ func ExampleConfig_databaseURL() {
 		Input:       payment{Customer: "cus_1", Amount: 20_00},
 		Compare:     idemtest.EqualJSON("payment_id", "charge"),
 		Providers:   []idemtest.FakeProvider{provider},
-		Check: func(ctx context.Context, key *idem.KeyRecord) error {
+		Check: func(ctx context.Context, key *idemtype.KeyRecord) error {
 			return provider.ExpectOne(key.Key)
 		},
 	})

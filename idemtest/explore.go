@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -28,9 +29,9 @@ import (
 //
 //	func TestCreateOrder(t *testing.T) {
 //		t.Parallel()
-//		idemtest.Explore(t, idemtest.Config[orders.Params]{
+//		Explore(t, Config[orders.Params]{
 //			Pool: pool, Flow: orders.NewFlow(payments), Input: orders.Params{SKU: "rocket", Quantity: 2},
-//			Compare: idemtest.EqualJSON("id", "charge_id"),
+//			Compare: EqualJSON("id", "charge_id"),
 //			Check:   exactlyOneOrderAndOneCharge,
 //		})
 //	}
@@ -64,7 +65,7 @@ func ExploreContext[In any](ctx context.Context, cfg Config[In]) (*Report, error
 	if cfg.Runner != nil {
 		x.base = *cfg.Runner
 	}
-	x.userHook, x.base.Test = x.base.Test.Hook, idem.TestConfig{}
+	x.userHook, x.base.Test = hookOf(x.base.Test), idem.TestConfig{}
 	x.lease = x.base.WithDefaults().Lease
 	if _, err := idem.NewRunner(store, x.runnerConfig(nil, nil)); err != nil {
 		return nil, fmt.Errorf("%w: Runner: %w", ErrInvalidConfig, err)
@@ -119,7 +120,7 @@ type explorer[In any] struct {
 	store    idemdriver.Store
 	db       pgstore.DB
 	base     idem.Config
-	userHook func(context.Context, idem.HookPoint) error
+	userHook func(context.Context, HookPoint) error
 	lease    time.Duration
 	runID    string
 
@@ -135,7 +136,7 @@ type explorer[In any] struct {
 	// scenarios that ended, for Scenario.ended.
 	handed   sync.Map
 	ended    atomic.Int64
-	response *idem.Response
+	response *idemtype.Response
 
 	// From the wire baseline: how many round trips the request made
 	// through the proxy, and how many it had made at each hook point.
@@ -166,7 +167,7 @@ func (x *explorer[In]) runnerConfig(w *worker, now func() time.Time) *idem.Confi
 		c.Logger = discardLogger
 	}
 	if w != nil {
-		c.Test = idem.TestConfig{Now: now, Hook: w.hook}
+		c.Test = WithHook(idem.TestConfig{Now: now}, w.hook)
 		c.Observer = observerFor(w, x.base.Observer)
 	}
 	return &c
@@ -253,7 +254,7 @@ func (x *explorer[In]) runScenario(ctx context.Context, kind Kind, phase, foreig
 	sc := x.newScenario(ctx, string(kind)+"@"+phase, kind, phase, kind.describe(phase, foreign))
 	defer sc.end()
 	f := &fault{kind: kind, phase: phase, bypass: x.newBypassWatch(kind)}
-	var final *idem.Response
+	var final *idemtype.Response
 	if kind == LeaseTakeover {
 		final = x.takeover(ctx, sc, f)
 	} else {
@@ -331,12 +332,12 @@ const lateBy = 24 * time.Hour
 // lateRetry reports whether the client of a scenario of kind comes back a
 // day later when its fault left the key unfinished: crash_after_commit,
 // unless the runner would by then treat the key as abandoned
-// (Config.AbandonAfter). (A finished key is left alone: a day later it may
+// (Config.UnfinishedRetention). (A finished key is left alone: a day later it may
 // have expired.)
 func (x *explorer[In]) lateRetry(kind Kind) bool {
 	if kind != CrashAfterCommit {
 		return false
 	}
-	abandon := x.base.WithDefaults().AbandonAfter
+	abandon := x.base.WithDefaults().UnfinishedRetention
 	return abandon < 0 || abandon > lateBy+3*x.lease
 }

@@ -115,10 +115,10 @@ func TestUserObserverAndHookAreComposed(t *testing.T) {
 	hooks := 0
 	cfg := b.config(b.orderFlow("orders.create", nil))
 	cfg.Kinds = []idemtest.Kind{idemtest.CrashBeforeCommit}
-	cfg.Runner = &idem.Config{Observer: obs, Test: idem.TestConfig{Hook: func(context.Context, idem.HookPoint) error {
+	cfg.Runner = &idem.Config{Observer: obs, Test: idemtest.WithHook(idem.TestConfig{}, func(context.Context, idemtest.HookPoint) error {
 		hooks++ // scenarios run one worker at a time here
 		return nil
-	}}}
+	})}
 	idemtest.Explore(t, cfg)
 	require.Positive(t, hooks)
 	require.Positive(t, obs.events[idem.EventPhaseCommitted])

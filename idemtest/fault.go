@@ -6,8 +6,6 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/go-idem/idem"
 )
 
 // errLostAck is what the kit makes a worker see after its commit succeeded.
@@ -36,7 +34,7 @@ func (f *fault) inject(ctx context.Context, w *worker) error {
 	switch f.kind {
 	case CrashBeforeCommit, CrashAfterForeign, CrashAfterCommit:
 		note(fmt.Sprintf("dies at %s of %s", f.kind.where(), f.phase))
-		return idem.ErrSimulatedCrash
+		return ErrSimulatedCrash
 	case LostCommitAck:
 		note("loses the commit acknowledgement of " + f.phase)
 		return errLostAck

@@ -19,6 +19,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 )
 
@@ -329,8 +330,8 @@ func (s *shop) setupInput(card string) func(ctx context.Context, key string) (or
 // check is the team's invariant for one key: one order; stock conserved;
 // a charged order has one charge and one shipment, from its warehouse and
 // of its date; a declined one neither.
-func (s *shop) check(emails bool) func(ctx context.Context, key *idem.KeyRecord) error {
-	return func(ctx context.Context, key *idem.KeyRecord) error {
+func (s *shop) check(emails bool) func(ctx context.Context, key *idemtype.KeyRecord) error {
+	return func(ctx context.Context, key *idemtype.KeyRecord) error {
 		if err := s.oneOrderForTheKey(ctx, key); err != nil {
 			return err
 		}
@@ -395,7 +396,7 @@ func (s *shop) check(emails bool) func(ctx context.Context, key *idem.KeyRecord)
 
 // oneOrderForTheKey is the Check's first count. It counts by the request's
 // scope and key, which every retry keeps.
-func (s *shop) oneOrderForTheKey(ctx context.Context, key *idem.KeyRecord) error {
+func (s *shop) oneOrderForTheKey(ctx context.Context, key *idemtype.KeyRecord) error {
 	var n int
 	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM orders WHERE scope = $1 AND idem_key = $2`, key.Scope, key.Key).Scan(&n); err != nil {
 		return err

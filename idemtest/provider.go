@@ -153,12 +153,12 @@ func (p *Provider) ExpectOne(subject string) error {
 // was for (ProviderCall.Subject, used in reports). Calls only ever grows.
 // *Provider is one; a fake of your own needs only this method:
 //
-//	func (f *fakeStripe) Calls() []idemtest.ProviderCall {
+//	func (f *fakeStripe) Calls() []ProviderCall {
 //		f.mu.Lock()
 //		defer f.mu.Unlock()
-//		out := make([]idemtest.ProviderCall, len(f.requests))
+//		out := make([]ProviderCall, len(f.requests))
 //		for i, r := range f.requests {
-//			out[i] = idemtest.ProviderCall{Key: r.IdempotencyKey, Subject: r.Customer, Effect: r.ChargeID}
+//			out[i] = ProviderCall{Key: r.IdempotencyKey, Subject: r.Customer, Effect: r.ChargeID}
 //		}
 //		return out
 //	}

@@ -14,7 +14,7 @@ import (
 type scenario struct {
 	report   *Scenario
 	scope    string
-	userHook func(context.Context, idem.HookPoint) error
+	userHook func(context.Context, HookPoint) error
 	clock    *Clock
 	marks    []int
 	// input is the In the scenario sends.

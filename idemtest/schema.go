@@ -50,7 +50,7 @@ type Schema struct {
 //
 //	func TestCreateOrder(t *testing.T) {
 //		t.Parallel()
-//		schema := idemtest.NewSchema(t)
+//		schema := NewSchema(t)
 //		_, err := schema.Pool.Exec(ctx, ordersDDL)
 //		...
 //	}
@@ -90,7 +90,7 @@ func (s *Schema) Close() error {
 // TEST_DATABASE_URL names), and exits with the tests' status. Call it from
 // TestMain:
 //
-//	func TestMain(m *testing.M) { idemtest.Main(m) }
+//	func TestMain(m *testing.M) { Main(m) }
 //
 // Without it a throwaway cluster still dies with the test binary, and what
 // it leaves on disk or on the external server is removed by a later run.

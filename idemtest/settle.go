@@ -9,13 +9,14 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // settle retries the scenario's key, as clients, the completer and
 // operators would, until it reaches a final response: a crashed worker's
 // lease is made to expire, a failed attempt is retried, a key in
 // needs_reconcile is reconciled. A nil out starts with a run.
-func (x *explorer[In]) settle(ctx context.Context, sc *scenario, out *idem.Outcome, err error) *idem.Response {
+func (x *explorer[In]) settle(ctx context.Context, sc *scenario, out *idem.Outcome, err error) *idemtype.Response {
 	if out == nil {
 		out, err = x.call(ctx, sc, nil, opRun, x.store)
 	}
@@ -37,14 +38,14 @@ func (x *explorer[In]) settle(ctx context.Context, sc *scenario, out *idem.Outco
 			sc.violate("gave up retrying: %v", context.Cause(ctx))
 			return nil
 		}
-		switch out.Kind {
-		case idem.OutcomeAbandoned:
+		switch {
+		case errors.Is(err, ErrSimulatedCrash):
 			sc.advance(x.lease+time.Second, "the dead worker's lease runs out")
-		case idem.OutcomeInProgress:
+		case out.Kind == idem.OutcomeInProgress:
 			sc.advance(x.lease+time.Second, "the lease holding the key runs out")
 		}
 		op := opRun
-		if out.Kind == idem.OutcomeNeedsReconcile || (out.Record != nil && out.Record.Status == idem.StatusNeedsReconcile) {
+		if out.Kind == idem.OutcomeNeedsReconcile || (out.Record != nil && out.Record.Status == idemtype.StoredNeedsReconcile) {
 			op = opReconcile
 		}
 		out, err = x.call(ctx, sc, nil, op, x.store)
@@ -58,7 +59,7 @@ const completerIdleFor = 5 * time.Minute
 // settleWire drives the key to its response after the faulted request:
 // the client retries at once; if that does not finish it, the client gives
 // up, the key idles, and a completer pass takes it; settle does the rest.
-func (x *explorer[In]) settleWire(ctx context.Context, sc *scenario, out *idem.Outcome, err error) *idem.Response {
+func (x *explorer[In]) settleWire(ctx context.Context, sc *scenario, out *idem.Outcome, err error) *idemtype.Response {
 	if done(out) {
 		return x.settle(ctx, sc, out, err)
 	}
@@ -107,9 +108,9 @@ type oneKeyClaims struct {
 	scope, key string
 }
 
-func (s oneKeyClaims) ClaimIdle(ctx context.Context, p idemdriver.ClaimIdleParams) ([]*idemdriver.KeyRecord, error) {
+func (s oneKeyClaims) ClaimIdle(ctx context.Context, p idemdriver.ClaimIdleParams) ([]*idemtype.KeyRecord, error) {
 	rec, err := s.GetKey(ctx, s.scope, s.key)
-	if errors.Is(err, idemdriver.ErrNotFound) {
+	if errors.Is(err, idemtype.ErrNotFound) {
 		return nil, nil
 	}
 	if err != nil {
@@ -126,5 +127,5 @@ func (s oneKeyClaims) ClaimIdle(ctx context.Context, p idemdriver.ClaimIdleParam
 	if !idle || p.Limit < 1 {
 		return nil, nil
 	}
-	return []*idemdriver.KeyRecord{rec}, nil
+	return []*idemtype.KeyRecord{rec}, nil
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 )
 
@@ -145,7 +146,7 @@ func (b *bundle) config(flow *idem.Flow[orderInput]) idemtest.Config[orderInput]
 
 // oneChargedOrder is a business invariant: exactly one order row for the
 // key, charged, and exactly one charge at the provider.
-func (b *bundle) oneChargedOrder(ctx context.Context, key *idem.KeyRecord) error {
+func (b *bundle) oneChargedOrder(ctx context.Context, key *idemtype.KeyRecord) error {
 	var n int
 	var status string
 	if err := b.pool.QueryRow(ctx, `SELECT count(*), min(status) FROM orders WHERE key_id = $1`, key.ID).Scan(&n, &status); err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -22,7 +23,7 @@ const lockPollInterval = 5 * time.Millisecond
 // settles it, and worker 1 resumes. If worker 2 waits for a row lock worker
 // 1's open transaction holds, worker 1 resumes then, as a paused process
 // that wakes up would, so its refused commit frees the lock.
-func (x *explorer[In]) takeover(ctx context.Context, sc *scenario, f *fault) *idem.Response {
+func (x *explorer[In]) takeover(ctx context.Context, sc *scenario, f *fault) *idemtype.Response {
 	// The paused worker's store is the kit's own, on a handle that shows
 	// which connection its phase transaction holds.
 	conns := &connWatch{DB: x.db}
@@ -56,12 +57,12 @@ func (x *explorer[In]) takeover(ctx context.Context, sc *scenario, f *fault) *id
 	sc.step("worker 1 pauses just before phase %q commits, its transaction open", f.phase)
 	sc.advance(x.lease+time.Second, "worker 1's lease runs out while it is paused")
 
-	second := make(chan *idem.Response, 1)
+	second := make(chan *idemtype.Response, 1)
 	go func() { second <- x.settle(ctx, sc, nil, nil) }()
 	ticker := time.NewTicker(lockPollInterval)
 	defer ticker.Stop()
 	resumed := false
-	var final *idem.Response
+	var final *idemtype.Response
 wait:
 	for {
 		select {

@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/internal/hooks"
 )
 
 // upgradeKinds are the faults an upgrade scenario puts in the previous
@@ -77,7 +78,7 @@ func (x *explorer[In]) renamePhases(sc *scenario) {
 	defer sc.mu.Unlock()
 	sc.upgrade = true
 	current := func(p string) string {
-		if n, ok := x.cfg.Flow.CurrentName(p); ok {
+		if n, ok := hooks.CurrentName(x.cfg.Flow, p); ok {
 			return n
 		}
 		return p

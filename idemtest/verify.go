@@ -9,10 +9,11 @@ import (
 	"strings"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // verify checks a settled scenario's invariants.
-func (x *explorer[In]) verify(ctx context.Context, sc *scenario, final *idem.Response) {
+func (x *explorer[In]) verify(ctx context.Context, sc *scenario, final *idemtype.Response) {
 	sc.step("final response: %d %s", final.Status, quoteBody(final.Body))
 
 	out, err := x.call(ctx, sc, nil, opRun, x.store)
@@ -32,7 +33,7 @@ func (x *explorer[In]) verify(ctx context.Context, sc *scenario, final *idem.Res
 	switch {
 	case err != nil:
 		sc.violate("could not read the key: %v", err)
-	case rec.Status != idem.StatusFinished || rec.RecoveryPoint != idem.RecoveryPointFinished:
+	case rec.Status != idemtype.StoredFinished || rec.RecoveryPoint != idemtype.RecoveryPointFinished:
 		sc.violate("the key is %s at recovery point %q, want finished", rec.Status, rec.RecoveryPoint)
 	case rec.ForeignMark != "" || rec.LockedAt != nil:
 		sc.violate("the finished key still has a foreign mark %q or a lock (locked at %v)", rec.ForeignMark, rec.LockedAt)

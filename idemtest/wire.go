@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idem/idem"
-	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -50,7 +50,7 @@ const (
 // tripMark is how many round trips the wire baseline's request had sent
 // when it reached a hook point of its key.
 type tripMark struct {
-	where idem.HookWhere
+	where HookWhere
 	phase string
 	sent  int64
 }
@@ -238,15 +238,15 @@ func (x *explorer[In]) tripAt(n int) (phase, where string) {
 		return "", fmt.Sprintf("before phase %q began", first)
 	}
 	switch last.where {
-	case idem.HookPhaseStart:
+	case HookPhaseStart:
 		where = "in phase %q"
-	case idem.HookBeforeForeign:
+	case HookBeforeForeign:
 		where = "in phase %q, during its foreign call"
-	case idem.HookAfterForeign:
+	case HookAfterForeign:
 		where = "in phase %q, after its foreign call"
-	case idem.HookBeforeCommit:
+	case HookBeforeCommit:
 		where = "the commit of phase %q"
-	case idem.HookAfterCommit:
+	case HookAfterCommit:
 		where = "after phase %q committed"
 	default:
 		return last.phase, fmt.Sprintf("at %s of phase %q", last.where, last.phase)
@@ -380,14 +380,14 @@ func (x *explorer[In]) faultedCall(ctx context.Context, sc *scenario, p *wirePro
 func (x *explorer[In]) commitsNobodySaw(ctx context.Context, sc *scenario) {
 	rec, err := x.store.GetKey(ctx, sc.scope, sc.report.Key)
 	switch {
-	case errors.Is(err, idemdriver.ErrNotFound):
+	case errors.Is(err, idemtype.ErrNotFound):
 		return
 	case err != nil:
 		sc.violate("could not read the key after the faulted request: %v", err)
 		return
 	}
 	landed := x.phases
-	if rec.Status != idem.StatusFinished {
+	if rec.Status != idemtype.StoredFinished {
 		landed = x.phases[:slices.Index(x.phases, rec.RecoveryPoint)+1]
 	}
 	sc.mu.Lock()

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // worker is one runner making one call: a process of its own.
@@ -27,20 +28,20 @@ type worker struct {
 	tripMarks []tripMark
 }
 
-func (w *worker) hook(ctx context.Context, at idem.HookPoint) error {
+func (w *worker) hook(ctx context.Context, at HookPoint) error {
 	ours := at.Key != nil && at.Key.Scope == w.sc.scope && at.Key.Key == w.sc.report.Key
 	if ours {
 		// Record first: what happened happened, whatever the user's hook
 		// then decides.
 		switch at.Where {
-		case idem.HookBeforeForeign:
+		case HookBeforeForeign:
 			// Before the call leaves: a provider may see it before
 			// HookAfterForeign, and must tell whose it is.
 			w.sc.handed.Store(at.DownstreamKey, w.sc.report.Key)
-		case idem.HookAfterForeign:
+		case HookAfterForeign:
 			w.sc.handed.Store(at.DownstreamKey, w.sc.report.Key)
 			w.foreignCall(at)
-		case idem.HookForeignRefused:
+		case HookForeignRefused:
 			w.refused(at)
 		}
 		if w.trips != nil {
@@ -65,7 +66,7 @@ func (w *worker) hook(ctx context.Context, at idem.HookPoint) error {
 		return nil
 	}
 	f.fired = true
-	f.finished = at.Key.Status == idem.StatusFinished
+	f.finished = at.Key.Status == idemtype.StoredFinished
 	f.bypass.strike(ctx) // see bypass.go
 	return f.inject(ctx, w)
 }
@@ -82,24 +83,24 @@ func (w *worker) observe(e idem.Event) {
 		sc.commitLocked(w, e.Phase, "")
 	case idem.EventReconciled:
 		switch e.Verdict {
-		case "done":
+		case "happened":
 			// The runner committed the phase in the hook's stead; its
 			// EventPhaseCommitted counted it.
-			w.notes = append(w.notes, "reconcile verdict for "+e.Phase+": done")
-		case "not_done":
+			w.notes = append(w.notes, "reconcile verdict for "+e.Phase+": happened")
+		case "not_happened":
 			sc.notDone[e.Phase]++
-			w.notes = append(w.notes, "reconcile verdict for "+e.Phase+": not done, so the phase runs again")
+			w.notes = append(w.notes, "reconcile verdict for "+e.Phase+": not happened, so the phase runs again")
 		default:
 			w.notes = append(w.notes, fmt.Sprintf("the reconcile hook of %s gave no verdict: %v", e.Phase, e.Err))
 		}
 	}
 }
 
-func (w *worker) foreignCall(at idem.HookPoint) {
+func (w *worker) foreignCall(at HookPoint) {
 	sc := w.sc
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
-	c := foreignCall{worker: w.n, phase: at.Phase, name: at.Foreign, key: at.DownstreamKey, kind: at.ForeignKind}
+	c := foreignCall{worker: w.n, phase: at.Phase, name: at.Foreign, key: at.DownstreamKey, kind: idem.ForeignKind(at.ForeignKind)}
 	sc.calls = append(sc.calls, c)
 	if c.kind == idem.ForeignNotIdempotent {
 		w.notes = append(w.notes, fmt.Sprintf("made the not-idempotent call %q of %s", c.name, c.phase))
@@ -110,7 +111,7 @@ func (w *worker) foreignCall(at idem.HookPoint) {
 			}
 		}
 		if n > 1+sc.notDone[c.phase] {
-			sc.violateLocked("the not-idempotent foreign call %q of phase %q ran %d times with %d reconcile verdicts of not done between: it was repeated blindly", c.name, c.phase, n, sc.notDone[c.phase])
+			sc.violateLocked("the not-idempotent foreign call %q of phase %q ran %d times with %d reconcile verdicts of not happened between: it was repeated blindly", c.name, c.phase, n, sc.notDone[c.phase])
 		}
 		return
 	}
@@ -120,7 +121,7 @@ func (w *worker) foreignCall(at idem.HookPoint) {
 // refused records a foreign call the runner refused. The call was not
 // made: whatever the phase then did, an effect the flow meant to have is
 // missing, or the phase fails on every retry.
-func (w *worker) refused(at idem.HookPoint) {
+func (w *worker) refused(at HookPoint) {
 	sc := w.sc
 	sc.mu.Lock()
 	defer sc.mu.Unlock()

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // The acquisition in plain SQL (queries.insertOrReport, queries.lookUp), and
@@ -109,7 +110,7 @@ func (s *Store) acquireInPlainSQL(ctx context.Context, p idemdriver.AcquireParam
 			return nil, 0, err
 		case err != nil:
 			err = mapError(fmt.Errorf("pgstore: acquire: %w", err))
-			if errors.Is(err, idemdriver.ErrSerialization) {
+			if errors.Is(err, idemtype.ErrSerialization) {
 				// A concurrent insert the snapshot cannot see, under a
 				// server default of repeatable read or serializable:
 				// idem_acquire's loop calls again with a new snapshot.

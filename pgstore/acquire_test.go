@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 )
 
@@ -39,7 +40,7 @@ func TestAcquireFunctionMatchesRecordColumns(t *testing.T) {
 	}
 	want := describe(`SELECT 'created'::text AS acquired, now() AS db_now, ` + recordColumns("k", "l") + `
 		FROM ` + store.q.table + ` k LEFT JOIN ` + store.q.leases + ` l ON l.key_id = k.id`)
-	require.Len(t, want, 2+len(recordDest(&idemdriver.KeyRecord{})))
+	require.Len(t, want, 2+len(recordDest(&idemtype.KeyRecord{})))
 	require.Equal(t, want, describe(store.q.acquire))
 }
 
@@ -88,7 +89,7 @@ func TestAcquisitionReadsKeysAsGetKeyDoes(t *testing.T) {
 	for _, key := range []string{"reconcile", "held", "released", "finished", "no-lease"} {
 		want, err := store.GetKey(ctx, "s", key)
 		require.NoError(t, err, key)
-		if want.Status == idemdriver.StatusFinished {
+		if want.Status == idemtype.StoredFinished {
 			want.Params, want.Checkpoint = nil, nil
 		}
 		for _, noCreate := range []bool{false, true} {
@@ -130,8 +131,8 @@ func TestReplayDoesNotOpenTheParams(t *testing.T) {
 	schema := pgtest.NewMigratedSchema(t)
 	// The response is written in the clear: accepted, to keep this test
 	// about the params.
-	store, err := New(schema.Pool, &Config{Schema: schema.Name, Cipher: &Keyring{
-		Current: "new", Keys: map[string][]byte{"new": make([]byte, 32)}, AcceptUnsealed: true,
+	store, err := New(schema.Pool, &Config{Schema: schema.Name, Keyring: &idemtype.Keyring{
+		Current: "new", Keys: map[string][]byte{"new": make([]byte, 32)}, AcceptUnkeyed: true,
 	}})
 	require.NoError(t, err)
 	t.Cleanup(store.Close)

@@ -6,18 +6,19 @@ import (
 	"time"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // Backlog implements idemdriver.Store.
-func (s *Store) Backlog(ctx context.Context, p idemdriver.BacklogParams) (*idemdriver.Backlog, error) {
+func (s *Store) Backlog(ctx context.Context, p idemdriver.BacklogParams) (*idemtype.Backlog, error) {
 	rows, err := s.db.Query(ctx, s.q.backlog, p.Now)
 	if err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: backlog: %w", err))
 	}
 	defer rows.Close()
-	b := &idemdriver.Backlog{}
+	b := &idemtype.Backlog{}
 	for rows.Next() {
-		var st idemdriver.StatusBacklog
+		var st idemtype.StatusBacklog
 		var oldest *time.Time
 		if err := rows.Scan(&st.Status, &st.Keys, &oldest, &b.Now); err != nil {
 			return nil, mapError(fmt.Errorf("pgstore: backlog: %w", err))

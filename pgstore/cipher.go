@@ -10,13 +10,28 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"regexp"
 	"strconv"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 )
 
-// Keyring holds the keys that seal what the store keeps of a request at
+// ErrCannotOpen is returned for a sealed value the store cannot open: the
+// keyring lacks the key the row names (or the store has no keyring), or the
+// value does not authenticate. The request fails; nothing is replayed.
+var ErrCannotOpen = errors.New("pgstore: cannot open a sealed value")
+
+// The first byte of every sealed value is its format: the layout of the
+// rest is a 12-byte nonce, then the AES-GCM ciphertext and tag for both;
+// they differ in what the value is bound to (see sealer). A value's format
+// byte is not authenticated by itself, but it picks the binding: a value
+// relabelled with the other format does not authenticate.
+const (
+	sealV1 = 1 // v0.1: params bound to scope and key, a body to its row id
+	sealV2 = 2 // see paramsAAD and bodyAAD
+)
+
+// A keyring (Config.Keyring) seals what the store keeps of a request at
 // rest: its params (the stored input) and its response body, with AES-256-GCM
 // from the standard library. Each row names the key its values were sealed
 // with (params_key_id, response_key_id), so keys rotate: make a new key
@@ -25,7 +40,7 @@ import (
 //	SELECT count(*) FROM idem_keys WHERE params_key_id = 'old' OR response_key_id = 'old'
 //
 // (every row written before the rotation is gone once Retention and
-// AbandonAfter have passed). A row whose key is missing, or whose sealed value
+// UnfinishedRetention have passed). A row whose key is missing, or whose sealed value
 // does not authenticate under it (a wrong key, tampering, a value moved from
 // another row), fails with ErrCannotOpen: it is never replayed.
 //
@@ -45,75 +60,38 @@ import (
 // column (params without params_key_id, a finished key's body without
 // response_key_id) fails with ErrCannotOpen, never replayed nor run, for a
 // row in the clear is what anyone who can write the table could put there in
-// place of a sealed one. Set AcceptUnsealed while rows written before the
-// keyring was configured remain.
+// place of a sealed one. Set the keyring's AcceptUnkeyed while rows written
+// before it was configured remain.
 //
 // Response headers, checkpoint data, last_error and the key's metadata
 // (scope, key, flow, path, fingerprint) are not sealed: keep personal and
 // payment data out of them (see docs/operations.md, Data and retention).
-type Keyring struct {
-	// Current is the id of the key new values are sealed with.
-	Current string
-	// Keys are AES-256 keys (32 bytes each) by id: the current one and
-	// every earlier one still needed to open stored rows. An id is 1-64
-	// letters, digits and ._- ; it is stored with every row.
-	Keys map[string][]byte
-	// AcceptUnsealed lets rows stored in the clear be read: set it when
-	// configuring a keyring on a store that holds keys written without one,
-	// and unset it once they are gone (the longest of Retention and
-	// AbandonAfter after the keyring was configured). It also lets anyone
-	// who can write the table replace a sealed value with a plain one.
-	// Default false: a value in the clear is refused with ErrCannotOpen.
-	AcceptUnsealed bool
-}
-
-// ErrCannotOpen is returned for a sealed value the store cannot open: the
-// keyring lacks the key the row names (or the store has no keyring), or the
-// value does not authenticate. The request fails; nothing is replayed.
-var ErrCannotOpen = errors.New("pgstore: cannot open a sealed value")
-
-var keyIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
-
-// The first byte of every sealed value is its format: the layout of the
-// rest is a 12-byte nonce, then the AES-GCM ciphertext and tag for both;
-// they differ in what the value is bound to (see Keyring). A value's format
-// byte is not authenticated by itself, but it picks the binding: a value
-// relabelled with the other format does not authenticate.
-const (
-	sealV1 = 1 // v0.1: params bound to scope and key, a body to its row id
-	sealV2 = 2 // see paramsAAD and bodyAAD
-)
-
+//
 // sealer seals and opens with a keyring.
 type sealer struct {
 	current string
 	aeads   map[string]cipher.AEAD
-	// acceptUnsealed is Keyring.AcceptUnsealed.
+	// acceptUnsealed is the keyring's AcceptUnkeyed.
 	acceptUnsealed bool
 }
 
-func newSealer(k *Keyring) (*sealer, error) {
+func newSealer(k *idemtype.Keyring) (*sealer, error) {
 	if k == nil {
 		return nil, nil
 	}
-	s := &sealer{current: k.Current, aeads: map[string]cipher.AEAD{}, acceptUnsealed: k.AcceptUnsealed}
+	// AES-256 takes 32-byte keys, exactly.
+	if err := k.Check(32, 32); err != nil {
+		return nil, fmt.Errorf("pgstore: Keyring: %w", err)
+	}
+	s := &sealer{current: k.Current, aeads: map[string]cipher.AEAD{}, acceptUnsealed: k.AcceptUnkeyed}
 	for id, key := range k.Keys {
-		if !keyIDPattern.MatchString(id) {
-			return nil, fmt.Errorf("pgstore: Cipher: key id %q: use 1-64 letters, digits and ._-", id)
-		}
-		if len(key) != 32 {
-			return nil, fmt.Errorf("pgstore: Cipher: key %q is %d bytes; AES-256 takes 32", id, len(key))
-		}
 		block, err := aes.NewCipher(key)
 		if err != nil {
-			return nil, fmt.Errorf("pgstore: Cipher: key %q: %w", id, err)
+			return nil, fmt.Errorf("pgstore: Keyring: key %q: %w", id, err)
 		}
 		if s.aeads[id], err = cipher.NewGCM(block); err != nil {
-			return nil, fmt.Errorf("pgstore: Cipher: key %q: %w", id, err)
+			return nil, fmt.Errorf("pgstore: Keyring: key %q: %w", id, err)
 		}
-	}
-	if _, ok := s.aeads[k.Current]; !ok {
-		return nil, fmt.Errorf("pgstore: Cipher: the current key %q is not in Keys", k.Current)
 	}
 	return s, nil
 }
@@ -134,7 +112,7 @@ func (s *sealer) seal(plain []byte, aad func(keyID string) []byte) (string, []by
 // it is bound to in each format.
 func (s *sealer) open(id string, sealed []byte, aad map[byte][]byte) ([]byte, error) {
 	if s == nil {
-		return nil, fmt.Errorf("%w: it is sealed with key %q, and the store has no keyring (Config.Cipher)", ErrCannotOpen, id)
+		return nil, fmt.Errorf("%w: it is sealed with key %q, and the store has no keyring (Config.Keyring)", ErrCannotOpen, id)
 	}
 	aead, ok := s.aeads[id]
 	if !ok {
@@ -198,7 +176,7 @@ func (s *sealer) sealBody(p idemdriver.CommitParams) (string, []byte, error) {
 	resp := p.Response
 	var aadErr error
 	id, sealed, err := s.seal(resp.Body, func(keyID string) []byte {
-		aad, err := bodyAAD(p.Ref.ID, p.Generation, p.Flow, keyID, cmp.Or(p.RecoveryPoint, idemdriver.RecoveryPointFinished), resp.Status, resp.Header)
+		aad, err := bodyAAD(p.Ref.ID, p.Generation, p.Flow, keyID, cmp.Or(p.RecoveryPoint, idemtype.RecoveryPointFinished), resp.Status, resp.Header)
 		aadErr = err
 		return aad
 	})
@@ -232,17 +210,17 @@ func (s *Store) sealParams(p idemdriver.AcquireParams) (json.RawMessage, string,
 // open replaces rec's sealed params and response body with their plain
 // values; ErrCannotOpen when it cannot. Params that were not read (a finished
 // key's, from the acquisition) are left as they are: nil.
-func (s *Store) open(rec *idemdriver.KeyRecord) error {
+func (s *Store) open(rec *idemtype.KeyRecord) error {
 	if s.seal != nil && !s.seal.acceptUnsealed {
 		switch {
 		case rec.ParamsKeyID == "" && rec.Params != nil:
-			return fmt.Errorf("%w: the params of key %d are stored in the clear, and the store seals (Keyring.AcceptUnsealed is off): refused", ErrCannotOpen, rec.ID)
-		case rec.ResponseKeyID == "" && rec.Status == idemdriver.StatusFinished && (rec.ResponseBody != nil || rec.ResponseHeaders != nil):
+			return fmt.Errorf("%w: the params of key %d are stored in the clear, and the store seals (Keyring.AcceptUnkeyed is off): refused", ErrCannotOpen, rec.ID)
+		case rec.ResponseKeyID == "" && rec.Status == idemtype.StoredFinished && (rec.ResponseBody != nil || rec.ResponseHeaders != nil):
 			// A statement that reads the response reads its headers as a
 			// map ('{}' when none), so a finished key whose body was made
 			// NULL is refused too; one that does not (a listing without
 			// the payload) leaves both nil.
-			return fmt.Errorf("%w: the response of key %d is stored in the clear, and the store seals (Keyring.AcceptUnsealed is off): refused", ErrCannotOpen, rec.ID)
+			return fmt.Errorf("%w: the response of key %d is stored in the clear, and the store seals (Keyring.AcceptUnkeyed is off): refused", ErrCannotOpen, rec.ID)
 		}
 	}
 	if rec.ParamsKeyID != "" && rec.Params != nil {
@@ -273,5 +251,5 @@ func (s *Store) open(rec *idemdriver.KeyRecord) error {
 	return nil
 }
 
-// Sealed reports whether the store seals what it keeps at rest (Config.Cipher).
+// Sealed reports whether the store seals what it keeps at rest (Config.Keyring).
 func (s *Store) Sealed() bool { return s.seal != nil }

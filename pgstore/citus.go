@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // The store on Citus: idem_keys and idem_leases distributed by scope
@@ -29,7 +30,7 @@ import (
 func (s *Store) Distributed() bool { return s.q.citus }
 
 // claimIdleCitus is ClaimIdle on Citus: the candidates, then a claim of each.
-func (s *Store) claimIdleCitus(ctx context.Context, p idemdriver.ClaimIdleParams) ([]*idemdriver.KeyRecord, error) {
+func (s *Store) claimIdleCitus(ctx context.Context, p idemdriver.ClaimIdleParams) ([]*idemtype.KeyRecord, error) {
 	rows, err := s.db.Query(ctx, s.q.claimIdleCandidates,
 		p.Now, string(p.Status), p.Flows, p.IdleFor.Microseconds(), p.MaxAttempts, p.Limit, s.holder.instance, s.holder.boot)
 	if err != nil {
@@ -52,9 +53,9 @@ func (s *Store) claimIdleCitus(ctx context.Context, p idemdriver.ClaimIdleParams
 	if err := rows.Err(); err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: claim idle keys: %w", err))
 	}
-	var recs []*idemdriver.KeyRecord
+	var recs []*idemtype.KeyRecord
 	for _, c := range cands {
-		var rec idemdriver.KeyRecord
+		var rec idemtype.KeyRecord
 		err := s.db.QueryRow(ctx, s.q.claimIdleOne, c.scope, c.id, c.fence, c.lastRun, c.clock).Scan(recordDest(&rec)...)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
@@ -101,11 +102,11 @@ func (s *Store) reapCitus(ctx context.Context, p idemdriver.ReapParams) (int, er
 	return deleted, err
 }
 
-// reapAbandonedCitus is ReapAbandoned on Citus: candidates, then each ended
+// reapAbandonedCitus is ReapUnfinished on Citus: candidates, then each ended
 // by a router statement of its own, so that a key another reaper (or a
 // takeover) got to first is left alone.
-func (s *Store) reapAbandonedCitus(ctx context.Context, p idemdriver.ReapAbandonedParams, after int64, flows []string, ages []int64) (idemdriver.ReapAbandonedResult, error) {
-	var res idemdriver.ReapAbandonedResult
+func (s *Store) reapAbandonedCitus(ctx context.Context, p idemdriver.ReapUnfinishedParams, after int64, flows []string, ages []int64) (idemdriver.ReapUnfinishedResult, error) {
+	var res idemdriver.ReapUnfinishedResult
 	type candidate struct {
 		scope     string
 		id, fence int64

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 	"github.com/go-idem/idem/migrations"
 )
@@ -29,7 +30,7 @@ func citusStore(t *testing.T) (*Store, *pgtest.Schema) {
 	require.NoError(t, err)
 	t.Cleanup(store.Close)
 	require.True(t, store.Distributed())
-	require.True(t, store.Polling(), "on Citus, waits poll")
+	require.True(t, store.waitsNow().Polling, "on Citus, waits poll")
 	return store, schema
 }
 
@@ -131,9 +132,9 @@ func TestCitusRacingClaimersAndReapersShareNothing(t *testing.T) {
 		require.NoError(t, store.Release(ctx, idemdriver.LockRef{ID: rec.ID, Fence: rec.Fence, Scope: rec.Scope}, "gave up"))
 	}
 	later := now.Add(time.Hour)
-	claim := idemdriver.ClaimIdleParams{Status: idemdriver.StatusRunning, Flows: []string{"f"}, IdleFor: time.Minute, Limit: keys, Now: &later}
+	claim := idemdriver.ClaimIdleParams{Status: idemtype.StoredRunning, Flows: []string{"f"}, IdleFor: time.Minute, Limit: keys, Now: &later}
 	var wg sync.WaitGroup
-	claimed := make([][]*idemdriver.KeyRecord, 2)
+	claimed := make([][]*idemtype.KeyRecord, 2)
 	for i, s := range []*Store{store, other} {
 		wg.Go(func() {
 			recs, err := s.ClaimIdle(ctx, claim)
@@ -157,13 +158,13 @@ func TestCitusRacingClaimersAndReapersShareNothing(t *testing.T) {
 	// Finish every key, then let it expire; two reapers race.
 	for i := range keys {
 		rec := citusAcquire(t, store, fmt.Sprintf("user:%d", i), "k", later.Add(time.Hour)).Record
-		if rec.Status != idemdriver.StatusRunning {
+		if rec.Status != idemtype.StoredRunning {
 			continue
 		}
 		tx, err := store.BeginPhase(ctx, idemdriver.PhaseOptions{})
 		require.NoError(t, err)
 		require.NoError(t, tx.CommitPhase(ctx, idemdriver.CommitParams{Ref: idemdriver.LockRef{ID: rec.ID, Fence: rec.Fence, Scope: rec.Scope},
-			Status: idemdriver.StatusFinished, Response: &idemdriver.Response{Status: 201}, Retention: time.Minute, Now: &later}))
+			Status: idemtype.StoredFinished, Response: &idemtype.Response{Status: 201}, Retention: time.Minute, Now: &later}))
 	}
 	gone := later.Add(2 * time.Hour)
 	deleted := make([]int, 2)
@@ -309,7 +310,7 @@ func TestCitusClaimPassesOverALockedCandidate(t *testing.T) {
 	claimCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	recs, err := store.ClaimIdle(claimCtx, idemdriver.ClaimIdleParams{
-		Status: idemdriver.StatusRunning, Flows: []string{"f"}, IdleFor: time.Minute, Limit: 3, Now: &later})
+		Status: idemtype.StoredRunning, Flows: []string{"f"}, IdleFor: time.Minute, Limit: 3, Now: &later})
 	require.NoError(t, err)
 	var claimed []int64
 	for _, rec := range recs {

@@ -5,7 +5,7 @@ import (
 	"encoding/hex"
 	"os"
 
-	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // bootID tells this process from every other, including earlier and later
@@ -41,6 +41,6 @@ func (h holder) args() []any { return []any{h.instance, h.host, h.pid, h.boot} }
 
 // resumes reports whether rec's lease was taken by an earlier process of this
 // store's instance, which a takeover may end before it expires.
-func (h holder) resumes(rec *idemdriver.KeyRecord) bool {
+func (h holder) resumes(rec *idemtype.KeyRecord) bool {
 	return h.instance != "" && rec.HolderInstance == h.instance && rec.HolderBoot != h.boot
 }

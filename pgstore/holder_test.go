@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 )
 
@@ -65,7 +66,7 @@ func TestRestartedInstanceTakesOverItsLeases(t *testing.T) {
 	require.Equal(t, "next boot", res.Record.HolderBoot)
 	require.Equal(t, "web-1", res.Record.HolderInstance)
 	_, err = dead.Heartbeat(ctx, idemdriver.LockRef{ID: rec.ID, Fence: rec.Fence, Scope: rec.Scope}, time.Hour, nil)
-	require.ErrorIs(t, err, idemdriver.ErrLockLost, "the fence moved: the old process can write nothing")
+	require.ErrorIs(t, err, idemtype.ErrLockLost, "the fence moved: the old process can write nothing")
 	require.Equal(t, idemdriver.AcquiredNone, acquire(restarted).Acquired, "its own live lease is not taken again")
 	t.Logf("restarted instance took the key over at fence %d; holder %s host %s pid %d boot %s",
 		res.Record.Fence, res.Record.HolderInstance, res.Record.HolderHost, res.Record.HolderPID, res.Record.HolderBoot)

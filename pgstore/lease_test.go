@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 )
 
@@ -21,15 +22,15 @@ import (
 func TestTakeoverWaitsForTheLeaseRowInFlight(t *testing.T) {
 	t.Parallel()
 	for name, tc := range map[string]struct {
-		inFlight  func(q *queries, rec *idemdriver.KeyRecord, t0 time.Time) (string, []any)
+		inFlight  func(q *queries, rec *idemtype.KeyRecord, t0 time.Time) (string, []any)
 		wantTaken bool
 		wantMark  string
 	}{
-		"a heartbeat renews the lease": {func(q *queries, rec *idemdriver.KeyRecord, t0 time.Time) (string, []any) {
+		"a heartbeat renews the lease": {func(q *queries, rec *idemtype.KeyRecord, t0 time.Time) (string, []any) {
 			renewedAt := t0.Add(time.Minute)
 			return q.heartbeat, []any{rec.ID, rec.Fence, (90 * time.Second).Microseconds(), renewedAt, rec.Scope}
 		}, false, ""},
-		"a mark is made": {func(q *queries, rec *idemdriver.KeyRecord, t0 time.Time) (string, []any) {
+		"a mark is made": {func(q *queries, rec *idemtype.KeyRecord, t0 time.Time) (string, []any) {
 			return q.markForeign, []any{rec.ID, rec.Fence, "call", rec.Scope}
 		}, true, "call"},
 	} {
@@ -105,9 +106,9 @@ func TestFenceMovesOnBothRows(t *testing.T) {
 	k, l := fences()
 	require.Equal(t, [2]int64{2, 2}, [2]int64{k, l})
 	_, err = store.Heartbeat(ctx, ref, time.Minute, &t0)
-	require.ErrorIs(t, err, idemdriver.ErrLockLost)
-	require.ErrorIs(t, store.MarkForeign(ctx, ref, "call"), idemdriver.ErrLockLost)
-	require.ErrorIs(t, store.Release(ctx, ref, "x"), idemdriver.ErrLockLost)
+	require.ErrorIs(t, err, idemtype.ErrLockLost)
+	require.ErrorIs(t, store.MarkForeign(ctx, ref, "call"), idemtype.ErrLockLost)
+	require.ErrorIs(t, store.Release(ctx, ref, "x"), idemtype.ErrLockLost)
 
 	taken, err := store.Acquire(ctx, p) // unlocked: taken over
 	require.NoError(t, err)
@@ -128,7 +129,7 @@ func TestFenceMovesOnBothRows(t *testing.T) {
 	require.Equal(t, "call", claimed.Record.ForeignMark)
 	k, l = fences()
 	require.Equal(t, [2]int64{4, 4}, [2]int64{k, l})
-	require.ErrorIs(t, store.ClearForeignMark(ctx, ref), idemdriver.ErrLockLost, "the old fence clears nothing")
+	require.ErrorIs(t, store.ClearForeignMark(ctx, ref), idemtype.ErrLockLost, "the old fence clears nothing")
 	ref.Fence = 4
 	require.NoError(t, store.ClearForeignMark(ctx, ref))
 	rec, err = store.GetKey(ctx, "s", "k")
@@ -239,18 +240,18 @@ func TestEveryLeaseReaderReadsTheFirstLease(t *testing.T) {
 			_, err = other.acquisition(ctx, other.db, other.q.takeOver, append(append([]any{
 				nil, acq.Record.ID, "f", acq.Record.Fingerprint, time.Hour.Microseconds(), "POST", "/"}, other.holder.args()...), "s")...)
 			require.ErrorIs(t, err, pgx.ErrNoRows, "the takeover statement finds the first lease held")
-			claimed, err := other.ClaimIdle(ctx, idemdriver.ClaimIdleParams{Status: idemdriver.StatusRunning, Flows: []string{"f"}, IdleFor: time.Microsecond, Limit: 10})
+			claimed, err := other.ClaimIdle(ctx, idemdriver.ClaimIdleParams{Status: idemtype.StoredRunning, Flows: []string{"f"}, IdleFor: time.Microsecond, Limit: 10})
 			require.NoError(t, err)
 			require.Empty(t, claimed, "not claimed by the completer")
-			reaped, err := other.ReapAbandoned(ctx, idemdriver.ReapAbandonedParams{After: time.Microsecond, Limit: 10})
+			reaped, err := other.ReapUnfinished(ctx, idemdriver.ReapUnfinishedParams{After: time.Microsecond, Limit: 10})
 			require.NoError(t, err)
 			require.Zero(t, reaped.Deleted+reaped.NeedsReconcile, "not abandoned")
 			over, left, err := other.markWaited(ctx, ref)
 			require.NoError(t, err)
 			require.False(t, over, "a waiter waits")
 			require.Greater(t, left, 50*time.Minute)
-			for state, want := range map[idemdriver.KeyState]int{idemdriver.KeyStateRunning: 1, idemdriver.KeyStateStale: 0} {
-				list, err := other.ListKeys(ctx, idemdriver.ListKeysParams{KeyQuery: idemdriver.KeyQuery{State: state, AllScopes: true, Limit: 10}})
+			for state, want := range map[idemtype.KeyState]int{idemtype.KeyStateRunning: 1, idemtype.KeyStateStale: 0} {
+				list, err := other.ListKeys(ctx, idemdriver.ListKeysParams{KeyQuery: idemtype.KeyQuery{State: state, AllScopes: true, Limit: 10}})
 				require.NoError(t, err)
 				require.Len(t, list.Keys, want, state)
 			}
@@ -274,7 +275,7 @@ func TestEveryLeaseReaderReadsTheFirstLease(t *testing.T) {
 			res, err = other.Acquire(ctx, params("taken", &later))
 			require.NoError(t, err)
 			require.Equal(t, idemdriver.AcquiredTakenOver, res.Acquired)
-			claimed, err = other.ClaimIdle(ctx, idemdriver.ClaimIdleParams{Status: idemdriver.StatusRunning, Flows: []string{"f"}, IdleFor: time.Minute, Limit: 10, Now: &later})
+			claimed, err = other.ClaimIdle(ctx, idemdriver.ClaimIdleParams{Status: idemtype.StoredRunning, Flows: []string{"f"}, IdleFor: time.Minute, Limit: 10, Now: &later})
 			require.NoError(t, err)
 			var keys []string
 			for _, c := range claimed {
@@ -283,7 +284,7 @@ func TestEveryLeaseReaderReadsTheFirstLease(t *testing.T) {
 			// held's lease (the restarted process's, on its lease row) has run
 			// out too; taken's has just been taken.
 			require.ElementsMatch(t, []string{"held", "claimed", "abandoned"}, keys, "the completer claims the keys nobody holds")
-			reaped, err = other.ReapAbandoned(ctx, idemdriver.ReapAbandonedParams{After: time.Hour, Limit: 10, Now: &later})
+			reaped, err = other.ReapUnfinished(ctx, idemdriver.ReapUnfinishedParams{After: time.Hour, Limit: 10, Now: &later})
 			require.NoError(t, err)
 			require.Equal(t, 3, reaped.Deleted, "the keys nobody holds are abandoned, not the one just taken")
 		})

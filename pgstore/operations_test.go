@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 )
 
 func TestOperationsQueriesAreFullyRendered(t *testing.T) {
@@ -35,7 +36,7 @@ func TestListKeysQueryHasOnlyTheFiltersAsked(t *testing.T) {
 	q := newQueries(`"s".`)
 	now := time.Now()
 
-	sql, args, err := q.listKeys(idemdriver.ListKeysParams{KeyQuery: idem.KeyQuery{Limit: 5}})
+	sql, args, err := q.listKeys(idemdriver.ListKeysParams{KeyQuery: idemtype.KeyQuery{Limit: 5}})
 	require.NoError(t, err)
 	require.Equal(t, []any{(*time.Time)(nil), 5}, args)
 	require.Contains(t, sql, "WHERE true")
@@ -43,24 +44,24 @@ func TestListKeysQueryHasOnlyTheFiltersAsked(t *testing.T) {
 	require.Contains(t, sql, `FROM "s".idem_keys k`)
 
 	sql, args, err = q.listKeys(idemdriver.ListKeysParams{
-		KeyQuery: idem.KeyQuery{State: idem.KeyStateStale, Scope: "u", Key: "k", Flow: "f", BeforeID: 9, Limit: 3},
+		KeyQuery: idemtype.KeyQuery{State: idemtype.KeyStateStale, Scope: "u", Key: "k", Flow: "f", BeforeID: 9, Limit: 3},
 		Now:      &now,
 	})
 	require.NoError(t, err)
 	require.Equal(t, []any{&now, "u", "k", "f", int64(9), 3}, args)
-	for _, want := range []string{"k.scope = $2", "k.key = $3", "k.flow = $4", "k.id < $5", "LIMIT $6", keyStateConditions[idem.KeyStateStale]} {
+	for _, want := range []string{"k.scope = $2", "k.key = $3", "k.flow = $4", "k.id < $5", "LIMIT $6", keyStateConditions[idemtype.KeyStateStale]} {
 		require.Contains(t, sql, want)
 	}
 	require.NotContains(t, sql, "$?")
 
-	for _, st := range idem.KeyStates() {
-		sql, _, err := q.listKeys(idemdriver.ListKeysParams{KeyQuery: idem.KeyQuery{State: st, Limit: 1}})
+	for _, st := range idemtype.KeyStates() {
+		sql, _, err := q.listKeys(idemdriver.ListKeysParams{KeyQuery: idemtype.KeyQuery{State: st, Limit: 1}})
 		require.NoError(t, err, st)
 		require.Contains(t, sql, keyStateConditions[st])
-		if st != idem.KeyStateFinished && st != idem.KeyStateExpired {
+		if st != idemtype.KeyStateFinished && st != idemtype.KeyStateExpired {
 			require.True(t, strings.Contains(sql, "k.status <> 'finished'"), "%s uses the partial index", st)
 		}
 	}
-	_, _, err = q.listKeys(idemdriver.ListKeysParams{KeyQuery: idem.KeyQuery{State: "asleep", Limit: 1}})
+	_, _, err = q.listKeys(idemdriver.ListKeysParams{KeyQuery: idemtype.KeyQuery{State: "asleep", Limit: 1}})
 	require.ErrorIs(t, err, idem.ErrInvalidRequest)
 }

@@ -40,6 +40,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/migrations"
 )
 
@@ -60,11 +61,14 @@ type Config struct {
 	// otherwise db itself, and sizing it is the caller's business.
 	ControlDB DB
 
-	// Cipher, when set, seals each key's params and response body at rest
-	// with its keys (AES-256-GCM), naming per row the key each was sealed
-	// with; see Keyring. Rows written in the clear stay readable. Default:
-	// stored in the clear.
-	Cipher *Keyring
+	// Keyring, when set, seals each key's params and response body at rest
+	// with its keys (AES-256-GCM, 32-byte keys), naming per row the key each
+	// was sealed with, so keys rotate. Rows written in the clear are
+	// refused unless its AcceptUnkeyed is set. Response headers, checkpoint
+	// data, last_error and the key's metadata are not sealed (see
+	// docs/operations.md, Data and retention). Default: stored in the
+	// clear.
+	Keyring *idemtype.Keyring
 
 	// Instance names this process among the application's instances, with a
 	// name it keeps across restarts and no live process shares: a
@@ -155,7 +159,7 @@ func New(db DB, config *Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %w", err)
 	}
-	seal, err := newSealer(config.Cipher)
+	seal, err := newSealer(config.Keyring)
 	if err != nil {
 		return nil, err
 	}
@@ -261,10 +265,6 @@ func (s *Store) Close() {
 // DB returns the handle the store runs on.
 func (s *Store) DB() DB { return s.db }
 
-// Table returns the keys table's (possibly schema-qualified) name, for
-// applications that reference it from their own tables.
-func (s *Store) Table() string { return s.q.table }
-
 // maxAcquireStatements bounds the calls of the acquisition (idem_acquire). A
 // second call is needed only when a concurrent acquirer inserted, replaced or
 // deleted the key in a way the first call's snapshots could not see (see
@@ -308,7 +308,7 @@ func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemd
 		}
 		if err != nil {
 			err = mapError(fmt.Errorf("pgstore: acquire: %w", err))
-			if errors.Is(err, idemdriver.ErrSerialization) {
+			if errors.Is(err, idemtype.ErrSerialization) {
 				// Under a server default of repeatable read or serializable,
 				// a concurrent insert of the same key that the call's
 				// snapshot cannot see is a serialization failure, not a
@@ -339,7 +339,7 @@ func (s *Store) acquireArgs(p idemdriver.AcquireParams) ([]any, error) {
 // dead, does) and it is this request; otherwise it returns res.
 func (s *Store) takeOverIfAbandoned(ctx context.Context, p idemdriver.AcquireParams, res *idemdriver.AcquireResult) (*idemdriver.AcquireResult, error) {
 	rec := res.Record
-	if res.Acquired != idemdriver.AcquiredNone || rec.Status != idemdriver.StatusRunning ||
+	if res.Acquired != idemdriver.AcquiredNone || rec.Status != idemtype.StoredRunning ||
 		rec.Flow != p.Flow || !rec.SameRequest(p.Fingerprints) || rec.Method != p.Method || rec.Path != p.Path ||
 		(rec.Locked(res.DBNow) && !s.holder.resumes(rec)) {
 		return res, nil
@@ -347,7 +347,7 @@ func (s *Store) takeOverIfAbandoned(ctx context.Context, p idemdriver.AcquirePar
 	taken, err := s.acquisition(ctx, s.db, s.q.takeOver, append(append([]any{
 		p.Now, rec.ID, p.Flow, rec.Fingerprint, p.Lease.Microseconds(), p.Method, p.Path}, s.holder.args()...), rec.Scope)...)
 	switch {
-	case errors.Is(err, pgx.ErrNoRows), errors.Is(mapError(err), idemdriver.ErrSerialization):
+	case errors.Is(err, pgx.ErrNoRows), errors.Is(mapError(err), idemtype.ErrSerialization):
 		// Another worker took it (or finished it) first; report the row as
 		// it was, which reads as in progress.
 		return res, nil
@@ -370,7 +370,7 @@ func (s *Store) takeOverIfAbandoned(ctx context.Context, p idemdriver.AcquirePar
 func (s *Store) acquisition(ctx context.Context, db interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }, sql string, args ...any) (*idemdriver.AcquireResult, error) {
-	res := &idemdriver.AcquireResult{Record: &idemdriver.KeyRecord{}}
+	res := &idemdriver.AcquireResult{Record: &idemtype.KeyRecord{}}
 	dest := append([]any{&res.Acquired, &res.DBNow}, recordDest(res.Record)...)
 	if err := db.QueryRow(ctx, sql, args...).Scan(dest...); err != nil {
 		return nil, err
@@ -384,7 +384,7 @@ func (s *Store) acquisition(ctx context.Context, db interface {
 // letGo unlocks a key the store locked (a takeover, a reconcile claim) but
 // could not open, with unlock (release or setNeedsReconcile, which keep its
 // status), recording why. Should it fail, the lease expires.
-func (s *Store) letGo(ctx context.Context, rec *idemdriver.KeyRecord, unlock string, why error) {
+func (s *Store) letGo(ctx context.Context, rec *idemtype.KeyRecord, unlock string, why error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), beginTimeout)
 	defer cancel()
 	_, _ = s.control.Exec(ctx, unlock, rec.ID, rec.Fence, why.Error(), rec.Scope)
@@ -430,7 +430,7 @@ func (s *Store) Heartbeat(ctx context.Context, ref idemdriver.LockRef, lease tim
 	var expires time.Time
 	err := s.control.QueryRow(ctx, s.q.heartbeat, ref.ID, ref.Fence, lease.Microseconds(), now, ref.Scope).Scan(&expires)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return time.Time{}, fmt.Errorf("%w: heartbeat found fence %d of key %d gone", idemdriver.ErrLockLost, ref.Fence, ref.ID)
+		return time.Time{}, fmt.Errorf("%w: heartbeat found fence %d of key %d gone", idemtype.ErrLockLost, ref.Fence, ref.ID)
 	}
 	if err != nil {
 		return time.Time{}, mapError(fmt.Errorf("pgstore: heartbeat: %w", err))
@@ -480,12 +480,12 @@ func (s *Store) guarded(ctx context.Context, what string, ref idemdriver.LockRef
 			matched = tag.RowsAffected()
 		}
 		if err == nil && matched == 0 {
-			return fmt.Errorf("%w: %s: fence %d of key %d moved on", idemdriver.ErrLockLost, what, ref.Fence, ref.ID)
+			return fmt.Errorf("%w: %s: fence %d of key %d moved on", idemtype.ErrLockLost, what, ref.Fence, ref.ID)
 		}
 		if err == nil {
 			return nil
 		}
-		if err = mapError(fmt.Errorf("pgstore: %s: %w", what, err)); !errors.Is(err, idemdriver.ErrSerialization) {
+		if err = mapError(fmt.Errorf("pgstore: %s: %w", what, err)); !errors.Is(err, idemtype.ErrSerialization) {
 			return err
 		}
 	}
@@ -493,15 +493,10 @@ func (s *Store) guarded(ctx context.Context, what string, ref idemdriver.LockRef
 }
 
 // GetKey implements idemdriver.Store.
-func (s *Store) GetKey(ctx context.Context, scope, key string) (*idemdriver.KeyRecord, error) {
+func (s *Store) GetKey(ctx context.Context, scope, key string) (*idemtype.KeyRecord, error) {
 	// The control pool: the runner re-reads a key through it while a full
 	// phase pool may be waiting on it.
 	return s.getKey(ctx, s.control, scope, key)
-}
-
-// GetKeyTx is GetKey inside the caller's transaction.
-func (s *Store) GetKeyTx(ctx context.Context, tx pgx.Tx, scope, key string) (*idemdriver.KeyRecord, error) {
-	return s.getKey(ctx, tx, scope, key)
 }
 
 // rowQuerier is a pool or a transaction, for statements that join either.
@@ -509,11 +504,11 @@ type rowQuerier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-func (s *Store) getKey(ctx context.Context, db rowQuerier, scope, key string) (*idemdriver.KeyRecord, error) {
-	var rec idemdriver.KeyRecord
+func (s *Store) getKey(ctx context.Context, db rowQuerier, scope, key string) (*idemtype.KeyRecord, error) {
+	var rec idemtype.KeyRecord
 	err := db.QueryRow(ctx, s.q.getKey, scope, key).Scan(recordDest(&rec)...)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("%w: scope %q key %q", idemdriver.ErrNotFound, scope, key)
+		return nil, fmt.Errorf("%w: scope %q key %q", idemtype.ErrNotFound, scope, key)
 	}
 	if err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: get key: %w", err))
@@ -527,22 +522,17 @@ func (s *Store) getKey(ctx context.Context, db rowQuerier, scope, key string) (*
 // listRow is a key row plus the clock the listing was read at.
 type listRow struct {
 	DBNow time.Time `db:"db_now"`
-	idemdriver.KeyRecord
+	idemtype.KeyRecord
 }
 
 // ListKeys implements idemdriver.Store.
-func (s *Store) ListKeys(ctx context.Context, p idemdriver.ListKeysParams) (*idemdriver.KeyList, error) {
+func (s *Store) ListKeys(ctx context.Context, p idemdriver.ListKeysParams) (*idemtype.KeyList, error) {
 	return s.listKeys(ctx, s.db, p)
 }
 
-// ListKeysTx is ListKeys inside the caller's transaction.
-func (s *Store) ListKeysTx(ctx context.Context, tx pgx.Tx, p idemdriver.ListKeysParams) (*idemdriver.KeyList, error) {
-	return s.listKeys(ctx, tx, p)
-}
-
-func (s *Store) listKeys(ctx context.Context, db pgxscan.Querier, p idemdriver.ListKeysParams) (*idemdriver.KeyList, error) {
-	if p.Limit <= 0 || p.Limit > idemdriver.MaxKeyListLimit {
-		return nil, fmt.Errorf("%w: list limit %d is outside 1-%d", idemdriver.ErrInvalidRequest, p.Limit, idemdriver.MaxKeyListLimit)
+func (s *Store) listKeys(ctx context.Context, db pgxscan.Querier, p idemdriver.ListKeysParams) (*idemtype.KeyList, error) {
+	if p.Limit <= 0 || p.Limit > idemtype.MaxKeyListLimit {
+		return nil, fmt.Errorf("%w: list limit %d is outside 1-%d", idemtype.ErrInvalidRequest, p.Limit, idemtype.MaxKeyListLimit)
 	}
 	sql, args, err := s.q.listKeys(p)
 	if err != nil {
@@ -552,7 +542,7 @@ func (s *Store) listKeys(ctx context.Context, db pgxscan.Querier, p idemdriver.L
 	if err := selectAll(ctx, db, &rows, sql, args...); err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: list keys: %w", err))
 	}
-	list := &idemdriver.KeyList{Keys: make([]*idemdriver.KeyRecord, len(rows))}
+	list := &idemtype.KeyList{Keys: make([]*idemtype.KeyRecord, len(rows))}
 	for i, row := range rows {
 		if !p.Reveal {
 			withoutPayload(&row.KeyRecord)
@@ -577,58 +567,51 @@ func (s *Store) listKeys(ctx context.Context, db pgxscan.Querier, p idemdriver.L
 
 // withoutPayload empties what a listing shows only when asked to reveal it:
 // the input, the checkpoint data and the response's headers and body.
-func withoutPayload(rec *idemdriver.KeyRecord) {
+func withoutPayload(rec *idemtype.KeyRecord) {
 	rec.Params, rec.Checkpoint, rec.ResponseHeaders, rec.ResponseBody = nil, nil, nil, nil
 }
 
 // unlockRow is a key row plus whether the unlock statement changed it.
 type unlockRow struct {
 	Unlocked bool `db:"unlocked"`
-	idemdriver.KeyRecord
+	idemtype.KeyRecord
 }
 
 // UnlockKey implements idemdriver.Store.
-func (s *Store) UnlockKey(ctx context.Context, p idemdriver.UnlockParams) (*idemdriver.UnlockResult, error) {
+func (s *Store) UnlockKey(ctx context.Context, p idemdriver.UnlockParams) (*idemtype.UnlockResult, error) {
 	return s.unlockKey(ctx, s.db, p)
 }
 
-// UnlockKeyTx is UnlockKey inside the caller's transaction: the fence moves
-// on when the caller commits, and the row stays locked against acquisitions
-// until then.
-func (s *Store) UnlockKeyTx(ctx context.Context, tx pgx.Tx, p idemdriver.UnlockParams) (*idemdriver.UnlockResult, error) {
-	return s.unlockKey(ctx, tx, p)
-}
-
-func (s *Store) unlockKey(ctx context.Context, db pgxscan.Querier, p idemdriver.UnlockParams) (*idemdriver.UnlockResult, error) {
+func (s *Store) unlockKey(ctx context.Context, db pgxscan.Querier, p idemdriver.UnlockParams) (*idemtype.UnlockResult, error) {
 	var rows []*unlockRow
 	if err := selectAll(ctx, db, &rows, s.q.unlockKey, p.Scope, p.Key, p.Reason); err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: unlock key: %w", err))
 	}
 	if len(rows) == 0 {
-		return nil, fmt.Errorf("%w: scope %q key %q", idemdriver.ErrNotFound, p.Scope, p.Key)
+		return nil, fmt.Errorf("%w: scope %q key %q", idemtype.ErrNotFound, p.Scope, p.Key)
 	}
 	// An operator unlocks a key without the keyring: the result carries
 	// no payload.
 	withoutPayload(&rows[0].KeyRecord)
-	return &idemdriver.UnlockResult{Record: &rows[0].KeyRecord, Unlocked: rows[0].Unlocked}, nil
+	return &idemtype.UnlockResult{Record: &rows[0].KeyRecord, Unlocked: rows[0].Unlocked}, nil
 }
 
 // ClaimIdle implements idemdriver.Store.
-func (s *Store) ClaimIdle(ctx context.Context, p idemdriver.ClaimIdleParams) ([]*idemdriver.KeyRecord, error) {
+func (s *Store) ClaimIdle(ctx context.Context, p idemdriver.ClaimIdleParams) ([]*idemtype.KeyRecord, error) {
 	switch {
-	case p.Status != idemdriver.StatusRunning && p.Status != idemdriver.StatusNeedsReconcile:
-		return nil, fmt.Errorf("%w: claim idle keys in status %q", idemdriver.ErrInvalidRequest, p.Status)
+	case p.Status != idemtype.StoredRunning && p.Status != idemtype.StoredNeedsReconcile:
+		return nil, fmt.Errorf("%w: claim idle keys in status %q", idemtype.ErrInvalidRequest, p.Status)
 	case p.IdleFor <= 0:
-		return nil, fmt.Errorf("%w: claim idle keys: IdleFor %s must be positive", idemdriver.ErrInvalidRequest, p.IdleFor)
+		return nil, fmt.Errorf("%w: claim idle keys: IdleFor %s must be positive", idemtype.ErrInvalidRequest, p.IdleFor)
 	case p.Limit <= 0:
-		return nil, fmt.Errorf("%w: claim idle keys: Limit %d must be positive", idemdriver.ErrInvalidRequest, p.Limit)
+		return nil, fmt.Errorf("%w: claim idle keys: Limit %d must be positive", idemtype.ErrInvalidRequest, p.Limit)
 	case len(p.Flows) == 0:
 		return nil, nil
 	}
 	if s.q.citus {
 		return s.claimIdleCitus(ctx, p)
 	}
-	var recs []*idemdriver.KeyRecord
+	var recs []*idemtype.KeyRecord
 	err := selectAll(ctx, s.db, &recs, s.q.claimIdle,
 		p.Now, string(p.Status), p.Flows, p.IdleFor.Microseconds(), p.MaxAttempts, p.Limit, s.holder.instance, s.holder.boot)
 	if err != nil {
@@ -646,7 +629,7 @@ func (s *Store) ClaimIdle(ctx context.Context, p idemdriver.ClaimIdleParams) ([]
 // that the statement timeout applies to it alone.
 func (s *Store) Reap(ctx context.Context, p idemdriver.ReapParams) (int, error) {
 	if p.Limit <= 0 {
-		return 0, fmt.Errorf("%w: reap: Limit %d must be positive", idemdriver.ErrInvalidRequest, p.Limit)
+		return 0, fmt.Errorf("%w: reap: Limit %d must be positive", idemtype.ErrInvalidRequest, p.Limit)
 	}
 	if s.q.citus {
 		return s.reapCitus(ctx, p)
@@ -654,10 +637,10 @@ func (s *Store) Reap(ctx context.Context, p idemdriver.ReapParams) (int, error) 
 	return s.deleteBatch(ctx, "reap", p.StatementTimeout, s.q.reap, p.Now, p.Limit)
 }
 
-// ReapAbandoned implements idemdriver.Store, as Reap does.
-func (s *Store) ReapAbandoned(ctx context.Context, p idemdriver.ReapAbandonedParams) (idemdriver.ReapAbandonedResult, error) {
+// ReapUnfinished implements idemdriver.Store, as Reap does.
+func (s *Store) ReapUnfinished(ctx context.Context, p idemdriver.ReapUnfinishedParams) (idemdriver.ReapUnfinishedResult, error) {
 	if p.Limit <= 0 {
-		return idemdriver.ReapAbandonedResult{}, fmt.Errorf("%w: reap abandoned keys: Limit %d must be positive", idemdriver.ErrInvalidRequest, p.Limit)
+		return idemdriver.ReapUnfinishedResult{}, fmt.Errorf("%w: reap abandoned keys: Limit %d must be positive", idemtype.ErrInvalidRequest, p.Limit)
 	}
 	// Ages travel in microseconds; a negative one (never) stays negative
 	// however short it is.
@@ -674,7 +657,7 @@ func (s *Store) ReapAbandoned(ctx context.Context, p idemdriver.ReapAbandonedPar
 	if s.q.citus {
 		return s.reapAbandonedCitus(ctx, p, micros(p.After), flows, ages)
 	}
-	var res idemdriver.ReapAbandonedResult
+	var res idemdriver.ReapUnfinishedResult
 	err := s.inBatchTx(ctx, "reap abandoned keys", p.StatementTimeout, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, s.q.leaseRowsAbandoned, p.Now, micros(p.After), flows, ages, p.Limit); err != nil {
 			return err
@@ -682,7 +665,7 @@ func (s *Store) ReapAbandoned(ctx context.Context, p idemdriver.ReapAbandonedPar
 		return tx.QueryRow(ctx, s.q.reapAbandoned, p.Now, micros(p.After), flows, ages, p.Limit).Scan(&res.Deleted, &res.NeedsReconcile)
 	})
 	if err != nil {
-		return idemdriver.ReapAbandonedResult{}, err
+		return idemdriver.ReapUnfinishedResult{}, err
 	}
 	return res, nil
 }
@@ -749,7 +732,7 @@ func mapPgError(err error) (error, bool) {
 	if err == nil {
 		return nil, true
 	}
-	if errors.Is(err, idemdriver.ErrStoreUnavailable) || errors.Is(err, idemdriver.ErrSerialization) || errors.Is(err, idemdriver.ErrInvalidRequest) {
+	if errors.Is(err, idemtype.ErrStoreUnavailable) || errors.Is(err, idemtype.ErrSerialization) || errors.Is(err, idemtype.ErrInvalidRequest) {
 		return err, true
 	}
 	var pgErr *pgconn.PgError
@@ -758,16 +741,16 @@ func mapPgError(err error) (error, bool) {
 	}
 	switch {
 	case pgErr.Code == "40001" || pgErr.Code == "40P01": // serialization_failure, deadlock_detected
-		return fmt.Errorf("%w: %w", idemdriver.ErrSerialization, err), true
+		return fmt.Errorf("%w: %w", idemtype.ErrSerialization, err), true
 	case pgErr.Code == "22P05" || pgErr.Code == "22021": // untranslatable_character, character_not_in_repertoire
 		// Input Postgres cannot store (a NUL, invalid UTF-8) fails the
 		// same way on every retry: it is bad input, not a failure.
-		return fmt.Errorf("%w: %w", idemdriver.ErrInvalidRequest, err), true
+		return fmt.Errorf("%w: %w", idemtype.ErrInvalidRequest, err), true
 	case strings.HasPrefix(pgErr.Code, "08"), // connection exception
 		pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03", // shutdown, crash, starting up
 		pgErr.Code == "53300", // too_many_connections
 		pgErr.Code == "25006": // read_only_sql_transaction: a failover left us on a standby
-		return fmt.Errorf("%w: %w", idemdriver.ErrStoreUnavailable, err), true
+		return fmt.Errorf("%w: %w", idemtype.ErrStoreUnavailable, err), true
 	}
 	return err, true // a Postgres error that is the phase's own business
 }
@@ -786,7 +769,7 @@ func mapError(err error) error {
 	if errors.As(err, &connectErr) {
 		// No connection could be made in time (a connect_timeout is a
 		// context deadline too): the store is away.
-		return fmt.Errorf("%w: %w", idemdriver.ErrStoreUnavailable, err)
+		return fmt.Errorf("%w: %w", idemtype.ErrStoreUnavailable, err)
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		// A deadline ended the statement; whose it was, the caller knows.
@@ -795,11 +778,11 @@ func mapError(err error) error {
 	var netErr net.Error
 	if errors.As(err, &netErr) || errors.Is(err, io.EOF) ||
 		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) || pgconn.SafeToRetry(err) {
-		return fmt.Errorf("%w: %w", idemdriver.ErrStoreUnavailable, err)
+		return fmt.Errorf("%w: %w", idemtype.ErrStoreUnavailable, err)
 	}
 	var connErr interface{ SafeToRetry() bool }
 	if errors.As(err, &connErr) {
-		return fmt.Errorf("%w: %w", idemdriver.ErrStoreUnavailable, err)
+		return fmt.Errorf("%w: %w", idemtype.ErrStoreUnavailable, err)
 	}
 	return err
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 	"github.com/go-idem/idem/migrations"
 )
@@ -96,7 +97,7 @@ func TestNewValidatesSchema(t *testing.T) {
 	require.ErrorContains(t, err, "invalid schema")
 	prefix, err := migrations.QualifiedPrefix("Billing")
 	require.NoError(t, err)
-	require.True(t, strings.HasPrefix((&Store{q: newQueries(prefix)}).Table(), `"Billing".`))
+	require.True(t, strings.HasPrefix(newQueries(prefix).table, `"Billing".`))
 }
 
 // fakeDB only satisfies the interface for constructor tests; no query runs.
@@ -124,7 +125,7 @@ func TestRecordDestMatchesRecordColumns(t *testing.T) {
 	store, err := New(schema.Pool, &Config{Schema: schema.Name})
 	require.NoError(t, err)
 
-	var byName idem.KeyRecord
+	var byName idemtype.KeyRecord
 	require.NoError(t, pgxscan.Get(ctx, schema.Pool, &byName, store.q.getKey, "s", "k"))
 	byPosition, err := store.GetKey(ctx, "s", "k")
 	require.NoError(t, err)

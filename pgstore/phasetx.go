@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -547,7 +548,7 @@ func (t *phaseTx) CommitPhase(ctx context.Context, p idemdriver.CommitParams) er
 	err = t.commitGuarded(ctx, sql, args...)
 	switch {
 	case errors.Is(err, errLockLost):
-		return fmt.Errorf("%w: fence %d of key %d moved on", idemdriver.ErrLockLost, p.Ref.Fence, p.Ref.ID)
+		return fmt.Errorf("%w: fence %d of key %d moved on", idemtype.ErrLockLost, p.Ref.Fence, p.Ref.ID)
 	case err != nil:
 		return mapError(fmt.Errorf("pgstore: commit phase: %w", err))
 	}
@@ -565,14 +566,14 @@ func (t *phaseTx) ClassifyError(err error) error {
 		// documented, a statement that runs out is the store not answering
 		// in time.
 		return fmt.Errorf("%w: a statement ran past the phase statement timeout (%s): %w: %w",
-			idemdriver.ErrStoreUnavailable, t.stmtTimeout, context.DeadlineExceeded, err)
+			idemtype.ErrStoreUnavailable, t.stmtTimeout, context.DeadlineExceeded, err)
 	}
 	if mapped, ok := mapPgError(err); ok {
 		return mapped
 	}
 	var connectErr *pgconn.ConnectError
 	if errors.As(err, &connectErr) {
-		return fmt.Errorf("%w: %w", idemdriver.ErrStoreUnavailable, err)
+		return fmt.Errorf("%w: %w", idemtype.ErrStoreUnavailable, err)
 	}
 	if ownStatementError(err) {
 		// pgx closes the connection of a pipeline it could not build, but
@@ -580,7 +581,7 @@ func (t *phaseTx) ClassifyError(err error) error {
 		return err
 	}
 	if t.connectionLost() {
-		return fmt.Errorf("%w: the phase's connection closed: %w", idemdriver.ErrStoreUnavailable, err)
+		return fmt.Errorf("%w: the phase's connection closed: %w", idemtype.ErrStoreUnavailable, err)
 	}
 	return err
 }
@@ -645,8 +646,8 @@ func (v pgxView) CopyFrom(ctx context.Context, table pgx.Identifier, columns []s
 
 var _ pgx.Tx = pgxView{}
 
-func (v pgxView) Commit(context.Context) error   { return idemdriver.ErrPhaseOwnsTx }
-func (v pgxView) Rollback(context.Context) error { return idemdriver.ErrPhaseOwnsTx }
+func (v pgxView) Commit(context.Context) error   { return idemtype.ErrPhaseOwnsTx }
+func (v pgxView) Rollback(context.Context) error { return idemtype.ErrPhaseOwnsTx }
 
 func (v pgxView) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
 	if err := v.t.begin(ctx); err != nil {

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // queries holds every statement of the store, rendered once for the
@@ -75,7 +76,7 @@ type queries struct {
 	leaseRowsAbandoned, leaseRowOf string
 }
 
-// recordColumns renders the columns of idemdriver.KeyRecord from a progress
+// recordColumns renders the columns of idemtype.KeyRecord from a progress
 // row alias k and a lease row alias l (NULL when the key has no lease row),
 // mapping NULLs of text and int columns to zero values. The columns of
 // domain types (migration 0006) are read as text, as idem_acquire returns
@@ -135,7 +136,7 @@ var (
 // order, so the hot paths (acquisition, reconcile claims, GetKey) scan rows
 // with pgx directly: scany's reflection costs more per row than the
 // acquisition statement itself. Keep the two lists in step; a test checks.
-func recordDest(rec *idemdriver.KeyRecord) []any {
+func recordDest(rec *idemtype.KeyRecord) []any {
 	return []any{&rec.ID, &rec.Scope, &rec.Key, &rec.Flow, &rec.Method, &rec.Path,
 		&rec.Fingerprint, &rec.Params, &rec.Status, &rec.RecoveryPoint, &rec.Checkpoint,
 		&rec.ForeignMark, &rec.LockedAt, &rec.LeaseExpiresAt, &rec.Fence,
@@ -649,7 +650,7 @@ WITH candidates AS MATERIALIZED (
 ), parked AS (
     UPDATE {t}
     SET status = 'needs_reconcile',
-        last_error = 'abandoned past its AbandonAfter with a not-idempotent call in doubt; a reconcile run decides'
+        last_error = 'unfinished past its UnfinishedRetention with a not-idempotent call in doubt; a reconcile run decides'
     WHERE id = ANY(ARRAY(SELECT id FROM candidates WHERE marked))
     RETURNING {notify}(scope, id)
 ), deleted AS (
@@ -781,7 +782,7 @@ WITH candidate AS MATERIALIZED (
 ), parked AS (
     UPDATE {t}
     SET status = 'needs_reconcile',
-        last_error = 'abandoned past its AbandonAfter with a not-idempotent call in doubt; a reconcile run decides'
+        last_error = 'unfinished past its UnfinishedRetention with a not-idempotent call in doubt; a reconcile run decides'
     WHERE scope = $1::text AND id IN (SELECT id FROM candidate WHERE marked)
     RETURNING 1
 ), deleted AS (
@@ -863,7 +864,7 @@ func (q *queries) commitStatement(p idemdriver.CommitParams, bodyKeyID string) (
 	// they are written into the object as they are (appendPatch).
 	patch := json.RawMessage(appendPatch(nil, p.CheckpointPatch))
 	switch {
-	case p.Status == idemdriver.StatusFinished && p.Response != nil:
+	case p.Status == idemtype.StoredFinished && p.Response != nil:
 		body, header := p.Response.Body, p.Response.Header
 		if body == nil {
 			body = []byte{}
@@ -876,8 +877,8 @@ func (q *queries) commitStatement(p idemdriver.CommitParams, bodyKeyID string) (
 		// simple_protocol modes do not ask).
 		headerJSON := appendHeader(nil, header)
 		return q.finishPhase, []any{p.Ref.ID, p.Ref.Fence, patch, p.Response.Status, string(headerJSON), body, p.Retention.Microseconds(), p.Now, bodyKeyID,
-			cmp.Or(p.RecoveryPoint, idemdriver.RecoveryPointFinished), p.LastError, p.Ref.Scope}, nil
-	case p.Status == idemdriver.StatusRunning:
+			cmp.Or(p.RecoveryPoint, idemtype.RecoveryPointFinished), p.LastError, p.Ref.Scope}, nil
+	case p.Status == idemtype.StoredRunning:
 		sql := q.advancePhase
 		if p.ClearForeignMark {
 			sql = q.withdrawPhase
@@ -887,15 +888,15 @@ func (q *queries) commitStatement(p idemdriver.CommitParams, bodyKeyID string) (
 	return "", nil, fmt.Errorf("pgstore: commit phase: status %q (with a response: %t) is neither an advance nor a finish", p.Status, p.Response != nil)
 }
 
-// keyStateConditions are the WHERE conditions of each idemdriver.KeyState, over
+// keyStateConditions are the WHERE conditions of each idemtype.KeyState, over
 // the progress row k, its lease row l and the clock c. Unfinished states restate the partial index's
 // predicate so the planner can use it.
-var keyStateConditions = map[idemdriver.KeyState]string{
-	idemdriver.KeyStateRunning:        `k.status <> 'finished' AND k.status = 'running' AND ` + leaseCol("k", "l", "locked_at") + ` IS NOT NULL AND ` + leaseCol("k", "l", "lease_expires_at") + ` > c.t`,
-	idemdriver.KeyStateStale:          `k.status <> 'finished' AND k.status = 'running' AND (` + leaseCol("k", "l", "locked_at") + ` IS NULL OR ` + leaseCol("k", "l", "lease_expires_at") + ` <= c.t)`,
-	idemdriver.KeyStateNeedsReconcile: `k.status <> 'finished' AND k.status = 'needs_reconcile'`,
-	idemdriver.KeyStateFinished:       `k.status = 'finished' AND k.expires_at > c.t`,
-	idemdriver.KeyStateExpired:        `k.status = 'finished' AND k.expires_at <= c.t`,
+var keyStateConditions = map[idemtype.KeyState]string{
+	idemtype.KeyStateRunning:        `k.status <> 'finished' AND k.status = 'running' AND ` + leaseCol("k", "l", "locked_at") + ` IS NOT NULL AND ` + leaseCol("k", "l", "lease_expires_at") + ` > c.t`,
+	idemtype.KeyStateStale:          `k.status <> 'finished' AND k.status = 'running' AND (` + leaseCol("k", "l", "locked_at") + ` IS NULL OR ` + leaseCol("k", "l", "lease_expires_at") + ` <= c.t)`,
+	idemtype.KeyStateNeedsReconcile: `k.status <> 'finished' AND k.status = 'needs_reconcile'`,
+	idemtype.KeyStateFinished:       `k.status = 'finished' AND k.expires_at > c.t`,
+	idemtype.KeyStateExpired:        `k.status = 'finished' AND k.expires_at <= c.t`,
 }
 
 // listKeys renders the key listing for p: only the filters p sets appear,
@@ -910,7 +911,7 @@ func (q *queries) listKeys(p idemdriver.ListKeysParams) (string, []any, error) {
 	if p.State != "" {
 		cond, ok := keyStateConditions[p.State]
 		if !ok {
-			return "", nil, fmt.Errorf("%w: unknown key state %q", idemdriver.ErrInvalidRequest, p.State)
+			return "", nil, fmt.Errorf("%w: unknown key state %q", idemtype.ErrInvalidRequest, p.State)
 		}
 		where = append(where, cond)
 	}

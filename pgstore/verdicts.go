@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // verdictsTable is idem_verdicts in the store's schema (migration 0007).
@@ -24,7 +25,7 @@ const verdictColumns = `id, scope, key, key_id, generation, fence, flow, verdict
 // verdict's own transaction, which the database stamps with the session's
 // role and client address. It names the scope, so that on Citus it runs on
 // the worker of the key's row.
-func (s *Store) RecordVerdict(ctx context.Context, tx idemdriver.PhaseTx, v *idemdriver.Verdict) error {
+func (s *Store) RecordVerdict(ctx context.Context, tx idemdriver.PhaseTx, v *idemtype.Verdict) error {
 	sql := `INSERT INTO ` + s.verdictsTable() + ` (scope, key, key_id, generation, fence, flow, verdict, phase, foreign_kind,
     recovery_point, operator, reason, action, answer_status, answer_bytes, created_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, coalesce($16::timestamptz, now()))
@@ -43,8 +44,8 @@ RETURNING id, session_user_name, coalesce(host(client_addr), ''), created_at`
 }
 
 // Verdicts implements idemdriver.VerdictStore.
-func (s *Store) Verdicts(ctx context.Context, scope, key string) ([]idemdriver.Verdict, error) {
-	var out []idemdriver.Verdict
+func (s *Store) Verdicts(ctx context.Context, scope, key string) ([]idemtype.Verdict, error) {
+	var out []idemtype.Verdict
 	sql := `SELECT ` + verdictColumns + ` FROM ` + s.verdictsTable() + ` WHERE scope = $1 AND key = $2 ORDER BY created_at, id`
 	if err := selectAll(ctx, s.control, &out, sql, scope, key); err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: read verdicts: %w", err))

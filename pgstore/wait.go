@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/internal/hooks"
 )
 
 // How a process finds out that a key its requests wait for is done
@@ -71,7 +72,7 @@ const (
 )
 
 var (
-	// WaitAuto (the default) LISTENs on the schema's channel (see Channel)
+	// WaitAuto (the default) LISTENs on the schema's channel (see channel)
 	// on a connection of its own with db's configuration, opened on the
 	// first wait and closed by Close, and checks each watched key every
 	// listenRecheck (5 s) and at its lease's expiry. It polls instead (every
@@ -108,11 +109,11 @@ func (w Wait) String() string {
 // channelPrefix starts the name of every schema's channel.
 const channelPrefix = "idem_finished:"
 
-// Channel returns the notification channel of the keys in schema: what
+// channel returns the notification channel of the keys in schema: what
 // idem_notify_waiters (migration 0007) notifies, "idem_finished:"
 // followed by the schema's name, or by its md5 in hex when the name would be
 // longer than the 63 bytes a channel name may have.
-func Channel(schema string) string {
+func channel(schema string) string {
 	ch := channelPrefix + schema
 	if len(ch) > 63 {
 		sum := md5.Sum([]byte(schema))
@@ -253,21 +254,33 @@ func (s *Store) WatchKey(ctx context.Context, want idemdriver.Watch) (<-chan str
 	}
 }
 
-// Notifications returns how many wake-ups the store's listener has received
-// on its channel since it started, for tests and metrics.
-func (s *Store) Notifications() int64 { return s.waits.notified.Load() }
+// waitsNow is what the store's key watcher has done, for tests (through
+// hooks.StoreWaits): how many wake-ups its listener has received on its
+// channel since it started; whether it LISTENs now (false: its watches
+// poll: no waiter yet, WaitPoll, a transaction pooler, or a listener that
+// cannot connect); and whether it polls for good, having no way to listen
+// here (WaitPoll, a handle that is not a *pgxpool.Pool without WaitListen's
+// connection, or a transaction pooler its listener found on the first wait,
+// WaitAuto).
+func (s *Store) waitsNow() hooks.Waits {
+	return hooks.Waits{
+		Notifications: s.waits.notified.Load(),
+		Listening:     s.waits.listening.Load(),
+		Polling:       s.waits.conn == nil || s.waits.unheard.Load(),
+	}
+}
 
-// Listening reports whether the store's listener LISTENs on its channel
-// now; false: its watches poll (no waiter yet, WaitPoll, a
-// transaction pooler, or a listener that cannot connect), for tests and
-// metrics.
-func (s *Store) Listening() bool { return s.waits.listening.Load() }
-
-// Polling reports whether the store polls for good, having no way to
-// listen here: WaitPoll, a handle that is not a *pgxpool.Pool (without
-// WaitListen's connection), or a transaction pooler its listener found (on
-// the first wait, WaitAuto), for tests and metrics.
-func (s *Store) Polling() bool { return s.waits.conn == nil || s.waits.unheard.Load() }
+func init() {
+	hooks.StoreWaits = func(store any) hooks.Waits { return store.(*Store).waitsNow() }
+	hooks.StoreChannel = channel
+	hooks.StoreTable = func(store any) (string, bool) {
+		s, ok := store.(*Store)
+		if !ok {
+			return "", false
+		}
+		return s.q.table, true
+	}
+}
 
 // markLocked starts wt's mark: it marks the key when the listener may hear
 // the notification, checks it either way, and hands the watch to the
@@ -604,7 +617,7 @@ JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regcla
 		err = errors.New("no idem_leases table")
 	}
 	if err == nil {
-		_, err = conn.Exec(cctx, "LISTEN "+pgx.Identifier{Channel(*schema)}.Sanitize())
+		_, err = conn.Exec(cctx, "LISTEN "+pgx.Identifier{channel(*schema)}.Sanitize())
 	}
 	cancel()
 	if err != nil {

@@ -14,19 +14,20 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 	"github.com/go-idem/idem/internal/testfixture"
 	"github.com/go-idem/idem/internal/wirecount"
 )
 
 // A channel name fits the 63 bytes Postgres allows, and names its schema.
-func TestChannel(t *testing.T) {
+func TestChannelName(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, "idem_finished:billing", Channel("billing"))
-	long := Channel(strings.Repeat("s", 63))
+	require.Equal(t, "idem_finished:billing", channel("billing"))
+	long := channel(strings.Repeat("s", 63))
 	require.LessOrEqual(t, len(long), 63)
 	require.Equal(t, "idem_finished:", long[:14])
-	require.NotEqual(t, long, Channel(strings.Repeat("s", 62)+"t"))
+	require.NotEqual(t, long, channel(strings.Repeat("s", 62)+"t"))
 }
 
 // A watch of a key that is gone wakes at once; Close stops the listener,
@@ -227,7 +228,7 @@ func TestListenerDownIsLoggedAndPolled(t *testing.T) {
 	defer stop()
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "cannot LISTEN") }, time.Minute, 5*time.Millisecond)
 	require.Contains(t, logs.String(), "level=WARN")
-	require.False(t, st.Listening())
+	require.False(t, st.waitsNow().Listening)
 
 	ref := holdKey(t, st, "second")
 	woken, stop2 := st.WatchKey(t.Context(), idemdriver.Watch{Ref: ref})
@@ -264,10 +265,10 @@ func TestListenerRunsBeforeConnect(t *testing.T) {
 	t.Cleanup(st.Close)
 	_, stop := st.WatchKey(t.Context(), idemdriver.Watch{Ref: holdKey(t, st, "k")})
 	defer stop()
-	require.Eventually(t, st.Listening, time.Minute, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return st.waitsNow().Listening }, time.Minute, 5*time.Millisecond)
 	var app string
 	require.NoError(t, schema.Pool.QueryRow(context.Background(),
-		`SELECT application_name FROM pg_stat_activity WHERE query = 'LISTEN ' || quote_ident($1)`, Channel(schema.Name)).Scan(&app))
+		`SELECT application_name FROM pg_stat_activity WHERE query = 'LISTEN ' || quote_ident($1)`, channel(schema.Name)).Scan(&app))
 	require.Equal(t, "hooked", app)
 }
 
@@ -378,8 +379,8 @@ func TestFinishNotifiesAMarkThatCommittedWhileItWaited(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		return tx.CommitPhase(ctx, idemdriver.CommitParams{Ref: ref, Status: idemdriver.StatusFinished,
-			Response: &idemdriver.Response{Status: 201}, Retention: time.Hour})
+		return tx.CommitPhase(ctx, idemdriver.CommitParams{Ref: ref, Status: idemtype.StoredFinished,
+			Response: &idemtype.Response{Status: 201}, Retention: time.Hour})
 	}
 	unmarked := holdKey(t, st, "unmarked")
 	require.NoError(t, finish(unmarked))
@@ -521,7 +522,7 @@ func listenForWaiters(t *testing.T, schema *pgtest.Schema) *pgxpool.Conn {
 	listener, err := schema.Pool.Acquire(context.Background())
 	require.NoError(t, err)
 	t.Cleanup(listener.Release)
-	_, err = listener.Exec(context.Background(), `LISTEN `+pgx.Identifier{Channel(schema.Name)}.Sanitize())
+	_, err = listener.Exec(context.Background(), `LISTEN `+pgx.Identifier{channel(schema.Name)}.Sanitize())
 	require.NoError(t, err)
 	return listener
 }

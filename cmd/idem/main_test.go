@@ -20,6 +20,8 @@ import (
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/cmd/idem/internal/testflows"
 	"github.com/go-idem/idem/idemcli"
+	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 	"github.com/go-idem/idem/migrations"
 	"github.com/go-idem/idem/pgstore"
@@ -116,11 +118,11 @@ func (b *bundle) runEnv(t *testing.T, bin string, env []string, args ...string) 
 
 // runner is an application process. clock, when set, replaces the
 // database clock, to leave keys that look hours old.
-func (b *bundle) runner(t *testing.T, clock func() time.Time, hook func(context.Context, idem.HookPoint) error) *idem.Runner {
+func (b *bundle) runner(t *testing.T, clock func() time.Time, hook func(context.Context, idemtest.HookPoint) error) *idem.Runner {
 	t.Helper()
 	r, err := idem.NewRunner(b.store, &idem.Config{
 		Lease: time.Hour, Flows: []idem.AnyFlow{b.orders, b.texts}, Logger: slog.New(slog.DiscardHandler),
-		Test: idem.TestConfig{Now: clock, Hook: hook},
+		Test: idemtest.WithHook(idem.TestConfig{Now: clock}, hook),
 	})
 	require.NoError(t, err)
 	return r
@@ -128,10 +130,10 @@ func (b *bundle) runner(t *testing.T, clock func() time.Time, hook func(context.
 
 func at(t time.Time) func() time.Time { return func() time.Time { return t } }
 
-func crashAt(where idem.HookWhere, phase string) func(context.Context, idem.HookPoint) error {
-	return func(_ context.Context, at idem.HookPoint) error {
+func crashAt(where idemtest.HookWhere, phase string) func(context.Context, idemtest.HookPoint) error {
+	return func(_ context.Context, at idemtest.HookPoint) error {
 		if at.Where == where && at.Phase == phase {
-			return idem.ErrSimulatedCrash
+			return idemtest.ErrSimulatedCrash
 		}
 		return nil
 	}
@@ -149,9 +151,9 @@ func text(key string, unknown bool) idem.Request {
 // expired: the client gave up an hour ago.
 func (b *bundle) abandonOrder(t *testing.T, key string) {
 	t.Helper()
-	_, err := b.runner(t, at(time.Now().Add(-2*time.Hour)), crashAt(idem.HookAfterForeign, "charged")).
+	_, err := b.runner(t, at(time.Now().Add(-2*time.Hour)), crashAt(idemtest.HookAfterForeign, "charged")).
 		Execute(context.Background(), b.orders, order(key))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 }
 
 // doubtfulText leaves a text in needs_reconcile, idle for an hour: the
@@ -159,8 +161,8 @@ func (b *bundle) abandonOrder(t *testing.T, key string) {
 func (b *bundle) doubtfulText(t *testing.T, key string, unknown bool) {
 	t.Helper()
 	ctx := context.Background()
-	_, err := b.runner(t, at(time.Now().Add(-3*time.Hour)), crashAt(idem.HookAfterForeign, "sent")).Execute(ctx, b.texts, text(key, unknown))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+	_, err := b.runner(t, at(time.Now().Add(-3*time.Hour)), crashAt(idemtest.HookAfterForeign, "sent")).Execute(ctx, b.texts, text(key, unknown))
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	_, err = b.runner(t, at(time.Now().Add(-time.Hour)), nil).Execute(ctx, b.texts, text(key, unknown))
 	require.ErrorIs(t, err, idem.ErrNeedsReconcile)
 }
@@ -172,7 +174,7 @@ func (b *bundle) count(t *testing.T, sql string) int {
 	return n
 }
 
-func (b *bundle) key(t *testing.T, scope, key string) *idem.KeyRecord {
+func (b *bundle) key(t *testing.T, scope, key string) *idemtype.KeyRecord {
 	t.Helper()
 	rec, err := b.store.GetKey(context.Background(), scope, key)
 	require.NoError(t, err)
@@ -335,8 +337,8 @@ func TestBinary(t *testing.T) {
 		require.NoError(t, err)
 		_, err = b.runner(t, at(now.Add(-48*time.Hour)), nil).Execute(ctx, b.orders, order("expired-1"))
 		require.NoError(t, err)
-		_, err = b.runner(t, nil, crashAt(idem.HookPhaseStart, "charged")).Execute(ctx, b.orders, order("running-1"))
-		require.ErrorIs(t, err, idem.ErrSimulatedCrash)
+		_, err = b.runner(t, nil, crashAt(idemtest.HookPhaseStart, "charged")).Execute(ctx, b.orders, order("running-1"))
+		require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 		b.abandonOrder(t, "stale-1")
 		b.doubtfulText(t, "doubtful-1", false)
 
@@ -413,8 +415,8 @@ func TestBinary(t *testing.T) {
 		b := setup(t, bins, true)
 		ctx := context.Background()
 		beforeCommit, unlocked := make(chan struct{}), make(chan struct{})
-		holder := b.runner(t, nil, func(_ context.Context, at idem.HookPoint) error {
-			if at.Where == idem.HookBeforeCommit && at.Phase == "charged" {
+		holder := b.runner(t, nil, func(_ context.Context, at idemtest.HookPoint) error {
+			if at.Where == idemtest.HookBeforeCommit && at.Phase == "charged" {
 				close(beforeCommit)
 				<-unlocked
 			}
@@ -470,14 +472,14 @@ func TestBinary(t *testing.T) {
 
 		res := b.run(t, bins.idem, "reap", "--batch-size", "2", "--schema", b.schema.Name)
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
-		require.Equal(t, "reaped 3 expired key(s) in 2 batch(es), and 0 abandoned unfinished key(s)\n", res.stdout)
+		require.Equal(t, "reaped 3 expired key(s) in 2 batch(es), and 0 unfinished key(s) past their retention\n", res.stdout)
 		require.Equal(t, 2, b.count(t, "count(*) FROM idem_keys"))
 		require.Equal(t, 5, b.count(t, "count(*) FROM orders"), "business rows survive")
 		require.Equal(t, 3, b.count(t, "count(*) FROM orders WHERE key_id IS NULL"))
 
 		res = b.run(t, bins.idem, "reap", "--json")
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
-		require.JSONEq(t, `{"deleted": 0, "batches": 1, "abandoned": 0, "needs_reconcile": 0}`, res.stdout)
+		require.JSONEq(t, `{"deleted": 0, "batches": 1, "unfinished": 0, "needs_reconcile": 0}`, res.stdout)
 
 		res = b.run(t, bins.idem, "reap", "--batch-size", "-1")
 		require.Equal(t, idemcli.ExitUsage, res.code)
@@ -499,7 +501,7 @@ func TestBinary(t *testing.T) {
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
 		require.Equal(t, "claimed 1 idle key(s): 1 completed, 0 skipped (a client got there first), 0 need reconciliation, 0 failed\n", res.stdout)
 		rec := b.key(t, "user:1", "k1")
-		require.Equal(t, idem.StatusFinished, rec.Status)
+		require.Equal(t, idemtype.StoredFinished, rec.Status)
 		require.Equal(t, 1, b.count(t, "count(*) FROM charges"), "exactly one charge")
 		require.Equal(t, 2, b.count(t, "calls FROM charges"), "the charge was re-sent with the same downstream key")
 		require.Equal(t, 1, b.count(t, "count(*) FROM orders"))
@@ -528,7 +530,7 @@ func TestBinary(t *testing.T) {
 		res = b.run(t, bins.flowapp, "reconcile", "t1", "--scope", "user:2")
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
 		require.Equal(t, "key \"t1\" (scope \"user:2\"): reconciled: the key finished with status 201\n", res.stdout)
-		require.Equal(t, idem.StatusFinished, b.key(t, "user:2", "t1").Status)
+		require.Equal(t, idemtype.StoredFinished, b.key(t, "user:2", "t1").Status)
 
 		res = b.run(t, bins.flowapp, "reconcile", "t1", "--scope", "user:2")
 		require.Equal(t, idemcli.ExitOK, res.code, res.stderr)
@@ -542,8 +544,8 @@ func TestBinary(t *testing.T) {
 		require.Equal(t, idemcli.ExitFailure, res.code, res.stderr)
 		require.JSONEq(t, `{"claimed": 2, "resolved": 1, "unresolved": 1, "skipped": 0, "failed": 0, "no_hook": 0}`, res.stdout)
 		require.Contains(t, res.stderr, "1 key(s) still need attention")
-		require.Equal(t, idem.StatusFinished, b.key(t, "user:2", "t2").Status)
-		require.Equal(t, idem.StatusNeedsReconcile, b.key(t, "user:2", "t3").Status)
+		require.Equal(t, idemtype.StoredFinished, b.key(t, "user:2", "t2").Status)
+		require.Equal(t, idemtype.StoredNeedsReconcile, b.key(t, "user:2", "t3").Status)
 		require.Equal(t, 3, b.count(t, "count(*) FROM texts_sent"), "one message per key, none re-sent")
 
 		res = b.run(t, bins.flowapp, "reconcile", "t3", "--scope", "user:2")

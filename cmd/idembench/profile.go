@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
 )
 
 // The profile section: where the server's (and the client's) time goes,
@@ -322,15 +323,15 @@ func measureProfile(ctx context.Context, e *env, n, warmup int) (*profileReport,
 		return d
 	}
 
-	runner, store, err := newRunner(pool, e.schema, idem.Config{Test: idem.TestConfig{Hook: func(_ context.Context, at idem.HookPoint) error {
+	runner, store, err := newRunner(pool, e.schema, idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, func(_ context.Context, at idemtest.HookPoint) error {
 		switch at.Where {
-		case idem.HookPhaseStart:
+		case idemtest.HookPhaseStart:
 			tr.setContext("phase " + at.Phase)
-		case idem.HookAfterCommit:
+		case idemtest.HookAfterCommit:
 			tr.setContext("after phase " + at.Phase)
 		}
 		return nil
-	}}})
+	})})
 	if err != nil {
 		return nil, err
 	}

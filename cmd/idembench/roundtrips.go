@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idem/idem"
+	"github.com/go-idem/idem/idemtest"
 	"github.com/go-idem/idem/internal/wirecount"
 )
 
@@ -92,7 +93,7 @@ func measureRoundTrips(ctx context.Context, e *env) (*roundTripReport, error) {
 	}
 	defer pool.Close()
 	type mark struct {
-		where idem.HookWhere
+		where idemtest.HookWhere
 		phase string
 		at    wirecount.Position
 	}
@@ -102,17 +103,17 @@ func measureRoundTrips(ctx context.Context, e *env) (*roundTripReport, error) {
 		crashKey  string
 	)
 	flow := newRunnerFlow()
-	runner, store, err := newRunner(pool, e.schema, idem.Config{Test: idem.TestConfig{Hook: func(_ context.Context, at idem.HookPoint) error {
+	runner, store, err := newRunner(pool, e.schema, idem.Config{Test: idemtest.WithHook(idem.TestConfig{}, func(_ context.Context, at idemtest.HookPoint) error {
 		if measuring {
 			marks = append(marks, mark{at.Where, at.Phase, counter.Position()})
 		}
-		if at.Where == idem.HookAfterCommit && at.Key != nil && at.Key.Key == crashKey {
+		if at.Where == idemtest.HookAfterCommit && at.Key != nil && at.Key.Key == crashKey {
 			// Die holding the key, as a crashed process would: the next
 			// request for it is answered "in progress".
-			return idem.ErrSimulatedCrash
+			return idemtest.ErrSimulatedCrash
 		}
 		return nil
-	}}})
+	})})
 	if err != nil {
 		return nil, err
 	}
@@ -149,9 +150,9 @@ func measureRoundTrips(ctx context.Context, e *env) (*roundTripReport, error) {
 			var start wirecount.Position
 			for _, m := range marks {
 				switch m.where {
-				case idem.HookPhaseStart:
+				case idemtest.HookPhaseStart:
 					start = m.at
-				case idem.HookAfterCommit:
+				case idemtest.HookAfterCommit:
 					ps := counter.Between(start, m.at)
 					pt.Phases = append(pt.Phases, phaseTrips{Phase: m.phase, RoundTrips: ps.Writes, Own: own(ps)})
 				}
@@ -175,7 +176,7 @@ func measureRoundTrips(ctx context.Context, e *env) (*roundTripReport, error) {
 		return nil, err
 	}
 	crashKey = "held"
-	if out, err := runner.Execute(ctx, flow, req("held")); !errors.Is(err, idem.ErrSimulatedCrash) {
+	if out, err := runner.Execute(ctx, flow, req("held")); !errors.Is(err, idemtest.ErrSimulatedCrash) {
 		return nil, fmt.Errorf("leave a key in progress: outcome %v, %w", out.Kind, err)
 	}
 	crashKey = ""

@@ -16,6 +16,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemdriver"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/migrations"
 	"github.com/go-idem/idem/pgstore"
 )
@@ -366,7 +367,7 @@ func measurePoint(ctx context.Context, e *env, store *pgstore.Store, pw *prewarm
 		if err != nil {
 			return err
 		}
-		if res.Acquired != want || (want == idemdriver.AcquiredNone && res.Record.Status != idem.StatusFinished) {
+		if res.Acquired != want || (want == idemdriver.AcquiredNone && res.Record.Status != idemtype.StoredFinished) {
 			return fmt.Errorf("acquire %s/%s: %s (%s), want %s", p.Scope, p.Key, res.Acquired, res.Record.Status, want)
 		}
 		if want == idemdriver.AcquiredCreated {

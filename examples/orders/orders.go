@@ -145,8 +145,11 @@ func charge(ctx context.Context, tx idem.Tx, run *idem.Attempt[Params], payments
 	if err != nil {
 		return idem.Result{}, err
 	}
-	chargeID, err := idem.ForeignValue(ctx, run, "charge", func(ctx context.Context, key string) (string, error) {
-		return payments.Charge(ctx, key, ChargeRequest{Tenant: tenant, OrderID: order.ID, AmountCents: order.AmountCents})
+	var chargeID string
+	err = run.Foreign(ctx, "charge", func(ctx context.Context, key string) error {
+		var err error
+		chargeID, err = payments.Charge(ctx, key, ChargeRequest{Tenant: tenant, OrderID: order.ID, AmountCents: order.AmountCents})
+		return err
 	})
 	if err != nil {
 		return idem.Result{}, err
@@ -184,7 +187,8 @@ func respond(ctx context.Context, tx idem.Tx, run *idem.Attempt[Params]) (idem.R
 
 // orderIDOf returns the order the first phase created, from its checkpoint.
 func orderIDOf(run *idem.Attempt[Params]) (int64, error) {
-	id, ok, err := idem.CheckpointOf[int64](run, "order_id")
+	var id int64
+	ok, err := run.Checkpoint("order_id", &id)
 	if err == nil && !ok {
 		err = errors.New("orders: no order_id checkpoint")
 	}

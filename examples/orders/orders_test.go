@@ -19,6 +19,7 @@ import (
 	"github.com/go-idem/idem/examples/orders"
 	"github.com/go-idem/idem/examples/orders/db"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -50,8 +51,8 @@ func ordersTables(t *testing.T, schema *idemtest.Schema) *pgxpool.Pool {
 // exactlyOneOrderAndOneCharge is the business invariant of a finished key:
 // one order for it, charged, one outbox message, and one charge at the
 // provider for the order.
-func exactlyOneOrderAndOneCharge(pool *pgxpool.Pool, payments *idemtest.Provider) func(context.Context, *idem.KeyRecord) error {
-	return func(ctx context.Context, key *idem.KeyRecord) error {
+func exactlyOneOrderAndOneCharge(pool *pgxpool.Pool, payments *idemtest.Provider) func(context.Context, *idemtype.KeyRecord) error {
+	return func(ctx context.Context, key *idemtype.KeyRecord) error {
 		q := db.New(pool) // outside any phase, the pool is right
 		n, err := q.CountOrdersForKey(ctx, pgtype.Int8{Int64: key.ID, Valid: true})
 		if err != nil {
@@ -102,7 +103,7 @@ func TestCreateOrderUnknownSKU(t *testing.T) {
 		Pool: pool, Flow: orders.NewFlow(fakePayments{payments}),
 		Input: orders.Params{SKU: "warp-drive", Quantity: 1}, Scope: "tenant:acme",
 		Providers: []idemtest.FakeProvider{payments},
-		Check: func(ctx context.Context, key *idem.KeyRecord) error {
+		Check: func(ctx context.Context, key *idemtype.KeyRecord) error {
 			n, err := db.New(pool).CountOrdersForKey(ctx, pgtype.Int8{Int64: key.ID, Valid: true})
 			if err == nil && (n != 0 || len(payments.Effects("")) != 0) {
 				err = fmt.Errorf("%d orders and %d charges, want none", n, len(payments.Effects("")))
@@ -205,15 +206,14 @@ func TestCompleterFindsTheTenantInTheScope(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	clock := idemtest.NewClock(time.Now())
-	crash := b.runner(t, &idem.Config{Test: idem.TestConfig{Now: clock.Now, Hook: func(_ context.Context, at idem.HookPoint) error {
-		if at.Phase == orders.PhaseCharged && at.Where == idem.HookPhaseStart {
-			return idem.ErrSimulatedCrash // the process dies after the order was created
+	crash := b.runner(t, &idem.Config{Test: idemtest.WithHook(idem.TestConfig{Now: clock.Now}, func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Phase == orders.PhaseCharged && at.Where == idemtest.HookPhaseStart {
+			return idemtest.ErrSimulatedCrash // the process dies after the order was created
 		}
 		return nil
-	}}})
-	out, err := orders.NewFlow(fakePayments{b.payments}).Execute(ctx, crash, idem.Request{Scope: "tenant:globex", Key: "abandoned"}, orders.Params{SKU: "rocket", Quantity: 3})
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
-	require.Equal(t, idem.OutcomeAbandoned, out.Kind)
+	})})
+	_, err := idem.Execute(ctx, crash, orders.NewFlow(fakePayments{b.payments}), idem.Request{Scope: "tenant:globex", Key: "abandoned"}, orders.Params{SKU: "rocket", Quantity: 3})
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 
 	clock.Advance(idem.CompleteIdleForDefault + idem.LeaseDefault)
 	res, err := b.runner(t, &idem.Config{Test: idem.TestConfig{Now: clock.Now}}).Complete(ctx, nil)
@@ -256,7 +256,7 @@ func TestQueriesOnThePoolAreCaught(t *testing.T) {
 
 	// The happy path is happy.
 	flow := pooledFlow("orders.pooled", nil)
-	out, err := flow.Execute(ctx, b.runner(t, nil),
+	out, err := idem.Execute(ctx, b.runner(t, nil), flow,
 		idem.Request{Scope: "tenant:acme", Key: "happy"}, orders.Params{SKU: "rocket", Quantity: 1})
 	require.NoError(t, err)
 	require.Equal(t, http.StatusCreated, out.Response.Status)

@@ -137,7 +137,7 @@ func newSMSFailover(t *testing.T, synchronous bool) *smsFailover {
 		Flows:  []idem.AnyFlow{f.sender.Flow()},
 		Logger: slog.New(slog.DiscardHandler),
 		Observer: idem.ObserverFunc(func(_ context.Context, e idem.Event) {
-			if e.Kind == idem.EventReconciled && e.Err == nil && e.Verdict == "done" {
+			if e.Kind == idem.EventReconciled && e.Err == nil && e.Verdict == "happened" {
 				f.reconciled.Add(1)
 			}
 		}),
@@ -165,7 +165,7 @@ type smsFigures struct {
 	lost                   int // answered requests whose key is not on the new primary, finished
 	lostInFlight           int // requests in flight at the kill whose key is not on the new primary
 	markedAtKill           int // keys on the new primary with the mark of an interrupted send, locked
-	reconciled             int // reconcile verdicts of done: the message was found at the gateway
+	reconciled             int // reconcile verdicts of happened: the message was found at the gateway
 	sent                   int // messages the gateway sent
 	sentTwice              int // requests whose message went out twice
 	sentMore               int // requests whose message went out more than twice

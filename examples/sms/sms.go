@@ -207,22 +207,22 @@ func (s *Sender) send(ctx context.Context, tx idem.Tx, run *idem.Attempt[Params]
 // reconcileSend asks the gateway what it sent under the message's reference.
 // It runs in a transaction of its own, so "done" records the message exactly
 // as send would have.
-func (s *Sender) reconcileSend(ctx context.Context, tx idem.Tx, run *idem.Attempt[Params]) (idem.Reconciliation, error) {
+func (s *Sender) reconcileSend(ctx context.Context, tx idem.Tx, run *idem.Attempt[Params]) (idem.ReconcileVerdict, error) {
 	id, err := messageID(run)
 	if err != nil {
-		return idem.Reconciliation{}, err
+		return idem.ReconcileVerdict{}, err
 	}
 	sent, err := s.gateway.Lookup(ctx, Reference(id))
 	switch {
 	case err != nil:
 		return idem.ReconcileUnknown(fmt.Sprintf("sms: gateway lookup of %s failed: %v", Reference(id), err)), nil
 	case len(sent) == 0:
-		return idem.ReconcileNotDone(), nil
+		return idem.ReconcileNotHappened(), nil
 	}
 	if err := s.markSent(ctx, tx, run, id, sent[0].ID); err != nil {
-		return idem.Reconciliation{}, err
+		return idem.ReconcileVerdict{}, err
 	}
-	return idem.ReconcileDone(idem.Advance()), nil
+	return idem.ReconcileHappened(idem.Advance()), nil
 }
 
 func (s *Sender) markSent(ctx context.Context, tx idem.Tx, run *idem.Attempt[Params], id int64, gatewayID string) error {

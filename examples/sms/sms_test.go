@@ -16,6 +16,7 @@ import (
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/examples/sms"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 	"github.com/go-idem/idem/pgstore"
 )
@@ -50,12 +51,12 @@ func setup(t *testing.T) *bundle {
 var hello = sms.Params{To: "+15550100", Text: "Your pilot is on their way"}
 
 // runner is a new process's runner, on the bundle's clock.
-func (b *bundle) runner(t *testing.T, hook func(context.Context, idem.HookPoint) error) *idem.Runner {
+func (b *bundle) runner(t *testing.T, hook func(context.Context, idemtest.HookPoint) error) *idem.Runner {
 	t.Helper()
 	r, err := idem.NewRunner(b.store, &idem.Config{
 		Flows:  []idem.AnyFlow{b.sender.Flow()},
 		Logger: slog.New(slog.NewTextHandler(t.Output(), nil)),
-		Test:   idem.TestConfig{Now: b.clock.Now, Hook: hook},
+		Test:   idemtest.WithHook(idem.TestConfig{Now: b.clock.Now}, hook),
 	})
 	require.NoError(t, err)
 	return r
@@ -82,7 +83,7 @@ func (b *bundle) messageOf(ctx context.Context, keyID int64) (*message, error) {
 // sentOnce is the business invariant: the key's message row is marked sent
 // with the id of the one and only message the gateway sent under its
 // reference.
-func (b *bundle) sentOnce(ctx context.Context, key *idem.KeyRecord) error {
+func (b *bundle) sentOnce(ctx context.Context, key *idemtype.KeyRecord) error {
 	m, err := b.messageOf(ctx, key.ID)
 	if err != nil {
 		return fmt.Errorf("the key's message row: %w", err)
@@ -119,30 +120,30 @@ func TestExploreEveryCrashPoint(t *testing.T) {
 		steps := strings.Join(scenario(t, rep, name).Steps, "\n")
 		require.Contains(t, steps, `made the not-idempotent call "send_sms" of sent`, name)
 		require.Contains(t, steps, "-> needs_reconcile", name)
-		require.Contains(t, steps, "reconcile verdict for sent: done", name)
+		require.Contains(t, steps, "reconcile verdict for sent: happened", name)
 	}
 	// Committed sends never go to reconciliation.
 	for _, name := range []string{"crash_after_commit@sent", "lost_commit_ack@sent"} {
 		require.NotContains(t, strings.Join(scenario(t, rep, name).Steps, "\n"), "needs_reconcile", name)
 	}
 	// Through the proxy: a mark written whose reply never came stops the
-	// send, and the key reconciles to not done; a send whose commit reply
-	// never came reconciles to done, or is found committed.
-	var notDone, done int
+	// send, and the key reconciles to not happened; a send whose commit
+	// reply never came reconciles to happened, or is found committed.
+	var notHappened, happened int
 	for _, s := range rep.Scenarios {
 		steps := strings.Join(s.Steps, "\n")
 		if !s.Kind.Wire() {
 			continue
 		}
-		if strings.Contains(steps, "reconcile verdict for sent: not done") {
-			notDone++
+		if strings.Contains(steps, "reconcile verdict for sent: not happened") {
+			notHappened++
 		}
-		if strings.Contains(steps, "reconcile verdict for sent: done") {
-			done++
+		if strings.Contains(steps, "reconcile verdict for sent: happened") {
+			happened++
 		}
 	}
-	require.Positive(t, notDone, "wire scenarios reconciled to not done")
-	t.Logf("wire scenarios reconciled: %d done, %d not done", done, notDone)
+	require.Positive(t, notHappened, "wire scenarios reconciled to not happened")
+	t.Logf("wire scenarios reconciled: %d happened, %d not happened", happened, notHappened)
 	require.Len(t, b.gateway.Sent(), 2+len(rep.Scenarios), "one message per request (both baselines included), whatever happened")
 }
 
@@ -156,7 +157,7 @@ func TestExploreARejectedNumber(t *testing.T) {
 	rep := idemtest.Explore(t, idemtest.Config[sms.Params]{
 		Pool: b.pool, Schema: b.schema, DatabaseURL: b.url,
 		Flow: b.sender.Flow(), Input: hello,
-		Check: func(ctx context.Context, key *idem.KeyRecord) error {
+		Check: func(ctx context.Context, key *idemtype.KeyRecord) error {
 			m, err := b.messageOf(ctx, key.ID)
 			if err == nil && m.Status != "rejected" {
 				err = fmt.Errorf("message %d is %s, want rejected", m.ID, m.Status)
@@ -167,7 +168,7 @@ func TestExploreARejectedNumber(t *testing.T) {
 	require.Equal(t, []string{sms.PhaseResponded}, rep.Unreached)
 	require.Len(t, rep.Scenarios, 2*5+1+2*rep.RoundTrips)
 	steps := strings.Join(scenario(t, rep, "crash_after_foreign@sent").Steps, "\n")
-	require.Contains(t, steps, "reconcile verdict for sent: not done, so the phase runs again")
+	require.Contains(t, steps, "reconcile verdict for sent: not happened, so the phase runs again")
 	require.Contains(t, steps, "final response: 422")
 	require.Empty(t, b.gateway.Sent())
 }
@@ -193,15 +194,14 @@ func TestACrashAfterSendingNeedsReconcileAndIsNeverResent(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	crashing := b.runner(t, func(_ context.Context, at idem.HookPoint) error {
-		if at.Where == idem.HookAfterForeign {
-			return idem.ErrSimulatedCrash
+	crashing := b.runner(t, func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Where == idemtest.HookAfterForeign {
+			return idemtest.ErrSimulatedCrash
 		}
 		return nil
 	})
 	out, err := crashing.Execute(ctx, b.sender.Flow(), b.request("k1"))
-	require.ErrorIs(t, err, idem.ErrSimulatedCrash)
-	require.Equal(t, idem.OutcomeAbandoned, out.Kind)
+	require.ErrorIs(t, err, idemtest.ErrSimulatedCrash)
 	require.Len(t, b.gateway.Sent(), 1)
 
 	b.clock.Advance(2 * time.Minute) // the dead worker's lease runs out
@@ -213,7 +213,7 @@ func TestACrashAfterSendingNeedsReconcileAndIsNeverResent(t *testing.T) {
 	require.Len(t, b.gateway.Sent(), 1, "never re-sent blindly")
 	rec, err := b.store.GetKey(ctx, "user:1", "k1")
 	require.NoError(t, err)
-	require.Equal(t, idem.StatusNeedsReconcile, rec.Status)
+	require.Equal(t, idemtype.StoredNeedsReconcile, rec.Status)
 	require.Equal(t, sms.PhaseSent, rec.ForeignMark)
 
 	out, err = b.runner(t, nil).Reconcile(ctx, "user:1", "k1")
@@ -252,7 +252,7 @@ func TestReconcileVerdicts(t *testing.T) {
 		require.NoError(t, b.sentOnce(ctx, out.Record))
 	})
 
-	t.Run("not done: the request never arrived, so the phase sends again", func(t *testing.T) {
+	t.Run("not happened: the request never arrived, so the phase sends again", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		ctx := context.Background()
@@ -280,7 +280,7 @@ func TestReconcileVerdicts(t *testing.T) {
 		require.Equal(t, idem.OutcomeNeedsReconcile, out.Kind)
 		rec, err := b.store.GetKey(ctx, "user:1", "k1")
 		require.NoError(t, err)
-		require.Equal(t, idem.StatusNeedsReconcile, rec.Status)
+		require.Equal(t, idemtype.StoredNeedsReconcile, rec.Status)
 		require.Nil(t, rec.LockedAt, "left unlocked for the next reconcile run")
 		require.Contains(t, rec.LastError, "gateway lookup of msg-")
 		require.Contains(t, rec.LastError, "lookup unavailable")

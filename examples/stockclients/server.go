@@ -87,7 +87,8 @@ func Flow(card *CardNetwork) *idem.Flow[ChargeParams] {
 			return idem.Advance(), run.SetCheckpoint("charge_id", id)
 		}},
 		{Name: "card_charged", Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[ChargeParams]) (idem.Result, error) {
-			id, _, err := idem.CheckpointOf[int64](run, "charge_id")
+			var id int64
+			_, err := run.Checkpoint("charge_id", &id)
 			if err != nil {
 				return idem.Result{}, err
 			}
@@ -108,7 +109,8 @@ func Flow(card *CardNetwork) *idem.Flow[ChargeParams] {
 			return idem.Advance(), nil
 		}},
 		{Name: "responded", Do: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[ChargeParams]) (idem.Result, error) {
-			id, _, err := idem.CheckpointOf[int64](run, "charge_id")
+			var id int64
+			_, err := run.Checkpoint("charge_id", &id)
 			if err != nil {
 				return idem.Result{}, err
 			}

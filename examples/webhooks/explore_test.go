@@ -8,15 +8,15 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 )
 
 // bookedOnce is the receiver's invariant for one key: one event row, one
 // ledger entry, and the stored response names that entry.
-func bookedOnce(schema *pgtest.Schema) func(ctx context.Context, key *idem.KeyRecord) error {
-	return func(ctx context.Context, key *idem.KeyRecord) error {
+func bookedOnce(schema *pgtest.Schema) func(ctx context.Context, key *idemtype.KeyRecord) error {
+	return func(ctx context.Context, key *idemtype.KeyRecord) error {
 		var events, entries int
 		var entry *int64
 		err := schema.Pool.QueryRow(ctx, `SELECT

@@ -26,9 +26,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/go-idem/idem/internal/hooks"
 	"github.com/go-idem/idem/internal/pgtest"
 	"github.com/go-idem/idem/internal/testfixture"
-	"github.com/go-idem/idem/pgstore"
+	_ "github.com/go-idem/idem/pgstore" // installs hooks.StoreChannel
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -245,7 +246,7 @@ func listen(t *testing.T, schema *pgtest.Schema) *atomic.Int64 {
 	ctx, cancel := context.WithCancel(context.Background())
 	conn, err := pgx.Connect(ctx, schema.URL)
 	require.NoError(t, err)
-	_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{pgstore.Channel(schema.Name)}.Sanitize())
+	_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{hooks.StoreChannel(schema.Name)}.Sanitize())
 	require.NoError(t, err)
 	var n atomic.Int64
 	done := make(chan struct{})

@@ -10,6 +10,7 @@ import (
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/examples/orders"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -59,9 +60,9 @@ func storedInput(phases []idem.Phase[PaymentInput]) *idem.Flow[PaymentInput] {
 	return charge
 }
 
-// sealed holds docs/operations.md, "Sealing what is stored": the cipher.
+// sealed holds docs/operations.md, "Sealing what is stored": the keyring.
 func sealed(pool *pgxpool.Pool, key202601 []byte) (*pgstore.Store, error) {
-	store, err := pgstore.New(pool, &pgstore.Config{Cipher: &pgstore.Keyring{
+	store, err := pgstore.New(pool, &pgstore.Config{Keyring: &idemtype.Keyring{
 		Current: "2026-01",
 		Keys:    map[string][]byte{"2026-01": key202601}, // 32 bytes each, from your secret manager
 	}})

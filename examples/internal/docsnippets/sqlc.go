@@ -68,10 +68,13 @@ func timeouts(store idemdriver.Store) (*idem.Runner, error) {
 // providerTimeout holds docs/pgx-sqlc.md, "Timeouts": a foreign call bounds
 // itself.
 func providerTimeout(ctx context.Context, run *idem.Attempt[orders.Params], client *http.Client, charge func(context.Context, *http.Client, string) (string, error)) (string, error) {
-	chargeID, err := idem.ForeignValue(ctx, run, "charge", func(ctx context.Context, key string) (string, error) {
+	var chargeID string
+	err := run.Foreign(ctx, "charge", func(ctx context.Context, key string) error {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second) // the request's deadline does not reach here
 		defer cancel()
-		return charge(ctx, client, key)
+		var err error
+		chargeID, err = charge(ctx, client, key)
+		return err
 	})
 	return chargeID, err
 }

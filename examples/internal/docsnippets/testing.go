@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -25,13 +26,16 @@ func provider(ctx context.Context, run *idem.Attempt[ticket], cfg *idemtest.Conf
 	payments := &idemtest.Provider{}
 
 	// In the phase: one call through the runner, sending the key it hands out.
-	charge, err := idem.ForeignValue(ctx, run, "charge", func(ctx context.Context, key string) (idemtest.Effect, error) {
-		return payments.Do(ctx, key, run.Key().Key) // the key, and what the effect is for
+	var charge idemtest.Effect
+	err := run.Foreign(ctx, "charge", func(ctx context.Context, key string) error {
+		var err error
+		charge, err = payments.Do(ctx, key, run.Key().Key) // the key, and what the effect is for
+		return err
 	})
 
 	// In the test:
 	cfg.Providers = []idemtest.FakeProvider{payments}
-	cfg.Check = func(ctx context.Context, key *idem.KeyRecord) error { return payments.ExpectOne(key.Key) }
+	cfg.Check = func(ctx context.Context, key *idemtype.KeyRecord) error { return payments.ExpectOne(key.Key) }
 	return charge, err
 }
 

@@ -13,10 +13,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemgrpc"
 	"github.com/go-idem/idem/idemgrpc/example/rides/ridespb"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 )
 
@@ -58,7 +58,7 @@ func TestFlowAtEveryCrashPoint(t *testing.T) {
 				Scope:   fmt.Sprintf("user:%d", rider.id),
 				Path:    ridespb.Rides_CreateRide_FullMethodName,
 				Compare: sameRideAnswer,
-				Check: func(ctx context.Context, key *idem.KeyRecord) error {
+				Check: func(ctx context.Context, key *idemtype.KeyRecord) error {
 					return checkOneRide(ctx, s, pay, key, tc.payment)
 				},
 			})
@@ -70,7 +70,7 @@ func TestFlowAtEveryCrashPoint(t *testing.T) {
 // sameRideAnswer compares two stored answers as the client sees them: the
 // same status, and for a ride the same message but for its ids, which are
 // each scenario's own.
-func sameRideAnswer(baseline, got *idem.Response) error {
+func sameRideAnswer(baseline, got *idemtype.Response) error {
 	if baseline.Status != got.Status || baseline.Header.Get("Content-Type") != got.Header.Get("Content-Type") {
 		return fmt.Errorf("answer %d %s, want %d %s", got.Status, got.Header.Get("Content-Type"), baseline.Status, baseline.Header.Get("Content-Type"))
 	}
@@ -94,7 +94,7 @@ func sameRideAnswer(baseline, got *idem.Response) error {
 // checkOneRide is the invariant of one finished key: one ride in the
 // expected payment status; if charged, one charge in the ledger for it and
 // one receipt; if declined, neither.
-func checkOneRide(ctx context.Context, s *server, pay *payments, key *idem.KeyRecord, want string) error {
+func checkOneRide(ctx context.Context, s *server, pay *payments, key *idemtype.KeyRecord, want string) error {
 	var rideID int64
 	var status string
 	var chargeID *string

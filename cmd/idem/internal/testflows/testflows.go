@@ -111,18 +111,18 @@ func Texts(gateway Provider) *idem.Flow[Text] {
 			})
 			return idem.RespondJSON(http.StatusCreated, map[string]any{"sent": true}), err
 		},
-		Reconcile: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[Text]) (idem.Reconciliation, error) {
+		Reconcile: func(ctx context.Context, tx idem.Tx, run *idem.Attempt[Text]) (idem.ReconcileVerdict, error) {
 			if run.Input().Unknown {
 				return idem.ReconcileUnknown("the gateway cannot tell"), nil
 			}
 			ok, err := sent(ctx, run)
 			switch {
 			case err != nil:
-				return idem.Reconciliation{}, err
+				return idem.ReconcileVerdict{}, err
 			case ok:
-				return idem.ReconcileDone(idem.RespondJSON(http.StatusCreated, map[string]any{"sent": true})), nil
+				return idem.ReconcileHappened(idem.RespondJSON(http.StatusCreated, map[string]any{"sent": true})), nil
 			}
-			return idem.ReconcileNotDone(), nil
+			return idem.ReconcileNotHappened(), nil
 		},
 	}}, nil)
 }

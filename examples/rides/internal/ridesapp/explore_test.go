@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/examples/rides/internal/ridesapp"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 )
 
 func float(v float64) *float64 { return &v }
@@ -46,7 +46,7 @@ func ridesFlowAtEveryCrashPoint(t *testing.T, b *testBundle) {
 		Scope:       "user:" + itoa(b.goodUserID),
 		Path:        "/rides",
 		Compare:     idemtest.EqualJSON("ride_id", "charge_id"),
-		Check: func(ctx context.Context, key *idem.KeyRecord) error {
+		Check: func(ctx context.Context, key *idemtype.KeyRecord) error {
 			return b.checkOneRide(ctx, key, "charged")
 		},
 	})
@@ -73,7 +73,7 @@ func TestRidesFlowDeclineAtEveryCrashPoint(t *testing.T) {
 		Input:       input,
 		Scope:       "user:" + itoa(b.badUserID),
 		Compare:     idemtest.EqualJSON("ride_id"),
-		Check: func(ctx context.Context, key *idem.KeyRecord) error {
+		Check: func(ctx context.Context, key *idemtype.KeyRecord) error {
 			return b.checkOneRide(ctx, key, "declined")
 		},
 	})
@@ -84,7 +84,7 @@ func TestRidesFlowDeclineAtEveryCrashPoint(t *testing.T) {
 // the expected payment status, one audit record, and, for a charged ride,
 // one charge at the provider under the key's downstream key and one receipt
 // job; for a declined ride, neither.
-func (b *testBundle) checkOneRide(ctx context.Context, key *idem.KeyRecord, status string) error {
+func (b *testBundle) checkOneRide(ctx context.Context, key *idemtype.KeyRecord, status string) error {
 	var rideID int64
 	var gotStatus, reference string
 	var chargeID *string

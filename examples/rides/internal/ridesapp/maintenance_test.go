@@ -10,6 +10,8 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/examples/rides/internal/ridesapp"
+	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // The tests below port rocket-rides-atomic's spec/completer_spec.rb and
@@ -23,7 +25,7 @@ var completeConfig = &idem.CompleteConfig{IdleFor: time.Minute}
 func abandon(t *testing.T, b *testBundle, phase string) string {
 	t.Helper()
 	key := newKey()
-	b.crashAt(phase, idem.HookPhaseStart)
+	b.crashAt(phase, idemtest.HookPhaseStart)
 	_, err := b.post(t, "Bearer "+ridesapp.GoodUserEmail, key, validBody)
 	require.Error(t, err)
 	b.setHook(nil)
@@ -44,7 +46,7 @@ func TestCompleterPushesThroughAnAbandonedKey(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, &idem.CompleteResult{Claimed: 1, Completed: 1}, res)
 	rec := b.key(t, b.goodUserID, key)
-	require.Equal(t, idem.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
 	require.Equal(t, http.StatusCreated, rec.ResponseStatus)
 
 	// No client took part, so the audit record has no origin address.
@@ -131,7 +133,7 @@ func TestReaperDeletesExpiredKeysAndTheRideSurvives(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Deleted, "the expired finished key, never the unfinished one")
 	b.noKey(t, b.goodUserID, key)
-	require.Equal(t, idem.StatusRunning, b.key(t, b.goodUserID, abandoned).Status)
+	require.Equal(t, idemtype.StoredRunning, b.key(t, b.goodUserID, abandoned).Status)
 
 	// The ride outlives its key, with everything recorded about it.
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM rides WHERE id = $1 AND idempotency_key_id IS NULL AND charge_id = $2`, ride.RideID, ride.ChargeID))
@@ -171,7 +173,7 @@ func TestTheSameRequestAfterItsKeyWasReapedIsNotChargedTwice(t *testing.T) {
 	require.Len(t, b.provider.Charges(), 1, "the provider recognised the request")
 	require.Equal(t, first.ChargeID, b.provider.Charges()[0].ID)
 	rec := b.key(t, b.goodUserID, key)
-	require.Equal(t, idem.StatusRunning, rec.Status)
+	require.Equal(t, idemtype.StoredRunning, rec.Status)
 	require.Equal(t, ridesapp.PhaseRideCreated, rec.RecoveryPoint)
 	require.Contains(t, rec.LastError, "rides_charge_id_key")
 }

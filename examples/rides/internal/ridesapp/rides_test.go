@@ -11,10 +11,11 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
-	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/examples/rides/fakepay"
 	"github.com/go-idem/idem/examples/rides/internal/ridesapp"
 	"github.com/go-idem/idem/idemhttp"
+	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 )
 
 // The tests below port rocket-rides-atomic's spec/api_spec.rb, one for one
@@ -47,7 +48,7 @@ func requireOneRide(t *testing.T, b *testBundle, key string, ride ridesapp.RideR
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM rides WHERE id = $1 AND charge_reference = $2`,
 		ride.RideID, rec.DownstreamKey(ridesapp.PhaseChargeCreated)))
 	require.Equal(t, ridesapp.ChargeDescription(rec.DownstreamKey(ridesapp.PhaseChargeCreated)), charges[0].Description)
-	require.Equal(t, idem.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
 	require.Nil(t, rec.LockedAt)
 }
 
@@ -100,8 +101,8 @@ func TestPassesForKeysThatAreUnlocked(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	key := newKey()
-	b.setHook(func(_ context.Context, at idem.HookPoint) error {
-		if at.Phase == ridesapp.PhaseRideCreated && at.Where == idem.HookBeforeCommit {
+	b.setHook(func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Phase == ridesapp.PhaseRideCreated && at.Where == idemtest.HookBeforeCommit {
 			return errInternal
 		}
 		return nil
@@ -109,7 +110,7 @@ func TestPassesForKeysThatAreUnlocked(t *testing.T) {
 	require.Equal(t, http.StatusInternalServerError, b.ride(t, key).status)
 	rec := b.key(t, b.goodUserID, key)
 	require.Nil(t, rec.LockedAt)
-	require.Equal(t, idem.RecoveryPointStarted, rec.RecoveryPoint)
+	require.Equal(t, idemtype.RecoveryPointStarted, rec.RecoveryPoint)
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM rides`), "the failed phase rolled back")
 
 	b.setHook(nil)
@@ -124,7 +125,7 @@ func TestPassesForKeysWithAStaleLock(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	key := newKey()
-	b.crashAt(ridesapp.PhaseRideCreated, idem.HookBeforeCommit)
+	b.crashAt(ridesapp.PhaseRideCreated, idemtest.HookBeforeCommit)
 	_, err := b.post(t, "Bearer "+ridesapp.GoodUserEmail, key, validBody)
 	require.Error(t, err, "a dead server sends no answer")
 	rec := b.key(t, b.goodUserID, key)
@@ -153,7 +154,7 @@ func TestStoresResultsForAPermanentFailure(t *testing.T) {
 	rideID := int64(p["ride_id"].(float64))
 
 	rec := b.key(t, b.badUserID, key)
-	require.Equal(t, idem.StatusFinished, rec.Status)
+	require.Equal(t, idemtype.StoredFinished, rec.Status)
 	require.Equal(t, http.StatusPaymentRequired, rec.ResponseStatus)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM rides WHERE id = $1 AND payment_status = 'declined' AND charge_id IS NULL`, rideID))
 	require.Empty(t, b.provider.Charges())
@@ -180,7 +181,7 @@ func TestContinuesFromRecoveryPoint(t *testing.T) {
 		recoveryPoint string
 		crashIn       string
 	}{
-		{idem.RecoveryPointStarted, ridesapp.PhaseRideCreated},
+		{idemtype.RecoveryPointStarted, ridesapp.PhaseRideCreated},
 		{ridesapp.PhaseRideCreated, ridesapp.PhaseChargeCreated},
 		{ridesapp.PhaseChargeCreated, ridesapp.PhaseReceiptEnqueued},
 	} {
@@ -188,7 +189,7 @@ func TestContinuesFromRecoveryPoint(t *testing.T) {
 			t.Parallel()
 			b := setup(t, nil)
 			key := newKey()
-			b.crashAt(tc.crashIn, idem.HookPhaseStart)
+			b.crashAt(tc.crashIn, idemtest.HookPhaseStart)
 			_, err := b.post(t, "Bearer "+ridesapp.GoodUserEmail, key, validBody)
 			require.Error(t, err)
 			require.Equal(t, tc.recoveryPoint, b.key(t, b.goodUserID, key).RecoveryPoint)
@@ -196,8 +197,8 @@ func TestContinuesFromRecoveryPoint(t *testing.T) {
 
 			var ran []string
 			var mu sync.Mutex
-			b.setHook(func(_ context.Context, at idem.HookPoint) error {
-				if at.Where == idem.HookPhaseStart {
+			b.setHook(func(_ context.Context, at idemtest.HookPoint) error {
+				if at.Where == idemtest.HookPhaseStart {
 					mu.Lock()
 					ran = append(ran, at.Phase)
 					mu.Unlock()
@@ -341,8 +342,8 @@ func TestDeniesRequestsThatHaveAnEquivalentInFlight(t *testing.T) {
 	entered, proceed := make(chan struct{}), make(chan struct{})
 	letGo := sync.OnceFunc(func() { close(proceed) })
 	t.Cleanup(letGo)
-	b.setHook(func(_ context.Context, at idem.HookPoint) error {
-		if at.Phase == ridesapp.PhaseChargeCreated && at.Where == idem.HookPhaseStart {
+	b.setHook(func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Phase == ridesapp.PhaseChargeCreated && at.Where == idemtest.HookPhaseStart {
 			close(entered)
 			<-proceed
 		}
@@ -388,8 +389,8 @@ func TestUnlocksAKeyOnASerializationFailure(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	key := newKey()
-	b.setHook(func(_ context.Context, at idem.HookPoint) error {
-		if at.Phase == ridesapp.PhaseChargeCreated && at.Where == idem.HookBeforeCommit {
+	b.setHook(func(_ context.Context, at idemtest.HookPoint) error {
+		if at.Phase == ridesapp.PhaseChargeCreated && at.Where == idemtest.HookBeforeCommit {
 			return &pgconn.PgError{Code: "40001", Message: "could not serialize access due to concurrent update"}
 		}
 		return nil
@@ -445,15 +446,15 @@ func TestReceiptJobIsInsertedInThePhaseTransaction(t *testing.T) {
 	t.Parallel()
 	for name, fault := range map[string]error{
 		"phase error": errInternal,
-		"crash":       idem.ErrSimulatedCrash,
+		"crash":       idemtest.ErrSimulatedCrash,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, nil)
 			key := newKey()
 			var visibleOutside []int
-			b.setHook(func(ctx context.Context, at idem.HookPoint) error {
-				if at.Phase == ridesapp.PhaseReceiptEnqueued && at.Where == idem.HookBeforeCommit {
+			b.setHook(func(ctx context.Context, at idemtest.HookPoint) error {
+				if at.Phase == ridesapp.PhaseReceiptEnqueued && at.Where == idemtest.HookBeforeCommit {
 					// The job is written but not committed: nobody else sees it.
 					visibleOutside = append(visibleOutside, b.count(t, `SELECT count(*) FROM river_job`))
 					return fault
@@ -461,7 +462,7 @@ func TestReceiptJobIsInsertedInThePhaseTransaction(t *testing.T) {
 				return nil
 			})
 			_, err := b.post(t, "Bearer "+ridesapp.GoodUserEmail, key, validBody)
-			if fault == idem.ErrSimulatedCrash {
+			if fault == idemtest.ErrSimulatedCrash {
 				require.Error(t, err)
 				b.clock.Advance(b.app.Runner().Config().Lease + time.Second)
 			} else {

@@ -25,6 +25,7 @@ import (
 	"github.com/go-idem/idem/examples/rides/fakepay"
 	"github.com/go-idem/idem/examples/rides/internal/ridesapp"
 	"github.com/go-idem/idem/idemtest"
+	"github.com/go-idem/idem/idemtype"
 	"github.com/go-idem/idem/internal/pgtest"
 )
 
@@ -50,7 +51,7 @@ type testBundle struct {
 	payments *payments
 	api      *httptest.Server
 	clock    *idemtest.Clock
-	hook     atomic.Pointer[func(context.Context, idem.HookPoint) error]
+	hook     atomic.Pointer[func(context.Context, idemtest.HookPoint) error]
 	// proxy stands between the app and the database when options.proxied.
 	proxy *idemtest.FaultProxy
 
@@ -126,15 +127,12 @@ func setup(t *testing.T, opts *options) *testBundle {
 		Runner: &idem.Config{
 			PhaseRetryBackoff: time.Millisecond,
 			StatementTimeout:  opts.statementTimeout,
-			Test: idem.TestConfig{
-				Now: b.clock.Now,
-				Hook: func(ctx context.Context, at idem.HookPoint) error {
-					if h := b.hook.Load(); h != nil {
-						return (*h)(ctx, at)
-					}
-					return nil
-				},
-			},
+			Test: idemtest.WithHook(idem.TestConfig{Now: b.clock.Now}, func(ctx context.Context, at idemtest.HookPoint) error {
+				if h := b.hook.Load(); h != nil {
+					return (*h)(ctx, at)
+				}
+				return nil
+			}),
 		},
 		Queue:  ridesapp.QueueConfig{Work: opts.work},
 		Logger: testLogger,
@@ -157,7 +155,7 @@ func setup(t *testing.T, opts *options) *testBundle {
 }
 
 // setHook installs a runner test hook for the rest of the test.
-func (b *testBundle) setHook(h func(context.Context, idem.HookPoint) error) {
+func (b *testBundle) setHook(h func(context.Context, idemtest.HookPoint) error) {
 	if h == nil {
 		b.hook.Store(nil)
 		return
@@ -167,15 +165,15 @@ func (b *testBundle) setHook(h func(context.Context, idem.HookPoint) error) {
 
 // crashAt makes the runner die, as a killed process would, the first time
 // it reaches where in phase.
-func (b *testBundle) crashAt(phase string, where idem.HookWhere) {
+func (b *testBundle) crashAt(phase string, where idemtest.HookWhere) {
 	var once sync.Once
-	b.setHook(func(_ context.Context, at idem.HookPoint) error {
+	b.setHook(func(_ context.Context, at idemtest.HookPoint) error {
 		crash := false
 		if at.Phase == phase && at.Where == where {
 			once.Do(func() { crash = true })
 		}
 		if crash {
-			return idem.ErrSimulatedCrash
+			return idemtest.ErrSimulatedCrash
 		}
 		return nil
 	})
@@ -260,7 +258,7 @@ func (b *testBundle) count(t *testing.T, sql string, args ...any) int {
 	return n
 }
 
-func (b *testBundle) key(t *testing.T, userID int64, key string) *idem.KeyRecord {
+func (b *testBundle) key(t *testing.T, userID int64, key string) *idemtype.KeyRecord {
 	t.Helper()
 	rec, err := b.app.Store().GetKey(context.Background(), "user:"+itoa(userID), key)
 	require.NoError(t, err)

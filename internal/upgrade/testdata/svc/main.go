@@ -83,7 +83,8 @@ func run() error {
 			return idem.Advance(), a.SetCheckpoint("order_id", id)
 		}},
 		{Name: "charged", Do: func(ctx context.Context, tx idem.Tx, a *idem.Attempt[Order]) (idem.Result, error) {
-			orderID, _, err := idem.CheckpointOf[int64](a, "order_id")
+			var orderID int64
+			_, err := a.Checkpoint("order_id", &orderID)
 			if err != nil {
 				return idem.Result{}, err
 			}

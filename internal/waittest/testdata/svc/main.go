@@ -29,6 +29,7 @@ import (
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemhttp"
+	"github.com/go-idem/idem/internal/hooks"
 	"github.com/go-idem/idem/pgstore"
 )
 
@@ -80,7 +81,8 @@ func run() error {
 			return idem.Advance(), a.SetCheckpoint("order_id", id)
 		}},
 		{Name: "charged", Do: func(ctx context.Context, tx idem.Tx, a *idem.Attempt[Order]) (idem.Result, error) {
-			orderID, _, err := idem.CheckpointOf[int64](a, "order_id")
+			var orderID int64
+			_, err := a.Checkpoint("order_id", &orderID)
 			if err != nil {
 				return idem.Result{}, err
 			}
@@ -148,7 +150,7 @@ func run() error {
 	}))
 	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, _ *http.Request) {
 		_ = json.NewEncoder(w).Encode(map[string]any{"in_progress": inProgress.Load(), "in_progress_events": events.Load(),
-			"notifications": store.Notifications(), "listening": store.Listening(), "polling": store.Polling()})
+			"notifications": hooks.StoreWaits(store).Notifications, "listening": hooks.StoreWaits(store).Listening, "polling": hooks.StoreWaits(store).Polling})
 	})
 	listener, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -1,10 +1,10 @@
-package idemdriver
+package idemtype
 
 import "errors"
 
 // The errors a store returns, which the runner branches on. Package idem
-// exports the same values under the same names, so callers test for them with
-// errors.Is against either package.
+// exports the same values under the same names (idem.ErrLockLost is
+// idemtype.ErrLockLost), so errors.Is matches against either package.
 var (
 	// ErrInvalidRequest: the request itself is unusable (empty scope, a key
 	// that is not 1-255 printable ASCII characters, params that do not decode

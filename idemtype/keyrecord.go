@@ -1,4 +1,4 @@
-package idemdriver
+package idemtype
 
 import (
 	"bytes"
@@ -12,21 +12,24 @@ import (
 	"time"
 )
 
-// Status is where a key stands in its life.
-type Status string
+// StoredStatus is the status column of a key: where it stands in its life as
+// the store records it. Operators see its [KeyState] instead, which refines
+// it by the lease and the expiry: a StoredRunning key is KeyStateRunning
+// while a live lease holds it and KeyStateStale otherwise.
+type StoredStatus string
 
 const (
-	// StatusRunning: the request has not produced its final response yet. The
+	// StoredRunning: the request has not produced its final response yet. The
 	// key may be locked by a live worker, or unlocked waiting for a retry (or
 	// the completer) to resume it from its recovery point.
-	StatusRunning Status = "running"
-	// StatusFinished: a phase responded; the response is stored and every
+	StoredRunning StoredStatus = "running"
+	// StoredFinished: a phase responded; the response is stored and every
 	// retry replays it until the key expires.
-	StatusFinished Status = "finished"
-	// StatusNeedsReconcile: a not-idempotent foreign call may or may not have
+	StoredFinished StoredStatus = "finished"
+	// StoredNeedsReconcile: a not-idempotent foreign call may or may not have
 	// happened. The key never re-executes by itself; a reconcile run asks the
 	// flow's reconcile hook what the provider did.
-	StatusNeedsReconcile Status = "needs_reconcile"
+	StoredNeedsReconcile StoredStatus = "needs_reconcile"
 )
 
 // The two recovery points every flow has. Between them, a key's recovery point
@@ -67,11 +70,11 @@ type KeyRecord struct {
 	// listings and claims without it (see Store.ListKeys, Store.ClaimIdle).
 	Params json.RawMessage `db:"params" json:"params"`
 	// ParamsKeyID names the key of the store's keyring that seals Params at
-	// rest (pgstore.Config.Cipher); empty when it is stored in the clear.
+	// rest (pgstore.Config.Keyring); empty when it is stored in the clear.
 	ParamsKeyID string `db:"params_key_id" json:"params_key_id,omitempty"`
 
-	Status        Status `db:"status" json:"status"`
-	RecoveryPoint string `db:"recovery_point" json:"recovery_point"`
+	Status        StoredStatus `db:"status" json:"status"`
+	RecoveryPoint string       `db:"recovery_point" json:"recovery_point"`
 	// Checkpoint is what committed phases recorded for later ones; nil
 	// where Params is.
 	Checkpoint map[string]json.RawMessage `db:"checkpoint" json:"checkpoint"`
@@ -159,7 +162,7 @@ func (k *KeyRecord) SameRequest(fingerprints [][]byte) bool {
 // without comparing fingerprints, for as long as it is retained. Delete in
 // v0.3.
 func (k *KeyRecord) FromV01() bool {
-	return k.Status == StatusFinished && len(k.Fingerprint) == sha256.Size
+	return k.Status == StoredFinished && len(k.Fingerprint) == sha256.Size
 }
 
 // Locked reports whether a live lease holds the key at time now.
@@ -169,7 +172,7 @@ func (k *KeyRecord) Locked(now time.Time) bool {
 
 // Response returns the stored response of a finished key, nil otherwise.
 func (k *KeyRecord) Response() *Response {
-	if k.Status != StatusFinished {
+	if k.Status != StoredFinished {
 		return nil
 	}
 	return &Response{Status: k.ResponseStatus, Header: k.ResponseHeaders.Clone(), Body: append([]byte(nil), k.ResponseBody...)}
@@ -193,8 +196,9 @@ type Response struct {
 	Body   []byte
 }
 
-// KeyState is how an operator sees a key: its status refined by its lease
-// and its expiry. [KeyRecord.State] computes it.
+// KeyState is how an operator sees a key: its [StoredStatus] refined by its
+// lease and its expiry. [KeyRecord.State] computes it; the CLI's and
+// [KeyQuery]'s state filters take it.
 type KeyState string
 
 const (
@@ -202,7 +206,7 @@ const (
 	KeyStateRunning KeyState = "running"
 	// KeyStateStale: unfinished and nobody holds it (released after a failed
 	// attempt, or its holder died and the lease expired). The next client
-	// retry, or the completer, resumes it; past its flow's AbandonAfter
+	// retry, or the completer, resumes it; past its flow's UnfinishedRetention
 	// the reaper deletes it.
 	KeyStateStale KeyState = "stale"
 	// KeyStateFinished: a response is stored and is replayed until expiry.
@@ -240,12 +244,12 @@ func ParseKeyState(s string) (KeyState, error) {
 // have it, as [KeyList.Now]).
 func (k *KeyRecord) State(now time.Time) KeyState {
 	switch k.Status {
-	case StatusFinished:
+	case StoredFinished:
 		if k.ExpiresAt != nil && !k.ExpiresAt.After(now) {
 			return KeyStateExpired
 		}
 		return KeyStateFinished
-	case StatusNeedsReconcile:
+	case StoredNeedsReconcile:
 		return KeyStateNeedsReconcile
 	}
 	if k.Locked(now) {
