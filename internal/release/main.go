@@ -67,6 +67,14 @@ func main() {
 			usage()
 		}
 		err = runRelease(os.Stdout, fl.Arg(0), *dryRun)
+	case "pin":
+		fl := flag.NewFlagSet("pin", flag.ExitOnError)
+		dryRun := fl.Bool("dry-run", false, "print what pinning would change and change nothing")
+		_ = fl.Parse(os.Args[2:])
+		if fl.NArg() != 0 {
+			usage()
+		}
+		err = runPin(os.Stdout, *dryRun)
 	default:
 		usage()
 	}
@@ -77,7 +85,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: go run ./internal/release proxy DIR\n       go run ./internal/release release [-dry-run] vX.Y.Z")
+	fmt.Fprintln(os.Stderr, "usage: go run ./internal/release proxy DIR\n       go run ./internal/release release [-dry-run] vX.Y.Z\n       go run ./internal/release pin [-dry-run]")
 	os.Exit(2)
 }
 
@@ -90,7 +98,10 @@ func runProxy(dir string) error {
 	if err != nil {
 		return err
 	}
-	return addReleases(proxyDir(dir), repo, rs)
+	if err := addReleases(proxyDir(dir), repo, rs); err != nil {
+		return err
+	}
+	return addPinned(proxyDir(dir), repo, rs)
 }
 
 func runRelease(w io.Writer, version string, dryRun bool) error {
