@@ -66,8 +66,9 @@ type KeyRecord struct {
 	// keeps of it), kept so the request can be re-driven server-side
 	// without the client. It is always the plain JSON once read, however it
 	// is stored. Records that carry no payload leave it nil: a finished
-	// key's from Store.Acquire (and so Outcome.Record of a replay), and
-	// listings and claims without it (see Store.ListKeys, Store.ClaimIdle).
+	// key's from idemdriver.Store.Acquire (and so idem.Outcome.Record of a
+	// replay), and listings and claims without it (see
+	// idemdriver.Store.ListKeys and ClaimIdle).
 	Params json.RawMessage `db:"params" json:"params"`
 	// ParamsKeyID names the key of the store's keyring that seals Params at
 	// rest (pgstore.Config.Keyring); empty when it is stored in the clear.
@@ -149,7 +150,7 @@ func (k *KeyRecord) DownstreamKey(phase string) string {
 }
 
 // SameRequest reports whether a request with these fingerprints (see
-// AcquireParams.Fingerprints) is the one the key was created for, flow,
+// idemdriver.AcquireParams.Fingerprints) is the one the key was created for, flow,
 // method and path aside.
 func (k *KeyRecord) SameRequest(fingerprints [][]byte) bool {
 	return slices.ContainsFunc(fingerprints, func(fp []byte) bool { return bytes.Equal(k.Fingerprint, fp) })

@@ -20,8 +20,9 @@ import (
 //     that request, so a fingerprint key rotates the same way.
 //
 // Either way, keep the keys as secret as a password pepper, and keep an old
-// key until every value made with it is gone: the longest of Retention and
-// UnfinishedRetention after the rotation.
+// key until every value made with it is gone: the longest of idem's
+// Retention and UnfinishedRetention (Config and FlowConfig) after the
+// rotation.
 type Keyring struct {
 	// Current is the id of the key new values are made with; it must be in
 	// Keys.

@@ -4,8 +4,8 @@
 // the acquisition function idem_acquire, which a migration creates
 // (migrations/sql/0007_v02_format.up.sql). Every error that comes back
 // from the driver passes through one function, mapError, which
-// turns connection failures into idemdriver.ErrStoreUnavailable and serialization
-// failures and deadlocks into idemdriver.ErrSerialization. The tables must exist:
+// turns connection failures into idemtype.ErrStoreUnavailable and serialization
+// failures and deadlocks into idemtype.ErrSerialization. The tables must exist:
 // apply the migrations package first.
 //
 //	pool, _ := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
