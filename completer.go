@@ -10,7 +10,7 @@ import (
 	"github.com/go-idem/idem/idemtype"
 )
 
-// The completer finishes requests their clients abandoned. A client that
+// The completer finishes requests whose clients gave up. A client that
 // timed out and never retried leaves its key unfinished: a ride created but
 // not charged, a charge made but no receipt. The completer finds such keys
 // (status running, nobody holding them, no run for IdleFor) and drives each

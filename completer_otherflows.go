@@ -10,8 +10,8 @@ import (
 // of flows this runner does not know (missing from Config.Flows): the
 // completer never claims them, so a request of such a flow whose client
 // does not retry stays unfinished, with whatever its committed phases did
-// (a charge row pending), until it is reaped as abandoned. A store that
-// cannot count them, or fails to, leaves the pass as it was.
+// (a charge row pending), until the reaper deletes it (UnfinishedRetention).
+// A store that cannot count them, or fails to, leaves the pass as it was.
 func (r *Runner) warnOtherFlows(ctx context.Context) {
 	counter, ok := r.store.(idemdriver.OtherFlowsCounter)
 	if !ok {

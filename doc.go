@@ -94,7 +94,8 @@
 // as an http.Handler with the Idempotency-Key contract; idemtest crashes a flow
 // at every phase boundary and checks that nothing ran twice. The maintenance
 // services (Runner.Reap, Runner.Complete, Runner.ReconcileAll, Maintainer)
-// reap expired keys, complete abandoned requests and run reconciliation;
+// reap expired keys, complete requests whose clients gave up and run
+// reconciliation;
 // Runner.Start runs them all in the background and Runner.Stop stops them.
 // docs/design.md describes the state machine in full.
 package idem

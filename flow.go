@@ -16,8 +16,8 @@ import (
 // goes through. In is the decoded input every phase sees through
 // [Attempt.Input]; it must survive a JSON round trip, because the runner
 // stores it (or what FlowConfig.Store keeps of it) as JSON to re-drive
-// abandoned requests. The fingerprint that binds a key to its request is
-// taken over what the client sent (Request.Payload), not over In, so In may
+// requests whose clients gave up. The fingerprint that binds a key to its
+// request is taken over what the client sent (Request.Payload), not over In, so In may
 // change between releases: stored inputs are decoded into the In of the
 // running release tolerantly (a field added since gets its zero value, a
 // member removed is ignored).
@@ -64,7 +64,7 @@ type FlowConfig[In any] struct {
 	// NoRedrive says that what Store keeps cannot re-drive the flow: its
 	// phases need what it drops. The completer then never picks up this
 	// flow's keys; an unfinished key waits for its client's retry, which
-	// brings the whole input, or is abandoned (UnfinishedRetention). A reconcile
+	// brings the whole input, or is deleted (UnfinishedRetention). A reconcile
 	// run still settles a phase in doubt (its hook sees the stored input),
 	// then leaves the key for the client's retry instead of running later
 	// phases, and says so with ErrNoRedrive.

@@ -73,7 +73,7 @@ func (r *Runner) GetKey(ctx context.Context, scope, key string) (*idemtype.KeyRe
 //
 // Unlocking cannot stop a foreign call already on the wire: a worker that
 // was wedged inside a not-idempotent call may still complete it. Before a
-// reconcile run decides such a key was "not done", make sure the old worker
+// reconcile run decides such a call did not happen, make sure the old worker
 // is gone (its process dead, or its call's own timeout passed).
 //
 // A finished key is returned unchanged with Unlocked false.

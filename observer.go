@@ -147,7 +147,7 @@ const (
 	EventReaped           EventKind = "reaped"            // Count: expired finished keys deleted
 	EventReapedUnfinished EventKind = "reaped_unfinished" // Count: unfinished keys past their UnfinishedRetention deleted
 	EventTooManyKeys      EventKind = "too_many_keys"     // Config.Admit refused a new key
-	EventCompleted        EventKind = "completed"         // an abandoned request was driven to a response
+	EventCompleted        EventKind = "completed"         // a request whose client gave up was driven to a response
 	EventUnresumable      EventKind = "unresumable"       // Count: keys at Phase (a recovery point) this binary cannot resume (Runner.CheckResumable)
 )
 

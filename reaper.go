@@ -19,13 +19,13 @@ import (
 // reapers carry on around it: two application instances reaping at once
 // delete disjoint batches.
 //
-// Then it ends abandoned keys: an unfinished key (status running) created
+// Then it deletes old unfinished keys: a key in status running created
 // longer ago than its flow's UnfinishedRetention (Config.UnfinishedRetention, 7 days by
 // default, or FlowConfig.UnfinishedRetention) is deleted the same way, in batches,
 // unless a live lease holds it. Its request keeps failing, or its client gave
 // up and nothing finished it: without this such keys would stay forever. A
-// request with an abandoned key afterwards runs as a new request, from the
-// first phase. A key in needs_reconcile is never abandoned, and neither is a
+// request with a deleted key afterwards runs as a new request, from the
+// first phase. A key in needs_reconcile is never deleted this way, nor is a
 // key whose not-idempotent call is in doubt (its foreign mark stands: the
 // process died after the call, before the phase committed): deleting it
 // would let the next request repeat the call. The reaper moves such a key to

@@ -12,7 +12,7 @@ func (r *Runner) Retention(flow AnyFlow) time.Duration {
 }
 
 // UnfinishedRetention is how long after its creation an unfinished key of flow is
-// abandoned (deleted, so that the request runs anew from its first phase):
+// deleted, so that the request runs anew from its first phase:
 // the flow's FlowConfig.UnfinishedRetention, else Config.UnfinishedRetention. Negative:
 // never.
 func (r *Runner) UnfinishedRetention(flow AnyFlow) time.Duration {

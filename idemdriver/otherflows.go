@@ -11,7 +11,7 @@ type FlowKeys struct {
 // OtherFlowsCounter is what a store may implement so that the completer
 // can name the flows it cannot finish: keys of a flow missing from the
 // runner's Config.Flows are never claimed, and would otherwise wait,
-// silently, until they are reaped as abandoned.
+// silently, until the reaper deletes them (UnfinishedRetention).
 type OtherFlowsCounter interface {
 	// RunningKeysOfOtherFlows counts, by flow, the keys in StoredRunning
 	// of every flow not in known, reading only unfinished rows.

@@ -270,7 +270,7 @@ type OperationsStore interface {
 	Reap(ctx context.Context, p ReapParams) (int, error)
 
 	// ReapUnfinished ends one batch of at most p.Limit keys in
-	// StoredRunning created longer ago than their flow's abandonment age:
+	// StoredRunning created longer ago than their flow's UnfinishedRetention:
 	// it deletes them, except that a key whose foreign mark stands (a
 	// not-idempotent call in doubt) is moved to StoredNeedsReconcile
 	// instead, never deleted. It never touches a key a live lease holds or
@@ -305,9 +305,9 @@ type UnfinishedKeys struct {
 
 // ReapUnfinishedResult is what one batch of [Store.ReapUnfinished] did.
 type ReapUnfinishedResult struct {
-	// Deleted counts the abandoned keys deleted.
+	// Deleted counts the unfinished keys deleted.
 	Deleted int
-	// NeedsReconcile counts the abandoned keys moved to
+	// NeedsReconcile counts the unfinished keys moved to
 	// StoredNeedsReconcile because their not-idempotent call is in doubt.
 	NeedsReconcile int
 }
@@ -352,7 +352,7 @@ type ClaimIdleParams struct {
 
 // ReapUnfinishedParams are the inputs of [Store.ReapUnfinished].
 type ReapUnfinishedParams struct {
-	// After is how long after its creation an unfinished key is abandoned,
+	// After is how long after its creation an unfinished key is deleted,
 	// for flows FlowAfter does not name; negative: never.
 	After time.Duration
 	// FlowAfter gives flows ages of their own; a negative one keeps the

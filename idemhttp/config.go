@@ -87,9 +87,10 @@ type Config[In any] struct {
 	// a retry that resumes a request would see other values than its first
 	// attempt did. Phases get such data from the request's context, which the
 	// handler passes through (its values, not its cancellation or
-	// deadline). The completer re-drives an abandoned request without that
-	// context, so a phase must not depend on it: what it cannot do without
-	// (the tenant, say) belongs in the key's scope or in the input.
+	// deadline). The completer re-drives a request whose client gave up
+	// without that context, so a phase must not depend on it: what it cannot
+	// do without (the tenant, say) belongs in the key's scope or in the
+	// input.
 	//
 	// An error answers 500 (ProblemInternal), unless it is a *Problem, which
 	// is written as it is, or wraps idem.ErrStoreUnavailable, which answers

@@ -171,7 +171,7 @@ type WebhookConfig struct {
 	// no 2xx for. NewWebhook refuses a flow whose finished keys the runner
 	// keeps for less (runner.Retention: FlowConfig.Retention, else
 	// Config.Retention, 24 h by default), or whose unfinished keys it
-	// abandons sooner (runner.UnfinishedRetention): a redelivery after that
+	// deletes sooner (runner.UnfinishedRetention): a redelivery after that
 	// would run the event again. Default RedeliveryWindowDefault, 72 h
 	// (Stripe's three days).
 	RedeliveryWindow time.Duration

@@ -139,8 +139,8 @@
 // which survives every simulated crash. It explores the
 // path Input takes; explore each other path (a decline, a validation
 // failure) with an Input that takes it. And it trusts a reconcile hook's
-// verdict: a hook that says "not done" about a message that was sent makes
-// the runner send it again, which again only Check can notice.
+// verdict: a hook that says "not happened" about a message that was sent
+// makes the runner send it again, which again only Check can notice.
 //
 // docs/testing.md in the repository walks through a failure report.
 package idemtest
