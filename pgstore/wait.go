@@ -72,10 +72,11 @@ const (
 )
 
 var (
-	// WaitAuto (the default) LISTENs on the schema's channel (see channel)
-	// on a connection of its own with db's configuration, opened on the
-	// first wait and closed by Close, and checks each watched key every
-	// listenRecheck (5 s) and at its lease's expiry. It polls instead (every
+	// WaitAuto (the default) LISTENs on the schema's channel
+	// ("idem_finished:" and the schema's name, or its md5 when that is too
+	// long) on a connection of its own with db's configuration, opened on
+	// the first wait and closed by Close, and checks each watched key every
+	// 5 s and at its lease's expiry. It polls instead (every
 	// 100 ms, backing off to 1 s) while that connection is down, for good
 	// behind a connection pooler in transaction mode (detected on the first
 	// wait), where LISTEN does not work, when db is not a *pgxpool.Pool,
