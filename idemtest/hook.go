@@ -13,20 +13,40 @@ import (
 // own; WithHook sets one by hand. Package idem does not export it: only
 // tests reach it, through this package.
 type (
-	// HookPoint says where a hook is being called: the flow, phase,
-	// attempt and key, and at a foreign call its name and downstream key.
+	// HookPoint says where a hook is being called. Its fields: Where (a
+	// HookWhere), Flow, Phase and Attempt; Key, the *idemtype.KeyRecord as
+	// the runner knows it there; ForeignKind, the phase's declared
+	// idem.ForeignKind as an int (compare with
+	// idem.ForeignKind(at.ForeignKind) == idem.ForeignNotIdempotent);
+	// Foreign and DownstreamKey, the foreign call's name and the key it
+	// receives, at HookBeforeForeign and HookAfterForeign; Err, the refusal
+	// at HookForeignRefused.
 	HookPoint = hooks.Point
 	// HookWhere names a point in a phase's life.
 	HookWhere = hooks.Where
 )
 
-// The points of a phase's life, in order (see hooks.Where for each).
+// The points of a phase's life, in order. Phases joined by
+// Phase.JoinPrevious pass them too, around the transaction they share.
 const (
-	HookPhaseStart     = hooks.PhaseStart
-	HookBeforeForeign  = hooks.BeforeForeign
-	HookAfterForeign   = hooks.AfterForeign
-	HookBeforeCommit   = hooks.BeforeCommit
-	HookAfterCommit    = hooks.AfterCommit
+	// HookPhaseStart: the phase's transaction has begun; its body has not
+	// run.
+	HookPhaseStart = hooks.PhaseStart
+	// HookBeforeForeign: the phase is about to make its foreign call (a
+	// not-idempotent phase has recorded its mark); the call has not been
+	// made.
+	HookBeforeForeign = hooks.BeforeForeign
+	// HookAfterForeign: the foreign call has returned; the phase has not
+	// committed.
+	HookAfterForeign = hooks.AfterForeign
+	// HookBeforeCommit: the phase's body returned; the guarded commit has
+	// not been sent.
+	HookBeforeCommit = hooks.BeforeCommit
+	// HookAfterCommit: the phase committed; the caller has not been told.
+	HookAfterCommit = hooks.AfterCommit
+	// HookForeignRefused: the runner refused a second foreign call in the
+	// phase's transaction (idem.ErrSecondForeignCall); the call was not
+	// made.
 	HookForeignRefused = hooks.ForeignRefused
 )
 
