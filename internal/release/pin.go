@@ -212,4 +212,3 @@ func addPinned(p proxyDir, repo string, rs []release) error {
 	}
 	return nil
 }
-
