@@ -9,7 +9,10 @@ import (
 )
 
 // OutcomeKind is what running a request came to. It is derived from the
-// returned error: each kind below names the sentinel that yields it.
+// returned error: each kind below names the sentinel that yields it. One
+// kind is not exported: a crash that a test hook simulated (idemtest) comes
+// back as "simulated_crash", which errors.Is(err, idemtest.ErrSimulatedCrash)
+// recognises.
 type OutcomeKind string
 
 const (
