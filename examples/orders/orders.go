@@ -6,7 +6,7 @@
 // one of them runs inside a phase through db.New(tx), so it commits with the
 // phase's recovery point or not at all. The tenant comes from the key's
 // scope (Attempt.Key().Scope), never from the request's context, because
-// the completer re-drives an abandoned request without one. The order
+// the completer re-drives a request whose client gave up without one. The order
 // records the key that created it in a nullable foreign-key column, which
 // sqlc types pgtype.Int8. docs/pgx-sqlc.md explains each choice.
 package orders
