@@ -14,13 +14,15 @@ import (
 // queries holds every statement of the store, rendered once for the
 // configured schema.
 //
-// A key is two rows: its progress row in idem_keys (the request, the
-// recovery point, checkpoint data, the response and the fence) and its lease
-// row in idem_leases (the lease and the foreign mark, with a copy of the
-// fence). A phase's guarded commit updates only the progress row; heartbeats
-// and foreign marks update only the lease row, so under repeatable read and
-// serializable they never make the row the commit updates newer than the
-// phase's snapshot. Statements that move the fence (acquisition, takeover,
+// A key is its progress row in idem_keys (the request, the recovery point,
+// checkpoint data, the response, the fence and the key's first lease) and,
+// once something writes its lease, its lease row in idem_leases (the lease
+// and the foreign mark, with a copy of the fence), which from then on holds
+// the lease (leaseCol). A phase's guarded commit updates only the progress
+// row; heartbeats and foreign marks write only the lease row (making it from
+// the progress row, which they read and never lock), so under repeatable
+// read and serializable they never make the row the commit updates newer
+// than the phase's snapshot. Statements that move the fence (takeover,
 // reconcile claims, forced unlocks) write both rows, the progress row first:
 // every statement that locks both locks them in that order.
 //
