@@ -46,6 +46,7 @@ import (
 	"time"
 
 	"golang.org/x/mod/semver"
+	"golang.org/x/mod/zip"
 )
 
 func main() {
@@ -208,33 +209,9 @@ func runRelease(w io.Writer, version string, dryRun bool) error {
 	if dryRun {
 		fmt.Fprintf(w, "would commit: Release %s\n", version)
 	}
-	var changed []string
-	for _, dir := range mods {
-		out, err := prepare(files, dir, version, filepath.Join(tmp, "modules"), env)
-		if err != nil {
-			return err
-		}
-		for _, name := range []string{"go.mod", "go.sum"} {
-			rel := filepath.Join(dir, name)
-			data, err := os.ReadFile(filepath.Join(out, name))
-			if err != nil {
-				return err
-			}
-			if dryRun {
-				old, err := os.ReadFile(filepath.Join(repo, rel))
-				if err != nil {
-					return err
-				}
-				if err := diff(w, tmp, rel, old, data); err != nil {
-					return err
-				}
-				continue
-			}
-			if err := os.WriteFile(filepath.Join(repo, rel), data, 0o644); err != nil {
-				return err
-			}
-			changed = append(changed, rel)
-		}
+	changed, err := requireVersion(w, repo, files, mods, version, tmp, env, dryRun)
+	if err != nil {
+		return err
 	}
 	line := fmt.Sprintf("%s %s\n", version, base)
 	tagged := "THE_RELEASE_COMMIT"
@@ -268,6 +245,42 @@ func runRelease(w io.Writer, version string, dryRun bool) error {
 	}
 	fmt.Fprintf(w, "  git push origin %s\n", strings.Join(tags, " "))
 	return nil
+}
+
+// requireVersion makes each module of mods require the library at version,
+// tidied against env's proxy (see prepare), and writes their go.mod and
+// go.sum into the repository, which it returns; with dryRun it prints the
+// diffs instead and writes nothing.
+func requireVersion(w io.Writer, repo string, files []zip.File, mods []string, version, tmp string, env []string, dryRun bool) ([]string, error) {
+	var changed []string
+	for _, dir := range mods {
+		out, err := prepare(files, dir, version, filepath.Join(tmp, "modules"), env)
+		if err != nil {
+			return nil, err
+		}
+		for _, name := range []string{"go.mod", "go.sum"} {
+			rel := filepath.Join(dir, name)
+			data, err := os.ReadFile(filepath.Join(out, name))
+			if err != nil {
+				return nil, err
+			}
+			if dryRun {
+				old, err := os.ReadFile(filepath.Join(repo, rel))
+				if err != nil {
+					return nil, err
+				}
+				if err := diff(w, tmp, rel, old, data); err != nil {
+					return nil, err
+				}
+				continue
+			}
+			if err := os.WriteFile(filepath.Join(repo, rel), data, 0o644); err != nil {
+				return nil, err
+			}
+			changed = append(changed, rel)
+		}
+	}
+	return changed, nil
 }
 
 func revParse(repo, rev string) (string, error) {

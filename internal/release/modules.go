@@ -460,8 +460,8 @@ func readModFile(name string) (*modfile.File, error) {
 
 // workForRelease is go.work (data) with the library replaced by the
 // work tree at last (the latest release, which the modules require until
-// the release commit) and at version (which they require after it), and
-// at no other version.
+// the release commit) and at version (which they require after it, a
+// release's or a pin's), and at no other version.
 func workForRelease(data []byte, last, version string) ([]byte, error) {
 	wf, err := modfile.ParseWork("go.work", data, nil)
 	if err != nil {

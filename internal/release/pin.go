@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"time"
 
 	"golang.org/x/mod/module"
 	"golang.org/x/mod/semver"
@@ -117,7 +116,7 @@ func runPin(w io.Writer, dryRun bool) error {
 	if err != nil {
 		return err
 	}
-	newWork, err := workForPin(work, last, version)
+	newWork, err := workForRelease(work, last, version)
 	if err != nil {
 		return err
 	}
@@ -137,7 +136,6 @@ func runPin(w io.Writer, dryRun bool) error {
 	if err != nil {
 		return err
 	}
-	changed := []string{"go.work"}
 	if dryRun {
 		if err := diff(w, tmp, "go.work", work, newWork); err != nil {
 			return err
@@ -145,33 +143,11 @@ func runPin(w io.Writer, dryRun bool) error {
 	} else if err := os.WriteFile(filepath.Join(repo, "go.work"), newWork, 0o644); err != nil {
 		return err
 	}
-	for _, dir := range mods {
-		out, err := prepare(files, dir, version, filepath.Join(tmp, "modules"), env)
-		if err != nil {
-			return err
-		}
-		for _, name := range []string{"go.mod", "go.sum"} {
-			rel := filepath.Join(dir, name)
-			data, err := os.ReadFile(filepath.Join(out, name))
-			if err != nil {
-				return err
-			}
-			if dryRun {
-				old, err := os.ReadFile(filepath.Join(repo, rel))
-				if err != nil {
-					return err
-				}
-				if err := diff(w, tmp, rel, old, data); err != nil {
-					return err
-				}
-				continue
-			}
-			if err := os.WriteFile(filepath.Join(repo, rel), data, 0o644); err != nil {
-				return err
-			}
-			changed = append(changed, rel)
-		}
+	changed, err := requireVersion(w, repo, files, mods, version, tmp, env, dryRun)
+	if err != nil {
+		return err
 	}
+	changed = append(changed, "go.work")
 	if dryRun {
 		fmt.Fprintf(w, "would commit: the modules require %s %s\n", rootPath, version)
 		return nil
@@ -180,35 +156,12 @@ func runPin(w io.Writer, dryRun bool) error {
 	return err
 }
 
-// workForPin is go.work (data) with the library replaced by the work tree
-// at last (the latest release) and at version, and at no other version.
-func workForPin(data []byte, last, version string) ([]byte, error) {
-	return workForRelease(data, last, version)
-}
-
 // addPinned serves the library at every pseudo-version the modules
-// require, each made from its commit.
+// require, each made from its commit, as addReleases serves releases.
 func addPinned(p proxyDir, repo string, rs []release) error {
 	pins, err := pinned(repo, rs)
 	if err != nil {
 		return err
 	}
-	for _, r := range pins {
-		files, err := commitFiles(repo, r.Commit)
-		if err != nil {
-			return fmt.Errorf("%s: %w", r.Version, err)
-		}
-		z, err := moduleZip(rootPath, r.Version, files)
-		if err != nil {
-			return fmt.Errorf("%s: %w", r.Version, err)
-		}
-		at, err := module.PseudoVersionTime(r.Version)
-		if err != nil {
-			return err
-		}
-		if err := p.add(rootPath, r.Version, z, at.In(time.UTC)); err != nil {
-			return err
-		}
-	}
-	return nil
+	return addReleases(p, repo, pins)
 }
