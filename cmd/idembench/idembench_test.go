@@ -421,7 +421,7 @@ func TestPrewarm(t *testing.T) {
 	e := testEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	require.NoError(t, generateKeys(ctx, e, "idem_keys", 1, 300, 1, 30, t.Logf))
+	require.NoError(t, generateKeys(ctx, e.pool, "idem_keys", 1, 300, 1, 30, t.Logf))
 	_, err := e.pool.Exec(ctx, "VACUUM (ANALYZE) idem_keys")
 	require.NoError(t, err)
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idem/idem"
 	"github.com/go-idem/idem/idemdriver"
@@ -85,6 +86,15 @@ func measureScale(ctx context.Context, e *env, cfg scaleConfig, logf func(string
 		return nil, err
 	}
 	defer store.Close()
+	// The bulk load runs on a pool of its own: a connection of e.pool that
+	// the store ran a phase on keeps the phase statement timeout for its
+	// session (pgstore sets it once per connection), which would cancel the
+	// load's long statements.
+	bulk, err := e.newPool(ctx, 2, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer bulk.Close()
 	rep := &scaleReport{Config: cfg}
 	pw, err := newPrewarmer(ctx, e)
 	if err != nil {
@@ -99,10 +109,10 @@ func measureScale(ctx context.Context, e *env, cfg scaleConfig, logf func(string
 	expiredFrom, expiredTo := int64(cfg.Small)+1, int64(cfg.Small+cfg.Expired)
 
 	started := time.Now()
-	if err := generateKeys(ctx, e, table, 1, int64(cfg.Small), expiredFrom, expiredTo, logf); err != nil {
+	if err := generateKeys(ctx, bulk, table, 1, int64(cfg.Small), expiredFrom, expiredTo, logf); err != nil {
 		return nil, err
 	}
-	if _, err := e.pool.Exec(ctx, "VACUUM (ANALYZE) "+table); err != nil {
+	if _, err := bulk.Exec(ctx, "VACUUM (ANALYZE) "+table); err != nil {
 		return nil, err
 	}
 	smallTook := time.Since(started)
@@ -115,7 +125,7 @@ func measureScale(ctx context.Context, e *env, cfg scaleConfig, logf func(string
 	small.Label = fmt.Sprintf("%s rows", humanCount(cfg.Small))
 	rep.Points = append(rep.Points, small)
 
-	took, steps, err := growKeys(ctx, e, table, int64(cfg.Small)+1, int64(cfg.Large), expiredFrom, expiredTo, logf)
+	took, steps, err := growKeys(ctx, bulk, table, int64(cfg.Small)+1, int64(cfg.Large), expiredFrom, expiredTo, logf)
 	if err != nil {
 		return nil, err
 	}
@@ -185,7 +195,7 @@ func measureScale(ctx context.Context, e *env, cfg scaleConfig, logf func(string
 // finish times over the last 20 hours; keys numbered within
 // expiredFrom..expiredTo finished 25 hours ago and have expired. Chunks of
 // half a million rows are inserted by two connections at once.
-func generateKeys(ctx context.Context, e *env, table string, from, to, expiredFrom, expiredTo int64, logf func(string, ...any)) error {
+func generateKeys(ctx context.Context, db *pgxpool.Pool, table string, from, to, expiredFrom, expiredTo int64, logf func(string, ...any)) error {
 	// One md5 per row feeds the key (as a UUID), the scope (its last 32
 	// bits), the fingerprint and the charge id.
 	const sql = `
@@ -212,7 +222,7 @@ CROSS JOIN LATERAL (SELECT CASE WHEN i BETWEEN $3 AND $4
 		lo := from + int64(c)*chunk
 		hi := min(lo+chunk-1, to)
 		began := time.Now()
-		if _, err := e.pool.Exec(ctx, fmt.Sprintf(sql, table), lo, hi, expiredFrom, expiredTo); err != nil {
+		if _, err := db.Exec(ctx, fmt.Sprintf(sql, table), lo, hi, expiredFrom, expiredTo); err != nil {
 			return fmt.Errorf("generate keys %d-%d: %w", lo, hi, err)
 		}
 		if n > 1 {
@@ -226,7 +236,7 @@ CROSS JOIN LATERAL (SELECT CASE WHEN i BETWEEN $3 AND $4
 // indexes are dropped, the rows inserted, and the indexes built again from
 // their own definitions; then VACUUM ANALYZE, as autovacuum would have done
 // to a table that grew over months. It returns the time it all took.
-func growKeys(ctx context.Context, e *env, table string, from, to, expiredFrom, expiredTo int64, logf func(string, ...any)) (time.Duration, []string, error) {
+func growKeys(ctx context.Context, db *pgxpool.Pool, table string, from, to, expiredFrom, expiredTo int64, logf func(string, ...any)) (time.Duration, []string, error) {
 	began := time.Now()
 	var steps []string
 	step := func(what string, since time.Time) {
@@ -234,7 +244,7 @@ func growKeys(ctx context.Context, e *env, table string, from, to, expiredFrom, 
 		steps = append(steps, fmt.Sprintf("%s: %s", what, d))
 		logf("idembench: %s in %s", what, d)
 	}
-	conn, err := e.pool.Acquire(ctx)
+	conn, err := db.Acquire(ctx)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -278,7 +288,7 @@ func growKeys(ctx context.Context, e *env, table string, from, to, expiredFrom, 
 		}
 	}
 	t := time.Now()
-	if err := generateKeys(ctx, e, table, from, to, expiredFrom, expiredTo, logf); err != nil {
+	if err := generateKeys(ctx, db, table, from, to, expiredFrom, expiredTo, logf); err != nil {
 		return 0, nil, err
 	}
 	step(fmt.Sprintf("insert %s rows", humanCount(int(to-from+1))), t)
