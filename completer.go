@@ -143,7 +143,7 @@ func (r *Runner) Complete(ctx context.Context, config *CompleteConfig) (*Complet
 		case OutcomeExecuted:
 			res.Completed++
 			r.emit(ctx, Event{Kind: EventCompleted, Flow: rec.Flow, Scope: rec.Scope, Key: rec.Key, Duration: time.Since(started)})
-			log.InfoContext(ctx, "idem: completed an abandoned request", "status", out.Response.Status, "resumed_after", rec.RecoveryPoint)
+			log.InfoContext(ctx, "idem: completed a request its client left unfinished", "status", out.Response.Status, "resumed_after", rec.RecoveryPoint)
 		case OutcomeReplayed, OutcomeInProgress:
 			res.Skipped++
 			log.DebugContext(ctx, "idem: completer found the key taken care of", "outcome", out.Kind)

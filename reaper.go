@@ -213,7 +213,7 @@ func (r *Runner) reapAbandoned(ctx context.Context, cfg *ReapConfig, res *ReapRe
 	res.NeedsReconcile += parked
 	switch {
 	case err != nil && ctx.Err() == nil:
-		return fmt.Errorf("reap abandoned keys: %w", err)
+		return fmt.Errorf("reap unfinished keys: %w", err)
 	case err != nil:
 		return err
 	}

@@ -442,7 +442,7 @@ var commands = []*command{
 	},
 	{
 		name: "complete", args: "[--idle-for DURATION] [--max-keys N] [flags]", needsDB: true, needsFlows: true,
-		summary: "finish abandoned requests server-side (needs the application's flows)",
+		summary: "finish requests their clients left unfinished, server-side (needs the application's flows)",
 		help: "Runs one completer pass: every unfinished key of a registered flow that nobody holds and that\n" +
 			"has not run for --idle-for is driven to its response from its stored params, through the flow's\n" +
 			"phases, exactly as a client retry would; the response is stored for the client's next retry.\n" +

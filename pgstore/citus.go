@@ -113,7 +113,7 @@ func (s *Store) reapAbandonedCitus(ctx context.Context, p idemdriver.ReapUnfinis
 		clock     time.Time
 	}
 	var cands []candidate
-	err := s.inBatchTx(ctx, "reap abandoned keys", p.StatementTimeout, func(tx pgx.Tx) error {
+	err := s.inBatchTx(ctx, "reap unfinished keys", p.StatementTimeout, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, s.q.reapAbandonedCandidates, p.Now, after, flows, ages, p.Limit)
 		if err != nil {
 			return err

@@ -245,7 +245,7 @@ func TestEveryLeaseReaderReadsTheFirstLease(t *testing.T) {
 			require.Empty(t, claimed, "not claimed by the completer")
 			reaped, err := other.ReapUnfinished(ctx, idemdriver.ReapUnfinishedParams{After: time.Microsecond, Limit: 10})
 			require.NoError(t, err)
-			require.Zero(t, reaped.Deleted+reaped.NeedsReconcile, "not abandoned")
+			require.Zero(t, reaped.Deleted+reaped.NeedsReconcile, "not reaped")
 			over, left, err := other.markWaited(ctx, ref)
 			require.NoError(t, err)
 			require.False(t, over, "a waiter waits")
@@ -286,7 +286,7 @@ func TestEveryLeaseReaderReadsTheFirstLease(t *testing.T) {
 			require.ElementsMatch(t, []string{"held", "claimed", "abandoned"}, keys, "the completer claims the keys nobody holds")
 			reaped, err = other.ReapUnfinished(ctx, idemdriver.ReapUnfinishedParams{After: time.Hour, Limit: 10, Now: &later})
 			require.NoError(t, err)
-			require.Equal(t, 3, reaped.Deleted, "the keys nobody holds are abandoned, not the one just taken")
+			require.Equal(t, 3, reaped.Deleted, "the keys nobody holds are reaped, not the one just taken")
 		})
 	}
 }

@@ -221,7 +221,7 @@ func (s *Store) checkSchema(schema, prefix string) error {
 		return nil
 	}
 	if !found {
-		return fmt.Errorf("%w: %sidem_migrations does not exist; apply the migrations first (migrations.Up, or `idem migrate up`)", ErrSchema, prefix)
+		return fmt.Errorf("%w: %sidem_migrations does not exist; apply the migrations first ((*migrations.Migrator).Up, or `idem migrate up`)", ErrSchema, prefix)
 	}
 	m, err := migrations.New(s.control, &migrations.Config{Schema: schema})
 	if err != nil {
@@ -640,7 +640,7 @@ func (s *Store) Reap(ctx context.Context, p idemdriver.ReapParams) (int, error) 
 // ReapUnfinished implements idemdriver.Store, as Reap does.
 func (s *Store) ReapUnfinished(ctx context.Context, p idemdriver.ReapUnfinishedParams) (idemdriver.ReapUnfinishedResult, error) {
 	if p.Limit <= 0 {
-		return idemdriver.ReapUnfinishedResult{}, fmt.Errorf("%w: reap abandoned keys: Limit %d must be positive", idemtype.ErrInvalidRequest, p.Limit)
+		return idemdriver.ReapUnfinishedResult{}, fmt.Errorf("%w: reap unfinished keys: Limit %d must be positive", idemtype.ErrInvalidRequest, p.Limit)
 	}
 	// Ages travel in microseconds; a negative one (never) stays negative
 	// however short it is.
@@ -658,7 +658,7 @@ func (s *Store) ReapUnfinished(ctx context.Context, p idemdriver.ReapUnfinishedP
 		return s.reapAbandonedCitus(ctx, p, micros(p.After), flows, ages)
 	}
 	var res idemdriver.ReapUnfinishedResult
-	err := s.inBatchTx(ctx, "reap abandoned keys", p.StatementTimeout, func(tx pgx.Tx) error {
+	err := s.inBatchTx(ctx, "reap unfinished keys", p.StatementTimeout, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, s.q.leaseRowsAbandoned, p.Now, micros(p.After), flows, ages, p.Limit); err != nil {
 			return err
 		}
