@@ -282,14 +282,7 @@ func TestMonitorStates(t *testing.T) {
 
 	// A request whose attempt failed waits, unlocked, for its retry or the
 	// completer: running, for its client.
-	failed := false
-	b.setHook("charge_created", func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
-		if failed {
-			return nil
-		}
-		failed = true
-		return errors.New("provider timed out")
-	})
+	b.failOnce("charge_created", func() error { return errors.New("provider timed out") })
 	require.Equal(t, http.StatusInternalServerError, post(rides, "r-2", rideBody).Code)
 	require.Nil(t, b.keyRow(t, "r-2").LockedAt)
 	stale := poll(rides, monitorURL+"?key=r-2", testAuth)
@@ -364,14 +357,7 @@ func TestRespondAsyncTakeoverShowsItsRecoveryPoint(t *testing.T) {
 	t.Parallel()
 	b := setup(t, idemhttp.ProfileIETF)
 	h, detached := b.asyncHandler(t, 10, func(c *idemhttp.Config[rideInput]) { c.ShowRecoveryPoint = true })
-	failed := false
-	b.setHook("charge_created", func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
-		if failed {
-			return nil
-		}
-		failed = true
-		return errors.New("provider timed out")
-	})
+	b.failOnce("charge_created", func() error { return errors.New("provider timed out") })
 	require.Equal(t, http.StatusInternalServerError, post(h, "k-1", rideBody).Code)
 	require.Equal(t, "ride_created", b.keyRow(t, "k-1").RecoveryPoint)
 

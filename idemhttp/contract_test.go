@@ -113,14 +113,7 @@ func phaseFails(name string, fail func() error) contractCase {
 	return contractCase{
 		name: name,
 		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
-			failed := false
-			b.setHook("charge_created", func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
-				if failed {
-					return nil
-				}
-				failed = true
-				return fail()
-			})
+			b.failOnce("charge_created", fail)
 			return post(b.handler(t, nil), "k-1", rideBody)
 		},
 		status: http.StatusInternalServerError, problem: idemhttp.ProblemRequestFailed, stripeType: idemhttp.StripeAPIError,
@@ -353,14 +346,7 @@ var contractCases = []contractCase{
 			mux := http.NewServeMux()
 			mux.Handle("POST /stripe", h)
 			mux.Handle("POST /ietf", h)
-			failed := false
-			b.setHook("charge_created", func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
-				if failed {
-					return nil
-				}
-				failed = true
-				return errors.New("provider timed out")
-			})
+			b.failOnce("charge_created", func() error { return errors.New("provider timed out") })
 			first := serve(mux, requestTo(http.MethodPost, "/stripe", "k-1", rideBody))
 			require.Equal(t, http.StatusInternalServerError, first.Code, first.Body.String())
 			return serve(mux, requestTo(http.MethodPost, "/ietf", "k-1", rideBody))
@@ -535,14 +521,7 @@ var contractCases = []contractCase{
 	{
 		name: "after a 500 the key stays bound to its payload",
 		serve: func(t *testing.T, b *bundle) *httptest.ResponseRecorder {
-			failed := false
-			b.setHook("charge_created", func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
-				if failed {
-					return nil
-				}
-				failed = true
-				return errors.New("provider timed out")
-			})
+			b.failOnce("charge_created", func() error { return errors.New("provider timed out") })
 			h := b.handler(t, nil)
 			first := post(h, "k-1", rideBody)
 			require.Equal(t, http.StatusInternalServerError, first.Code, first.Body.String())

@@ -59,14 +59,7 @@ func TestEveryAnswerCarriesTheKey(t *testing.T) {
 			echoes("unauthenticated", serve(h, anonymous), http.StatusUnauthorized, "k-2")
 
 			// A phase fails: 500.
-			failed := false
-			b.setHook("charge_created", func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
-				if failed {
-					return nil
-				}
-				failed = true
-				return errors.New("provider timed out")
-			})
+			b.failOnce("charge_created", func() error { return errors.New("provider timed out") })
 			echoes("failed", post(h, "k-3", rideBody), http.StatusInternalServerError, "k-3")
 
 			// In progress: 409 (429 in the Stripe profile once the wait

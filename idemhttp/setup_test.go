@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -187,6 +188,18 @@ func (b *bundle) setHook(phase string, hook func(ctx context.Context, tx idem.Tx
 		return
 	}
 	b.hooks[phase] = hook
+}
+
+// failOnce makes phase fail with fail's error the first time it runs, and
+// succeed after: a request that fails once, then is retried or completed.
+func (b *bundle) failOnce(phase string, fail func() error) {
+	var failed atomic.Bool
+	b.setHook(phase, func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
+		if failed.Swap(true) {
+			return nil
+		}
+		return fail()
+	})
 }
 
 func (b *bundle) hook(phase string) func(ctx context.Context, tx idem.Tx, run *idem.Attempt[rideInput]) error {

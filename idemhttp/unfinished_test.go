@@ -23,14 +23,7 @@ func TestFailedRequestSaysTheServerFinishesIt(t *testing.T) {
 		t.Run(profile.String(), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, profile)
-			failed := false
-			b.setHook("charge_created", func(context.Context, idem.Tx, *idem.Attempt[rideInput]) error {
-				if failed {
-					return nil
-				}
-				failed = true
-				return errors.New("provider timed out")
-			})
+			b.failOnce("charge_created", func() error { return errors.New("provider timed out") })
 			res := post(b.handler(t, nil), "k-1", rideBody)
 			require.Equal(t, http.StatusInternalServerError, res.Code, res.Body.String())
 			p := decodeProblem(t, res)
@@ -53,7 +46,7 @@ func TestFailedRequestSaysTheServerFinishesIt(t *testing.T) {
 			stays := b.rideFlow(&idem.FlowConfig[rideInput]{NoRedrive: true})
 			runner, err := idem.NewRunner(b.store, &idem.Config{Test: idem.TestConfig{Now: b.clock.Now}, Flows: []idem.AnyFlow{stays}})
 			require.NoError(t, err)
-			failed = false
+			b.failOnce("charge_created", func() error { return errors.New("provider timed out") })
 			res = post(b.handlerOn(t, runner, stays, nil), "k-2", rideBody)
 			require.Equal(t, http.StatusInternalServerError, res.Code, res.Body.String())
 			p = decodeProblem(t, res)
