@@ -3,7 +3,6 @@ package pgstore
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -93,12 +92,6 @@ func (s *Store) acquireInPlainSQL(ctx context.Context, p idemdriver.AcquireParam
 	}
 	for i, st := range steps {
 		res, err := s.acquisition(ctx, s.db, st.sql, st.args...)
-		if planChanged(err) {
-			// A migration changed what the statement returns since this
-			// connection prepared it; pgx has forgotten the statement, and
-			// the failed call did nothing. Once more, on a fresh plan.
-			res, err = s.acquisition(ctx, s.db, st.sql, st.args...)
-		}
 		switch {
 		case errors.Is(err, pgx.ErrNoRows) && st.sql == s.q.insertOrReport:
 			// An expired key to replace, or a key inserted after the
@@ -109,12 +102,8 @@ func (s *Store) acquireInPlainSQL(ctx context.Context, p idemdriver.AcquireParam
 		case errors.Is(err, ErrCannotOpen):
 			return nil, 0, err
 		case err != nil:
-			err = mapError(fmt.Errorf("pgstore: acquire: %w", err))
-			if errors.Is(err, idemtype.ErrSerialization) {
-				// A concurrent insert the snapshot cannot see, under a
-				// server default of repeatable read or serializable:
-				// idem_acquire's loop calls again with a new snapshot.
-				return nil, 1, nil
+			if err = acquireError(err); errors.Is(err, idemtype.ErrSerialization) {
+				return nil, 1, nil // idem_acquire's loop calls again
 			}
 			return nil, 0, err
 		}

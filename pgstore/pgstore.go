@@ -287,17 +287,8 @@ func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemd
 	case res != nil:
 		return s.takeOverIfAbandoned(ctx, p, res)
 	}
-	replanned := false
 	for i := sent; i < maxAcquireStatements+sent; i++ {
 		res, err := s.acquisition(ctx, s.db, s.q.acquire, args...)
-		if !replanned && planChanged(err) {
-			// A migration changed what the statement returns since this
-			// connection prepared it; pgx has forgotten the statement, and
-			// the failed call did nothing. Once more, on a fresh plan.
-			replanned = true
-			i--
-			continue
-		}
 		if errors.Is(err, pgx.ErrNoRows) {
 			if p.NoCreate {
 				// No live key; whatever a concurrent insert did, the
@@ -307,12 +298,7 @@ func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemd
 			continue
 		}
 		if err != nil {
-			err = mapError(fmt.Errorf("pgstore: acquire: %w", err))
-			if errors.Is(err, idemtype.ErrSerialization) {
-				// Under a server default of repeatable read or serializable,
-				// a concurrent insert of the same key that the call's
-				// snapshot cannot see is a serialization failure, not a
-				// conflict: the next call's snapshot sees it.
+			if err = acquireError(err); errors.Is(err, idemtype.ErrSerialization) {
 				continue
 			}
 			return nil, err
@@ -321,6 +307,15 @@ func (s *Store) Acquire(ctx context.Context, p idemdriver.AcquireParams) (*idemd
 		return s.takeOverIfAbandoned(ctx, p, res)
 	}
 	return nil, fmt.Errorf("pgstore: acquire: key %q kept appearing and disappearing under concurrent writers", p.Key)
+}
+
+// acquireError is err, an acquisition statement's failure, classified.
+// Under a server default of repeatable read or serializable, a concurrent
+// insert of the same key that the statement's snapshot cannot see is a
+// serialization failure (ErrSerialization), not a conflict: the caller
+// calls again, and the next snapshot sees it.
+func acquireError(err error) error {
+	return mapError(fmt.Errorf("pgstore: acquire: %w", err))
 }
 
 // acquireArgs are the arguments of the acquire statement for p.
@@ -364,7 +359,8 @@ func (s *Store) takeOverIfAbandoned(ctx context.Context, p idemdriver.AcquirePar
 }
 
 // acquisition runs a statement that returns (acquired, db_now, key
-// columns) and scans its one row; pgx.ErrNoRows when there is none. When the
+// columns) and scans its one row; pgx.ErrNoRows when there is none. A plan a
+// migration invalidated (planChanged) is run once more. When the
 // row's sealed values cannot be opened it returns the row as scanned with
 // the ErrCannotOpen error, so that a caller that locked it can let it go.
 func (s *Store) acquisition(ctx context.Context, db interface {
@@ -372,7 +368,14 @@ func (s *Store) acquisition(ctx context.Context, db interface {
 }, sql string, args ...any) (*idemdriver.AcquireResult, error) {
 	res := &idemdriver.AcquireResult{Record: &idemtype.KeyRecord{}}
 	dest := append([]any{&res.Acquired, &res.DBNow}, recordDest(res.Record)...)
-	if err := db.QueryRow(ctx, sql, args...).Scan(dest...); err != nil {
+	err := db.QueryRow(ctx, sql, args...).Scan(dest...)
+	if planChanged(err) {
+		// A migration changed what the statement returns since this
+		// connection prepared it; pgx has forgotten the statement, and
+		// the failed call did nothing. Once more, on a fresh plan.
+		err = db.QueryRow(ctx, sql, args...).Scan(dest...)
+	}
+	if err != nil {
 		return nil, err
 	}
 	if err := s.open(res.Record); err != nil {
