@@ -85,12 +85,25 @@ type queries struct {
 // them. A finished key shows
 // no lease and no mark, and a mark shows only while the key is still at the
 // recovery point it was made at (see the migration that made idem_leases).
-func recordColumns(k, l string) string { return recordColumnsOf(k, l, true) }
+func recordColumns(k, l string) string { return recordColumnsOf(k, l, allColumns) }
 
-// recordColumnsOf is recordColumns; without payload, the payload columns
-// (params, checkpoint, response headers and body) are NULL instead of read,
-// for listings and claims that do not show them: they can be large.
-func recordColumnsOf(k, l string, payload bool) string {
+// columnSet says which of recordColumns a statement reads.
+type columnSet int
+
+const (
+	allColumns columnSet = iota
+	// metaColumns: the payload columns (params, checkpoint, response
+	// headers and body) are NULL instead of read, for listings and claims
+	// that do not show them: they can be large.
+	metaColumns
+	// foundColumns: what an acquisition returns of a key it found; a
+	// finished key's params and checkpoint are NULL (a replay needs
+	// neither).
+	foundColumns
+)
+
+// recordColumnsOf is recordColumns with the columns of set.
+func recordColumnsOf(k, l string, set columnSet) string {
 	cols := `{k}id, {k}scope, {k}key::text AS key,
 		{k}flow::text AS flow, {k}method::text AS method, {k}path::text AS path,
 		{k}fingerprint, {k}params, {k}status::text AS status, {k}recovery_point::text AS recovery_point, {k}checkpoint,
@@ -107,9 +120,14 @@ func recordColumnsOf(k, l string, payload bool) string {
 		CASE WHEN {k}status <> 'finished' AND {holder} THEN coalesce({lease:holder_host}, '') ELSE '' END AS holder_host,
 		CASE WHEN {k}status <> 'finished' AND {holder} THEN coalesce({lease:holder_pid}, 0) ELSE 0 END AS holder_pid,
 		CASE WHEN {k}status <> 'finished' AND {holder} THEN coalesce({lease:holder_boot}, '') ELSE '' END AS holder_boot`
-	if !payload {
+	switch set {
+	case metaColumns:
 		cols = strings.NewReplacer("{k}params,", "NULL::jsonb AS params,", "{k}checkpoint,", "NULL::jsonb AS checkpoint,",
 			"coalesce({k}response_headers, '{}')", "NULL::jsonb", "{k}response_body,", "NULL::bytea AS response_body,").Replace(cols)
+	case foundColumns:
+		cols = strings.NewReplacer(
+			"{k}params,", "CASE WHEN {k}status <> 'finished' THEN {k}params END AS params,",
+			"{k}checkpoint,", "CASE WHEN {k}status <> 'finished' THEN {k}checkpoint END AS checkpoint,").Replace(cols)
 	}
 	cols = leasePlaceholder.ReplaceAllStringFunc(cols, func(m string) string {
 		return leaseCol(k, l, leasePlaceholder.FindStringSubmatch(m)[1])
@@ -185,14 +203,7 @@ func newQueries(prefix string) *queries {
 		})
 		return colsPlaceholder.ReplaceAllStringFunc(sql, func(m string) string {
 			a := colsPlaceholder.FindStringSubmatch(m)
-			cols := recordColumnsOf(a[2], a[3], a[1] != "meta")
-			if a[1] == "found" {
-				cols = strings.NewReplacer(
-					a[2]+".params,", "CASE WHEN "+a[2]+".status <> 'finished' THEN "+a[2]+".params END AS params,",
-					a[2]+".checkpoint,", "CASE WHEN "+a[2]+".status <> 'finished' THEN "+a[2]+".checkpoint END AS checkpoint,",
-				).Replace(cols)
-			}
-			return cols
+			return recordColumnsOf(a[2], a[3], map[string]columnSet{"cols": allColumns, "meta": metaColumns, "found": foundColumns}[a[1]])
 		})
 	}
 
@@ -937,6 +948,10 @@ func (q *queries) listKeys(p idemdriver.ListKeysParams) (string, []any, error) {
 	}
 	args = append(args, p.Limit)
 	join := leaseOf(q.leases, "k.scope")
+	cols := metaColumns
+	if p.Reveal {
+		cols = allColumns
+	}
 	sql := fmt.Sprintf(`
 WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
@@ -945,7 +960,7 @@ SELECT c.t AS db_now, %s
 FROM %s k CROSS JOIN clock c %s
 WHERE %s
 ORDER BY k.id DESC
-LIMIT $%d`, recordColumnsOf("k", "l", p.Reveal), q.table, join, strings.Join(where, "\n  AND "), len(args))
+LIMIT $%d`, recordColumnsOf("k", "l", cols), q.table, join, strings.Join(where, "\n  AND "), len(args))
 	return sql, args, nil
 }
 
