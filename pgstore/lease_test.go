@@ -158,24 +158,40 @@ func TestReplayDoesNotReadTheLeaseRow(t *testing.T) {
 		)
 		INSERT INTO idem_leases (scope, key_id, fence, locked_at, lease_expires_at) SELECT scope, id, fence, now(), now() + interval '1 minute' FROM k`)
 	require.NoError(t, err)
-	leaseScans := func(key string) (acquired idemdriver.Acquisition, scans int64) {
-		tx, err := schema.Pool.Begin(ctx)
-		require.NoError(t, err)
-		defer func() { _ = tx.Rollback(ctx) }()
-		const counters = `SELECT pg_stat_get_xact_numscans('idem_leases'::regclass) + pg_stat_get_xact_numscans('idem_leases_pkey'::regclass)`
-		var before, after int64
-		require.NoError(t, tx.QueryRow(ctx, counters).Scan(&before))
-		require.NoError(t, tx.QueryRow(ctx, `SELECT acquired FROM (`+store.q.acquire+`) a`,
-			append([]any{nil, "s", key, "f", "POST", "/", []byte{1}, "{}", int64(90e6), false, ""}, store.holder.args()...)...).Scan(&acquired))
-		require.NoError(t, tx.QueryRow(ctx, counters).Scan(&after))
-		return acquired, after - before
+	holder := store.holder.args()
+	// Each acquisition statement with its arguments for key: idem_acquire,
+	// and the plain-SQL statements sent before it.
+	statements := map[string]func(key string) (string, []any){
+		"idem_acquire": func(key string) (string, []any) {
+			return store.q.acquire, append([]any{nil, "s", key, "f", "POST", "/", []byte{1}, "{}", int64(90e6), false, ""}, holder...)
+		},
+		"insertOrReport": func(key string) (string, []any) {
+			return store.q.insertOrReport, append([]any{nil, "s", key, "f", "POST", "/", []byte{1}, "{}", int64(90e6), ""}, holder...)
+		},
+		"lookUp": func(key string) (string, []any) { return store.q.lookUp, []any{nil, "s", key} },
 	}
-	acquired, scans := leaseScans("finished")
-	require.Equal(t, idemdriver.AcquiredNone, acquired)
-	require.Zero(t, scans, "a replay does not read the lease row")
-	acquired, scans = leaseScans("running")
-	require.Equal(t, idemdriver.AcquiredNone, acquired)
-	require.Equal(t, int64(1), scans, "an in-progress answer reads it by its primary key")
+	for name, statement := range statements {
+		leaseScans := func(key string) (acquired idemdriver.Acquisition, scans int64) {
+			tx, err := schema.Pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(ctx) }()
+			const counters = `SELECT pg_stat_get_xact_numscans('idem_leases'::regclass) + pg_stat_get_xact_numscans('idem_leases_pkey'::regclass)`
+			var before, after int64
+			require.NoError(t, tx.QueryRow(ctx, counters).Scan(&before))
+			sql, args := statement(key)
+			res, err := store.acquisition(ctx, tx, sql, args...)
+			require.NoError(t, err)
+			acquired = res.Acquired
+			require.NoError(t, tx.QueryRow(ctx, counters).Scan(&after))
+			return acquired, after - before
+		}
+		acquired, scans := leaseScans("finished")
+		require.Equal(t, idemdriver.AcquiredNone, acquired, name)
+		require.Zero(t, scans, "%s: a replay does not read the lease row", name)
+		acquired, scans = leaseScans("running")
+		require.Equal(t, idemdriver.AcquiredNone, acquired, name)
+		require.Equal(t, int64(1), scans, "%s: an in-progress answer reads it by its primary key", name)
+	}
 }
 
 // A new key has no lease row: the first lease on its row is its lease
