@@ -142,6 +142,7 @@ func (r *Runner) acquire(ctx context.Context, flow AnyFlow, req Request, p *prep
 	return r.store.Acquire(actx, idemdriver.AcquireParams{
 		Scope: req.Scope, Key: req.Key, Flow: flow.Name(), Method: req.Method, Path: req.Path,
 		Fingerprints: p.fingerprints, Params: p.params, Lease: r.config.Lease, NoCreate: noCreate, Now: r.now(),
+		Retention: flow.retentionOr(r.config.Retention),
 	})
 }
 

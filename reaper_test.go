@@ -86,13 +86,16 @@ func (b *testBundle) insertKeys(t *testing.T, prefix string, n int, state idemty
 WITH k AS (
 INSERT INTO idem_keys (scope, key, flow, method, path, fingerprint, params, status, recovery_point,
                        response_status, response_headers, response_body,
-                       created_at, last_run_at, finished_at, expires_at)
+                       created_at, last_run_at, finished_at, expires_at, reap_after)
 SELECT 'user:' || (1 + g / 1000), $2 || '-' || g, 'rides.create', 'POST', '/rides', $6, $7,
        $4, $5,
        CASE WHEN $4 = 'finished' THEN 201 END, CASE WHEN $4 = 'finished' THEN '{}'::jsonb END,
        CASE WHEN $4 = 'finished' THEN '{"ride_id":1}'::bytea END,
        $1 - interval '25 hours', $1 - interval '25 hours',
-       CASE WHEN $4 = 'finished' THEN $1 - interval '25 hours' END, %[2]s
+       CASE WHEN $4 = 'finished' THEN $1 - interval '25 hours' END, %[2]s,
+       -- As the store writes it: no later than the expiry; an unfinished
+       -- key's is its creation plus a retention longer than any test's.
+       CASE WHEN $4 = 'finished' THEN %[2]s ELSE $1 - interval '25 hours' + interval '30 days' END
 FROM generate_series(1, $3::int) g
 RETURNING scope, id, fence, status
 )

@@ -167,6 +167,13 @@ type AcquireParams struct {
 	Fingerprints [][]byte
 	Params       []byte
 	Lease        time.Duration
+	// Retention is the flow's retention (CommitParams.Retention): a new
+	// key's reap_after, the earliest it can expire, is its creation plus
+	// Retention. A store's reaper looks for expired keys by it (an index the
+	// finish does not write unless its retention is shorter); a key that
+	// expires later, because it finished late or its flow's retention
+	// grew, is re-checked and kept.
+	Retention time.Duration
 	// NoCreate reports or takes over an existing key as usual, but inserts
 	// nothing when there is none (or only an expired one, which is then
 	// left as it is): Acquired is AcquiredNone and Record nil.

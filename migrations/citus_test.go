@@ -36,10 +36,11 @@ func TestCitusUpDistributesOnceAndDownRefuses(t *testing.T) {
 		tables = append(tables, name)
 	}
 	require.NoError(t, rows.Err())
-	require.Equal(t, []string{"idem_keys", "idem_leases", "idem_verdicts"}, tables)
+	require.Equal(t, []string{"idem_keys", "idem_leases", "idem_stragglers", "idem_verdicts"}, tables)
 	var colocated bool
 	require.NoError(t, schema.Pool.QueryRow(ctx, `SELECT count(DISTINCT colocationid) = 1 FROM pg_dist_partition
-		WHERE logicalrelid IN ($1::regclass, $2::regclass, $3::regclass)`, schema.Name+".idem_keys", schema.Name+".idem_leases", schema.Name+".idem_verdicts").Scan(&colocated))
+		WHERE logicalrelid IN ($1::regclass, $2::regclass, $3::regclass, $4::regclass)`,
+		schema.Name+".idem_keys", schema.Name+".idem_leases", schema.Name+".idem_stragglers", schema.Name+".idem_verdicts").Scan(&colocated))
 	require.True(t, colocated, "idem_keys, idem_leases and idem_verdicts are co-located")
 
 	// Every shard of idem_keys keeps the table's fillfactor, which leaves
@@ -99,7 +100,7 @@ func TestCitusUpDistributesExistingKeysAndDropsTheLocalCopy(t *testing.T) {
 	_, err = plain.Up(ctx)
 	require.NoError(t, err)
 	for i := range 20 {
-		_, err := schema.Pool.Exec(ctx, `SELECT * FROM `+schema.Name+`.idem_acquire(NULL, $1, $2, 'f', 'POST', '/', '\x01', '{}', 60000000, false, '', '', '', 0, '')`,
+		_, err := schema.Pool.Exec(ctx, `SELECT * FROM `+schema.Name+`.idem_acquire(NULL, $1, $2, 'f', 'POST', '/', '\x01', '{}', 60000000, false, '', '', '', 0, '', 0)`,
 			"user:"+string(rune('a'+i)), "k")
 		require.NoError(t, err)
 	}

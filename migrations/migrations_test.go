@@ -316,7 +316,7 @@ func TestVersion7RefusesWhileKeysAreInFlight(t *testing.T) {
 	_, err = b.migrator.Up(ctx)
 	require.NoError(t, err, "finished keys cross")
 
-	_, err = b.schema.Pool.Exec(ctx, `SELECT * FROM `+b.schema.Name+`.idem_acquire(NULL, 's', 'k2', 'f', 'POST', '/', '\x01', '{}', 60000000, false, '', '', '', 0, '')`)
+	_, err = b.schema.Pool.Exec(ctx, `SELECT * FROM `+b.schema.Name+`.idem_acquire(NULL, 's', 'k2', 'f', 'POST', '/', '\x01', '{}', 60000000, false, '', '', '', 0, '', 0)`)
 	require.NoError(t, err)
 	_, err = b.migrator.Down(ctx, 6)
 	require.ErrorIs(t, err, migrations.ErrRefused)
@@ -412,7 +412,7 @@ func TestNoVersionedFunctions(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{
 		"idem_acquire(p_now timestamp with time zone, p_scope text, p_key text, p_flow text, p_method text, p_path text, p_fingerprint bytea, p_params text, p_lease bigint, p_no_create boolean, p_params_key_id text)",
-		"idem_acquire(p_now timestamp with time zone, p_scope text, p_key text, p_flow text, p_method text, p_path text, p_fingerprint bytea, p_params text, p_lease bigint, p_no_create boolean, p_params_key_id text, p_holder_instance text, p_holder_host text, p_holder_pid integer, p_holder_boot text)",
+		"idem_acquire(p_now timestamp with time zone, p_scope text, p_key text, p_flow text, p_method text, p_path text, p_fingerprint bytea, p_params text, p_lease bigint, p_no_create boolean, p_params_key_id text, p_holder_instance text, p_holder_host text, p_holder_pid integer, p_holder_boot text, p_retention bigint)",
 		"idem_leases_unlocked()",
 		"idem_notify_waiters(p_scope text, p_key bigint)",
 	}, functions)

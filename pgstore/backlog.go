@@ -11,7 +11,11 @@ import (
 
 // Backlog implements idemdriver.Store.
 func (s *Store) Backlog(ctx context.Context, p idemdriver.BacklogParams) (*idemtype.Backlog, error) {
-	rows, err := s.db.Query(ctx, s.q.backlog, p.Now)
+	w, err := s.unfinished(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.db.Query(ctx, s.q.backlog, append([]any{p.Now}, w.args()...)...)
 	if err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: backlog: %w", err))
 	}

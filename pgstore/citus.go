@@ -30,9 +30,10 @@ import (
 func (s *Store) Distributed() bool { return s.q.citus }
 
 // claimIdleCitus is ClaimIdle on Citus: the candidates, then a claim of each.
-func (s *Store) claimIdleCitus(ctx context.Context, p idemdriver.ClaimIdleParams) ([]*idemtype.KeyRecord, error) {
-	rows, err := s.db.Query(ctx, s.q.claimIdleCandidates,
-		p.Now, string(p.Status), p.Flows, p.IdleFor.Microseconds(), p.MaxAttempts, p.Limit, s.holder.instance, s.holder.boot)
+func (s *Store) claimIdleCitus(ctx context.Context, p idemdriver.ClaimIdleParams, w unfinishedWindow) ([]*idemtype.KeyRecord, error) {
+	rows, err := s.db.Query(ctx, s.q.claimIdleCandidates, append([]any{
+		p.Now, string(p.Status), p.Flows, p.IdleFor.Microseconds(), p.MaxAttempts, p.Limit, s.holder.instance, s.holder.boot},
+		w.args()...)...)
 	if err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: claim idle keys: %w", err))
 	}
@@ -105,7 +106,7 @@ func (s *Store) reapCitus(ctx context.Context, p idemdriver.ReapParams) (int, er
 // reapAbandonedCitus is ReapUnfinished on Citus: candidates, then each ended
 // by a router statement of its own, so that a key another reaper (or a
 // takeover) got to first is left alone.
-func (s *Store) reapAbandonedCitus(ctx context.Context, p idemdriver.ReapUnfinishedParams, after int64, flows []string, ages []int64) (idemdriver.ReapUnfinishedResult, error) {
+func (s *Store) reapAbandonedCitus(ctx context.Context, p idemdriver.ReapUnfinishedParams, args []any) (idemdriver.ReapUnfinishedResult, error) {
 	var res idemdriver.ReapUnfinishedResult
 	type candidate struct {
 		scope     string
@@ -114,7 +115,7 @@ func (s *Store) reapAbandonedCitus(ctx context.Context, p idemdriver.ReapUnfinis
 	}
 	var cands []candidate
 	err := s.inBatchTx(ctx, "reap unfinished keys", p.StatementTimeout, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, s.q.reapAbandonedCandidates, p.Now, after, flows, ages, p.Limit)
+		rows, err := tx.Query(ctx, s.q.reapAbandonedCandidates, args...)
 		if err != nil {
 			return err
 		}

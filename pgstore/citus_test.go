@@ -57,7 +57,7 @@ func TestCitusKeyStatementsAreSingleTasks(t *testing.T) {
 	q := store.q
 	holder := store.holder.args()
 	statements := map[string][]any{
-		"acquire":           {nil, "user:7", "k", "f", "POST", "/x", make([]byte, 33), "{}", int64(1), false, "", "", "", 0, ""},
+		"acquire":           {nil, "user:7", "k", "f", "POST", "/x", make([]byte, 33), "{}", int64(1), false, "", "", "", 0, "", int64(1)},
 		"takeOver":          append(append([]any{nil, rec.ID, "f", rec.Fingerprint, int64(1), "POST", "/x"}, holder...), "user:7"),
 		"claimReconcile":    append([]any{nil, "user:7", "k", int64(1)}, holder...),
 		"advancePhase":      {rec.ID, rec.Fence, "p", `{}`, nil, "user:7"},

@@ -163,10 +163,10 @@ func TestReplayDoesNotReadTheLeaseRow(t *testing.T) {
 	// and the plain-SQL statements sent before it.
 	statements := map[string]func(key string) (string, []any){
 		"idem_acquire": func(key string) (string, []any) {
-			return store.q.acquire, append([]any{nil, "s", key, "f", "POST", "/", []byte{1}, "{}", int64(90e6), false, ""}, holder...)
+			return store.q.acquire, append(append([]any{nil, "s", key, "f", "POST", "/", []byte{1}, "{}", int64(90e6), false, ""}, holder...), int64(0))
 		},
 		"insertOrReport": func(key string) (string, []any) {
-			return store.q.insertOrReport, append([]any{nil, "s", key, "f", "POST", "/", []byte{1}, "{}", int64(90e6), ""}, holder...)
+			return store.q.insertOrReport, append(append([]any{nil, "s", key, "f", "POST", "/", []byte{1}, "{}", int64(90e6), ""}, holder...), int64(0))
 		},
 		"lookUp": func(key string) (string, []any) { return store.q.lookUp, []any{nil, "s", key} },
 	}

@@ -9,18 +9,21 @@ import (
 
 var _ idemdriver.OtherFlowsCounter = (*Store)(nil)
 
-// RunningKeysOfOtherFlows implements idemdriver.OtherFlowsCounter. "status
-// <> 'finished'" matches the partial index idem_keys_unfinished, so it
-// reads the few unfinished rows, never the finished millions.
+// RunningKeysOfOtherFlows implements idemdriver.OtherFlowsCounter. It reads
+// the unfinished window (unfinishedAmong), never the finished millions.
 func (s *Store) RunningKeysOfOtherFlows(ctx context.Context, known []string) ([]idemdriver.FlowKeys, error) {
 	if known == nil {
 		known = []string{}
 	}
-	sql := `SELECT flow::text AS flow, count(*)::int AS keys FROM ` + s.q.table + `
-WHERE status <> 'finished' AND status = 'running' AND flow <> ALL($1::text[])
+	w, err := s.unfinished(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sql := `SELECT flow::text AS flow, count(*)::int AS keys FROM ` + s.q.table + ` k
+WHERE ` + unfinishedAmong("k", 2, 3) + ` AND status <> 'finished' AND status = 'running' AND flow <> ALL($1::text[])
 GROUP BY 1 ORDER BY 1`
 	var groups []idemdriver.FlowKeys
-	if err := selectAll(ctx, s.db, &groups, sql, known); err != nil {
+	if err := selectAll(ctx, s.db, &groups, sql, append([]any{known}, w.args()...)...); err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: running keys of other flows: %w", err))
 	}
 	return groups, nil

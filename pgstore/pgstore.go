@@ -130,6 +130,9 @@ type Store struct {
 	// habits say, per flow, which acquisition statement to send first
 	// (acquire.go).
 	habits acquireHabits
+	// sweepLag is how long the sweep waits before moving its cursor
+	// (sweep.go): sweepLag, shorter in tests.
+	sweepLag time.Duration
 }
 
 var _ idemdriver.Store = (*Store)(nil)
@@ -163,7 +166,8 @@ func New(db DB, config *Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	st := &Store{db: db, control: config.ControlDB, q: newQueries(prefix), seal: seal, holder: newHolder(config.Instance)}
+	st := &Store{db: db, control: config.ControlDB, q: newQueries(prefix), seal: seal, holder: newHolder(config.Instance),
+		sweepLag: sweepLag}
 	st.waits = newWaits(st, db, config)
 	if st.control == nil {
 		st.control = db
@@ -324,9 +328,9 @@ func (s *Store) acquireArgs(p idemdriver.AcquireParams) ([]any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return append([]any{
+	return append(append([]any{
 		p.Now, p.Scope, p.Key, p.Flow, p.Method, p.Path, first(p.Fingerprints), string(params), p.Lease.Microseconds(), p.NoCreate, paramsKeyID},
-		s.holder.args()...), nil
+		s.holder.args()...), p.Retention.Microseconds()), nil
 }
 
 // takeOverIfAbandoned takes over the unfinished key the acquisition res
@@ -537,7 +541,15 @@ func (s *Store) listKeys(ctx context.Context, db pgxscan.Querier, p idemdriver.L
 	if p.Limit <= 0 || p.Limit > idemtype.MaxKeyListLimit {
 		return nil, fmt.Errorf("%w: list limit %d is outside 1-%d", idemtype.ErrInvalidRequest, p.Limit, idemtype.MaxKeyListLimit)
 	}
-	sql, args, err := s.q.listKeys(p)
+	var window *unfinishedWindow
+	if st := p.State; st == idemtype.KeyStateRunning || st == idemtype.KeyStateStale || st == idemtype.KeyStateNeedsReconcile {
+		w, err := s.unfinished(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("pgstore: list keys: %w", err)
+		}
+		window = &w
+	}
+	sql, args, err := s.q.listKeys(p, window)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: list keys: %w", err)
 	}
@@ -611,12 +623,17 @@ func (s *Store) ClaimIdle(ctx context.Context, p idemdriver.ClaimIdleParams) ([]
 	case len(p.Flows) == 0:
 		return nil, nil
 	}
+	w, err := s.unfinished(ctx)
+	if err != nil {
+		return nil, err
+	}
 	if s.q.citus {
-		return s.claimIdleCitus(ctx, p)
+		return s.claimIdleCitus(ctx, p, w)
 	}
 	var recs []*idemtype.KeyRecord
-	err := selectAll(ctx, s.db, &recs, s.q.claimIdle,
-		p.Now, string(p.Status), p.Flows, p.IdleFor.Microseconds(), p.MaxAttempts, p.Limit, s.holder.instance, s.holder.boot)
+	err = selectAll(ctx, s.db, &recs, s.q.claimIdle, append([]any{
+		p.Now, string(p.Status), p.Flows, p.IdleFor.Microseconds(), p.MaxAttempts, p.Limit, s.holder.instance, s.holder.boot},
+		w.args()...)...)
 	if err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: claim idle keys: %w", err))
 	}
@@ -657,15 +674,20 @@ func (s *Store) ReapUnfinished(ctx context.Context, p idemdriver.ReapUnfinishedP
 	for flow, age := range p.FlowAfter {
 		flows, ages = append(flows, flow), append(ages, micros(age))
 	}
+	w, err := s.unfinished(ctx)
+	if err != nil {
+		return idemdriver.ReapUnfinishedResult{}, err
+	}
+	args := append([]any{p.Now, micros(p.After), flows, ages, p.Limit}, w.args()...)
 	if s.q.citus {
-		return s.reapAbandonedCitus(ctx, p, micros(p.After), flows, ages)
+		return s.reapAbandonedCitus(ctx, p, args)
 	}
 	var res idemdriver.ReapUnfinishedResult
-	err := s.inBatchTx(ctx, "reap unfinished keys", p.StatementTimeout, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, s.q.leaseRowsAbandoned, p.Now, micros(p.After), flows, ages, p.Limit); err != nil {
+	err = s.inBatchTx(ctx, "reap unfinished keys", p.StatementTimeout, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, s.q.leaseRowsAbandoned, args...); err != nil {
 			return err
 		}
-		return tx.QueryRow(ctx, s.q.reapAbandoned, p.Now, micros(p.After), flows, ages, p.Limit).Scan(&res.Deleted, &res.NeedsReconcile)
+		return tx.QueryRow(ctx, s.q.reapAbandoned, args...).Scan(&res.Deleted, &res.NeedsReconcile)
 	})
 	if err != nil {
 		return idemdriver.ReapUnfinishedResult{}, err
@@ -678,8 +700,12 @@ func (s *Store) UnfinishedKeys(ctx context.Context, flows []string) ([]idemdrive
 	if len(flows) == 0 {
 		return nil, nil
 	}
+	w, err := s.unfinished(ctx)
+	if err != nil {
+		return nil, err
+	}
 	var groups []idemdriver.UnfinishedKeys
-	if err := selectAll(ctx, s.db, &groups, s.q.unfinishedKeys, flows); err != nil {
+	if err := selectAll(ctx, s.db, &groups, s.q.unfinishedKeys, append([]any{flows}, w.args()...)...); err != nil {
 		return nil, mapError(fmt.Errorf("pgstore: unfinished keys: %w", err))
 	}
 	return groups, nil

@@ -76,6 +76,9 @@ type queries struct {
 	// leaseRowsAbandoned and leaseRowOf make the lease rows of keys that
 	// have none (see leaseRow), before a statement that must lock them.
 	leaseRowsAbandoned, leaseRowOf string
+
+	// The sweep (sweep.go).
+	sweepState, sweepEnsure, sweepClaim, sweepList, sweepForget, sweepMove, newestID, stragglers string
 }
 
 // recordColumns renders the columns of idemtype.KeyRecord from a progress
@@ -206,7 +209,8 @@ func newQueries(prefix string) *queries {
 	t, l := prefix+"idem_keys", prefix+"idem_leases"
 	q := &queries{table: t, leases: l}
 	render := func(sql string) string {
-		sql = strings.NewReplacer("{t}", t, "{l}", l, "{notify}", prefix+"idem_notify_waiters").Replace(sql)
+		sql = strings.NewReplacer("{t}", t, "{l}", l, "{notify}", prefix+"idem_notify_waiters",
+			"{stragglers}", prefix+"idem_stragglers", "{sweep}", prefix+"idem_sweep").Replace(sql)
 		sql = leaseAliasedColumn.ReplaceAllStringFunc(sql, func(m string) string {
 			a := leaseAliasedColumn.FindStringSubmatch(m)
 			return leaseCol(a[1], a[2], a[3])
@@ -243,7 +247,7 @@ func newQueries(prefix string) *queries {
 	// the exec and simple_protocol modes): the function parses them only
 	// when it inserts.
 	q.acquire = `SELECT * FROM ` + prefix + `idem_acquire($1::timestamptz, $2::text, $3::text, $4::text, $5::text, $6::text,
-    $7::bytea, $8::text, $9::bigint, $10::boolean, $11::text, $12::text, $13::text, $14::int, $15::text)`
+    $7::bytea, $8::text, $9::bigint, $10::boolean, $11::text, $12::text, $13::text, $14::int, $15::text, $16::bigint)`
 
 	// insertOrReport and lookUp are the acquisition in plain SQL, one
 	// statement each, with idem_acquire's columns and outcomes; Store.Acquire
@@ -263,9 +267,10 @@ func newQueries(prefix string) *queries {
 WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
 ), ins AS (
-    INSERT INTO {t} AS k (scope, key, flow, method, path, fingerprint, params, created_at, last_run_at, params_key_id,
-        locked_at, lease_expires_at, holder_instance, holder_host, holder_pid, holder_boot)
-    SELECT $2::text, $3::text, $4::text, $5::text, $6::text, $7::bytea, $8::text::jsonb, c.t, c.t, nullif($10::text, ''),
+    INSERT INTO {t} AS k (scope, key, flow, method, path, fingerprint, params, created_at, reap_after, last_run_at,
+        params_key_id, locked_at, lease_expires_at, holder_instance, holder_host, holder_pid, holder_boot)
+    SELECT $2::text, $3::text, $4::text, $5::text, $6::text, $7::bytea, $8::text::jsonb, c.t,
+        c.t + $15::bigint * interval '1 microsecond', c.t, nullif($10::text, ''),
         c.t, c.t + $9::bigint * interval '1 microsecond',
         nullif($11::text, ''), nullif($12::text, ''), nullif($13::int, 0), nullif($14::text, '')
     FROM clock c
@@ -430,6 +435,10 @@ SET status           = 'finished',
     last_run_at      = clock.t,
     finished_at      = clock.t,
     expires_at       = clock.expires,
+    -- Unchanged, and so still a HOT update, unless the retention is now
+    -- shorter than the acquisition's: then the key expires sooner than
+    -- its reap_after said, and the reaper must reach it by then.
+    reap_after       = least(k.reap_after, clock.expires),
     response_status  = $4,
     response_headers = $5::jsonb,
     response_body    = $6,
@@ -598,9 +607,8 @@ WHERE k.scope = $1 AND k.key = $2::text AND NOT EXISTS (SELECT 1 FROM unlocked W
 	// claimIdle hands each idle key to one caller: FOR UPDATE SKIP LOCKED
 	// passes over rows another claimer is marking, and a row it marked and
 	// committed no longer looks idle (the WHERE is re-checked on the latest
-	// version). "status <> 'finished'" restates the partial index's
-	// predicate, so even a generic plan of this prepared statement can use
-	// idem_keys_unfinished rather than scan the finished millions.
+	// version). Candidates come from the unfinished window ($9, $10:
+	// unfinishedAmong), never the finished millions.
 	//
 	// Keys an earlier process of this store's instance ($7, with another
 	// boot than $8) held when it died are claimed at once, idle or not,
@@ -625,7 +633,10 @@ WITH clock AS (
 )
 SELECT {meta:claimed,l} FROM claimed LEFT JOIN {l} l ON l.scope = claimed.scope AND l.key_id = claimed.id ORDER BY claimed.id`)
 
-	// reap deletes one batch through idem_keys_reap. The ids are collected
+	// reap deletes one batch through idem_keys_reap: keys whose reap_after
+	// (creation plus retention) has passed, of which those finished and
+	// expired. The few it passes over (unfinished, finished late) come
+	// before the batch again next time, a cost of one index entry each. The ids are collected
 	// into an array first so the DELETE finds its rows by primary key
 	// rather than by a join the planner might turn into a scan. Deleting a
 	// key deletes its lease row, if any (ON DELETE CASCADE), and sets the key
@@ -635,8 +646,9 @@ SELECT {meta:claimed,l} FROM claimed LEFT JOIN {l} l ON l.scope = claimed.scope 
 DELETE FROM {t}
 WHERE id = ANY(ARRAY(
     SELECT id FROM {t}
-    WHERE status = 'finished' AND expires_at <= coalesce($1::timestamptz, now())
-    ORDER BY expires_at
+    WHERE reap_after <= coalesce($1::timestamptz, now())
+      AND status = 'finished' AND expires_at <= coalesce($1::timestamptz, now())
+    ORDER BY reap_after
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 ))`)
@@ -648,7 +660,7 @@ WHERE id = ANY(ARRAY(
 	// Both rows are locked (SKIP LOCKED passes over a key a heartbeat or a
 	// takeover is writing), and the lease is re-checked on the lease row's
 	// latest version, so a key taken over meanwhile is left alone.
-	// Candidates come from idem_keys_unfinished.
+	// Candidates come from the unfinished window ($6, $7: unfinishedAmong).
 	//
 	// A key whose foreign mark stands (a not-idempotent call in doubt: its
 	// process died after the call, before the phase committed) is not
@@ -663,7 +675,7 @@ WITH candidates AS MATERIALIZED (
     JOIN {l} l ON l.scope = k.scope AND l.key_id = k.id
     CROSS JOIN (SELECT coalesce($1::timestamptz, now()) AS t) c
     LEFT JOIN unnest($3::text[], $4::bigint[]) AS f(flow, age) ON f.flow = k.flow
-    WHERE k.status <> 'finished' AND k.status = 'running'
+    WHERE ` + unfinishedAmong("k", 6, 7) + ` AND k.status <> 'finished' AND k.status = 'running'
       AND (l.locked_at IS NULL OR l.lease_expires_at <= c.t)
       AND coalesce(f.age, $2::bigint) >= 0
       AND k.created_at <= c.t - coalesce(f.age, $2::bigint) * interval '1 microsecond'
@@ -707,7 +719,7 @@ ON CONFLICT (scope, key_id) DO NOTHING`
 	q.leaseRowsAbandoned = render(fmt.Sprintf(leaseRow, `
 CROSS JOIN (SELECT coalesce($1::timestamptz, now()) AS t) c
 LEFT JOIN unnest($3::text[], $4::bigint[]) AS f(flow, age) ON f.flow = k.flow
-WHERE k.status <> 'finished' AND k.status = 'running'
+WHERE `+unfinishedAmong("k", 6, 7)+` AND k.status <> 'finished' AND k.status = 'running'
   AND NOT EXISTS (SELECT 1 FROM {l} x WHERE x.scope = k.scope AND x.key_id = k.id)
   AND (k.locked_at IS NULL OR k.lease_expires_at <= c.t)
   AND coalesce(f.age, $2::bigint) >= 0
@@ -765,8 +777,8 @@ WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
 )
 SELECT k.scope, k.id, c.t FROM {t} k, clock c
-WHERE k.status = 'finished' AND k.expires_at <= c.t
-ORDER BY k.expires_at
+WHERE k.reap_after <= c.t AND k.status = 'finished' AND k.expires_at <= c.t
+ORDER BY k.reap_after
 LIMIT $2`)
 	q.reapDelete = render(`
 DELETE FROM {t}
@@ -789,7 +801,7 @@ FROM {t} k
 LEFT JOIN {l} l ON l.scope = k.scope AND l.key_id = k.id
 CROSS JOIN clock c
 LEFT JOIN unnest($3::text[], $4::bigint[]) AS f(flow, age) ON f.flow = k.flow
-WHERE k.status <> 'finished' AND k.status = 'running'
+WHERE ` + unfinishedAmong("k", 6, 7) + ` AND k.status <> 'finished' AND k.status = 'running'
   AND ({lease:k,l,locked_at} IS NULL OR {lease:k,l,lease_expires_at} <= c.t)
   AND coalesce(f.age, $2::bigint) >= 0
   AND k.created_at <= c.t - coalesce(f.age, $2::bigint) * interval '1 microsecond'
@@ -816,15 +828,15 @@ WITH candidate AS MATERIALIZED (
 SELECT (SELECT count(*) FROM deleted), (SELECT count(*) FROM parked)`)
 
 	// unfinishedKeys counts the unfinished keys of flows $1 by flow,
-	// recovery point, standing mark and status; through
-	// idem_keys_unfinished. A mark stands while the key is still at the
+	// recovery point, standing mark and status, among the unfinished
+	// window ($2, $3). A mark stands while the key is still at the
 	// recovery point it was made at.
 	q.unfinishedKeys = render(`
 SELECT k.flow::text AS flow, k.recovery_point::text AS recovery_point,
        CASE WHEN l.foreign_mark_after = k.recovery_point THEN coalesce(l.foreign_mark, '') ELSE '' END AS mark,
        k.status::text AS status, count(*)::int AS keys
 FROM {t} k LEFT JOIN {l} l ON l.scope = k.scope AND l.key_id = k.id
-WHERE k.status <> 'finished' AND k.flow = ANY($1::text[])
+WHERE ` + unfinishedAmong("k", 2, 3) + ` AND k.status <> 'finished' AND k.flow = ANY($1::text[])
 GROUP BY 1, 2, 3, 4
 ORDER BY 1, 2, 3, 4`)
 	// statementTimeout bounds the statements after it (milliseconds, as
@@ -839,15 +851,49 @@ ORDER BY 1, 2, 3, 4`)
 
 	q.clock = `SELECT coalesce($1::timestamptz, now()) AS t`
 
-	// backlog counts unfinished keys by status. "status <> 'finished'"
-	// matches the partial index idem_keys_unfinished, so it reads the few
-	// unfinished rows, never the finished millions.
+	// The sweep (sweep.go). sweepState reads the cursor and whether a sweep
+	// is due ($1: the lag in microseconds, on the database's own clock,
+	// never a test's); sweepClaim locks the row of a due sweep, passing over
+	// one another process sweeps (SKIP LOCKED), and returns (cursor, next
+	// stop); sweepList lists the keys in ($1, $2] still unfinished;
+	// sweepForget forgets the stragglers that finished (the reaper deletes
+	// the rows of those it deletes); sweepMove moves the cursor to $1 and
+	// the next stop to $2, the newest id now (newestID). Separate
+	// statements, not one: on Citus idem_sweep is a table of the
+	// coordinator's own, which no statement over the distributed tables may
+	// name.
+	//
+	// A missing row (the table emptied by hand) reads as cursor 0, a sweep
+	// due: every key is in the window until the sweep makes the row again
+	// (sweepEnsure) and moves the cursor.
+	q.sweepState = render(`
+SELECT coalesce(max(swept_id), 0), coalesce(bool_and(next_at <= clock_timestamp() - $1::bigint * interval '1 microsecond'), true)
+FROM {sweep}`)
+	q.sweepEnsure = render(`INSERT INTO {sweep} (swept_id, next_id, next_at) VALUES (0, 0, '-infinity') ON CONFLICT (one) DO NOTHING`)
+	q.sweepClaim = render(`
+SELECT swept_id, next_id FROM {sweep}
+WHERE next_at <= clock_timestamp() - $1::bigint * interval '1 microsecond'
+FOR UPDATE SKIP LOCKED`)
+	q.sweepList = render(`
+INSERT INTO {stragglers} (scope, key_id)
+SELECT k.scope, k.id FROM {t} k
+WHERE k.id > $1::bigint AND k.id <= $2::bigint AND k.status <> 'finished'
+ON CONFLICT (scope, key_id) DO NOTHING`)
+	q.sweepForget = render(`
+DELETE FROM {stragglers} s USING {t} k
+WHERE k.scope = s.scope AND k.id = s.key_id AND k.status = 'finished'`)
+	q.sweepMove = render(`UPDATE {sweep} SET swept_id = $1::bigint, next_id = $2::bigint, next_at = clock_timestamp()`)
+	q.newestID = render(`SELECT coalesce(max(id), 0) FROM {t}`)
+	q.stragglers = render(`SELECT coalesce(array_agg(key_id), '{}') FROM {stragglers}`)
+
+	// backlog counts unfinished keys by status, among the unfinished window
+	// ($2, $3: unfinishedAmong), never the finished millions.
 	q.backlog = render(`
 WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
 ), counted AS (
     SELECT status::text AS status, count(*) AS keys, min(created_at) AS oldest
-    FROM {t} WHERE status <> 'finished' GROUP BY status
+    FROM {t} k WHERE ` + unfinishedAmong("k", 2, 3) + ` AND status <> 'finished' GROUP BY status
 )
 SELECT s.status, coalesce(c.keys, 0), c.oldest, clock.t
 FROM (VALUES (1, 'running'), (2, 'needs_reconcile')) s(n, status)
@@ -912,8 +958,8 @@ func (q *queries) commitStatement(p idemdriver.CommitParams, bodyKeyID string) (
 }
 
 // keyStateConditions are the WHERE conditions of each idemtype.KeyState, over
-// the progress row k, its lease row l and the clock c. Unfinished states restate the partial index's
-// predicate so the planner can use it.
+// the progress row k, its lease row l and the clock c. The listing adds the
+// unfinished window (unfinishedAmong) to the unfinished states'.
 var keyStateConditions = map[idemtype.KeyState]string{
 	idemtype.KeyStateRunning:        `k.status <> 'finished' AND k.status = 'running' AND ` + leaseCol("k", "l", "locked_at") + ` IS NOT NULL AND ` + leaseCol("k", "l", "lease_expires_at") + ` > c.t`,
 	idemtype.KeyStateStale:          `k.status <> 'finished' AND k.status = 'running' AND (` + leaseCol("k", "l", "locked_at") + ` IS NULL OR ` + leaseCol("k", "l", "lease_expires_at") + ` <= c.t)`,
@@ -924,7 +970,7 @@ var keyStateConditions = map[idemtype.KeyState]string{
 
 // listKeys renders the key listing for p: only the filters p sets appear,
 // so each combination gets a plan of its own.
-func (q *queries) listKeys(p idemdriver.ListKeysParams) (string, []any, error) {
+func (q *queries) listKeys(p idemdriver.ListKeysParams, w *unfinishedWindow) (string, []any, error) {
 	args := []any{p.Now}
 	var where []string
 	add := func(cond string, arg any) {
@@ -937,6 +983,10 @@ func (q *queries) listKeys(p idemdriver.ListKeysParams) (string, []any, error) {
 			return "", nil, fmt.Errorf("%w: unknown key state %q", idemtype.ErrInvalidRequest, p.State)
 		}
 		where = append(where, cond)
+	}
+	if w != nil {
+		args = append(args, w.args()...)
+		where = append(where, unfinishedAmong("k", len(args)-1, len(args)))
 	}
 	if p.Scope != "" {
 		add("k.scope = $?", p.Scope)
@@ -988,7 +1038,7 @@ func first(fps [][]byte) []byte {
 // flows $3, nobody holding them and idle for $4 microseconds, or held by a
 // dead process of this store's instance ($7, another boot than $8); under
 // $5 attempts. claimIdle and Citus's claimIdleCandidates share it.
-const idleKeys = `WHERE k.status <> 'finished' AND k.status = $2::text AND k.flow = ANY($3::text[])
+var idleKeys = `WHERE ` + unfinishedAmong("k", 9, 10) + ` AND k.status <> 'finished' AND k.status = $2::text AND k.flow = ANY($3::text[])
   AND ((({lease:k,l,locked_at} IS NULL OR {lease:k,l,lease_expires_at} <= c.t)
         AND k.last_run_at <= c.t - $4::bigint * interval '1 microsecond')
        OR ({lease:k,l,locked_at} IS NOT NULL AND (l.key_id IS NULL OR l.holder_fence = l.fence)

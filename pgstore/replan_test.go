@@ -77,10 +77,10 @@ func TestAcquireRetriesAPlanChangedByAMigration(t *testing.T) {
 		names[20] = "r.attempts::bigint"
 		args := "p_now timestamptz, p_scope text, p_key text, p_flow text, p_method text, p_path text, " +
 			"p_fingerprint bytea, p_params text, p_lease bigint, p_no_create boolean, p_params_key_id text, " +
-			"p_holder_instance text, p_holder_host text, p_holder_pid int, p_holder_boot text"
+			"p_holder_instance text, p_holder_host text, p_holder_pid int, p_holder_boot text, p_retention bigint"
 		_, err := schema.Pool.Exec(ctx, `ALTER FUNCTION idem_acquire(`+args+`) RENAME TO idem_acquire_before;
 CREATE FUNCTION idem_acquire(`+args+`) RETURNS TABLE (`+strings.Join(cols, ", ")+`) LANGUAGE sql
-AS $$ SELECT `+strings.Join(names, ", ")+` FROM idem_acquire_before($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) r $$`)
+AS $$ SELECT `+strings.Join(names, ", ")+` FROM idem_acquire_before($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) r $$`)
 		require.NoError(t, err)
 
 		expire("after")

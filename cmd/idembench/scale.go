@@ -200,7 +200,7 @@ func generateKeys(ctx context.Context, db *pgxpool.Pool, table string, from, to,
 	// bits), the fingerprint and the charge id.
 	const sql = `
 INSERT INTO %s (scope, key, flow, method, path, fingerprint, params, status, recovery_point, checkpoint,
-                response_status, response_headers, response_body, created_at, last_run_at, finished_at, expires_at)
+                response_status, response_headers, response_body, created_at, reap_after, last_run_at, finished_at, expires_at)
 SELECT 'user:' || floor(exp(13.815510557964274 * (('x' || substr(r.h, 25, 8))::bit(32)::bigint / 4294967296.0)))::bigint,
        r.h::uuid::text,
        'bench.rides', 'POST', '/rides',
@@ -210,7 +210,7 @@ SELECT 'user:' || floor(exp(13.815510557964274 * (('x' || substr(r.h, 25, 8))::b
        jsonb_build_object('ride_id', i, 'charge_id', 'ch_' || left(r.h, 24)),
        201, '{"Content-Type": ["application/json"]}',
        convert_to('{"ride_id":' || i || ',"charge_id":"ch_' || left(r.h, 24) || '","amount":2000}', 'UTF8'),
-       t.f - interval '40 milliseconds', t.f, t.f, t.f + interval '24 hours'
+       t.f - interval '40 milliseconds', t.f - interval '40 milliseconds' + interval '24 hours', t.f, t.f, t.f + interval '24 hours'
 FROM generate_series($1::bigint, $2::bigint) AS i
 CROSS JOIN LATERAL (SELECT md5(i::text || ':idembench') AS h) AS r
 CROSS JOIN LATERAL (SELECT CASE WHEN i BETWEEN $3 AND $4
@@ -361,7 +361,7 @@ func measurePoint(ctx context.Context, e *env, store *pgstore.Store, pw *prewarm
 	run := randomHex(4)
 	var seq, created atomic.Int64
 	acquire := func(ctx context.Context, w, i int) error {
-		p := idemdriver.AcquireParams{Flow: flowName, Method: "POST", Path: "/rides", Lease: 90 * time.Second}
+		p := idemdriver.AcquireParams{Flow: flowName, Method: "POST", Path: "/rides", Lease: 90 * time.Second, Retention: 24 * time.Hour}
 		want := idemdriver.AcquiredNone
 		if w < half {
 			u := rand.Float64()

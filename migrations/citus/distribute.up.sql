@@ -20,7 +20,7 @@ SET LOCAL citus.multi_shard_modify_mode TO 'sequential';
 -- ({{search_path}}, rendered by the migrator: Citus refuses FROM CURRENT
 -- on a function it distributes).
 ALTER FUNCTION {{schema}}idem_acquire(timestamptz, text, text, text, text, text, bytea, text, bigint, boolean, text,
-    text, text, int, text) SET search_path = {{search_path}};
+    text, text, int, text, bigint) SET search_path = {{search_path}};
 
 -- What Citus cannot have: a unique constraint without the distribution
 -- column (idem_keys_id serves business tables that reference a key by id on
@@ -29,20 +29,29 @@ ALTER FUNCTION {{schema}}idem_acquire(timestamptz, text, text, text, text, text,
 -- that holds the row, where no store listens (stores poll on Citus).
 ALTER TABLE {{schema}}idem_keys DROP CONSTRAINT idem_keys_id;
 ALTER TABLE {{schema}}idem_leases DROP CONSTRAINT idem_leases_key_fkey;
+ALTER TABLE {{schema}}idem_stragglers DROP CONSTRAINT idem_stragglers_key_fkey;
+-- The unfinished keys past the sweep's cursor are found by id on each shard
+-- (see idem_sweep), which idem_keys_id served.
+CREATE INDEX idem_keys_id ON {{schema}}idem_keys (id);
 DROP TRIGGER idem_leases_unlocked ON {{schema}}idem_leases;
 
 SELECT create_distributed_table('{{schema}}idem_keys', 'scope');
 SELECT create_distributed_table('{{schema}}idem_leases', 'scope', colocate_with => '{{schema}}idem_keys');
+SELECT create_distributed_table('{{schema}}idem_stragglers', 'scope', colocate_with => '{{schema}}idem_keys');
 -- An operator's verdict is inserted in the transaction of its key's commit:
 -- co-located, it lands on the same worker.
 SELECT create_distributed_table('{{schema}}idem_verdicts', 'scope', colocate_with => '{{schema}}idem_keys');
 -- Distributing copies a table's rows into its shards and leaves the local
 -- copy on the coordinator's disk, invisible and never reaped: drop it.
 SELECT truncate_local_data_after_distributing_table('{{schema}}idem_leases');
+SELECT truncate_local_data_after_distributing_table('{{schema}}idem_stragglers');
 SELECT truncate_local_data_after_distributing_table('{{schema}}idem_keys');
 SELECT truncate_local_data_after_distributing_table('{{schema}}idem_verdicts');
 -- idem:step
 ALTER TABLE {{schema}}idem_leases ADD CONSTRAINT idem_leases_key_fkey
+    FOREIGN KEY (scope, key_id) REFERENCES {{schema}}idem_keys (scope, id) ON DELETE CASCADE;
+-- idem:step
+ALTER TABLE {{schema}}idem_stragglers ADD CONSTRAINT idem_stragglers_key_fkey
     FOREIGN KEY (scope, key_id) REFERENCES {{schema}}idem_keys (scope, id) ON DELETE CASCADE;
 
 -- The acquisition, distributed by its scope argument, runs whole on the
@@ -50,5 +59,5 @@ ALTER TABLE {{schema}}idem_leases ADD CONSTRAINT idem_leases_key_fkey
 -- file for its search_path).
 -- idem:step
 SELECT create_distributed_function(
-    '{{schema}}idem_acquire(timestamptz, text, text, text, text, text, bytea, text, bigint, boolean, text, text, text, int, text)',
+    '{{schema}}idem_acquire(timestamptz, text, text, text, text, text, bytea, text, bigint, boolean, text, text, text, int, text, bigint)',
     'p_scope', colocate_with := '{{schema}}idem_keys');

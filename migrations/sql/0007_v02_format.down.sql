@@ -48,7 +48,9 @@ DROP TRIGGER idem_leases_unlocked ON {{schema}}idem_leases;
 DROP FUNCTION {{schema}}idem_leases_unlocked();
 DROP FUNCTION {{schema}}idem_notify_waiters(text, bigint);
 DROP FUNCTION {{schema}}idem_acquire(timestamptz, text, text, text, text, text, bytea, text, bigint, boolean, text,
-    text, text, int, text);
+    text, text, int, text, bigint);
+DROP TABLE {{schema}}idem_stragglers;
+DROP TABLE {{schema}}idem_sweep;
 DROP TABLE {{schema}}idem_leases;
 
 -- The primary key goes back to (id), business tables' foreign keys with it
@@ -75,6 +77,7 @@ END
 $$;
 
 ALTER TABLE {{schema}}idem_keys
+    DROP COLUMN reap_after,
     DROP COLUMN generation,
     DROP COLUMN holder_pid,
     DROP COLUMN locked_at,
@@ -84,6 +87,11 @@ ALTER TABLE {{schema}}idem_keys
     DROP COLUMN holder_boot,
     ADD COLUMN request_id uuid NOT NULL DEFAULT gen_random_uuid(),
     ADD COLUMN downstream_scheme smallint NOT NULL DEFAULT 2;
+
+-- v0.1.0's indexes of finished and unfinished keys (DROP COLUMN took the
+-- reaper's index on reap_after with it).
+CREATE INDEX idem_keys_reap ON {{schema}}idem_keys (expires_at) WHERE status = 'finished';
+CREATE INDEX idem_keys_unfinished ON {{schema}}idem_keys (id) WHERE status <> 'finished';
 
 -- Version 3's lease table, empty: every key is finished.
 CREATE TABLE {{schema}}idem_leases (

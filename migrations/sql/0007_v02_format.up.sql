@@ -123,6 +123,12 @@ CREATE TABLE {{schema}}idem_keys (
     -- rare statements that take a key over or unlock it.
     id               bigint      GENERATED ALWAYS AS IDENTITY,
     created_at       timestamptz NOT NULL DEFAULT now(),
+    -- The earliest the key can expire: its creation plus its flow's
+    -- retention, which a finish then counts from its own time into
+    -- expires_at. The reaper finds keys by it (idem_keys_reap), never by
+    -- expires_at, which the finish writes. The default is a bound too,
+    -- the loosest: every reaper pass looks at such a row until it expires.
+    reap_after       timestamptz NOT NULL DEFAULT '-infinity',
     fence            bigint      NOT NULL DEFAULT 1,
     attempts         int         NOT NULL DEFAULT 1,
     -- generation counts the requests a (scope, key) carried while its rows
@@ -180,11 +186,11 @@ CREATE TABLE {{schema}}idem_keys (
 -- column: no index below covers a column a phase's advance writes.
 WITH (fillfactor = 80);
 
-INSERT INTO {{schema}}idem_keys (id, created_at, fence, attempts, scope, key, flow, method, path,
+INSERT INTO {{schema}}idem_keys (id, created_at, reap_after, fence, attempts, scope, key, flow, method, path,
     fingerprint, params_key_id, params, finished_at, expires_at, response_status, response_key_id,
     response_headers, response_body, last_error, last_run_at, status, recovery_point, checkpoint)
 OVERRIDING SYSTEM VALUE
-SELECT id, created_at, fence, attempts, scope, key, flow, method, path,
+SELECT id, created_at, coalesce(expires_at, created_at), fence, attempts, scope, key, flow, method, path,
     fingerprint, params_key_id, params, finished_at, expires_at, response_status, response_key_id,
     response_headers, response_body, last_error, last_run_at, status, recovery_point, checkpoint
 FROM {{schema}}idem_keys_v01;
@@ -200,13 +206,46 @@ ALTER TABLE {{schema}}idem_keys
     ADD CONSTRAINT idem_keys_scope_key UNIQUE (scope, key),
     ADD CONSTRAINT idem_keys_id UNIQUE (id);
 
--- The reaper walks finished rows by expiry; unfinished rows are never reaped.
-CREATE INDEX idem_keys_reap ON {{schema}}idem_keys (expires_at) WHERE status = 'finished';
+-- No index names a column that a phase commit or the finish writes
+-- (status, expires_at, recovery_point, ...): those updates stay HOT, one
+-- new tuple on the same page and no index entry. The reaper, the completer
+-- and the backlog find their keys through indexes nothing updates:
+--
+-- The reaper walks reap_after, set by the insert: every key it passes is
+-- finished and expired, or one of the few that ran past their retention or
+-- are still unfinished, re-checked and left.
+CREATE INDEX idem_keys_reap ON {{schema}}idem_keys (reap_after);
 
--- The completer, the reconcile runs and the backlog look only at the (few)
--- unfinished rows. Indexed by id, not by last_run_at, which every phase
--- commit writes.
-CREATE INDEX idem_keys_unfinished ON {{schema}}idem_keys (id) WHERE status <> 'finished';
+-- The unfinished keys are those with an id past the sweep's cursor
+-- (idem_sweep.swept_id: the keys created in the last minute or two, found
+-- by idem_keys_id) and those the sweep listed in idem_stragglers: keys it
+-- found still unfinished as its cursor passed them. Neither needs an
+-- index on status.
+CREATE TABLE {{schema}}idem_stragglers (
+    scope  text   NOT NULL,
+    key_id bigint NOT NULL,
+    CONSTRAINT idem_stragglers_pkey PRIMARY KEY (scope, key_id),
+    CONSTRAINT idem_stragglers_key_fkey FOREIGN KEY (scope, key_id)
+        REFERENCES {{schema}}idem_keys (scope, id) ON DELETE CASCADE
+);
+
+-- One row: the sweep's cursor and its next stop. Every key with an id up to
+-- swept_id that was unfinished when the sweep passed it is in
+-- idem_stragglers. next_id is the highest id the sweep saw at next_at: the
+-- sweep moves the cursor there once a lag has passed since (pgstore), when
+-- every insert that took an id up to it has committed or failed.
+CREATE TABLE {{schema}}idem_sweep (
+    one      boolean     PRIMARY KEY DEFAULT true CHECK (one),
+    swept_id bigint      NOT NULL,
+    next_id  bigint      NOT NULL,
+    next_at  timestamptz NOT NULL
+);
+-- The table was rebuilt above under an exclusive lock: no insert is in
+-- flight, every key is listed or finished.
+INSERT INTO {{schema}}idem_stragglers (scope, key_id)
+SELECT scope, id FROM {{schema}}idem_keys WHERE status <> 'finished';
+INSERT INTO {{schema}}idem_sweep (swept_id, next_id, next_at)
+SELECT coalesce(max(id), 0), coalesce(max(id), 0), now() FROM {{schema}}idem_keys;
 
 DO $$
 DECLARE
@@ -303,7 +342,8 @@ $idem_acquire$;
 --
 -- Parameters: p_now overrides the database clock (NULL: now()); p_params is
 -- the JSON to store, as text, parsed only when a key is inserted; p_lease is
--- the lease in microseconds; p_params_key_id names the key that sealed
+-- the lease in microseconds, p_retention the flow's retention (reap_after);
+-- p_params_key_id names the key that sealed
 -- p_params ('' for the clear); p_holder_* name the process (see
 -- idem_leases). Every statement names the scope, so that on Citus, where the
 -- function is distributed by p_scope, it runs whole on the scope's worker.
@@ -317,7 +357,7 @@ $idem_acquire$;
 CREATE FUNCTION {{schema}}idem_acquire(
     p_now timestamptz, p_scope text, p_key text, p_flow text, p_method text, p_path text,
     p_fingerprint bytea, p_params text, p_lease bigint, p_no_create boolean, p_params_key_id text,
-    p_holder_instance text, p_holder_host text, p_holder_pid int, p_holder_boot text)
+    p_holder_instance text, p_holder_host text, p_holder_pid int, p_holder_boot text, p_retention bigint)
 RETURNS TABLE (
     acquired text, db_now timestamptz,
     id bigint, scope text, key text, flow text, method text, path text,
@@ -361,10 +401,10 @@ BEGIN
         END IF;
 
         INSERT INTO {{schema}}idem_keys AS t
-            (scope, key, flow, method, path, fingerprint, params, created_at, last_run_at, params_key_id, generation,
-             locked_at, lease_expires_at, holder_instance, holder_host, holder_pid, holder_boot)
-        VALUES (p_scope, p_key, p_flow, p_method, p_path, p_fingerprint, p_params::jsonb, v_now, v_now,
-                nullif(p_params_key_id, ''), v_generation,
+            (scope, key, flow, method, path, fingerprint, params, created_at, reap_after, last_run_at, params_key_id,
+             generation, locked_at, lease_expires_at, holder_instance, holder_host, holder_pid, holder_boot)
+        VALUES (p_scope, p_key, p_flow, p_method, p_path, p_fingerprint, p_params::jsonb, v_now,
+                v_now + p_retention * interval '1 microsecond', v_now, nullif(p_params_key_id, ''), v_generation,
                 v_now, v_now + p_lease * interval '1 microsecond',
                 nullif(p_holder_instance, ''), nullif(p_holder_host, ''), nullif(p_holder_pid, 0),
                 nullif(p_holder_boot, ''))
