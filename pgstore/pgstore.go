@@ -130,9 +130,11 @@ type Store struct {
 	// habits say, per flow, which acquisition statement to send first
 	// (acquire.go).
 	habits acquireHabits
-	// sweepLag is how long the sweep waits before moving its cursor
-	// (sweep.go): sweepLag, shorter in tests.
-	sweepLag time.Duration
+	// sweepLag is how long the sweep waits before moving its cursor, and
+	// sweepChunk how many ids it lists at most per statement (sweep.go):
+	// the constants, smaller in tests.
+	sweepLag   time.Duration
+	sweepChunk int64
 }
 
 var _ idemdriver.Store = (*Store)(nil)
@@ -167,7 +169,7 @@ func New(db DB, config *Config) (*Store, error) {
 		return nil, err
 	}
 	st := &Store{db: db, control: config.ControlDB, q: newQueries(prefix), seal: seal, holder: newHolder(config.Instance),
-		sweepLag: sweepLag}
+		sweepLag: sweepLag, sweepChunk: sweepChunk}
 	st.waits = newWaits(st, db, config)
 	if st.control == nil {
 		st.control = db

@@ -78,7 +78,7 @@ type queries struct {
 	leaseRowsAbandoned, leaseRowOf string
 
 	// The sweep (sweep.go).
-	sweepState, sweepEnsure, sweepClaim, sweepList, sweepForget, sweepMove, newestID, stragglers string
+	sweepState, sweepEnsure, sweepClaim, sweepChunkEnd, sweepList, sweepPass, sweepForget, sweepMove, stragglers string
 }
 
 // recordColumns renders the columns of idemtype.KeyRecord from a progress
@@ -413,7 +413,7 @@ SET status           = 'running',
     checkpoint       = CASE WHEN $4::jsonb = '{}' THEN k.checkpoint ELSE k.checkpoint || $4::jsonb END,
     last_run_at      = clock.t
 FROM clock
-WHERE k.scope = $6::text AND k.id = $1 AND k.fence = $2
+WHERE k.scope = $6::text AND k.id = $1 AND k.fence = $2 AND k.status <> 'finished'
 RETURNING k.id
 )%s
 SELECT 1 / count(*)::int FROM guarded`
@@ -853,15 +853,26 @@ ORDER BY 1, 2, 3, 4`)
 
 	// The sweep (sweep.go). sweepState reads the cursor and whether a sweep
 	// is due ($1: the lag in microseconds, on the database's own clock,
-	// never a test's); sweepClaim locks the row of a due sweep, passing over
-	// one another process sweeps (SKIP LOCKED), and returns (cursor, next
-	// stop); sweepList lists the keys in ($1, $2] still unfinished;
-	// sweepForget forgets the stragglers that finished (the reaper deletes
-	// the rows of those it deletes); sweepMove moves the cursor to $1 and
-	// the next stop to $2, the newest id now (newestID). Separate
-	// statements, not one: on Citus idem_sweep is a table of the
-	// coordinator's own, which no statement over the distributed tables may
-	// name.
+	// never a test's); sweepClaim locks the row of a due sweep whose next
+	// stop is safe to move to, passing over one another process sweeps
+	// (SKIP LOCKED), and returns (cursor, next stop); sweepChunkEnd is where
+	// a chunk of at most $3 keys in ($1, $2] ends; sweepList lists the keys
+	// in ($1, $2] still unfinished; sweepForget forgets the stragglers that
+	// finished (the reaper deletes the rows of those it deletes); sweepPass
+	// moves the cursor after a chunk short of the stop; sweepMove moves it
+	// to the stop $1 and records the next stop, the newest id now, with
+	// the xmax of the snapshot that saw it.
+	//
+	// The next stop is safe once no session of the database other than
+	// this one holds a snapshot from before it was recorded (backend_xmin,
+	// which pg_stat_activity shows every role): an insert that took an id
+	// up to the stop began its statement, and took its snapshot, before the
+	// snapshot that saw the stop, and holds it until it commits or fails,
+	// however long it waits for a lock. A transaction id from before it
+	// (backend_xid) holds it too, for a transaction that inserted a key and
+	// is still open. Both are compared by their age against the xmax
+	// recorded (xid8 as a number), which errs towards waiting; a session
+	// with neither (NULL ages) holds nothing.
 	//
 	// A missing row (the table emptied by hand) reads as cursor 0, a sweep
 	// due: every key is in the window until the sweep makes the row again
@@ -869,11 +880,18 @@ ORDER BY 1, 2, 3, 4`)
 	q.sweepState = render(`
 SELECT coalesce(max(swept_id), 0), coalesce(bool_and(next_at <= clock_timestamp() - $1::bigint * interval '1 microsecond'), true)
 FROM {sweep}`)
-	q.sweepEnsure = render(`INSERT INTO {sweep} (swept_id, next_id, next_at) VALUES (0, 0, '-infinity') ON CONFLICT (one) DO NOTHING`)
+	q.sweepEnsure = render(`INSERT INTO {sweep} (swept_id, next_id, next_xid, next_at) VALUES (0, 0, 0, '-infinity') ON CONFLICT (one) DO NOTHING`)
 	q.sweepClaim = render(`
-SELECT swept_id, next_id FROM {sweep}
-WHERE next_at <= clock_timestamp() - $1::bigint * interval '1 microsecond'
-FOR UPDATE SKIP LOCKED`)
+SELECT w.swept_id, w.next_id FROM {sweep} w
+WHERE w.next_at <= clock_timestamp() - $1::bigint * interval '1 microsecond'
+  AND NOT EXISTS (
+    SELECT 1 FROM pg_stat_activity a
+    WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+      AND pg_snapshot_xmax(pg_current_snapshot())::text::bigint
+          - greatest(age(a.backend_xmin), age(a.backend_xid)) <= w.next_xid)
+FOR UPDATE OF w SKIP LOCKED`)
+	q.sweepChunkEnd = render(`
+SELECT coalesce((SELECT id FROM {t} WHERE id > $1::bigint AND id <= $2::bigint ORDER BY id OFFSET $3::int - 1 LIMIT 1), $2::bigint)`)
 	q.sweepList = render(`
 INSERT INTO {stragglers} (scope, key_id)
 SELECT k.scope, k.id FROM {t} k
@@ -882,8 +900,10 @@ ON CONFLICT (scope, key_id) DO NOTHING`)
 	q.sweepForget = render(`
 DELETE FROM {stragglers} s USING {t} k
 WHERE k.scope = s.scope AND k.id = s.key_id AND k.status = 'finished'`)
-	q.sweepMove = render(`UPDATE {sweep} SET swept_id = $1::bigint, next_id = $2::bigint, next_at = clock_timestamp()`)
-	q.newestID = render(`SELECT coalesce(max(id), 0) FROM {t}`)
+	q.sweepPass = render(`UPDATE {sweep} SET swept_id = $1::bigint`)
+	q.sweepMove = render(`
+UPDATE {sweep} SET swept_id = $1::bigint, next_id = greatest($1::bigint, n.id), next_xid = n.xmax, next_at = clock_timestamp()
+FROM (SELECT coalesce(max(id), 0) AS id, pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xmax FROM {t}) n`)
 	q.stragglers = render(`SELECT coalesce(array_agg(key_id), '{}') FROM {stragglers}`)
 
 	// backlog counts unfinished keys by status, among the unfinished window

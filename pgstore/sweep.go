@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,20 +17,25 @@ import (
 // take an entry at every finish. Instead the unfinished keys are:
 //
 //   - the keys with an id past the sweep's cursor (idem_sweep.swept_id):
-//     the keys created in the last minute or two, found by the id index;
+//     about the keys created since the last operation that looked for
+//     unfinished keys, found by the id index;
 //   - the stragglers (idem_stragglers): keys that were still unfinished when
 //     the sweep's cursor passed them, a few (a request running for minutes,
 //     a key parked for reconciliation, a key nobody has resumed yet).
 //
-// The sweep moves the cursor at most once per sweepLag: to next_id, the
-// highest id it saw a lag earlier, after listing every key up to it that is
-// still unfinished. An insert takes its id (nextval) after its statement
-// began and commits when the statement ends, so once the lag has passed
-// every key with an id up to next_id is committed (or never will be): the
-// cursor never passes a key still on its way. The lag must exceed the
-// longest an acquisition's statement runs, which the runner's statement
-// timeout bounds. The same sweep forgets stragglers that have finished
-// since.
+// The sweep moves the cursor to next_id, the highest id it saw when it last
+// moved it, once no session of the database holds a snapshot as old as the
+// one that saw next_id (pg_stat_activity's backend_xmin, which every role
+// may read). An insert takes its id (nextval) after its statement began,
+// and holds its statement's snapshot until it commits or fails, however
+// long it waits for a lock: so by then every key with an id up to next_id
+// is committed, or never will be, and the cursor never passes a key still
+// on its way. No clock is trusted. A session that holds an old snapshot
+// for long (a long report, a transaction left open) holds the cursor back,
+// and the window grows until it ends; so does an operation that is not
+// called, as the cursor moves only when one looks for unfinished keys, at
+// most once per sweepLag. The same sweep forgets stragglers that have
+// finished. A sweep far behind lists sweepChunk keys per transaction.
 //
 // Whoever reads the unfinished keys (completer, reaper of unfinished keys,
 // backlog, listings by state) sweeps first when the sweep is due, then
@@ -38,9 +44,8 @@ import (
 // idem_keys_id and re-checks the status. A cursor read before another
 // process moves it on is only a wider window.
 
-// sweepLag is how long the sweep waits before moving its cursor to an id it
-// saw: longer than any acquisition statement runs.
-const sweepLag = time.Minute
+// sweepLag is the least time between two moves of the sweep's cursor.
+const sweepLag = time.Second
 
 // unfinishedWindow is where the unfinished keys are: ids past swept, and
 // the stragglers.
@@ -60,8 +65,14 @@ func unfinishedAmong(k string, swept, stragglers int) string {
 }
 
 // unfinished sweeps if the sweep is due, then returns the unfinished window.
+// On Citus, every key: the statements find the unfinished ones through the
+// layout's partial index (see migrations/citus), as ids are numbered per
+// worker there and no cursor over them holds.
 func (s *Store) unfinished(ctx context.Context) (unfinishedWindow, error) {
 	var w unfinishedWindow
+	if s.q.citus {
+		return unfinishedWindow{swept: math.MinInt64, stragglers: []int64{}}, nil
+	}
 	var due bool
 	if err := s.db.QueryRow(ctx, s.q.sweepState, s.sweepLag.Microseconds()).Scan(&w.swept, &due); err != nil {
 		return w, mapError(fmt.Errorf("pgstore: read the sweep's cursor: %w", err))
@@ -79,41 +90,58 @@ func (s *Store) unfinished(ctx context.Context) (unfinishedWindow, error) {
 	return w, nil
 }
 
+// sweepChunk is how many keys one of the sweep's statements lists at most,
+// so that a sweep far behind (no operation ran for days, a bulk load)
+// catches up in statements that each stay short.
+const sweepChunk = 100_000
+
 // sweep lists the keys up to the sweep's next stop that are still
 // unfinished, forgets the stragglers that finished, and moves the cursor
-// to that stop, in one transaction; it returns the cursor. A sweep another
+// to that stop; it returns the cursor. Each chunk of ids is listed, and the
+// cursor moved past it, in a transaction of its own. A sweep another
 // process runs at the same time (its row locked), or one that is not due
 // after all, leaves everything to that process.
 func (s *Store) sweep(ctx context.Context) (int64, error) {
 	var swept int64
-	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, s.q.sweepEnsure); err != nil {
-			return err
-		}
-		var next int64
-		err := tx.QueryRow(ctx, s.q.sweepClaim, s.sweepLag.Microseconds()).Scan(&swept, &next)
-		if err == pgx.ErrNoRows {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, s.q.sweepList, swept, next); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, s.q.sweepForget); err != nil {
-			return err
-		}
-		var newest int64
-		if err := tx.QueryRow(ctx, s.q.newestID).Scan(&newest); err != nil {
-			return err
-		}
-		swept = next
-		_, err = tx.Exec(ctx, s.q.sweepMove, next, max(next, newest))
-		return err
-	})
-	if err != nil {
+	if _, err := s.db.Exec(ctx, s.q.sweepEnsure); err != nil {
 		return 0, mapError(fmt.Errorf("pgstore: sweep: %w", err))
+	}
+	for done := false; !done; {
+		// The claim is the transaction's first statement: it compares
+		// sessions' snapshots by age, which counts from this transaction's
+		// id once it has one.
+		err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+			var next int64
+			err := tx.QueryRow(ctx, s.q.sweepClaim, s.sweepLag.Microseconds()).Scan(&swept, &next)
+			if err == pgx.ErrNoRows {
+				done = true
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			var end int64
+			if err := tx.QueryRow(ctx, s.q.sweepChunkEnd, swept, next, s.sweepChunk).Scan(&end); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, s.q.sweepList, swept, end); err != nil {
+				return err
+			}
+			swept = end
+			if end < next {
+				_, err = tx.Exec(ctx, s.q.sweepPass, end)
+				return err
+			}
+			done = true
+			if _, err := tx.Exec(ctx, s.q.sweepForget); err != nil {
+				return err
+			}
+			_, err = tx.Exec(ctx, s.q.sweepMove, next)
+			return err
+		})
+		if err != nil {
+			return 0, mapError(fmt.Errorf("pgstore: sweep: %w", err))
+		}
 	}
 	return swept, nil
 }

@@ -68,92 +68,167 @@ func TestPhaseCommitsAndTheFinishAreHOT(t *testing.T) {
 	}
 }
 
+// sweepPast sweeps until the cursor is at id or past it: a session of
+// another test in the same database may hold a snapshot that holds the
+// cursor back for a moment.
+func sweepPast(t *testing.T, store *Store, id int64) unfinishedWindow {
+	t.Helper()
+	var w unfinishedWindow
+	require.Eventually(t, func() bool {
+		var err error
+		w, err = store.unfinished(context.Background())
+		require.NoError(t, err)
+		return w.swept >= id
+	}, 30*time.Second, time.Millisecond, "the sweep's cursor does not reach %d", id)
+	return w
+}
+
 // The sweep lists the keys still unfinished as its cursor passes them, and
 // forgets them once they finish; the operations find unfinished keys below
-// the cursor only through that list. On plain PostgreSQL and on Citus.
+// the cursor only through that list.
 func TestSweepListsTheKeysStillUnfinished(t *testing.T) {
 	t.Parallel()
-	for name, setup := range map[string]func(t *testing.T) (*Store, *pgtest.Schema){
-		"plain": func(t *testing.T) (*Store, *pgtest.Schema) {
-			schema := pgtest.NewMigratedSchema(t)
-			store, err := New(schema.Pool, &Config{Schema: schema.Name})
-			require.NoError(t, err)
-			t.Cleanup(store.Close)
-			return store, schema
-		},
-		"citus": citusStore,
-	} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			store, schema := setup(t)
-			store.sweepLag = 0
-			now := time.Now()
-			acquire := func(key string) idemdriver.LockRef {
-				res, err := store.Acquire(ctx, sweepParams(key, &now))
-				require.NoError(t, err)
-				require.Equal(t, idemdriver.AcquiredCreated, res.Acquired, key)
-				return idemdriver.LockRef{ID: res.Record.ID, Fence: res.Record.Fence, Scope: "s"}
-			}
-			stragglers := func() []int64 {
-				var ids []int64
-				require.NoError(t, schema.Pool.QueryRow(ctx, `SELECT coalesce(array_agg(key_id ORDER BY key_id), '{}') FROM `+schema.Name+`.idem_stragglers`).Scan(&ids))
-				return ids
-			}
-			window := func() unfinishedWindow {
-				w, err := store.unfinished(ctx)
-				require.NoError(t, err)
-				return w
-			}
-
-			done := acquire("done")
-			commit(t, store, done, "", &now)
-			idle := acquire("idle")
-			require.NoError(t, store.Release(ctx, idle, "gave up"))
-			parked := acquire("parked")
-			require.NoError(t, store.SetNeedsReconcile(ctx, parked, "in doubt"))
-			later := acquire("later") // finishes after the sweep passed it
-
-			// The first sweep stops where the migration's left it and sets
-			// its next stop at the newest key; the second passes all four.
-			window()
-			w := window()
-			require.Equal(t, later.ID, w.swept)
-			require.Equal(t, []int64{idle.ID, parked.ID, later.ID}, stragglers(), "the unfinished keys, not the finished one")
-			require.ElementsMatch(t, []int64{idle.ID, parked.ID, later.ID}, w.stragglers)
-
-			// Below the cursor, every operation finds them.
-			b, err := store.Backlog(ctx, idemdriver.BacklogParams{Now: &now})
-			require.NoError(t, err)
-			require.EqualValues(t, 2, b.Statuses[0].Keys, "running: idle and later")
-			require.EqualValues(t, 1, b.Statuses[1].Keys, "needs_reconcile: parked")
-			groups, err := store.UnfinishedKeys(ctx, []string{"f"})
-			require.NoError(t, err)
-			n := 0
-			for _, g := range groups {
-				n += g.Keys
-			}
-			require.Equal(t, 3, n)
-			list, err := store.ListKeys(ctx, idemdriver.ListKeysParams{KeyQuery: idemtype.KeyQuery{State: idemtype.KeyStateNeedsReconcile, Limit: 10}, Now: &now})
-			require.NoError(t, err)
-			require.Len(t, list.Keys, 1)
-			require.Equal(t, parked.ID, list.Keys[0].ID)
-			soon := now.Add(time.Hour)
-			claimed, err := store.ClaimIdle(ctx, idemdriver.ClaimIdleParams{Status: idemtype.StoredRunning, Flows: []string{"f"},
-				IdleFor: time.Minute, Limit: 10, Now: &soon})
-			require.NoError(t, err)
-			require.Len(t, claimed, 2, "idle, and later whose first lease ran out")
-
-			// A straggler that finishes is forgotten by the next sweep; one
-			// the reaper deletes goes with its key.
-			commit(t, store, later, "", &now)
-			reaped, err := store.ReapUnfinished(ctx, idemdriver.ReapUnfinishedParams{After: time.Minute, Limit: 10, Now: &soon})
-			require.NoError(t, err)
-			require.Equal(t, 1, reaped.Deleted, "idle")
-			window()
-			require.Equal(t, []int64{parked.ID}, stragglers())
-		})
+	ctx := context.Background()
+	schema := pgtest.NewMigratedSchema(t)
+	store, err := New(schema.Pool, &Config{Schema: schema.Name})
+	require.NoError(t, err)
+	t.Cleanup(store.Close)
+	// No lag, and chunks of two keys: the sweep lists four keys in two.
+	store.sweepLag, store.sweepChunk = 0, 2
+	now := time.Now()
+	acquire := func(key string) idemdriver.LockRef {
+		res, err := store.Acquire(ctx, sweepParams(key, &now))
+		require.NoError(t, err)
+		require.Equal(t, idemdriver.AcquiredCreated, res.Acquired, key)
+		return idemdriver.LockRef{ID: res.Record.ID, Fence: res.Record.Fence, Scope: "s"}
 	}
+	stragglers := func() []int64 {
+		var ids []int64
+		require.NoError(t, schema.Pool.QueryRow(ctx, `SELECT coalesce(array_agg(key_id ORDER BY key_id), '{}') FROM idem_stragglers`).Scan(&ids))
+		return ids
+	}
+
+	done := acquire("done")
+	commit(t, store, done, "", &now)
+	idle := acquire("idle")
+	require.NoError(t, store.Release(ctx, idle, "gave up"))
+	parked := acquire("parked")
+	require.NoError(t, store.SetNeedsReconcile(ctx, parked, "in doubt"))
+	later := acquire("later") // finishes after the sweep passed it
+
+	w := sweepPast(t, store, later.ID)
+	require.Equal(t, later.ID, w.swept, "the cursor stops at the newest key it saw")
+	require.Equal(t, []int64{idle.ID, parked.ID, later.ID}, stragglers(), "the unfinished keys, not the finished one")
+	require.ElementsMatch(t, []int64{idle.ID, parked.ID, later.ID}, w.stragglers)
+	unfinishedKeysFound(t, store, now, now.Add(time.Hour), 2, 1)
+
+	// A straggler that finishes is forgotten by the next sweep; one the
+	// reaper deletes goes with its key.
+	commit(t, store, later, "", &now)
+	soon := now.Add(time.Hour)
+	reaped, err := store.ReapUnfinished(ctx, idemdriver.ReapUnfinishedParams{After: time.Minute, Limit: 10, Now: &soon})
+	require.NoError(t, err)
+	require.Equal(t, 1, reaped.Deleted, "idle")
+	next := acquire("next")
+	sweepPast(t, store, next.ID)
+	require.Equal(t, []int64{parked.ID, next.ID}, stragglers())
+}
+
+// unfinishedKeysFound checks that every operation that looks for unfinished
+// keys finds running idle keys and needsReconcile parked ones, when nothing
+// else is unfinished: the backlog, the startup count, the listing and the
+// completer's claim at claimAt (every first lease run out, every key idle).
+func unfinishedKeysFound(t *testing.T, store *Store, now, claimAt time.Time, running, needsReconcile int) {
+	t.Helper()
+	ctx := context.Background()
+	b, err := store.Backlog(ctx, idemdriver.BacklogParams{Now: &now})
+	require.NoError(t, err)
+	require.EqualValues(t, running, b.Statuses[0].Keys, "backlog: running")
+	require.EqualValues(t, needsReconcile, b.Statuses[1].Keys, "backlog: needs_reconcile")
+	groups, err := store.UnfinishedKeys(ctx, []string{"f"})
+	require.NoError(t, err)
+	n := 0
+	for _, g := range groups {
+		n += g.Keys
+	}
+	require.Equal(t, running+needsReconcile, n, "startup count")
+	list, err := store.ListKeys(ctx, idemdriver.ListKeysParams{KeyQuery: idemtype.KeyQuery{State: idemtype.KeyStateNeedsReconcile, Limit: 100}, Now: &now})
+	require.NoError(t, err)
+	require.Len(t, list.Keys, needsReconcile, "listing")
+	claimed, err := store.ClaimIdle(ctx, idemdriver.ClaimIdleParams{Status: idemtype.StoredRunning, Flows: []string{"f"},
+		IdleFor: time.Minute, Limit: 100, Now: &claimAt})
+	require.NoError(t, err)
+	require.Len(t, claimed, running, "completer")
+}
+
+// A key whose insert waited for a lock (the reaper's uncommitted delete of
+// the expired key it replaces) takes its id before it waits and commits
+// after: the sweep's cursor does not pass it while it waits, however long,
+// so the operations find it once it lands.
+func TestSweepWaitsForAnInsertThatWaits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.NewMigratedSchema(t)
+	store, pid := storeOnOneConnection(t, schema, nil)
+	control, err := New(schema.Pool, &Config{Schema: schema.Name})
+	require.NoError(t, err)
+	t.Cleanup(control.Close)
+	control.sweepLag = 0
+	old, err := control.Acquire(ctx, sweepParams("k", nil))
+	require.NoError(t, err)
+	commit(t, control, idemdriver.LockRef{ID: old.Record.ID, Fence: old.Record.Fence, Scope: "s"}, "", nil)
+
+	deleter, err := schema.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = deleter.Rollback(ctx) }()
+	_, err = deleter.Exec(ctx, `DELETE FROM idem_keys WHERE id = $1`, old.Record.ID)
+	require.NoError(t, err)
+	landed := acquireBlocked(t, schema, store, pid, sweepParams("k", nil), "the insert waits for the delete")
+
+	other, err := control.Acquire(ctx, sweepParams("other", nil))
+	require.NoError(t, err)
+	for range 5 {
+		w, err := control.unfinished(ctx)
+		require.NoError(t, err)
+		require.Less(t, w.swept, other.Record.ID, "the cursor waits while an insert that took an id before it waits")
+	}
+	require.NoError(t, deleter.Commit(ctx))
+	res := <-landed
+	require.Equal(t, idemdriver.AcquiredCreated, res.Acquired)
+	require.Less(t, res.Record.ID, other.Record.ID, "the waiting insert had its id first")
+	sweepPast(t, control, other.Record.ID)
+	b, err := control.Backlog(ctx, idemdriver.BacklogParams{})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, b.Statuses[0].Keys, "both keys found")
+}
+
+// On Citus each worker numbers the keys it inserts from a range of its own,
+// so the operations find unfinished keys through the layout's partial
+// index, not a cursor over ids: keys over many scopes, on every worker,
+// created before and after the operations ran, are all found.
+func TestCitusFindsUnfinishedKeysOnEveryWorker(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store, _ := citusStore(t)
+	now := time.Now()
+	acquire := func(scope, key string) idemdriver.LockRef {
+		p := sweepParams(key, &now)
+		p.Scope = scope
+		res, err := store.Acquire(ctx, p)
+		require.NoError(t, err)
+		require.Equal(t, idemdriver.AcquiredCreated, res.Acquired, key)
+		return idemdriver.LockRef{ID: res.Record.ID, Fence: res.Record.Fence, Scope: scope}
+	}
+	for i := range 8 {
+		require.NoError(t, store.Release(ctx, acquire(fmt.Sprintf("scope%d", i), "a"), "gave up"))
+	}
+	unfinishedKeysFound(t, store, now, now.Add(time.Hour), 8, 0)
+	for i := range 8 {
+		require.NoError(t, store.Release(ctx, acquire(fmt.Sprintf("scope%d", i), "b"), "gave up"))
+	}
+	parked := acquire("scope0", "c")
+	require.NoError(t, store.SetNeedsReconcile(ctx, parked, "in doubt"))
+	unfinishedKeysFound(t, store, now, now.Add(2*time.Hour), 16, 1)
 }
 
 // The operations read the unfinished window, never the finished keys below
@@ -176,10 +251,7 @@ func TestOperationsReadNoFinishedKeyOutsideTheirWindow(t *testing.T) {
 			now(), now() + interval '1 day', now() + interval '1 day', now(), now()
 		FROM generate_series(1, $1) i`, finished)
 	require.NoError(t, err)
-	_, err = store.unfinished(ctx) // sets the next stop past them
-	require.NoError(t, err)
-	w, err := store.unfinished(ctx)
-	require.NoError(t, err)
+	w := sweepPast(t, store, finished)
 	require.EqualValues(t, finished, w.swept)
 	for i := range 3 {
 		res, err := store.Acquire(ctx, sweepParams(fmt.Sprintf("new%d", i), nil))
@@ -225,4 +297,30 @@ func TestOperationsReadNoFinishedKeyOutsideTheirWindow(t *testing.T) {
 		n := read(sql, args...)
 		require.Less(t, n, int64(50), "%s read %d rows of idem_keys, of %d finished keys and 3 unfinished", name, n, finished)
 	}
+}
+
+// The sweep moves its cursor only a lag after it saw the ids it moves to:
+// until then the keys are found past the cursor, however many sweeps are
+// asked for.
+func TestSweepWaitsItsLag(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.NewMigratedSchema(t)
+	store, err := New(schema.Pool, &Config{Schema: schema.Name})
+	require.NoError(t, err)
+	t.Cleanup(store.Close)
+	require.Equal(t, sweepLag, store.sweepLag)
+	res, err := store.Acquire(ctx, sweepParams("k", nil))
+	require.NoError(t, err)
+	for range 3 {
+		w, err := store.unfinished(ctx)
+		require.NoError(t, err)
+		require.Less(t, w.swept, res.Record.ID, "the cursor stays before the new key")
+	}
+	var listed int
+	require.NoError(t, schema.Pool.QueryRow(ctx, `SELECT count(*) FROM idem_stragglers`).Scan(&listed))
+	require.Zero(t, listed)
+	b, err := store.Backlog(ctx, idemdriver.BacklogParams{})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, b.Statuses[0].Keys, "found past the cursor")
 }

@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -292,6 +293,14 @@ func growKeys(ctx context.Context, db *pgxpool.Pool, table string, from, to, exp
 		return 0, nil, err
 	}
 	step(fmt.Sprintf("insert %s rows", humanCount(int(to-from+1))), t)
+	// Every key loaded is finished: the sweep's cursor goes past them, as
+	// the migration puts it past the keys it finds, rather than make the
+	// first operations that look for unfinished keys read them all.
+	sweep := strings.TrimSuffix(table, "idem_keys") + "idem_sweep"
+	if _, err := conn.Exec(ctx, `UPDATE `+sweep+` SET swept_id = m.id, next_id = m.id, next_at = now()
+		FROM (SELECT max(id) AS id FROM `+table+`) m`); err != nil {
+		return 0, nil, fmt.Errorf("move the sweep's cursor past the loaded keys: %w", err)
+	}
 	for _, r := range rebuilds {
 		t := time.Now()
 		if _, err := conn.Exec(ctx, r.create); err != nil {

@@ -217,10 +217,12 @@ ALTER TABLE {{schema}}idem_keys
 CREATE INDEX idem_keys_reap ON {{schema}}idem_keys (reap_after);
 
 -- The unfinished keys are those with an id past the sweep's cursor
--- (idem_sweep.swept_id: the keys created in the last minute or two, found
--- by idem_keys_id) and those the sweep listed in idem_stragglers: keys it
--- found still unfinished as its cursor passed them. Neither needs an
--- index on status.
+-- (idem_sweep.swept_id: the keys created since about the last operation
+-- that looked for them, found by idem_keys_id) and those the sweep listed
+-- in idem_stragglers: keys it found still unfinished as its cursor passed
+-- them. Neither needs an index on status. (On Citus, where each worker
+-- numbers ids from a range of its own, the layout keeps a partial index of
+-- unfinished keys instead: migrations/citus.)
 CREATE TABLE {{schema}}idem_stragglers (
     scope  text   NOT NULL,
     key_id bigint NOT NULL,
@@ -231,21 +233,23 @@ CREATE TABLE {{schema}}idem_stragglers (
 
 -- One row: the sweep's cursor and its next stop. Every key with an id up to
 -- swept_id that was unfinished when the sweep passed it is in
--- idem_stragglers. next_id is the highest id the sweep saw at next_at: the
--- sweep moves the cursor there once a lag has passed since (pgstore), when
+-- idem_stragglers. next_id is the highest id the sweep saw at next_at, from
+-- a snapshot whose xmax was next_xid: the sweep moves the cursor there once
+-- no session of the database holds a snapshot that old (pgstore), when
 -- every insert that took an id up to it has committed or failed.
 CREATE TABLE {{schema}}idem_sweep (
     one      boolean     PRIMARY KEY DEFAULT true CHECK (one),
     swept_id bigint      NOT NULL,
     next_id  bigint      NOT NULL,
+    next_xid bigint      NOT NULL,
     next_at  timestamptz NOT NULL
 );
 -- The table was rebuilt above under an exclusive lock: no insert is in
 -- flight, every key is listed or finished.
 INSERT INTO {{schema}}idem_stragglers (scope, key_id)
 SELECT scope, id FROM {{schema}}idem_keys WHERE status <> 'finished';
-INSERT INTO {{schema}}idem_sweep (swept_id, next_id, next_at)
-SELECT coalesce(max(id), 0), coalesce(max(id), 0), now() FROM {{schema}}idem_keys;
+INSERT INTO {{schema}}idem_sweep (swept_id, next_id, next_xid, next_at)
+SELECT coalesce(max(id), 0), coalesce(max(id), 0), 0, now() FROM {{schema}}idem_keys;
 
 DO $$
 DECLARE
