@@ -853,26 +853,37 @@ ORDER BY 1, 2, 3, 4`)
 
 	// The sweep (sweep.go). sweepState reads the cursor and whether a sweep
 	// is due ($1: the lag in microseconds, on the database's own clock,
-	// never a test's); sweepClaim locks the row of a due sweep whose next
-	// stop is safe to move to, passing over one another process sweeps
-	// (SKIP LOCKED), and returns (cursor, next stop); sweepChunkEnd is where
-	// a chunk of at most $3 keys in ($1, $2] ends; sweepList lists the keys
-	// in ($1, $2] still unfinished; sweepForget forgets the stragglers that
-	// finished (the reaper deletes the rows of those it deletes); sweepPass
-	// moves the cursor after a chunk short of the stop; sweepMove moves it
-	// to the stop $1 and records the next stop, the newest id now, with
-	// the xmax of the snapshot that saw it.
+	// never a test's); sweepClaim locks the row of a due sweep whose stops
+	// are safe (below), passing over one another process sweeps (SKIP
+	// LOCKED), and returns (cursor, ready stop, next stop); sweepChunkEnd is
+	// where a chunk of at most $3 keys in ($1, $2] ends; sweepList lists
+	// the keys in ($1, $2] still unfinished; sweepForget forgets the
+	// stragglers that finished (the reaper deletes the rows of those it
+	// deletes); sweepPass moves the cursor after a chunk short of the ready
+	// stop; sweepMove moves it to the ready stop $1, makes the next stop ($2)
+	// the ready one, and records the next: the newest id now, with the xmax
+	// of the snapshot that saw it.
 	//
-	// The next stop is safe once no session of the database other than
-	// this one holds a snapshot from before it was recorded (backend_xmin,
-	// which pg_stat_activity shows every role): an insert that took an id
-	// up to the stop began its statement, and took its snapshot, before the
-	// snapshot that saw the stop, and holds it until it commits or fails,
-	// however long it waits for a lock. A transaction id from before it
-	// (backend_xid) holds it too, for a transaction that inserted a key and
-	// is still open. Both are compared by their age against the xmax
-	// recorded (xid8 as a number), which errs towards waiting; a session
-	// with neither (NULL ages) holds nothing.
+	// A claim succeeds when no session of the database other than this one
+	// holds a snapshot (backend_xmin) or a transaction id (backend_xid) as
+	// old as next_xid, both of which pg_stat_activity shows every role, nor
+	// does a prepared transaction. Each is compared by its age against the
+	// xid recorded (xid8 as a number), which errs towards waiting; a session
+	// with neither (NULL ages) holds nothing. Then:
+	//
+	//   - every insert that took an id up to next_id has ended its
+	//     statement: it took the id after its statement's snapshot, which it
+	//     keeps until the statement ends, however long it waits for a lock,
+	//     and that snapshot is older than the one that saw next_id. It may
+	//     still be committing (a WAL flush, a synchronous standby), with a
+	//     transaction id taken after next_xid but before this claim, and so
+	//     before the next move's xmax: next_id becomes the ready stop;
+	//   - every insert that took an id up to the ready stop, made ready by
+	//     the claim before, has committed or failed, as no transaction id
+	//     as old as the last move's xmax is left: the cursor moves there.
+	//
+	// The sweep runs at read committed, so that each statement after the
+	// claim reads with a snapshot taken after the claim read the sessions.
 	//
 	// A missing row (the table emptied by hand) reads as cursor 0, a sweep
 	// due: every key is in the window until the sweep makes the row again
@@ -880,15 +891,20 @@ ORDER BY 1, 2, 3, 4`)
 	q.sweepState = render(`
 SELECT coalesce(max(swept_id), 0), coalesce(bool_and(next_at <= clock_timestamp() - $1::bigint * interval '1 microsecond'), true)
 FROM {sweep}`)
-	q.sweepEnsure = render(`INSERT INTO {sweep} (swept_id, next_id, next_xid, next_at) VALUES (0, 0, 0, '-infinity') ON CONFLICT (one) DO NOTHING`)
+	q.sweepEnsure = render(`
+INSERT INTO {sweep} (swept_id, ready_id, next_id, next_xid, next_at) VALUES (0, 0, 0, 0, '-infinity')
+ON CONFLICT (one) DO NOTHING`)
 	q.sweepClaim = render(`
-SELECT w.swept_id, w.next_id FROM {sweep} w
+WITH x AS (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xmax)
+SELECT w.swept_id, w.ready_id, w.next_id FROM {sweep} w, x
 WHERE w.next_at <= clock_timestamp() - $1::bigint * interval '1 microsecond'
   AND NOT EXISTS (
     SELECT 1 FROM pg_stat_activity a
     WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
-      AND pg_snapshot_xmax(pg_current_snapshot())::text::bigint
-          - greatest(age(a.backend_xmin), age(a.backend_xid)) <= w.next_xid)
+      AND x.xmax - greatest(age(a.backend_xmin), age(a.backend_xid)) <= w.next_xid)
+  AND NOT EXISTS (
+    SELECT 1 FROM pg_prepared_xacts p
+    WHERE p.database = current_database() AND x.xmax - age(p.transaction) <= w.next_xid)
 FOR UPDATE OF w SKIP LOCKED`)
 	q.sweepChunkEnd = render(`
 SELECT coalesce((SELECT id FROM {t} WHERE id > $1::bigint AND id <= $2::bigint ORDER BY id OFFSET $3::int - 1 LIMIT 1), $2::bigint)`)
@@ -902,7 +918,8 @@ DELETE FROM {stragglers} s USING {t} k
 WHERE k.scope = s.scope AND k.id = s.key_id AND k.status = 'finished'`)
 	q.sweepPass = render(`UPDATE {sweep} SET swept_id = $1::bigint`)
 	q.sweepMove = render(`
-UPDATE {sweep} SET swept_id = $1::bigint, next_id = greatest($1::bigint, n.id), next_xid = n.xmax, next_at = clock_timestamp()
+UPDATE {sweep} SET swept_id = $1::bigint, ready_id = greatest($1::bigint, $2::bigint),
+    next_id = greatest($2::bigint, n.id), next_xid = n.xmax, next_at = clock_timestamp()
 FROM (SELECT coalesce(max(id), 0) AS id, pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xmax FROM {t}) n`)
 	q.stragglers = render(`SELECT coalesce(array_agg(key_id), '{}') FROM {stragglers}`)
 

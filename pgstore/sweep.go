@@ -23,19 +23,25 @@ import (
 //     the sweep's cursor passed them, a few (a request running for minutes,
 //     a key parked for reconciliation, a key nobody has resumed yet).
 //
-// The sweep moves the cursor to next_id, the highest id it saw when it last
-// moved it, once no session of the database holds a snapshot as old as the
-// one that saw next_id (pg_stat_activity's backend_xmin, which every role
-// may read). An insert takes its id (nextval) after its statement began,
-// and holds its statement's snapshot until it commits or fails, however
-// long it waits for a lock: so by then every key with an id up to next_id
-// is committed, or never will be, and the cursor never passes a key still
-// on its way. No clock is trusted. A session that holds an old snapshot
-// for long (a long report, a transaction left open) holds the cursor back,
-// and the window grows until it ends; so does an operation that is not
-// called, as the cursor moves only when one looks for unfinished keys, at
-// most once per sweepLag. The same sweep forgets stragglers that have
-// finished. A sweep far behind lists sweepChunk keys per transaction.
+// The sweep moves the cursor in two stages, each once no session of the
+// database holds a snapshot or a transaction id as old as the last move
+// (pg_stat_activity's backend_xmin and backend_xid, which every role may
+// read; see queries.sweepClaim): the highest id a move saw becomes ready at
+// the next, when every insert that took an id up to it has ended its
+// statement, and the cursor reaches it at the one after, when every such
+// insert has also committed or failed. An insert takes its id (nextval)
+// after its statement began and keeps its statement's snapshot until the
+// statement ends, however long it waits for a lock, so the cursor never
+// passes a key still on its way. No clock is trusted. (It also counts on
+// ids handed out in the order inserts ask for them: the identity sequence
+// has a cache of 1, its default; a larger cache would hand a session ids
+// minutes after another took higher ones.) A session that keeps an old
+// snapshot for long (a long report, a transaction left open) holds the
+// cursor back, and the window grows until it ends; so does an operation
+// that is not called, as the cursor moves only when one looks for
+// unfinished keys, at most once per sweepLag. The same sweep forgets
+// stragglers that have finished. A sweep far behind lists sweepChunk keys
+// per transaction.
 //
 // Whoever reads the unfinished keys (completer, reaper of unfinished keys,
 // backlog, listings by state) sweeps first when the sweep is due, then
@@ -109,10 +115,11 @@ func (s *Store) sweep(ctx context.Context) (int64, error) {
 	for done := false; !done; {
 		// The claim is the transaction's first statement: it compares
 		// sessions' snapshots by age, which counts from this transaction's
-		// id once it has one.
-		err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-			var next int64
-			err := tx.QueryRow(ctx, s.q.sweepClaim, s.sweepLag.Microseconds()).Scan(&swept, &next)
+		// id once it has one. Read committed: each statement after it reads
+		// with a snapshot taken after it (see queries.sweepClaim).
+		err := pgx.BeginTxFunc(ctx, s.db, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+			var ready, next int64
+			err := tx.QueryRow(ctx, s.q.sweepClaim, s.sweepLag.Microseconds()).Scan(&swept, &ready, &next)
 			if err == pgx.ErrNoRows {
 				done = true
 				return nil
@@ -121,14 +128,14 @@ func (s *Store) sweep(ctx context.Context) (int64, error) {
 				return err
 			}
 			var end int64
-			if err := tx.QueryRow(ctx, s.q.sweepChunkEnd, swept, next, s.sweepChunk).Scan(&end); err != nil {
+			if err := tx.QueryRow(ctx, s.q.sweepChunkEnd, swept, ready, s.sweepChunk).Scan(&end); err != nil {
 				return err
 			}
 			if _, err := tx.Exec(ctx, s.q.sweepList, swept, end); err != nil {
 				return err
 			}
 			swept = end
-			if end < next {
+			if end < ready {
 				_, err = tx.Exec(ctx, s.q.sweepPass, end)
 				return err
 			}
@@ -136,7 +143,7 @@ func (s *Store) sweep(ctx context.Context) (int64, error) {
 			if _, err := tx.Exec(ctx, s.q.sweepForget); err != nil {
 				return err
 			}
-			_, err = tx.Exec(ctx, s.q.sweepMove, next)
+			_, err = tx.Exec(ctx, s.q.sweepMove, ready, next)
 			return err
 		})
 		if err != nil {

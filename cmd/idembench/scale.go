@@ -297,7 +297,8 @@ func growKeys(ctx context.Context, db *pgxpool.Pool, table string, from, to, exp
 	// the migration puts it past the keys it finds, rather than make the
 	// first operations that look for unfinished keys read them all.
 	sweep := strings.TrimSuffix(table, "idem_keys") + "idem_sweep"
-	if _, err := conn.Exec(ctx, `UPDATE `+sweep+` SET swept_id = m.id, next_id = m.id, next_at = now()
+	if _, err := conn.Exec(ctx, `UPDATE `+sweep+` SET swept_id = m.id, ready_id = m.id, next_id = m.id,
+		next_xid = pg_snapshot_xmax(pg_current_snapshot())::text::bigint, next_at = now()
 		FROM (SELECT max(id) AS id FROM `+table+`) m`); err != nil {
 		return 0, nil, fmt.Errorf("move the sweep's cursor past the loaded keys: %w", err)
 	}

@@ -231,15 +231,15 @@ CREATE TABLE {{schema}}idem_stragglers (
         REFERENCES {{schema}}idem_keys (scope, id) ON DELETE CASCADE
 );
 
--- One row: the sweep's cursor and its next stop. Every key with an id up to
--- swept_id that was unfinished when the sweep passed it is in
--- idem_stragglers. next_id is the highest id the sweep saw at next_at, from
--- a snapshot whose xmax was next_xid: the sweep moves the cursor there once
--- no session of the database holds a snapshot that old (pgstore), when
--- every insert that took an id up to it has committed or failed.
+-- One row: the sweep's cursor and its next two stops. Every key with an id
+-- up to swept_id that was unfinished when the sweep passed it is in
+-- idem_stragglers. next_id is the highest id the sweep saw when it last
+-- moved, from a snapshot whose xmax was next_xid; ready_id is the next_id
+-- of the move before, which the move after this one reaches (pgstore).
 CREATE TABLE {{schema}}idem_sweep (
     one      boolean     PRIMARY KEY DEFAULT true CHECK (one),
     swept_id bigint      NOT NULL,
+    ready_id bigint      NOT NULL,
     next_id  bigint      NOT NULL,
     next_xid bigint      NOT NULL,
     next_at  timestamptz NOT NULL
@@ -248,8 +248,8 @@ CREATE TABLE {{schema}}idem_sweep (
 -- flight, every key is listed or finished.
 INSERT INTO {{schema}}idem_stragglers (scope, key_id)
 SELECT scope, id FROM {{schema}}idem_keys WHERE status <> 'finished';
-INSERT INTO {{schema}}idem_sweep (swept_id, next_id, next_xid, next_at)
-SELECT coalesce(max(id), 0), coalesce(max(id), 0), 0, now() FROM {{schema}}idem_keys;
+INSERT INTO {{schema}}idem_sweep (swept_id, ready_id, next_id, next_xid, next_at)
+SELECT coalesce(max(id), 0), coalesce(max(id), 0), coalesce(max(id), 0), 0, now() FROM {{schema}}idem_keys;
 
 DO $$
 DECLARE
