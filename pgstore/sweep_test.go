@@ -14,6 +14,17 @@ import (
 	"github.com/go-idem/idem/internal/pgtest"
 )
 
+// plainStore is a store on a schema of its own, migrated, on plain
+// PostgreSQL (citusStore's twin).
+func plainStore(t *testing.T) (*Store, *pgtest.Schema) {
+	t.Helper()
+	schema := pgtest.NewMigratedSchema(t)
+	store, err := New(schema.Pool, &Config{Schema: schema.Name})
+	require.NoError(t, err)
+	t.Cleanup(store.Close)
+	return store, schema
+}
+
 // sweepParams is an acquisition of key in flow "f", a day of retention.
 func sweepParams(key string, now *time.Time) idemdriver.AcquireParams {
 	return idemdriver.AcquireParams{Scope: "s", Key: key, Flow: "f", Method: "POST", Path: "/",
@@ -89,10 +100,7 @@ func sweepPast(t *testing.T, store *Store, id int64) unfinishedWindow {
 func TestSweepListsTheKeysStillUnfinished(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema := pgtest.NewMigratedSchema(t)
-	store, err := New(schema.Pool, &Config{Schema: schema.Name})
-	require.NoError(t, err)
-	t.Cleanup(store.Close)
+	store, schema := plainStore(t)
 	// No lag, and chunks of two keys: the sweep lists four keys in two.
 	store.sweepLag, store.sweepChunk = 0, 2
 	now := time.Now()
@@ -238,13 +246,10 @@ func TestCitusFindsUnfinishedKeysOnEveryWorker(t *testing.T) {
 func TestOperationsReadNoFinishedKeyOutsideTheirWindow(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema := pgtest.NewMigratedSchema(t)
-	store, err := New(schema.Pool, &Config{Schema: schema.Name})
-	require.NoError(t, err)
-	t.Cleanup(store.Close)
+	store, schema := plainStore(t)
 	store.sweepLag = 0
 	const finished = 3000
-	_, err = schema.Pool.Exec(ctx, `
+	_, err := schema.Pool.Exec(ctx, `
 		INSERT INTO idem_keys (scope, key, flow, method, path, fingerprint, params, status, recovery_point,
 			response_status, finished_at, expires_at, reap_after, locked_at, lease_expires_at)
 		SELECT 's', 'f' || i, 'f', 'POST', '/', '\x01', '{}', 'finished', 'finished', 201,
@@ -305,10 +310,7 @@ func TestOperationsReadNoFinishedKeyOutsideTheirWindow(t *testing.T) {
 func TestSweepWaitsItsLag(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema := pgtest.NewMigratedSchema(t)
-	store, err := New(schema.Pool, &Config{Schema: schema.Name})
-	require.NoError(t, err)
-	t.Cleanup(store.Close)
+	store, schema := plainStore(t)
 	require.Equal(t, sweepLag, store.sweepLag)
 	res, err := store.Acquire(ctx, sweepParams("k", nil))
 	require.NoError(t, err)
