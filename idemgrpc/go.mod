@@ -3,7 +3,7 @@ module github.com/go-idem/idem/idemgrpc
 go 1.26.0
 
 require (
-	github.com/go-idem/idem v0.1.1-0.20261129050834-8041c3587417
+	github.com/go-idem/idem v0.2.0
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/stretchr/testify v1.12.1

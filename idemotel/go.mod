@@ -3,7 +3,7 @@ module github.com/go-idem/idem/idemotel
 go 1.26.0
 
 require (
-	github.com/go-idem/idem v0.1.1-0.20261129050834-8041c3587417
+	github.com/go-idem/idem v0.2.0
 	github.com/stretchr/testify v1.12.1
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/metric v1.47.0
