@@ -78,7 +78,7 @@ type queries struct {
 	leaseRowsAbandoned, leaseRowOf string
 
 	// The sweep (sweep.go).
-	sweepState, sweepEnsure, sweepClaim, sweepChunkEnd, sweepList, sweepPass, sweepForget, sweepMove, stragglers string
+	sweepState, sweepEnsure, sweepClaim, sweepChunkEnd, sweepList, sweepPass, sweepForget, sweepMove string
 }
 
 // recordColumns renders the columns of idemtype.KeyRecord from a progress
@@ -851,9 +851,10 @@ ORDER BY 1, 2, 3, 4`)
 
 	q.clock = `SELECT coalesce($1::timestamptz, now()) AS t`
 
-	// The sweep (sweep.go). sweepState reads the cursor and whether a sweep
+	// The sweep (sweep.go). sweepState reads the cursor, whether a sweep
 	// is due ($1: the lag in microseconds, on the database's own clock,
-	// never a test's); sweepClaim locks the row of a due sweep whose stops
+	// never a test's), whether its row exists, and the stragglers' ids, in
+	// one round trip; sweepClaim locks the row of a due sweep whose stops
 	// are safe (below), passing over one another process sweeps (SKIP
 	// LOCKED), and returns (cursor, ready stop, next stop); sweepChunkEnd is
 	// where a chunk of at most $3 keys in ($1, $2] ends; sweepList lists
@@ -887,9 +888,10 @@ ORDER BY 1, 2, 3, 4`)
 	//
 	// A missing row (the table emptied by hand) reads as cursor 0, a sweep
 	// due: every key is in the window until the sweep makes the row again
-	// (sweepEnsure) and moves the cursor.
+	// (sweepEnsure, sent only then) and moves the cursor.
 	q.sweepState = render(`
-SELECT coalesce(max(swept_id), 0), coalesce(bool_and(next_at <= clock_timestamp() - $1::bigint * interval '1 microsecond'), true)
+SELECT coalesce(max(swept_id), 0), coalesce(bool_and(next_at <= clock_timestamp() - $1::bigint * interval '1 microsecond'), true),
+    count(*) > 0, (SELECT coalesce(array_agg(key_id), '{}') FROM {stragglers})
 FROM {sweep}`)
 	q.sweepEnsure = render(`
 INSERT INTO {sweep} (swept_id, ready_id, next_id, next_xid, next_at) VALUES (0, 0, 0, 0, '-infinity')
@@ -921,7 +923,6 @@ WHERE k.scope = s.scope AND k.id = s.key_id AND k.status = 'finished'`)
 UPDATE {sweep} SET swept_id = $1::bigint, ready_id = greatest($1::bigint, $2::bigint),
     next_id = greatest($2::bigint, n.id), next_xid = n.xmax, next_at = clock_timestamp()
 FROM (SELECT coalesce(max(id), 0) AS id, pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xmax FROM {t}) n`)
-	q.stragglers = render(`SELECT coalesce(array_agg(key_id), '{}') FROM {stragglers}`)
 
 	// backlog counts unfinished keys by status, among the unfinished window
 	// ($2, $3: unfinishedAmong), never the finished millions.

@@ -17,8 +17,9 @@ import (
 // take an entry at every finish. Instead the unfinished keys are:
 //
 //   - the keys with an id past the sweep's cursor (idem_sweep.swept_id):
-//     about the keys created since the last operation that looked for
-//     unfinished keys, found by the id index;
+//     about the keys created since the last two operations that looked
+//     for unfinished keys (the cursor moves in two stages, below), found
+//     by the id index;
 //   - the stragglers (idem_stragglers): keys that were still unfinished when
 //     the sweep's cursor passed them, a few (a request running for minutes,
 //     a key parked for reconciliation, a key nobody has resumed yet).
@@ -70,30 +71,39 @@ func unfinishedAmong(k string, swept, stragglers int) string {
 	return fmt.Sprintf("(%[1]s.id > $%[2]d::bigint OR %[1]s.id = ANY($%[3]d::bigint[]))", k, swept, stragglers)
 }
 
-// unfinished sweeps if the sweep is due, then returns the unfinished window.
-// On Citus, every key: the statements find the unfinished ones through the
-// layout's partial index (see migrations/citus), as ids are numbered per
-// worker there and no cursor over them holds.
+// unfinished returns the unfinished window, one round trip, after a sweep
+// when one is due (and the window read again). On Citus, every key: the
+// statements find the unfinished ones through the layout's partial index
+// (see migrations/citus), as ids are numbered per worker there and no
+// cursor over them holds.
 func (s *Store) unfinished(ctx context.Context) (unfinishedWindow, error) {
-	var w unfinishedWindow
 	if s.q.citus {
 		return unfinishedWindow{swept: math.MinInt64, stragglers: []int64{}}, nil
 	}
-	var due bool
-	if err := s.db.QueryRow(ctx, s.q.sweepState, s.sweepLag.Microseconds()).Scan(&w.swept, &due); err != nil {
-		return w, mapError(fmt.Errorf("pgstore: read the sweep's cursor: %w", err))
+	w, due, row, err := s.sweepState(ctx)
+	if err != nil || !due {
+		return w, err
 	}
-	if due {
-		swept, err := s.sweep(ctx)
-		if err != nil {
-			return w, err
+	if !row {
+		if _, err := s.db.Exec(ctx, s.q.sweepEnsure); err != nil {
+			return w, mapError(fmt.Errorf("pgstore: sweep: %w", err))
 		}
-		w.swept = max(w.swept, swept)
 	}
-	if err := s.db.QueryRow(ctx, s.q.stragglers).Scan(&w.stragglers); err != nil {
-		return w, mapError(fmt.Errorf("pgstore: read the stragglers: %w", err))
+	if err := s.sweep(ctx); err != nil {
+		return w, err
 	}
-	return w, nil
+	w, _, _, err = s.sweepState(ctx)
+	return w, err
+}
+
+// sweepState reads the unfinished window, whether a sweep is due and
+// whether idem_sweep has its row.
+func (s *Store) sweepState(ctx context.Context) (w unfinishedWindow, due, row bool, err error) {
+	err = s.db.QueryRow(ctx, s.q.sweepState, s.sweepLag.Microseconds()).Scan(&w.swept, &due, &row, &w.stragglers)
+	if err != nil {
+		err = mapError(fmt.Errorf("pgstore: read the sweep's cursor: %w", err))
+	}
+	return w, due, row, err
 }
 
 // sweepChunk is how many keys one of the sweep's statements lists at most,
@@ -101,24 +111,20 @@ func (s *Store) unfinished(ctx context.Context) (unfinishedWindow, error) {
 // catches up in statements that each stay short.
 const sweepChunk = 100_000
 
-// sweep lists the keys up to the sweep's next stop that are still
+// sweep lists the keys up to the sweep's ready stop that are still
 // unfinished, forgets the stragglers that finished, and moves the cursor
-// to that stop; it returns the cursor. Each chunk of ids is listed, and the
+// to that stop (see queries.sweepClaim). Each chunk of ids is listed, and the
 // cursor moved past it, in a transaction of its own. A sweep another
 // process runs at the same time (its row locked), or one that is not due
 // after all, leaves everything to that process.
-func (s *Store) sweep(ctx context.Context) (int64, error) {
-	var swept int64
-	if _, err := s.db.Exec(ctx, s.q.sweepEnsure); err != nil {
-		return 0, mapError(fmt.Errorf("pgstore: sweep: %w", err))
-	}
+func (s *Store) sweep(ctx context.Context) error {
 	for done := false; !done; {
 		// The claim is the transaction's first statement: it compares
 		// sessions' snapshots by age, which counts from this transaction's
 		// id once it has one. Read committed: each statement after it reads
 		// with a snapshot taken after it (see queries.sweepClaim).
 		err := pgx.BeginTxFunc(ctx, s.db, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-			var ready, next int64
+			var swept, ready, next int64
 			err := tx.QueryRow(ctx, s.q.sweepClaim, s.sweepLag.Microseconds()).Scan(&swept, &ready, &next)
 			if err == pgx.ErrNoRows {
 				done = true
@@ -134,7 +140,6 @@ func (s *Store) sweep(ctx context.Context) (int64, error) {
 			if _, err := tx.Exec(ctx, s.q.sweepList, swept, end); err != nil {
 				return err
 			}
-			swept = end
 			if end < ready {
 				_, err = tx.Exec(ctx, s.q.sweepPass, end)
 				return err
@@ -147,8 +152,8 @@ func (s *Store) sweep(ctx context.Context) (int64, error) {
 			return err
 		})
 		if err != nil {
-			return 0, mapError(fmt.Errorf("pgstore: sweep: %w", err))
+			return mapError(fmt.Errorf("pgstore: sweep: %w", err))
 		}
 	}
-	return swept, nil
+	return nil
 }
