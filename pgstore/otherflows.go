@@ -20,7 +20,7 @@ func (s *Store) RunningKeysOfOtherFlows(ctx context.Context, known []string) ([]
 		return nil, err
 	}
 	sql := `SELECT flow::text AS flow, count(*)::int AS keys FROM ` + s.q.table + ` k
-WHERE ` + unfinishedAmong("k", 2, 3) + ` AND status <> 'finished' AND status = 'running' AND flow <> ALL($1::text[])
+WHERE ` + unfinishedAmong("k", 2, 3) + ` AND status = 'running' AND flow <> ALL($1::text[])
 GROUP BY 1 ORDER BY 1`
 	var groups []idemdriver.FlowKeys
 	if err := selectAll(ctx, s.db, &groups, sql, append([]any{known}, w.args()...)...); err != nil {

@@ -675,7 +675,7 @@ WITH candidates AS MATERIALIZED (
     JOIN {l} l ON l.scope = k.scope AND l.key_id = k.id
     CROSS JOIN (SELECT coalesce($1::timestamptz, now()) AS t) c
     LEFT JOIN unnest($3::text[], $4::bigint[]) AS f(flow, age) ON f.flow = k.flow
-    WHERE ` + unfinishedAmong("k", 6, 7) + ` AND k.status <> 'finished' AND k.status = 'running'
+    WHERE ` + unfinishedAmong("k", 6, 7) + ` AND k.status = 'running'
       AND (l.locked_at IS NULL OR l.lease_expires_at <= c.t)
       AND coalesce(f.age, $2::bigint) >= 0
       AND k.created_at <= c.t - coalesce(f.age, $2::bigint) * interval '1 microsecond'
@@ -719,7 +719,7 @@ ON CONFLICT (scope, key_id) DO NOTHING`
 	q.leaseRowsAbandoned = render(fmt.Sprintf(leaseRow, `
 CROSS JOIN (SELECT coalesce($1::timestamptz, now()) AS t) c
 LEFT JOIN unnest($3::text[], $4::bigint[]) AS f(flow, age) ON f.flow = k.flow
-WHERE `+unfinishedAmong("k", 6, 7)+` AND k.status <> 'finished' AND k.status = 'running'
+WHERE `+unfinishedAmong("k", 6, 7)+` AND k.status = 'running'
   AND NOT EXISTS (SELECT 1 FROM {l} x WHERE x.scope = k.scope AND x.key_id = k.id)
   AND (k.locked_at IS NULL OR k.lease_expires_at <= c.t)
   AND coalesce(f.age, $2::bigint) >= 0
@@ -801,7 +801,7 @@ FROM {t} k
 LEFT JOIN {l} l ON l.scope = k.scope AND l.key_id = k.id
 CROSS JOIN clock c
 LEFT JOIN unnest($3::text[], $4::bigint[]) AS f(flow, age) ON f.flow = k.flow
-WHERE ` + unfinishedAmong("k", 6, 7) + ` AND k.status <> 'finished' AND k.status = 'running'
+WHERE ` + unfinishedAmong("k", 6, 7) + ` AND k.status = 'running'
   AND ({lease:k,l,locked_at} IS NULL OR {lease:k,l,lease_expires_at} <= c.t)
   AND coalesce(f.age, $2::bigint) >= 0
   AND k.created_at <= c.t - coalesce(f.age, $2::bigint) * interval '1 microsecond'
@@ -836,7 +836,7 @@ SELECT k.flow::text AS flow, k.recovery_point::text AS recovery_point,
        CASE WHEN l.foreign_mark_after = k.recovery_point THEN coalesce(l.foreign_mark, '') ELSE '' END AS mark,
        k.status::text AS status, count(*)::int AS keys
 FROM {t} k LEFT JOIN {l} l ON l.scope = k.scope AND l.key_id = k.id
-WHERE ` + unfinishedAmong("k", 2, 3) + ` AND k.status <> 'finished' AND k.flow = ANY($1::text[])
+WHERE ` + unfinishedAmong("k", 2, 3) + ` AND k.flow = ANY($1::text[])
 GROUP BY 1, 2, 3, 4
 ORDER BY 1, 2, 3, 4`)
 	// statementTimeout bounds the statements after it (milliseconds, as
@@ -931,7 +931,7 @@ WITH clock AS (
     SELECT coalesce($1::timestamptz, now()) AS t
 ), counted AS (
     SELECT status::text AS status, count(*) AS keys, min(created_at) AS oldest
-    FROM {t} k WHERE ` + unfinishedAmong("k", 2, 3) + ` AND status <> 'finished' GROUP BY status
+    FROM {t} k WHERE ` + unfinishedAmong("k", 2, 3) + ` GROUP BY status
 )
 SELECT s.status, coalesce(c.keys, 0), c.oldest, clock.t
 FROM (VALUES (1, 'running'), (2, 'needs_reconcile')) s(n, status)
@@ -1076,7 +1076,7 @@ func first(fps [][]byte) []byte {
 // flows $3, nobody holding them and idle for $4 microseconds, or held by a
 // dead process of this store's instance ($7, another boot than $8); under
 // $5 attempts. claimIdle and Citus's claimIdleCandidates share it.
-var idleKeys = `WHERE ` + unfinishedAmong("k", 9, 10) + ` AND k.status <> 'finished' AND k.status = $2::text AND k.flow = ANY($3::text[])
+var idleKeys = `WHERE ` + unfinishedAmong("k", 9, 10) + ` AND k.status = $2::text AND k.flow = ANY($3::text[])
   AND ((({lease:k,l,locked_at} IS NULL OR {lease:k,l,lease_expires_at} <= c.t)
         AND k.last_run_at <= c.t - $4::bigint * interval '1 microsecond')
        OR ({lease:k,l,locked_at} IS NOT NULL AND (l.key_id IS NULL OR l.holder_fence = l.fence)

@@ -64,11 +64,13 @@ type unfinishedWindow struct {
 // args are the two parameters unfinishedAmong names.
 func (w unfinishedWindow) args() []any { return []any{w.swept, w.stragglers} }
 
-// unfinishedAmong is the condition that restricts k to the unfinished
-// window passed as parameters $swept (bigint) and $stragglers (bigint[]):
-// two ranges of idem_keys_id (a BitmapOr), never the finished millions.
+// unfinishedAmong is the condition that k is unfinished, read through the
+// unfinished window passed as parameters $swept (bigint) and $stragglers
+// (bigint[]): two ranges of idem_keys_id (a BitmapOr), never the finished
+// millions. "status <> 'finished'" is also the predicate of the Citus
+// layout's partial index, through which the statements read there.
 func unfinishedAmong(k string, swept, stragglers int) string {
-	return fmt.Sprintf("(%[1]s.id > $%[2]d::bigint OR %[1]s.id = ANY($%[3]d::bigint[]))", k, swept, stragglers)
+	return fmt.Sprintf("(%[1]s.id > $%[2]d::bigint OR %[1]s.id = ANY($%[3]d::bigint[])) AND %[1]s.status <> 'finished'", k, swept, stragglers)
 }
 
 // unfinished returns the unfinished window, one round trip, after a sweep
