@@ -15,11 +15,16 @@ import (
 )
 
 // plainStore is a store on a schema of its own, migrated, on plain
-// PostgreSQL (citusStore's twin).
-func plainStore(t *testing.T) (*Store, *pgtest.Schema) {
+// PostgreSQL (citusStore's twin), configured by cfg (nil: the defaults)
+// with the schema's name.
+func plainStore(t *testing.T, cfg *Config) (*Store, *pgtest.Schema) {
 	t.Helper()
 	schema := pgtest.NewMigratedSchema(t)
-	store, err := New(schema.Pool, &Config{Schema: schema.Name})
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	cfg.Schema = schema.Name
+	store, err := New(schema.Pool, cfg)
 	require.NoError(t, err)
 	t.Cleanup(store.Close)
 	return store, schema
@@ -100,7 +105,7 @@ func sweepPast(t *testing.T, store *Store, id int64) unfinishedWindow {
 func TestSweepListsTheKeysStillUnfinished(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	store, schema := plainStore(t)
+	store, schema := plainStore(t, nil)
 	// No lag, and chunks of two keys: the sweep lists four keys in two.
 	store.sweepLag, store.sweepChunk = 0, 2
 	now := time.Now()
@@ -246,7 +251,7 @@ func TestCitusFindsUnfinishedKeysOnEveryWorker(t *testing.T) {
 func TestOperationsReadNoFinishedKeyOutsideTheirWindow(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	store, schema := plainStore(t)
+	store, schema := plainStore(t, nil)
 	store.sweepLag = 0
 	const finished = 3000
 	_, err := schema.Pool.Exec(ctx, `
@@ -311,7 +316,7 @@ func TestOperationsReadNoFinishedKeyOutsideTheirWindow(t *testing.T) {
 func TestSweepWaitsItsLag(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	store, schema := plainStore(t)
+	store, schema := plainStore(t, nil)
 	require.Equal(t, sweepLag, store.sweepLag)
 	store.sweepLag = time.Hour
 	res, err := store.Acquire(ctx, sweepParams("k", nil))

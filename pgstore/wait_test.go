@@ -368,10 +368,7 @@ func TestLeavingAWatchSendsNoCancelRequest(t *testing.T) {
 func TestFinishNotifiesAMarkThatCommittedWhileItWaited(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema := pgtest.NewMigratedSchema(t)
-	st, err := New(schema.Pool, &Config{Schema: schema.Name, Wait: WaitPoll})
-	require.NoError(t, err)
-	t.Cleanup(st.Close)
+	st, schema := plainStore(t, &Config{Wait: WaitPoll})
 	listener := listenForWaiters(t, schema)
 
 	finish := func(ref idemdriver.LockRef) error {
@@ -437,10 +434,7 @@ func TestUnlockMeetsTheLeaseRowAMarkMadeWhileItWaited(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			schema := pgtest.NewMigratedSchema(t)
-			st, err := New(schema.Pool, &Config{Schema: schema.Name, Wait: WaitPoll})
-			require.NoError(t, err)
-			t.Cleanup(st.Close)
+			st, schema := plainStore(t, &Config{Wait: WaitPoll})
 			listener := listenForWaiters(t, schema)
 
 			ref := holdKey(t, st, "k")
@@ -478,10 +472,7 @@ func TestUnlockMeetsTheLeaseRowAMarkMadeWhileItWaited(t *testing.T) {
 func TestReleaseMeetsTheLeaseRowAHeartbeatMadeWhileItWaited(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema := pgtest.NewMigratedSchema(t)
-	st, err := New(schema.Pool, &Config{Schema: schema.Name, Wait: WaitPoll})
-	require.NoError(t, err)
-	t.Cleanup(st.Close)
+	st, schema := plainStore(t, &Config{Wait: WaitPoll})
 	ref := holdKey(t, st, "k")
 
 	waiter, err := schema.Pool.Begin(ctx)
