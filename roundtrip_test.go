@@ -31,6 +31,16 @@ func TestAcquisitionIsOneRoundTrip(t *testing.T) {
 		last = now
 		return s.Statements, s.Prepares, s.Writes
 	}
+	// oneRoundTrip checks that what was sent since the last snapshot is one
+	// statement, prepared before, in one socket write, and returns it.
+	oneRoundTrip := func(t *testing.T) string {
+		t.Helper()
+		sqls, prepares, writes := snapshot()
+		require.Len(t, sqls, 1)
+		require.Zero(t, prepares)
+		require.Equal(t, int64(1), writes, "one round trip on the wire")
+		return sqls[0]
+	}
 
 	// writesAt records the socket writes seen at each hook point of the
 	// request being measured.
@@ -97,10 +107,7 @@ func TestAcquisitionIsOneRoundTrip(t *testing.T) {
 		out, err := r.Execute(ctx, b.flow, b.request("new", rideInput{Origin: "SF", Amount: 2}))
 		require.NoError(t, err)
 		require.Equal(t, idem.OutcomeReplayed, out.Kind)
-		sqls, prepares, writes := snapshot()
-		require.Len(t, sqls, 1)
-		require.Zero(t, prepares)
-		require.Equal(t, int64(1), writes, "one round trip on the wire")
+		oneRoundTrip(t)
 	})
 
 	t.Run("in progress", func(t *testing.T) {
@@ -113,10 +120,7 @@ func TestAcquisitionIsOneRoundTrip(t *testing.T) {
 		out, err = r.Execute(ctx, b.flow, b.request("held", rideInput{Origin: "SF", Amount: 3}))
 		require.ErrorIs(t, err, idem.ErrInProgress)
 		require.Equal(t, idem.OutcomeInProgress, out.Kind)
-		sqls, prepares, writes := snapshot()
-		require.Len(t, sqls, 1)
-		require.Zero(t, prepares)
-		require.Equal(t, int64(1), writes)
+		oneRoundTrip(t)
 	})
 
 	// A flow whose acquisitions keep finding their key sends its next ones
@@ -134,12 +138,9 @@ func TestAcquisitionIsOneRoundTrip(t *testing.T) {
 			out, err := r.Execute(ctx, b.flow, b.request("new", rideInput{Origin: "SF", Amount: 2}))
 			require.NoError(t, err)
 			require.Equal(t, idem.OutcomeReplayed, out.Kind)
-			sqls, prepares, writes := snapshot()
-			require.Len(t, sqls, 1)
-			require.Zero(t, prepares)
-			require.Equal(t, int64(1), writes, "one round trip on the wire")
-			require.NotContains(t, sqls[0], "INSERT", "looked up")
-			require.Contains(t, sqls[0], "idem_keys k")
+			sql := oneRoundTrip(t)
+			require.NotContains(t, sql, "INSERT", "looked up")
+			require.Contains(t, sql, "idem_keys k")
 		}
 
 		_, err := r.Execute(ctx, b.flow, b.request("another new", rideInput{Origin: "SF", Amount: 4}))
