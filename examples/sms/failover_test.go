@@ -377,14 +377,8 @@ func (f *smsFailover) countKeys(qs []*smsRequest, condition string, args ...any)
 	for i, q := range qs {
 		keys[i] = q.key
 	}
-	var n int
-	require.NoError(f.t, f.pool.QueryRow(f.ctx, `SELECT count(*) FROM (
-		SELECT k.key, k.status, l.foreign_mark,
-		       CASE WHEN l.key_id IS NULL THEN k.locked_at ELSE l.locked_at END AS locked_at,
-		       CASE WHEN l.key_id IS NULL THEN k.lease_expires_at ELSE l.lease_expires_at END AS lease_expires_at
-		FROM idem_keys k LEFT JOIN idem_leases l ON l.key_id = k.id) k -- the lease row's lease, else the key row's first
-		WHERE k.key = ANY($1) AND `+condition,
-		append([]any{keys}, args...)...).Scan(&n))
+	n, err := clients.CountKeys(f.ctx, f.pool, keys, condition, args...)
+	require.NoError(f.t, err)
 	return n
 }
 

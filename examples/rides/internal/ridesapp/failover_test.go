@@ -514,14 +514,8 @@ func keysOf(qs []*rideRequest) []string {
 // countKeys counts the requests whose key is on the current primary and
 // matches the condition (whose first placeholder is $2).
 func (f *ridesFailover) countKeys(qs []*rideRequest, condition string, args ...any) int {
-	var n int
-	require.NoError(f.t, f.admin.QueryRow(f.ctx, `SELECT count(*) FROM (
-		SELECT k.key, k.status, l.foreign_mark,
-		       CASE WHEN l.key_id IS NULL THEN k.locked_at ELSE l.locked_at END AS locked_at,
-		       CASE WHEN l.key_id IS NULL THEN k.lease_expires_at ELSE l.lease_expires_at END AS lease_expires_at
-		FROM idem_keys k LEFT JOIN idem_leases l ON l.key_id = k.id) k -- the lease row's lease, else the key row's first
-		WHERE k.key = ANY($1) AND `+condition,
-		append([]any{keysOf(qs)}, args...)...).Scan(&n))
+	n, err := clients.CountKeys(f.ctx, f.admin, keysOf(qs), condition, args...)
+	require.NoError(f.t, err)
 	return n
 }
 
